@@ -1,0 +1,3 @@
+from codeplane.cli import main
+
+main()

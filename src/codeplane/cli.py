@@ -1,0 +1,63 @@
+"""The `codeplane` command. Each compartment owns its sub-commands; this file only mounts them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from codeplane import __version__
+from codeplane.clikit import ConfigOption, settings
+from codeplane.models.cli import app as model_app
+
+app = typer.Typer(
+    help="codeplane: self-hostable backend for AI-assisted coding (local models, search, "
+    "agent, Tab, apply).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(model_app, name="model")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"codeplane {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Settings come from $CODEPLANE_HOME/codeplane.toml and CODEPLANE_* variables."""
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8300).", min=1, max=65535)] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    config: ConfigOption = None,
+) -> None:
+    """Run the HTTP server (OpenAI-compatible API plus every compartment's endpoints)."""
+    from codeplane.server.app import serve as run
+
+    cfg = settings(config)
+    run(cfg, host or cfg.serve.host, port or cfg.serve.port, log_level)
+
+
+@app.command()
+def quickstart(
+    model: Annotated[str, typer.Option(help="Model for the FIM demo.")] = "code-small",
+    chat_model: Annotated[str, typer.Option(help="Model for the tool-call demo.")] = "code-medium",
+    config: ConfigOption = None,
+) -> None:
+    """Pull the built-in models, start a server, show a real FIM completion and tool call."""
+    from codeplane.quickstart import run
+
+    run(settings(config), model, chat_model)
+
+
+def main() -> None:
+    app()

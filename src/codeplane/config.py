@@ -1,0 +1,138 @@
+"""Settings: `codeplane.toml`, overridden by `CODEPLANE_*` environment variables.
+
+Precedence (highest first): explicit arguments, environment, the TOML file, defaults.
+The TOML file is `$CODEPLANE_HOME/codeplane.toml` unless a command names another with
+`--config`. Nested groups use `__` in environment names: `CODEPLANE_SERVE__PORT=9000`.
+
+`CODEPLANE_HOME` splits into `models/` (weights), `server/` (every byte the server persists) and
+`client/` (every byte the client persists), so the privacy boundary is visible on disk too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_SERVER_URL = "http://127.0.0.1:8300"
+
+
+class ConfigError(Exception):
+    """A settings file or variable is invalid; the message names the key (and line)."""
+
+
+class ServeSettings(BaseModel):
+    """Where `codeplane serve` listens."""
+
+    model_config = {"extra": "forbid"}
+    host: str = "127.0.0.1"
+    port: int = Field(8300, ge=1, le=65535)
+
+
+class EngineSettings(BaseModel):
+    """Local llama.cpp engine knobs (per process, shared by every local model)."""
+
+    model_config = {"extra": "forbid"}
+    default_model: str = "code-small"
+    n_ctx: int = Field(8192, ge=256, description="context window allocated per loaded model")
+    n_threads: int | None = Field(None, ge=1, description="CPU threads; default: all cores")
+    n_batch: int = Field(512, ge=32)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="CODEPLANE_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    home: Path = Field(default_factory=lambda: Path("~/.codeplane").expanduser())
+    server: str = Field(DEFAULT_SERVER_URL, description="URL client commands talk to")
+    serve: ServeSettings = Field(default_factory=ServeSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    # Sections owned by other compartments are validated by them; kept raw here so one file
+    # configures everything without this module importing every compartment.
+    models: list[dict[str, Any]] = Field(default_factory=list)
+    router: dict[str, Any] = Field(default_factory=dict)
+    gateway: dict[str, Any] = Field(default_factory=dict)
+    indexing: dict[str, Any] = Field(default_factory=dict)
+    agent: dict[str, Any] = Field(default_factory=dict)
+    tab: dict[str, Any] = Field(default_factory=dict)
+
+    config_file: Path | None = Field(None, exclude=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def server_dir(self) -> Path:
+        return self.home / "server"
+
+    @property
+    def client_dir(self) -> Path:
+        return self.home / "client"
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("CODEPLANE_HOME") or "~/.codeplane").expanduser()
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Load settings; raise ConfigError naming the offending key and line on bad input."""
+    home = Path(overrides.get("home") or default_home()).expanduser()
+    path = config_file or home / "codeplane.toml"
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"config file not found: {config_file}")
+    if path.is_file():
+        try:
+            tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+
+    class _FromFile(Settings):
+        model_config = SettingsConfigDict(toml_file=path)
+
+    try:
+        settings = _FromFile(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from exc
+    return Settings.model_construct(**{**settings.__dict__, "config_file": path})
+
+
+def _describe(exc: ValidationError, path: Path) -> str:
+    lines = [f"invalid settings ({path} or CODEPLANE_* environment):"]
+    text = path.read_text().splitlines() if path.is_file() else []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        where = _line_of(text, str(err["loc"][-1])) if err["loc"] else None
+        at = f" (line {where})" if where else ""
+        lines.append(f"  {key}{at}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def _line_of(text: list[str], key: str) -> int | None:
+    pattern = re.compile(rf"^\s*\"?{re.escape(key)}\"?\s*=|^\s*\[+\s*{re.escape(key)}\s*\]+")
+    for number, line in enumerate(text, start=1):
+        if pattern.search(line):
+            return number
+    return None

