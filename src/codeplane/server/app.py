@@ -18,13 +18,15 @@ from codeplane.server import errors, metrics, openai_api
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    owns_engine = engine is None
     engine = engine or Engine(settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         settings.server_dir.mkdir(parents=True, exist_ok=True)
         yield
-        engine.close()
+        if owns_engine:  # a shared engine (tests, embedding callers) outlives this app
+            engine.close()
 
     app = FastAPI(title="codeplane", version=__version__, lifespan=lifespan)
     app.state.settings = settings

@@ -1,0 +1,85 @@
+"""Shared fixtures: isolated CODEPLANE_HOMEs that share the real pulled weights, one engine per
+test session (loading a model costs seconds), and a real server on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from codeplane.config import Settings, load_settings
+from codeplane.models.engine import Engine
+
+WEIGHTS_HOME = Path(os.environ.get("CODEPLANE_TEST_WEIGHTS_HOME", "~/.codeplane")).expanduser()
+
+
+def make_settings(home: Path, **overrides) -> Settings:
+    """Settings for a fresh home whose models/ points at the shared pulled weights."""
+    home.mkdir(parents=True, exist_ok=True)
+    models = home / "models"
+    if not models.exists():
+        models.symlink_to(WEIGHTS_HOME / "models", target_is_directory=True)
+    return load_settings(home=home, **overrides)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path / "home")
+
+
+@pytest.fixture(scope="session")
+def session_settings(tmp_path_factory) -> Settings:
+    return make_settings(tmp_path_factory.mktemp("session") / "home")
+
+
+@pytest.fixture(scope="session")
+def engine(session_settings: Settings):
+    eng = Engine(session_settings)
+    yield eng
+    eng.close()
+
+
+class LiveServer:
+    def __init__(self, app, port: int) -> None:
+        self.app, self.port = app, port
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                     log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def start(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{self.url}/healthz", timeout=1)
+                return self
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_server(session_settings: Settings, engine: Engine):
+    """One real HTTP server (all compartments mounted) sharing the session engine."""
+    from codeplane.server.app import create_app
+
+    server = LiveServer(create_app(session_settings, engine=engine), free_port()).start()
+    yield server
+    server.stop()
