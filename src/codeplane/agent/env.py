@@ -1,0 +1,79 @@
+"""The Environment every tool runs against: a workspace root plus a command runner.
+
+One interface for the product and for RL training: `codeplane agent`, `codeplane tool`, the
+server's agent runs and future training environment servers all build a `LocalEnvironment` and
+call the same tool functions on it. Paths given by the model are resolved here and refused if
+they (or any symlink along them) lead outside the workspace.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from codeplane.sandbox import BwrapRunner, CommandResult, HostRunner, Limits, Runner
+
+
+class ToolError(Exception):
+    """A tool cannot do what was asked; the message goes back to the model verbatim."""
+
+
+class Environment(Protocol):
+    root: Path
+    limits: Limits
+
+    def resolve(self, path: str) -> Path: ...
+
+    def run(self, command: str, timeout: float | None = None,
+            cancel: threading.Event | None = None) -> CommandResult: ...
+
+    def metadata(self) -> dict[str, Any]: ...
+
+
+class LocalEnvironment:
+    """A directory on this machine; commands go through `runner` (bubblewrap by default)."""
+
+    def __init__(self, root: Path, runner: Runner, limits: Limits | None = None) -> None:
+        self.root = root.resolve()
+        self.runner = runner
+        self.limits = limits or Limits()
+
+    def resolve(self, path: str) -> Path:
+        """Absolute real path inside the workspace; ToolError for anything that escapes."""
+        if not isinstance(path, str) or not path.strip():
+            raise ToolError("path must be a non-empty string")
+        raw = Path(path.strip())
+        candidate = raw if raw.is_absolute() else self.root / raw
+        real = Path(os.path.realpath(candidate))
+        if real != self.root and self.root not in real.parents:
+            via = " (through a symlink)" if Path(os.path.abspath(candidate)) != real else ""
+            raise ToolError(f"path {path!r} is outside the workspace{via}; only files under "
+                            f"{self.root} are accessible")
+        return real
+
+    def relative(self, path: Path) -> str:
+        return "." if path == self.root else str(path.relative_to(self.root))
+
+    def run(self, command: str, timeout: float | None = None,
+            cancel: threading.Event | None = None) -> CommandResult:
+        limits = self.limits
+        if timeout is not None:
+            limits = Limits(**{**limits.__dict__, "timeout": min(timeout, limits.timeout)})
+        return self.runner.run(command, self.root, limits, cancel)
+
+    def metadata(self) -> dict[str, Any]:
+        return {"root": str(self.root), "sandboxed": self.runner.sandboxed,
+                **self.runner.describe(), "network": self.limits.network,
+                "timeout": self.limits.timeout}
+
+
+def local_environment(root: Path, sandbox: bool = True, network: bool = False,
+                      timeout: float = 120.0) -> LocalEnvironment:
+    """The default environment. Fails closed: raises SandboxUnavailable if bubblewrap cannot
+    run, unless the caller explicitly asked for `sandbox=False` (--no-sandbox)."""
+    if not root.is_dir():
+        raise ToolError(f"workspace {root} is not a directory")
+    runner: Runner = BwrapRunner(root) if sandbox else HostRunner(root)
+    return LocalEnvironment(root, runner, Limits(network=network, timeout=timeout))

@@ -1,0 +1,597 @@
+"""The agent's tools: one registry, JSON-schema'd, each a function of (Environment, args, ctx).
+
+`execute()` is the only entry point - the agent loop, `codeplane tool`, the server and future
+training environment servers all call it, so arguments, errors and result formats are the same
+everywhere. Tools never raise at the caller: a failure is a result with `ok=False` whose text
+tells the model what to do instead. Results longer than `max_chars` are cut at a line boundary
+with a note saying how much was shown and how to see the rest.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codeplane.agent.env import Environment, ToolError
+
+MAX_CHARS = 8000
+MAX_READ_LINES = 400
+MAX_HITS = 100
+_SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache",
+              ".pytest_cache", ".ruff_cache"}
+_TS_LANGS = {".js": "javascript", ".jsx": "javascript", ".ts": "typescript", ".tsx": "tsx",
+             ".go": "go", ".rs": "rust", ".java": "java", ".c": "c", ".h": "c", ".cpp": "cpp",
+             ".cc": "cpp", ".hpp": "cpp", ".rb": "ruby", ".sh": "bash", ".json": "json",
+             ".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".css": "css", ".html": "html",
+             ".php": "php", ".cs": "csharp", ".kt": "kotlin", ".swift": "swift", ".lua": "lua"}
+
+
+@dataclass
+class ToolContext:
+    """Per-run state and services: the todo list, settings for search, cancellation."""
+
+    todos: list[dict[str, Any]] = field(default_factory=list)
+    settings: Any = None
+    engine: Any = None
+    cancel: threading.Event | None = None
+
+
+@dataclass
+class ToolResult:
+    name: str
+    ok: bool
+    output: str  # exactly what the model sees
+    seconds: float = 0.0
+    truncated: bool = False
+    data: dict[str, Any] = field(default_factory=dict)  # structured extras: diff, todos, exit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "output": self.output,
+                "seconds": self.seconds, "truncated": self.truncated, "data": self.data}
+
+
+Impl = Callable[[Environment, dict[str, Any], ToolContext], tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    properties: dict[str, Any]
+    required: tuple[str, ...]
+    impl: Impl
+    access: str  # "read" | "write" | "exec" | "state": decides what may run concurrently
+    more: str = "narrow the request"  # how to see what truncation left out
+
+    def schema(self) -> dict[str, Any]:
+        params = {"type": "object", "properties": self.properties,
+                  "required": list(self.required)}
+        return {"type": "function", "function": {"name": self.name,
+                                                 "description": self.description,
+                                                 "parameters": params}}
+
+
+TOOLS: dict[str, Tool] = {}
+
+
+def tool(name: str, description: str, properties: dict[str, Any], required: tuple[str, ...],
+         access: str, more: str = "narrow the request") -> Callable[[Impl], Impl]:
+    def register(impl: Impl) -> Impl:
+        TOOLS[name] = Tool(name, description, properties, required, impl, access, more)
+        return impl
+    return register
+
+
+def schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
+    return [TOOLS[n].schema() for n in (names or list(TOOLS))]
+
+
+def execute(env: Environment, name: str, args: dict[str, Any] | str,
+            ctx: ToolContext | None = None, max_chars: int = MAX_CHARS) -> ToolResult:
+    """Run one tool call exactly as the agent would."""
+    start = time.monotonic()
+    ctx = ctx or ToolContext()
+    try:
+        spec = TOOLS.get(name)
+        if spec is None:
+            raise ToolError(f"unknown tool {name!r}; available: {', '.join(TOOLS)}")
+        text, data = spec.impl(env, _check_args(spec, args), ctx)
+        ok = True
+    except ToolError as exc:
+        text, data, ok = f"error: {exc}", {}, False
+    except Exception as exc:  # noqa: BLE001 - a tool bug must not kill the agent loop
+        text, data, ok = f"error: {name} failed: {type(exc).__name__}: {exc}", {}, False
+    more = TOOLS[name].more if name in TOOLS else ""
+    text, cut = truncate(text, max_chars, more)
+    return ToolResult(name, ok, text, round(time.monotonic() - start, 4), cut, data)
+
+
+def truncate(text: str, limit: int, more: str = "narrow the request") -> tuple[str, bool]:
+    if len(text) <= limit:
+        return text, False
+    head = text[:limit]
+    if "\n" in head:
+        head = head[: head.rindex("\n")]
+    shown, total = head.count("\n") + 1, text.count("\n") + 1
+    return (f"{head}\n[truncated: showed {len(head)} of {len(text)} characters "
+            f"({shown} of {total} lines); {more}]"), True
+
+
+def conflicts(env: Environment, a: tuple[str, dict], b: tuple[str, dict]) -> bool:
+    """Must call b wait for call a? Writes to overlapping paths and commands serialize."""
+    ta, tb = TOOLS.get(a[0]), TOOLS.get(b[0])
+    if ta is None or tb is None:
+        return False
+    kinds = {ta.access, tb.access}
+    if "state" in kinds:
+        return kinds == {"state"}
+    if kinds == {"read"}:
+        return False
+    if "exec" in kinds:  # a command may touch any file: it is a barrier
+        return True
+    pa, pb = _touched(env, a[1]), _touched(env, b[1])
+    return pa is None or pb is None or pa == pb or pa in pb.parents or pb in pa.parents
+
+
+def _touched(env: Environment, args: dict) -> Path | None:
+    try:
+        return env.resolve(str(args.get("path") or "."))
+    except (ToolError, TypeError):
+        return None
+
+
+def _check_args(spec: Tool, args: dict[str, Any] | str) -> dict[str, Any]:
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except ValueError as exc:
+            raise ToolError(f"arguments are not valid JSON: {exc}") from None
+    if not isinstance(args, dict):
+        raise ToolError("arguments must be a JSON object")
+    unknown = sorted(set(args) - set(spec.properties))
+    if unknown:
+        raise ToolError(f"unexpected argument(s) {', '.join(unknown)}; {spec.name} takes: "
+                        f"{', '.join(spec.properties)}")
+    missing = [k for k in spec.required if args.get(k) is None]
+    if missing:
+        raise ToolError(f"missing required argument(s): {', '.join(missing)}")
+    out = {}
+    for key, value in args.items():
+        want = spec.properties[key].get("type")
+        if want == "integer" and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)  # small models often quote numbers
+        if want == "array" and isinstance(value, str):
+            value = [value]
+        kinds = {"string": str, "integer": int, "boolean": bool, "array": list}
+        if want in kinds and value is not None and not isinstance(value, kinds[want]):
+            raise ToolError(f"argument {key!r} must be a {want}")
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------- reading and searching
+
+PATH = {"type": "string", "description": "Path relative to the workspace root."}
+
+
+@tool("read_file", "Read a text file. Reads up to 400 lines at a time; pass start_line/end_line "
+      "(1-based, inclusive) for other parts. Read several files at once by calling this tool "
+      "several times in one turn.",
+      {"path": PATH, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
+      ("path",), "read", "call read_file with start_line/end_line for the rest")
+def read_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    path = env.resolve(args["path"])
+    if path.is_dir():
+        raise ToolError(f"{args['path']} is a directory; use list_dir")
+    lines = _text(path).splitlines()
+    first = max(args.get("start_line") or 1, 1)
+    last = min(args.get("end_line") or first + MAX_READ_LINES - 1, len(lines),
+               first + MAX_READ_LINES - 1)
+    rel = env.relative(path)
+    if not lines:
+        return f"{rel} is empty", {"lines": 0}
+    if first > len(lines):
+        raise ToolError(f"start_line {first} is past the end ({len(lines)} lines)")
+    body = "\n".join(lines[first - 1:last])
+    note = (f"\n[lines {last + 1}-{len(lines)} not shown; call read_file with "
+            f"start_line={last + 1}]" if last < len(lines) else "")
+    return f"{rel} (lines {first}-{last} of {len(lines)}):\n{body}{note}", {"lines": len(lines)}
+
+
+@tool("list_dir", "List a directory: sub-directories end with '/', files show their size.",
+      {"path": {**PATH, "description": "Directory relative to the workspace root (default .)"}},
+      (), "read", "list a sub-directory")
+def list_dir(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    path = env.resolve(args.get("path") or ".")
+    if not path.is_dir():
+        raise ToolError(f"{args.get('path')} is not a directory")
+    rows = []
+    for entry in sorted(path.iterdir(), key=lambda p: (not p.is_dir(), p.name)):
+        if entry.is_symlink():
+            rows.append(f"{entry.name} -> {os.readlink(entry)}")
+        elif entry.is_dir():
+            rows.append(f"{entry.name}/")
+        else:
+            rows.append(f"{entry.name} ({entry.stat().st_size} bytes)")
+    return f"{env.relative(path)}:\n" + ("\n".join(rows) or "(empty)"), {"entries": len(rows)}
+
+
+@tool("file_search", "Find files by name: a glob (e.g. '**/test_*.py') or a fuzzy part of "
+      "the name (e.g. 'usrsrv' finds user_service.py).",
+      {"query": {"type": "string"}, "path": {**PATH, "description": "Directory to search in"}},
+      ("query",), "read", "use a more specific query")
+def file_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    query = args["query"].strip()
+    if not query:
+        raise ToolError("query is empty")
+    files = list(_files(env, env.resolve(args.get("path") or ".")))
+    if any(c in query for c in "*?["):
+        hits = [f for f in files if fnmatch.fnmatch(f, query)
+                or fnmatch.fnmatch(Path(f).name, query) or fnmatch.fnmatch(f, f"**/{query}")]
+    else:
+        scored = [(s, f) for f in files if (s := _fuzzy(query.lower(), f.lower())) is not None]
+        hits = [f for _, f in sorted(scored)]
+    if not hits:
+        return f"no files match {query!r}", {"count": 0}
+    shown = hits[:50]
+    more = f"\n[{len(hits) - 50} more]" if len(hits) > 50 else ""
+    return "\n".join(shown) + more, {"count": len(hits)}
+
+
+def _fuzzy(query: str, path: str) -> tuple[int, int] | None:
+    """Rank: name contains query < path contains query < query is a subsequence."""
+    name = path.rsplit("/", 1)[-1]
+    if query in name:
+        return (0, len(path))
+    if query in path:
+        return (1, len(path))
+    pos = 0
+    for ch in query:
+        pos = path.find(ch, pos) + 1
+        if pos == 0:
+            return None
+    return (2, len(path))
+
+
+@tool("grep", "Search file contents with a regular expression (ripgrep syntax). Returns "
+      "path:line:text lines. Use `include` to filter files by glob, e.g. '*.py'.",
+      {"pattern": {"type": "string"}, "path": {**PATH, "description": "File or directory"},
+       "include": {"type": "string", "description": "glob of files to search"},
+       "case_sensitive": {"type": "boolean"}},
+      ("pattern",), "read", "narrow the pattern, path or include glob")
+def grep(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    base = env.resolve(args.get("path") or ".")
+    pattern, include = args["pattern"], args.get("include")
+    sensitive = args.get("case_sensitive", True)
+    rg = shutil.which("rg")
+    hits = (_rg(env, rg, pattern, base, include, sensitive) if rg
+            else _pygrep(env, pattern, base, include, sensitive))
+    if not hits:
+        return f"no matches for {pattern!r}", {"count": 0, "engine": "rg" if rg else "python"}
+    more = f"\n[{len(hits) - MAX_HITS} more matches not shown; narrow the search]" \
+        if len(hits) > MAX_HITS else ""
+    return "\n".join(hits[:MAX_HITS]) + more, {"count": len(hits),
+                                                "engine": "rg" if rg else "python"}
+
+
+def _rg(env: Environment, rg: str, pattern: str, base: Path, include: str | None,
+        sensitive: bool) -> list[str]:
+    argv = [rg, "--line-number", "--no-heading", "--color=never", "--max-columns=300",
+            "--max-columns-preview", "--max-count=50", "--threads=1"]
+    argv += [] if sensitive else ["--ignore-case"]
+    argv += ["--glob", include] if include else []
+    argv += ["--regexp", pattern, "--", env.relative(base)]
+    proc = subprocess.run(argv, cwd=env.root, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode == 2 and not proc.stdout:
+        raise ToolError(f"grep failed: {proc.stderr.strip()[:500]}")
+    return [_strip_dot(line) for line in proc.stdout.splitlines()[: MAX_HITS * 5]]
+
+
+def _strip_dot(line: str) -> str:
+    return line.removeprefix("./")
+
+
+def _pygrep(env: Environment, pattern: str, base: Path, include: str | None,
+            sensitive: bool) -> list[str]:
+    """Fallback when ripgrep is absent: Python `re`, skipping binary and ignored dirs."""
+    try:
+        regex = re.compile(pattern, 0 if sensitive else re.IGNORECASE)
+    except re.error as exc:
+        raise ToolError(f"invalid regular expression: {exc}") from None
+    hits: list[str] = []
+    for rel in _files(env, base, use_rg=False):
+        if include and not fnmatch.fnmatch(Path(rel).name, include) \
+                and not fnmatch.fnmatch(rel, include):
+            continue
+        try:
+            text = _text(env.root / rel)
+        except ToolError:
+            continue
+        hits += [f"{rel}:{n}:{line[:300]}" for n, line in enumerate(text.splitlines(), 1)
+                 if regex.search(line)]
+        if len(hits) > MAX_HITS * 5:
+            break
+    return hits
+
+
+def _files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[str]:
+    """Workspace-relative paths of files under base; ripgrep honours .gitignore."""
+    rg = shutil.which("rg") if use_rg else None
+    if rg:
+        proc = subprocess.run([rg, "--files", "--", env.relative(base)], cwd=env.root,
+                              capture_output=True, text=True, timeout=60, check=False)
+        yield from sorted(_strip_dot(line) for line in proc.stdout.splitlines())
+        return
+    if base.is_file():
+        yield env.relative(base)
+        return
+    for dirpath, dirnames, filenames in os.walk(base):  # followlinks=False: no escapes
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and d[0] != ".")
+        for name in sorted(filenames):
+            yield env.relative(Path(dirpath) / name)
+
+
+@tool("codebase_search", "Semantic search: find code by meaning ('where are passwords "
+      "hashed?'). Returns the most relevant snippets with paths and line ranges.",
+      {"query": {"type": "string"}, "limit": {"type": "integer"},
+       "target_directories": {"type": "array", "items": {"type": "string"}}},
+      ("query",), "read", "ask a narrower question")
+def codebase_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    try:
+        from codeplane.indexing.api import IndexUnavailable, search_workspace
+    except ImportError as exc:
+        return (f"index unavailable: semantic search is not installed ({exc}); use grep or "
+                "file_search instead"), {"available": False}
+    settings = ctx.settings
+    if settings is None:
+        from codeplane.config import load_settings
+        settings = load_settings()
+    try:
+        hits = search_workspace(env.root, args["query"], int(args.get("limit") or 10), settings)
+    except IndexUnavailable as exc:
+        return f"index unavailable: {exc}; use grep or file_search instead", {"available": False}
+    dirs = [env.relative(env.resolve(d)) for d in args.get("target_directories") or []]
+    if dirs:
+        hits = [h for h in hits if any(d == "." or str(h["path"]).startswith(d) for d in dirs)]
+    if not hits:
+        return "no results", {"available": True, "count": 0}
+    blocks = [f"{h['path']}:{h['start_line']}-{h['end_line']} (score {h['score']:.2f})\n"
+              f"{h.get('snippet', '')}" for h in hits]
+    return "\n\n".join(blocks), {"available": True, "count": len(hits)}
+
+
+# ---------------------------------------------------------------- changing files
+
+@tool("edit_file", "Edit a file by exact string replacement: old_string must match the file "
+      "exactly (including indentation) and be unique unless replace_all is true; include a "
+      "few surrounding lines to make it unique. Alternatively pass code_edit: the changed "
+      "code with '# ... existing code ...' marking unchanged parts.",
+      {"path": PATH, "old_string": {"type": "string"}, "new_string": {"type": "string"},
+       "replace_all": {"type": "boolean"}, "code_edit": {"type": "string"}},
+      ("path",), "write")
+def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    path = env.resolve(args["path"])
+    if not path.is_file():
+        raise ToolError(f"{args['path']} does not exist; use create_file for new files")
+    before = _text(path)
+    if args.get("code_edit") is not None and args.get("old_string") is None:
+        after = _apply_sketch(before, args["code_edit"], env.relative(path), ctx)
+    else:
+        after = _replace(before, args.get("old_string"), args.get("new_string"),
+                         bool(args.get("replace_all")))
+    path.write_text(after)
+    return _change_report(env, path, before, after, "edited")
+
+
+def _replace(text: str, old: str | None, new: str | None, replace_all: bool) -> str:
+    if old is None or new is None:
+        raise ToolError("pass old_string and new_string (or code_edit)")
+    if old == "":
+        raise ToolError("old_string is empty; use create_file to write a whole file")
+    if old == new:
+        raise ToolError("old_string and new_string are identical; nothing to change")
+    count = text.count(old)
+    if count == 0:
+        hint = ""
+        if " ".join(old.split()) in " ".join(text.split()):
+            hint = " (it matches if whitespace is ignored: copy the indentation exactly)"
+        raise ToolError(f"old_string was not found in the file{hint}; read_file the file "
+                        "and copy the text exactly")
+    if count > 1 and not replace_all:
+        raise ToolError(f"old_string occurs {count} times; include more surrounding lines to "
+                        "make it unique, or set replace_all to true")
+    return text.replace(old, new) if replace_all else text.replace(old, new, 1)
+
+
+def _apply_sketch(before: str, sketch: str, rel: str, ctx: ToolContext) -> str:
+    try:
+        from codeplane.apply.api import apply_edit
+    except ImportError:
+        raise ToolError("sketch edits (code_edit) are not available in this installation; "
+                        "use old_string/new_string instead") from None
+    result = apply_edit(before, sketch, rel, engine=ctx.engine)
+    if not result.ok or result.merged is None:
+        detail = "; ".join(result.diagnostics) or "merge failed"
+        raise ToolError(f"could not apply code_edit ({detail}); use old_string/new_string")
+    return result.merged
+
+
+@tool("create_file", "Create a file (and its directories) with the given content, or "
+      "overwrite an existing file completely.",
+      {"path": PATH, "content": {"type": "string"}}, ("path", "content"), "write")
+def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    path = env.resolve(args["path"])
+    if path.is_dir():
+        raise ToolError(f"{args['path']} is a directory")
+    before = _text(path) if path.exists() else ""
+    verb = "overwrote" if path.exists() else "created"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(args["content"])
+    return _change_report(env, path, before, args["content"], verb)
+
+
+@tool("delete_file", "Delete a file.", {"path": PATH}, ("path",), "write")
+def delete_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    path = env.resolve(args["path"])
+    if path == env.root or path.is_dir():
+        raise ToolError(f"{args['path']} is a directory; only files can be deleted")
+    if not path.exists():
+        raise ToolError(f"{args['path']} does not exist")
+    before = _text(path)
+    path.unlink()
+    diff = _diff(env.relative(path), before, "")
+    return f"deleted {env.relative(path)}", {"diff": diff, "path": env.relative(path)}
+
+
+def _change_report(env: Environment, path: Path, before: str, after: str,
+                   verb: str) -> tuple[str, dict]:
+    rel = env.relative(path)
+    diff = _diff(rel, before, after)
+    added = sum(1 for ln in diff.splitlines() if ln[:1] == "+" and ln[:3] != "+++")
+    removed = sum(1 for ln in diff.splitlines() if ln[:1] == "-" and ln[:3] != "---")
+    text = f"{verb} {rel} (+{added} -{removed} lines)"
+    errors = _syntax_errors(path, after)
+    if errors:
+        text += "\nwarning: the file now has syntax errors:\n" + "\n".join(errors[:5])
+    return text, {"diff": diff, "path": rel, "syntax_errors": errors}
+
+
+def _diff(rel: str, before: str, after: str) -> str:
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                        f"a/{rel}", f"b/{rel}"))
+
+
+# ---------------------------------------------------------------- checking and running
+
+@tool("read_lints", "Report lint errors: ruff for Python files, syntax errors (tree-sitter) "
+      "for other languages. Pass files or directories (default: the whole workspace).",
+      {"paths": {"type": "array", "items": {"type": "string"}}}, (), "read",
+      "lint fewer files at a time")
+def read_lints(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    targets = [env.resolve(p) for p in args.get("paths") or ["."]]
+    files = sorted({rel for t in targets for rel in _files(env, t)})
+    py = [f for f in files if f.endswith(".py")]
+    problems = _ruff(env, py) if py else []
+    for rel in files:
+        if Path(rel).suffix in _TS_LANGS:
+            problems += _syntax_errors(env.root / rel, None, rel)
+    if not problems:
+        return f"no lint errors in {len(files)} file(s)", {"count": 0, "files": len(files)}
+    return "\n".join(problems), {"count": len(problems), "files": len(files)}
+
+
+def _ruff(env: Environment, files: list[str]) -> list[str]:
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format=json",
+                           "--no-cache", "--exit-zero", "--", *files], cwd=env.root,
+                          capture_output=True, text=True, timeout=120, check=False)
+    try:
+        found = json.loads(proc.stdout or "[]")
+    except ValueError:
+        raise ToolError(f"ruff failed: {proc.stderr.strip()[:500]}") from None
+    return [f"{env.relative(Path(d['filename']).resolve())}:{d['location']['row']}:"
+            f"{d['location']['column']}: {d.get('code') or 'syntax'} {d['message']}"
+            for d in found]
+
+
+def _syntax_errors(path: Path, text: str | None, rel: str | None = None) -> list[str]:
+    """Syntax errors via tree-sitter (Python: the compiler), as 'path:line:col: message'."""
+    rel = rel or path.name
+    try:
+        source = text if text is not None else _text(path)
+    except ToolError:
+        return []
+    if path.suffix == ".py":
+        try:
+            compile(source, rel, "exec")
+            return []
+        except SyntaxError as exc:
+            return [f"{rel}:{exc.lineno}:{exc.offset}: syntax error: {exc.msg}"]
+    lang = _TS_LANGS.get(path.suffix)
+    if lang is None:
+        return []
+    from tree_sitter_language_pack import get_parser
+
+    tree = get_parser(lang).parse(source.encode())
+    found: list[str] = []
+    stack = [tree.root_node]
+    while stack and len(found) < 20:
+        node = stack.pop()
+        if node.is_missing:
+            found.append(f"{rel}:{node.start_point[0] + 1}:{node.start_point[1] + 1}: "
+                         f"syntax error: missing {node.type}")
+        elif node.type == "ERROR":
+            found.append(f"{rel}:{node.start_point[0] + 1}:{node.start_point[1] + 1}: "
+                         "syntax error")
+        elif node.has_error:
+            stack.extend(reversed(node.children))
+    return found
+
+
+@tool("run_terminal_cmd", "Run a shell command in the workspace (sandboxed: no network, "
+      "writes only inside the workspace). Use it to run tests and scripts. Output is capped.",
+      {"command": {"type": "string"},
+       "timeout": {"type": "integer", "description": "seconds (default 120)"}},
+      ("command",), "exec", "redirect output to a file and grep or read_file it")
+def run_terminal_cmd(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    command = args["command"].strip()
+    if not command:
+        raise ToolError("command is empty")
+    res = env.run(command, args.get("timeout"), ctx.cancel)
+    status = (f"killed: {res.killed}" + (f" after {res.seconds:.0f}s" if res.killed == "timeout"
+                                         else "")) if res.killed else f"exit code {res.exit_code}"
+    text = f"$ {command}\n{res.output.rstrip()}\n[{status}]"
+    return text, {"exit_code": res.exit_code, "killed": res.killed, "seconds": res.seconds,
+                  "sandboxed": res.sandboxed}
+
+
+_STATUSES = ("pending", "in_progress", "completed", "cancelled")
+
+
+@tool("todo_write", "Keep a visible task list for multi-step work. Each todo has id, content "
+      "and status (pending, in_progress, completed, cancelled). merge=true updates todos by "
+      "id; otherwise the list is replaced.",
+      {"todos": {"type": "array", "items": {"type": "object", "properties": {
+          "id": {"type": "string"}, "content": {"type": "string"},
+          "status": {"type": "string", "enum": list(_STATUSES)}}}},
+       "merge": {"type": "boolean"}}, ("todos",), "state")
+def todo_write(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
+    items = []
+    for n, raw in enumerate(args["todos"], 1):
+        if not isinstance(raw, dict):
+            raise ToolError("each todo must be an object with id, content and status")
+        status = str(raw.get("status") or "pending")
+        if status not in _STATUSES:
+            raise ToolError(f"todo status must be one of {', '.join(_STATUSES)}")
+        items.append({"id": str(raw.get("id") or n), "content": str(raw.get("content") or ""),
+                      "status": status})
+    if args.get("merge"):
+        merged = {t["id"]: t for t in ctx.todos}
+        for item in items:
+            merged[item["id"]] = {**merged.get(item["id"], {}),
+                                  **{k: v for k, v in item.items() if v}}
+        items = list(merged.values())
+    ctx.todos[:] = items
+    marks = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]", "cancelled": "[-]"}
+    text = "\n".join(f"{marks[t['status']]} {t['id']}. {t['content']}" for t in items)
+    return text or "(no todos)", {"todos": [dict(t) for t in items]}
+
+
+def _text(path: Path) -> str:
+    if not path.is_file():
+        raise ToolError(f"{path.name} does not exist or is not a regular file")
+    data = path.read_bytes()
+    if b"\0" in data[:8192]:
+        raise ToolError(f"{path.name} is a binary file")
+    return data.decode(errors="replace")

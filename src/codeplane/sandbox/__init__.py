@@ -1,0 +1,17 @@
+"""Running untrusted commands: a bubblewrap sandbox, or (only when asked) the bare host.
+
+Both runners share one process supervisor (`runner.py`): resource limits, a wall-clock timeout
+that kills everything the command started, and output capped to a predictable size.
+"""
+
+from codeplane.sandbox.runner import (
+    BwrapRunner,
+    CommandResult,
+    HostRunner,
+    Limits,
+    Runner,
+    SandboxUnavailable,
+)
+
+__all__ = ["BwrapRunner", "CommandResult", "HostRunner", "Limits", "Runner",
+           "SandboxUnavailable"]
