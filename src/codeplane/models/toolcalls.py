@@ -53,6 +53,12 @@ def parse_tool_calls(text: str, allowed: set[str]) -> tuple[str, list[ToolCall]]
     return _without(text, spans), calls
 
 
+def _leftover(text: str) -> str:
+    """Remaining content; brackets alone are debris of a call (`{{"name": ...}}` is a
+    common small-model slip), not an answer."""
+    return "" if not text.strip("{}[] \n\t") else text
+
+
 def could_be_tool_call(text: str) -> bool:
     """True when streamed text may be the start of a tool call, so it must be held back."""
     head = text.lstrip()
@@ -143,4 +149,4 @@ def _as_calls(value: Any, allowed: set[str]) -> list[ToolCall]:
 def _without(text: str, spans: list[tuple[int, int]]) -> str:
     for start, end in sorted(spans, reverse=True):
         text = text[:start] + text[end:]
-    return text.strip()
+    return _leftover(text).strip() if spans else text.strip()

@@ -10,7 +10,6 @@ import time
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest
-from starlette.routing import Match
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -44,13 +43,13 @@ def install(app: FastAPI, metrics: Metrics) -> None:
     @app.middleware("http")
     async def _measure(request: Request, call_next):
         start = time.perf_counter()
-        route = _route_template(app, request)
         status = 500
         try:
             response = await call_next(request)
             status = response.status_code
             return response
         finally:
+            route = _route_template(request)
             metrics.requests.labels(route, request.method, str(status)).inc()
             metrics.latency.labels(route, request.method).observe(time.perf_counter() - start)
 
@@ -59,10 +58,8 @@ def install(app: FastAPI, metrics: Metrics) -> None:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def _route_template(app: FastAPI, request: Request) -> str:
-    """Label by route template (`/v1/agent/runs/{id}`), never raw paths: bounded cardinality."""
-    for route in app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match == Match.FULL:
-            return getattr(route, "path", "other")
-    return "unmatched"
+def _route_template(request: Request) -> str:
+    """Label by route template (`/v1/agent/runs/{id}`), never raw paths: bounded cardinality.
+    The router records the matched route in the scope while handling the request."""
+    route = request.scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
