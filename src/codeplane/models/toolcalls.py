@@ -59,17 +59,6 @@ def _leftover(text: str) -> str:
     return "" if not text.strip("{}[] \n\t") else text
 
 
-def could_be_tool_call(text: str) -> bool:
-    """True when streamed text may be the start of a tool call, so it must be held back."""
-    head = text.lstrip()
-    if not head:
-        return False
-    starts = ("<tool_call>", "```", "{", "[")
-    return any(s.startswith(head[: len(s)]) or head.startswith(s) for s in starts) or (
-        "<tool_call>" in text
-    )
-
-
 def tools_system_note(tools: list[dict[str, Any]]) -> str:
     """Describe tools for chat templates that do not render them themselves."""
     specs = "\n".join(json.dumps(t.get("function", t)) for t in tools)
@@ -98,14 +87,41 @@ def _bare_calls(text: str, allowed: set[str]) -> tuple[list[ToolCall], list[tupl
         try:
             value, end = decoder.raw_decode(text, start)
         except ValueError:
-            pos = start + 1
-            continue
+            end = _balanced_end(text, start)
+            value = _loads(text[start:end]) if end else None
+            if value is None:
+                pos = start + 1
+                continue
         found = _as_calls(value, allowed)
         if found:
             calls.extend(found)
             spans.append((start, end))
         pos = end
     return calls, spans
+
+
+def _balanced_end(text: str, start: int) -> int | None:
+    """End of the bracketed span opening at `start`, skipping quoted strings (either quote
+    style, since Python-literal calls are accepted too)."""
+    depth, quote, escaped = 0, "", False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
 
 
 def _next_open(text: str, pos: int) -> int:
@@ -120,7 +136,7 @@ def _loads(blob: str) -> Any:
         pass
     try:  # Python-style dicts (single quotes, True/None) are a common small-model slip
         return ast.literal_eval(blob)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
 
 

@@ -1,0 +1,54 @@
+"""Settings: TOML file, environment overrides, and errors that name the key and line."""
+
+from pathlib import Path
+
+import pytest
+
+from codeplane.config import ConfigError, load_settings
+
+
+def test_defaults_and_layout(tmp_path, monkeypatch):
+    monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path))
+    cfg = load_settings()
+    assert cfg.home == tmp_path
+    assert cfg.server == "http://127.0.0.1:8300"
+    assert (cfg.models_dir, cfg.server_dir, cfg.client_dir) == (
+        tmp_path / "models", tmp_path / "server", tmp_path / "client")
+
+
+def test_toml_then_environment_precedence(tmp_path, monkeypatch):
+    monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path))
+    (tmp_path / "codeplane.toml").write_text(
+        '[serve]\nport = 9001\nhost = "0.0.0.0"\n[engine]\nn_ctx = 4096\n')
+    cfg = load_settings()
+    assert (cfg.serve.port, cfg.serve.host, cfg.engine.n_ctx) == (9001, "0.0.0.0", 4096)
+    monkeypatch.setenv("CODEPLANE_SERVE__PORT", "9002")
+    monkeypatch.setenv("CODEPLANE_SERVER", "http://10.0.0.5:8300")
+    cfg = load_settings()
+    assert cfg.serve.port == 9002 and cfg.server == "http://10.0.0.5:8300"
+
+
+def test_explicit_config_file(tmp_path):
+    path = tmp_path / "other.toml"
+    path.write_text("[engine]\ndefault_model = 'code-medium'\n")
+    assert load_settings(path, home=tmp_path).engine.default_model == "code-medium"
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "missing.toml")
+
+
+def test_invalid_value_names_key_and_line(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[serve]\nhost = 'x'\nport = 70000\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, home=tmp_path)
+    assert "serve.port (line 3)" in str(info.value)
+
+
+def test_unknown_key_and_bad_toml_are_reported(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[engine]\nn_cxt = 10\n")
+    with pytest.raises(ConfigError, match=r"engine.n_cxt \(line 2\)"):
+        load_settings(path, home=tmp_path)
+    path.write_text("[engine\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_settings(path, home=Path(tmp_path))
