@@ -8,6 +8,7 @@ import typer
 
 from codeplane import __version__
 from codeplane.clikit import ConfigOption, settings
+from codeplane.agent.cli import agent_cmd, tool_cmd
 from codeplane.models.cli import app as model_app
 
 app = typer.Typer(
@@ -17,6 +18,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(model_app, name="model")
+app.command("agent")(agent_cmd)
+app.command("tool")(tool_cmd)
 
 
 def _version(value: bool) -> None:

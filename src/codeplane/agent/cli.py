@@ -1,0 +1,176 @@
+"""`codeplane agent "TASK"` and `codeplane tool NAME 'JSON_ARGS'`: thin layers over the loop
+and the tool registry. Progress streams with Rich; `--json` prints only the result object."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.syntax import Syntax
+
+from codeplane.agent.env import LocalEnvironment, ToolError, local_environment
+from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Event, Transcript
+from codeplane.agent.tools import TOOLS, ToolContext, execute
+from codeplane.clikit import (
+    ConfigOption,
+    JsonOption,
+    ServerOption,
+    console,
+    fail,
+    print_json,
+    server_url,
+    settings,
+)
+from codeplane.sandbox import SandboxUnavailable
+
+PathOption = Annotated[Path, typer.Option("--path", help="Workspace directory (default: .).")]
+NoSandbox = Annotated[bool, typer.Option(
+    "--no-sandbox", help="Run commands directly on the host, without bubblewrap (unsafe).")]
+Network = Annotated[bool, typer.Option(
+    "--network", help="Allow network access inside the sandbox (default: none).")]
+
+
+def open_environment(path: Path, no_sandbox: bool, network: bool = False) -> LocalEnvironment:
+    try:
+        return local_environment(path.expanduser().resolve(), sandbox=not no_sandbox,
+                                 network=network)
+    except (SandboxUnavailable, ToolError) as exc:
+        fail(f"{exc}" if isinstance(exc, ToolError) else f"refusing to run: {exc}")
+
+
+def agent_cmd(
+    task: Annotated[str, typer.Argument(help="What the agent should do.")],
+    path: PathOption = Path("."),
+    model: Annotated[str | None, typer.Option(help="Model name (default: code-medium).")] = None,
+    max_steps: Annotated[int, typer.Option(help="Maximum model turns.", min=1)] = 25,
+    transcript: Annotated[Path | None, typer.Option(
+        help="JSONL transcript file (default: $CODEPLANE_HOME/client/agent/runs/ID.jsonl).")
+    ] = None,
+    json_: JsonOption = False,
+    server: ServerOption = None,
+    base_url: Annotated[str | None, typer.Option(
+        help="Any OpenAI-compatible base URL instead of the codeplane server.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="CODEPLANE_API_KEY",
+                                                help="Bearer token for --base-url.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Max tokens per model reply.", min=16)] = 1024,
+    serial: Annotated[bool, typer.Option(help="Run a turn's tool calls one by one.")] = False,
+    no_sandbox: NoSandbox = False,
+    network: Network = False,
+    config: ConfigOption = None,
+) -> None:
+    """Give the coding agent a task; it reads, searches, edits and runs commands until done."""
+    cfg = settings(config)
+    env = open_environment(path, no_sandbox, network)
+    if not task.strip():
+        fail("task is empty")
+    name = model or cfg.agent.get("model", "code-medium")
+    chat = ChatModel(base_url or server_url(server, config) + "/v1", name, api_key)
+    agent = Agent(chat, env, AgentConfig(max_steps=max_steps, max_tokens=max_tokens,
+                                         parallel=not serial), settings=cfg)
+    record = Transcript(transcript or cfg.client_dir / "agent" / "runs" / f"{agent.run_id}.jsonl")
+    agent.listeners.append(record)
+    if not json_:
+        agent.listeners.append(_show)
+        if not env.runner.sandboxed:
+            console.print("[bold yellow]warning:[/] commands run unsandboxed on the host")
+    try:
+        result = agent.run(task)
+    except KeyboardInterrupt:
+        agent.cancel.set()
+        fail("cancelled", 130)
+    finally:
+        record.close()
+        chat.close()
+    result.transcript = str(record.path)
+    if json_:
+        print_json(result.to_dict())
+    else:
+        _summary(result)
+    if result.status == "error":
+        raise typer.Exit(1)
+
+
+def _show(event: Event) -> None:
+    kind = event["type"]
+    if kind == "model_turn":
+        text = (event["message"].get("content") or "").strip()
+        if text and event["message"].get("tool_calls"):
+            console.print(f"[dim]{text[:500]}[/]", highlight=False)
+    elif kind == "tool_start":
+        args = json.dumps(event["arguments"])[:160]
+        console.print(f"[cyan]→ {event['name']}[/] {args}", highlight=False)
+    elif kind == "tool_result":
+        _show_result(event)
+    elif kind == "compaction":
+        console.print(f"[dim]compacted {event['messages_compacted']} old tool results[/]")
+    elif kind == "user_message":
+        console.print("[dim]reminding the model to use tools[/]")
+
+
+def _show_result(event: Event) -> None:
+    data = event.get("data") or {}
+    mark = "[green]✓[/]" if event["ok"] else "[red]✗[/]"
+    first = event["output"].splitlines()[0] if event["output"] else ""
+    console.print(f"  {mark} {first[:200]} [dim]({event['seconds']:.2f}s)[/]", highlight=False)
+    if data.get("diff"):
+        console.print(Syntax(data["diff"].rstrip()[:4000], "diff", theme="ansi_dark"))
+    if data.get("todos"):
+        marks = {"pending": "☐", "in_progress": "◐", "completed": "☑", "cancelled": "☒"}
+        for todo in data["todos"]:
+            console.print(f"    {marks[todo['status']]} {todo['content']}", highlight=False)
+    if "exit_code" in data:
+        tail = event["output"].splitlines()[1:-1][-8:]
+        for line in tail:
+            console.print(f"    [dim]{line[:200]}[/]", highlight=False)
+
+
+def _summary(result: Any) -> None:
+    color = "green" if result.status == "completed" else "yellow"
+    if result.status == "error":
+        color = "red"
+    console.print(f"\n[bold {color}]{result.status}[/] in {result.steps} steps, "
+                  f"{result.tool_calls} tool calls, {result.prompt_tokens}+"
+                  f"{result.completion_tokens} tokens, {result.seconds:.1f}s "
+                  f"({result.model})", highlight=False)
+    if result.error:
+        console.print(f"[red]{result.error}[/]", highlight=False)
+    if result.answer:
+        console.print(result.answer, highlight=False)
+    console.print(f"[dim]transcript: {result.transcript}[/]", highlight=False)
+
+
+def tool_cmd(
+    name: Annotated[str | None, typer.Argument(help="Tool name; omit to list the tools.")] = None,
+    args: Annotated[str, typer.Argument(help="Arguments as a JSON object.")] = "{}",
+    path: PathOption = Path("."),
+    json_: JsonOption = False,
+    no_sandbox: NoSandbox = False,
+    network: Network = False,
+    config: ConfigOption = None,
+) -> None:
+    """Execute one agent tool exactly as the agent would (for debugging and environments)."""
+    if name is None:
+        if json_:
+            print_json([t.schema() for t in TOOLS.values()])
+        for spec in [] if json_ else TOOLS.values():
+            console.print(f"[cyan]{spec.name}[/]({', '.join(spec.properties)}): "
+                          f"{spec.description}", highlight=False)
+        return
+    if name not in TOOLS:
+        fail(f"unknown tool {name!r}; available: {', '.join(TOOLS)}")
+    try:
+        parsed = json.loads(args)
+    except ValueError as exc:
+        fail(f"arguments are not valid JSON: {exc}")
+    if not isinstance(parsed, dict):
+        fail("arguments must be a JSON object, e.g. '{\"path\": \"README.md\"}'")
+    env = open_environment(path, no_sandbox, network)
+    result = execute(env, name, parsed, ToolContext(settings=settings(config)))
+    if json_:
+        print_json(result.to_dict())
+    else:
+        typer.echo(result.output)
+    raise typer.Exit(0 if result.ok else 1)
+

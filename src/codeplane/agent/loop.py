@@ -1,0 +1,259 @@
+"""The agent loop: Model -> tool calls -> Environment, until the model answers without tools.
+
+Three small parts, in the spirit of mini-swe-agent: `ChatModel` (any OpenAI-compatible
+endpoint over httpx), an `Environment` (env.py) and `Agent`. Every step emits events; the same
+events feed the Rich CLI, the server's SSE stream and the JSONL transcript, so what a user sees,
+what an RL trainer replays and what the API returns cannot drift apart.
+
+Several tool calls in one model turn run concurrently on a thread pool; a call waits only for
+earlier calls it conflicts with (same file written, or a command), and results go back to the
+model in call order.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from codeplane.agent.env import Environment
+from codeplane.agent.prompts import NUDGE, system_prompt
+from codeplane.agent.tools import ToolContext, ToolResult, conflicts, execute, schemas
+
+Event = dict[str, Any]
+
+
+class ModelError(RuntimeError):
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ChatModel:
+    """Chat completions with tools from an OpenAI-compatible endpoint (`codeplane serve`)."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None,
+                 timeout: float = 900.0) -> None:
+        self.base_url, self.model = base_url.rstrip("/"), model
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+
+    def complete(self, messages: list[dict], tools: list[dict], max_tokens: int,
+                 temperature: float) -> dict[str, Any]:
+        body = {"model": self.model, "messages": messages, "tools": tools,
+                "tool_choice": "auto", "max_tokens": max_tokens, "temperature": temperature}
+        try:
+            resp = self.http.post("/chat/completions", json=body)
+        except httpx.TransportError as exc:
+            raise ModelError(f"cannot reach the model server at {self.base_url} ({exc}); "
+                             "start it with `codeplane serve` or pass --base-url",
+                             "unreachable") from None
+        if resp.status_code >= 400:
+            try:
+                err = resp.json()["error"]
+                message, code = err.get("message"), err.get("code")
+            except (ValueError, KeyError, TypeError):
+                message, code = resp.text[:500], None
+            raise ModelError(f"model server returned {resp.status_code}: {message}", code)
+        return resp.json()
+
+    def close(self) -> None:
+        self.http.close()
+
+
+@dataclass
+class AgentConfig:
+    max_steps: int = 25
+    max_tokens: int = 1024  # per model reply
+    temperature: float = 0.0
+    context_tokens: int = 6000  # compact old turns once a prompt grows past this
+    token_budget: int = 300_000  # prompt + completion tokens for the whole run
+    max_result_chars: int = 6000
+    parallel: bool = True
+    keep_turns: int = 2  # most recent turns never compacted
+    nudges: int = 1  # times to remind a model that answered without using any tool
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str  # completed | max_steps | budget | cancelled | error
+    answer: str
+    steps: int
+    tool_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    model: str
+    transcript: str | None = None
+    error: str | None = None
+    todos: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Agent:
+    def __init__(self, model: ChatModel, env: Environment, config: AgentConfig | None = None,
+                 on_event: Callable[[Event], None] | None = None,
+                 cancel: threading.Event | None = None, settings: Any = None,
+                 run_id: str | None = None) -> None:
+        self.model, self.env = model, env
+        self.config = config or AgentConfig()
+        self.cancel = cancel or threading.Event()
+        self.ctx = ToolContext(settings=settings, cancel=self.cancel)
+        self.listeners = [on_event] if on_event else []
+        self.run_id = run_id or uuid.uuid4().hex[:16]
+        self.tools = schemas()
+        self._lock = threading.Lock()
+        self._start = time.monotonic()
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+
+    def emit(self, event: Event) -> None:
+        event = {"type": event.pop("type"), "run_id": self.run_id,
+                 "t": round(time.monotonic() - self._start, 3), **event}
+        with self._lock:
+            for listener in self.listeners:
+                listener(event)
+
+    def run(self, task: str) -> RunResult:
+        self._start = time.monotonic()
+        messages: list[dict] = [{"role": "system", "content": system_prompt(self.env.root)},
+                                {"role": "user", "content": task}]
+        self.emit({"type": "run_start", "time": time.time(), "task": task,
+                   "model": self.model.model, "base_url": self.model.base_url,
+                   "environment": self.env.metadata(), "config": asdict(self.config),
+                   "tools": self.tools, "messages": list(messages)})
+        status, answer, error, steps, calls_made = "max_steps", "", None, 0, 0
+        try:
+            for steps in range(1, self.config.max_steps + 1):
+                if self.cancel.is_set():
+                    status = "cancelled"
+                    break
+                if sum(self.usage.values()) >= self.config.token_budget:
+                    status = "budget"
+                    break
+                message = self._turn(steps, messages)
+                calls = message.get("tool_calls") or []
+                if not calls:
+                    if calls_made == 0 and steps <= self.config.nudges:
+                        messages.append({"role": "user", "content": NUDGE})
+                        self.emit({"type": "user_message", "step": steps, "content": NUDGE})
+                        continue
+                    status, answer = "completed", message.get("content") or ""
+                    break
+                calls_made += len(calls)
+                for call, result in zip(calls, self._execute(steps, calls), strict=True):
+                    messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
+                                     "name": call["function"]["name"],
+                                     "content": result.output})
+            if self.cancel.is_set():
+                status = "cancelled"
+        except ModelError as exc:
+            status, error = "error", str(exc)
+        result = RunResult(self.run_id, status, answer, steps, calls_made,
+                           self.usage["prompt_tokens"], self.usage["completion_tokens"],
+                           round(time.monotonic() - self._start, 3), self.model.model,
+                           error=error, todos=list(self.ctx.todos))
+        self.emit({"type": "run_end", **result.to_dict()})
+        return result
+
+    def _turn(self, step: int, messages: list[dict]) -> dict:
+        """One model call; on context overflow compact harder and retry once."""
+        start = time.monotonic()
+        try:
+            reply = self.model.complete(messages, self.tools, self.config.max_tokens,
+                                        self.config.temperature)
+        except ModelError as exc:
+            if exc.code != "context_length_exceeded" or not self._compact(step, messages, 0):
+                raise
+            reply = self.model.complete(messages, self.tools, self.config.max_tokens,
+                                        self.config.temperature)
+        usage = reply.get("usage") or {}
+        for key in self.usage:
+            self.usage[key] += int(usage.get(key) or 0)
+        choice = reply["choices"][0]
+        message = {k: v for k, v in choice["message"].items()
+                   if k in ("role", "content", "tool_calls")}
+        messages.append(message)
+        self.emit({"type": "model_turn", "step": step, "message": message, "usage": usage,
+                   "finish_reason": choice.get("finish_reason"),
+                   "seconds": round(time.monotonic() - start, 3)})
+        if int(usage.get("prompt_tokens") or 0) > self.config.context_tokens:
+            self._compact(step, messages, self.config.keep_turns)
+        return message
+
+    def _compact(self, step: int, messages: list[dict], keep_turns: int) -> bool:
+        """Replace old tool results with a stub; the newest `keep_turns` turns stay whole.
+
+        Deterministic stubs instead of an LLM summary: small local models summarise poorly
+        and a stub keeps the KV-cache prefix up to the first compacted message."""
+        turn_starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        cut = turn_starts[-keep_turns] if 0 < keep_turns <= len(turn_starts) else len(messages)
+        changed = 0
+        for msg in messages[2:cut]:
+            content = msg.get("content") or ""
+            if msg["role"] == "tool" and not content.startswith("[compacted"):
+                msg["content"] = (f"[compacted: {len(content)} characters of {msg.get('name')} "
+                                  "output removed to save context; call the tool again if "
+                                  "needed]")
+                changed += 1
+        if changed:
+            self.emit({"type": "compaction", "step": step, "messages_compacted": changed})
+        return changed > 0
+
+    def _execute(self, step: int, calls: list[dict]) -> list[ToolResult]:
+        parsed = [(c["function"]["name"], _arguments(c["function"].get("arguments")))
+                  for c in calls]
+        futures: list[Future] = []
+        with ThreadPoolExecutor(max_workers=max(len(calls), 1)) as pool:
+            for i, call in enumerate(calls):
+                deps = [futures[j] for j in range(i) if not self.config.parallel
+                        or conflicts(self.env, parsed[j], parsed[i])]
+                futures.append(pool.submit(self._one, step, i, call, parsed[i], deps))
+            return [f.result() for f in futures]
+
+    def _one(self, step: int, index: int, call: dict, parsed: tuple[str, Any],
+             deps: list[Future]) -> ToolResult:
+        for dep in deps:
+            dep.result()
+        name, args = parsed
+        base = {"step": step, "index": index, "call_id": call.get("id", ""), "name": name}
+        self.emit({"type": "tool_start", **base, "arguments": args})
+        result = execute(self.env, name, args, self.ctx, self.config.max_result_chars)
+        self.emit({"type": "tool_result", **base, **result.to_dict()})
+        return result
+
+
+def _arguments(raw: Any) -> dict | str:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return str(raw)
+    return value if isinstance(value, dict) else str(raw)
+
+
+class Transcript:
+    """Appends every event as one JSON line (flushed, so a killed run keeps its history)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", encoding="utf-8")
+
+    def __call__(self, event: Event) -> None:
+        self._file.write(json.dumps(event, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
