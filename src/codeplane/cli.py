@@ -9,7 +9,9 @@ import typer
 from codeplane import __version__
 from codeplane.clikit import ConfigOption, settings
 from codeplane.agent.cli import agent_cmd, tool_cmd
+from codeplane.indexing import cli as index_cli
 from codeplane.models.cli import app as model_app
+from codeplane.tab import cli as tab_cli
 
 app = typer.Typer(
     help="codeplane: self-hostable backend for AI-assisted coding (local models, search, "
@@ -18,8 +20,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(model_app, name="model")
+app.command("index")(index_cli.index_cmd)
+app.command("search")(index_cli.search_cmd)
 app.command("agent")(agent_cmd)
 app.command("tool")(tool_cmd)
+app.command("complete")(tab_cli.complete)
+app.command("lsp")(tab_cli.lsp)
 
 
 def _version(value: bool) -> None:

@@ -12,9 +12,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 
 from codeplane import __version__
+from codeplane.agent import routes as agent_routes
 from codeplane.config import Settings
 from codeplane.models.engine import Engine
+from codeplane.search import routes as search_routes
 from codeplane.server import errors, metrics, openai_api
+from codeplane.tab import routes as tab_routes
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -35,6 +38,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     errors.install(app)
     metrics.install(app, app.state.metrics)
     app.include_router(openai_api.router)
+    app.include_router(agent_routes.router)
+    app.include_router(search_routes.router)
+    app.include_router(tab_routes.router)
 
     @app.get("/healthz")
     def healthz(request: Request) -> dict:

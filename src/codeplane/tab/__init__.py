@@ -1,0 +1,1 @@
+"""Tab: inline code completion on every keystroke (server service, client context, LSP)."""

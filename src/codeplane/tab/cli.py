@@ -1,0 +1,77 @@
+"""`codeplane complete` (one Tab suggestion, for scripts and tests) and `codeplane lsp`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from codeplane.clikit import (ConfigOption, JsonOption, ServerOption, fail, print_json,
+                              server_url, settings)
+from codeplane.tab.client import TabClientError, check_transport
+from codeplane.tab.client import complete as request_completion
+from codeplane.tab.context import Budget, build_request, offset_of
+
+
+def complete(
+    file: Annotated[Path, typer.Argument(help="Source file to complete in.")],
+    line: Annotated[int, typer.Option("--line", "-l", help="Cursor line (1-based).", min=1)],
+    col: Annotated[int, typer.Option("--col", "-c", help="Cursor column (1-based; the "
+                                     "cursor sits before this character).", min=1)],
+    model: Annotated[str | None, typer.Option(help="Model (default: the tab.model setting).")] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, max=512)] = None,
+    min_confidence: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="Hide suggestions less likely than this (0 shows all).")] = None,
+    json_: JsonOption = False,
+    server: ServerOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Print the Tab suggestion at FILE:LINE:COL (asks a running `codeplane serve`)."""
+    if not file.is_file():
+        fail(f"no such file: {file}")
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read {file}: {exc}")
+    lines = text.split("\n")
+    if line > len(lines):
+        fail(f"--line {line} is past the end of {file} ({len(lines)} lines)")
+    if col > len(lines[line - 1]) + 1:
+        fail(f"--col {col} is past the end of line {line} ({len(lines[line - 1])} characters; "
+             f"use {len(lines[line - 1]) + 1} for the end of the line)")
+    body = build_request(file.name, text, offset_of(text, line - 1, col - 1), None, Budget(),
+                         cursor_id="cli")
+    body.update({k: v for k, v in (("model", model), ("max_tokens", max_tokens),
+                                   ("min_confidence", min_confidence)) if v is not None})
+    try:
+        result = request_completion(server_url(server, config), body)
+    except TabClientError as exc:
+        fail(str(exc))
+    if json_:
+        print_json(result)
+    elif result["text"]:
+        sys.stdout.write(result["text"] + "\n")
+
+
+def lsp(
+    debounce_ms: Annotated[int, typer.Option(
+        min=0, max=2000, help="Wait this long after a keystroke before asking the model "
+                              "(cache and typed-ahead answers are never delayed).")] = 120,
+    telemetry: Annotated[bool, typer.Option(
+        help="Log shown/accepted/rejected events to $CODEPLANE_HOME/client/tab/.")] = True,
+    server: ServerOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Run the Tab language server on stdio (inline completion + completion fallback)."""
+    from codeplane.tab.lsp import create_server
+    from codeplane.tab.telemetry import Telemetry, default_path
+
+    cfg = settings(config)
+    try:
+        url = check_transport(server_url(server, config))
+    except TabClientError as exc:
+        fail(str(exc))
+    log = Telemetry(default_path(cfg.client_dir) if telemetry else None)
+    create_server(url, log, debounce_ms).start_io()

@@ -1,0 +1,145 @@
+"""`codeplane lsp`: Tab for any editor, as a Language Server on stdio (pygls).
+
+Offers `textDocument/inlineCompletion` (ghost text: VS Code, Neovim 0.12+, Helix forks) and
+plain `textDocument/completion` items as a fallback for editors without inline completion.
+Per request it builds the client-side context (window + ring of recently viewed snippets),
+asks the server's fast paths first (cache, typed-ahead: no debounce needed), then debounces
+the model path and drops requests superseded by a newer keystroke. Accepting a suggestion
+runs the `codeplane.tab.accepted` command, which the telemetry log records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from dataclasses import dataclass
+
+from lsprotocol import types as lsp
+from pygls import uris
+from pygls.lsp.server import LanguageServer
+
+from codeplane import __version__
+from codeplane.tab.client import AsyncTabClient, TabClientError
+from codeplane.tab.context import Ring, build_request
+from codeplane.tab.telemetry import Telemetry
+
+ACCEPT_COMMAND = "codeplane.tab.accepted"
+
+
+@dataclass
+class _Shown:
+    uri: str
+    suggestion_id: str
+
+
+class TabLanguageServer(LanguageServer):
+    def __init__(self, server_url: str, telemetry: Telemetry, debounce_ms: int) -> None:
+        super().__init__("codeplane-tab", __version__)
+        self.tab = AsyncTabClient(server_url)
+        self.telemetry = telemetry
+        self.debounce_s = debounce_ms / 1000
+        self.ring = Ring()
+        self._latest: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        self._where: tuple[str, int] | None = None  # (uri, line) of the last request
+        self._shown: _Shown | None = None
+
+    async def suggest(self, uri: str, position: lsp.Position) -> tuple[str, str] | None:
+        """(text, suggestion id) for the cursor, or None when nothing should show."""
+        doc = self.workspace.get_text_document(uri)
+        source = doc.source
+        offset = doc.offset_at_position(position)
+        self._note_position(uri, position.line)
+        ticket = self._latest[uri] = self._latest.get(uri, 0) + 1
+        body = build_request(self._path(uri), source, offset, self.ring, cursor_id=uri,
+                             language=doc.language_id)
+        try:
+            result = await self.tab.complete({**body, "fast_only": True})
+            if result["source"] == "miss":
+                await asyncio.sleep(self.debounce_s)
+                if self._latest.get(uri) != ticket:
+                    return None  # superseded by a newer keystroke during the debounce
+                result = await self.tab.complete(body)
+        except TabClientError as exc:
+            self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Warning, str(exc)))
+            return None
+        if self._latest.get(uri) != ticket or not result["text"]:
+            return None
+        return result["text"], self._record(uri, result, doc.language_id)
+
+    def _record(self, uri: str, result: dict, language: str | None) -> str:
+        if result["source"] == "typed_ahead" and self._shown and self._shown.uri == uri:
+            return self._shown.suggestion_id  # the same suggestion, partly typed out
+        if self._shown:
+            self.telemetry.rejected(self._shown.suggestion_id)
+        suggestion_id = f"s{next(self._ids)}"
+        self._shown = _Shown(uri, suggestion_id)
+        self.telemetry.shown(suggestion_id, latency_ms=result["latency_ms"],
+                             chars=len(result["text"]), source=result["source"],
+                             confidence=result.get("confidence"), language=language)
+        return suggestion_id
+
+    def _note_position(self, uri: str, line: int) -> None:
+        """Switching files puts a chunk of the one left into the ring (recently viewed)."""
+        if self._where and self._where[0] != uri:
+            old_uri, old_line = self._where
+            try:
+                old = self.workspace.get_text_document(old_uri).source
+            except Exception:  # closed meanwhile: nothing to remember
+                old = ""
+            if old:
+                self.ring.add(self._path(old_uri), old, old_line)
+        self._where = (uri, line)
+
+    def _path(self, uri: str) -> str:
+        path = uris.to_fs_path(uri) or uri
+        root = self.workspace.root_path
+        if root and path.startswith(root.rstrip(os.sep) + os.sep):
+            return os.path.relpath(path, root)
+        return os.path.basename(path)
+
+
+def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120
+                  ) -> TabLanguageServer:
+    ls = TabLanguageServer(server_url, telemetry, debounce_ms)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_INLINE_COMPLETION)
+    async def inline_completion(server: TabLanguageServer, params: lsp.InlineCompletionParams
+                                ) -> lsp.InlineCompletionList | None:
+        found = await server.suggest(params.text_document.uri, params.position)
+        if found is None:
+            return lsp.InlineCompletionList(items=[])
+        text, sid = found
+        here = lsp.Range(params.position, params.position)
+        return lsp.InlineCompletionList(items=[lsp.InlineCompletionItem(
+            insert_text=text, range=here,
+            command=lsp.Command("codeplane: suggestion accepted", ACCEPT_COMMAND, [sid]))])
+
+    @ls.feature(lsp.TEXT_DOCUMENT_COMPLETION,
+                lsp.CompletionOptions(trigger_characters=[".", "(", " ", "="]))
+    async def completion(server: TabLanguageServer, params: lsp.CompletionParams
+                         ) -> lsp.CompletionList:
+        found = await server.suggest(params.text_document.uri, params.position)
+        if found is None:
+            return lsp.CompletionList(is_incomplete=True, items=[])
+        text, sid = found
+        here = lsp.Range(params.position, params.position)
+        label = text.strip().split("\n", 1)[0][:80] or text[:80]
+        return lsp.CompletionList(is_incomplete=True, items=[lsp.CompletionItem(
+            label=label, kind=lsp.CompletionItemKind.Snippet, detail="codeplane Tab",
+            text_edit=lsp.TextEdit(here, text), filter_text=label, sort_text="0",
+            insert_text_format=lsp.InsertTextFormat.PlainText,
+            command=lsp.Command("codeplane: suggestion accepted", ACCEPT_COMMAND, [sid]))])
+
+    @ls.command(ACCEPT_COMMAND)
+    def accepted(server: TabLanguageServer, suggestion_id: str) -> bool:
+        if server._shown and server._shown.suggestion_id == suggestion_id:
+            server._shown = None
+        return server.telemetry.accepted(suggestion_id)
+
+    @ls.feature(lsp.SHUTDOWN)
+    async def shutdown(server: TabLanguageServer, _: object) -> None:
+        await server.tab.close()
+
+    return ls

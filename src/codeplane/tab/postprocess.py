@@ -1,0 +1,168 @@
+"""Turn a raw FIM continuation into something worth showing as ghost text.
+
+Why this exists: the small instruct model rarely emits an end token after filling the hole; it
+keeps writing the code that already follows the cursor. So the suggestion is cut at a sensible
+boundary here: the end of the line (single-line mode), the end of the block (multi-line mode),
+the point where it starts repeating the suffix, or a closing bracket nothing opened.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+OPENERS = {"(": ")", "[": "]", "{": "}"}
+CLOSERS = {v: k for k, v in OPENERS.items()}
+# Characters right of the cursor that still allow a suggestion in the middle of a line
+# (editors auto-insert these, so "foo(|)" is really the end of the line).
+AUTO_CLOSED = set(")]}\"'`;:, \t")
+
+
+@dataclass(frozen=True)
+class Mode:
+    multiline: bool
+    max_lines: int
+
+
+def line_suffix(suffix: str) -> str:
+    return suffix.split("\n", 1)[0]
+
+
+def mid_line_blocked(suffix: str, limit: int = 8) -> bool:
+    """llama.vim's `max_line_suffix`: real code right of the cursor means the user is editing,
+    not writing; a suggestion there is almost always noise, so skip the model entirely."""
+    rest = line_suffix(suffix)
+    return len(rest) > limit or any(c not in AUTO_CLOSED for c in rest)
+
+
+def choose_mode(prefix: str, suffix: str, max_lines: int = 6) -> Mode:
+    """Multi-line only on an empty line or after a block opener; elsewhere finish the line."""
+    current = prefix.rsplit("\n", 1)[-1]
+    if line_suffix(suffix).strip():
+        return Mode(False, 1)
+    if not current.strip() or current.rstrip().endswith((":", "{", "(", "[")):
+        return Mode(True, max_lines)
+    return Mode(False, 1)
+
+
+def clean(raw: str, prefix: str, suffix: str, mode: Mode) -> str:
+    """Cut `raw` to what should be shown; "" when nothing useful remains."""
+    text = raw.replace("\r\n", "\n")
+    text = _cut_lines(text, prefix, mode)
+    text = _cut_suffix_repeat(text, suffix)
+    text = _cut_unbalanced(text, prefix)
+    text = _cut_suffix_overlap(text, line_suffix(suffix))
+    text = "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
+    return text if text.strip() else ""
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _cut_lines(text: str, prefix: str, mode: Mode) -> str:
+    """Single-line: the rest of the line. Multi-line: the block being written - it ends at a
+    blank line, a line indented less than where it started, or (after a block opener such
+    as `def f():`) a line not indented more than the opener."""
+    lines = text.split("\n")
+    if not mode.multiline:
+        return lines[0]
+    current = prefix.rsplit("\n", 1)[-1]
+    opener = current.rstrip().endswith((":", "{", "(", "["))
+    first = current + lines[0]
+    base = _indent(current) if opener or not first.strip() else _indent(first)
+    kept: list[str] = [lines[0]]
+    for line in lines[1:]:
+        if not line.strip():
+            if any(k.strip() for k in kept):
+                break
+            continue  # leading newline(s): the block starts on the next line
+        if _indent(line) < base or (opener and _indent(line) <= base):
+            break
+        if sum(1 for k in kept if k.strip()) >= mode.max_lines:
+            break
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def complete_lines_done(text: str, prefix: str, mode: Mode) -> bool:
+    """True once the finished lines of a streaming suggestion already run past the cut, so
+    decoding can stop early (each token costs ~30 ms on 2 cores)."""
+    done = text[: max(text.rfind("\n"), 0)]  # finished lines, without the open one
+    if not mode.multiline or not done:
+        return False
+    return _cut_lines(done, prefix, mode).count("\n") < done.count("\n")
+
+
+def _cut_suffix_repeat(text: str, suffix: str) -> str:
+    """Stop where the suggestion starts re-writing the next existing non-empty line."""
+    following = [ln.strip() for ln in suffix.split("\n")[1:] if ln.strip()][:1]
+    if not following or len(following[0]) < 4:
+        return text
+    lines = text.split("\n")
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip() == following[0]:
+            return "\n".join(lines[:i])
+    return text
+
+
+def _open_stack(prefix: str) -> list[str]:
+    """Brackets still open at the cursor, looking back over the current statement (a few
+    lines), ignoring string contents roughly: enough to keep ')' from being invented."""
+    stack: list[str] = []
+    quote = ""
+    for ch in "\n".join(prefix.split("\n")[-8:]):
+        if quote:
+            if ch == quote:
+                quote = ""
+            continue
+        if ch in "\"'":
+            quote = ch
+        elif ch in OPENERS:
+            stack.append(ch)
+        elif ch in CLOSERS:
+            if stack and stack[-1] == CLOSERS[ch]:
+                stack.pop()
+            else:
+                stack.clear()
+        elif ch == "\n" and not stack:
+            quote = ""
+    return stack
+
+
+def _cut_unbalanced(text: str, prefix: str) -> str:
+    """Cut before the first closing bracket that neither the suggestion nor the open
+    statement in the prefix opened (the classic duplicated ')' of Tab completions)."""
+    stack = _open_stack(prefix)
+    quote = ""
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote or ch == "\n":
+                quote = ""
+            continue
+        if ch in "\"'":
+            quote = ch
+        elif ch in OPENERS:
+            stack.append(ch)
+        elif ch in CLOSERS:
+            if not stack or stack[-1] != CLOSERS[ch]:
+                return text[:i]
+            stack.pop()
+    return text
+
+
+def _cut_suffix_overlap(text: str, rest_of_line: str) -> str:
+    """Drop a tail the editor already has right of the cursor (e.g. the auto-inserted ')')."""
+    rest = rest_of_line.rstrip()
+    first, sep, more = text.partition("\n")
+    for size in range(min(len(rest), len(first)), 0, -1):
+        if first.endswith(rest[:size]) and rest[:size].strip():
+            return first[: len(first) - size] + sep + more
+    return text
+
+
+def confidence(logprobs: list[float]) -> float:
+    """Geometric-mean token probability of what is shown; 0 when nothing was generated."""
+    if not logprobs:
+        return 0.0
+    return math.exp(sum(logprobs) / len(logprobs))

@@ -1,0 +1,64 @@
+"""`POST /v1/tab`: one Tab suggestion. A thin layer over `TabService`.
+
+Client guidance (also in docs/tab.md): call on every keystroke with the same `cursor_id`; do
+not wait for the previous answer (the server cancels it) and debounce only the model path -
+cache and typed-ahead answers come back in a few milliseconds, so checking them first is free.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+
+from codeplane.models.engine import ContextOverflow, Engine, Unsupported
+from codeplane.models.pull import WeightsError, ensure_weights
+from codeplane.models.registry import UnknownModel
+from codeplane.server.errors import APIError, not_found, unavailable
+from codeplane.tab.service import TabRequest, TabService, TabSettings
+
+router = APIRouter()
+
+
+def service(request: Request) -> TabService:
+    """One service per app, created on first use from the `[tab]` settings."""
+    state = request.app.state
+    if getattr(state, "tab_service", None) is None:
+        try:
+            tab_settings = TabSettings(**state.settings.tab)
+        except ValidationError as exc:
+            raise APIError(500, f"invalid [tab] settings: {exc}", type="server_error") from None
+        state.tab_service = TabService(state.engine, tab_settings)
+    return state.tab_service
+
+
+@router.post("/v1/tab")
+async def tab(body: TabRequest, request: Request) -> dict:
+    svc = service(request)
+    _require_fim(svc.engine, body.model or svc.settings.model)
+    try:
+        result = await svc.complete(body)
+    except ContextOverflow as exc:
+        raise APIError(400, str(exc), code="context_length_exceeded") from None
+    except Unsupported as exc:
+        raise APIError(400, str(exc), param="model") from None
+    return result.to_json()
+
+
+@router.get("/v1/tab/stats")
+def tab_stats(request: Request) -> dict:
+    """Counters since start: model calls avoided, prompt tokens reused (no code, no paths)."""
+    return dict(service(request).stats)
+
+
+def _require_fim(engine: Engine, name: str) -> None:
+    try:
+        spec = engine.spec(name)
+    except UnknownModel:
+        raise not_found(f"model {name!r} does not exist") from None
+    if "fim" not in spec.capabilities:
+        raise APIError(400, f"model {name!r} does not support fim", param="model")
+    if spec.name not in engine.loaded():
+        try:
+            ensure_weights(spec, engine.settings)
+        except WeightsError as exc:
+            raise unavailable(str(exc)) from None

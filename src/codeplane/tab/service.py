@@ -1,0 +1,333 @@
+"""Server side of Tab: one suggestion per keystroke, almost never recomputing the prompt.
+
+On 2 CPU cores a cold 1,000-token FIM prompt costs seconds, one new token ~0.1 s, so:
+
+* Stable layout ("anchor"): the prompt is `[context][<fim_prefix> P0 <fim_suffix> S
+  <fim_middle>] T`, where P0 is the prefix up to the start of the line where the session
+  started typing, S the suffix then, and T what was typed since, fed as already-written
+  middle. Typing only appends to T (inserting at the cursor never changes S), so every
+  keystroke reuses the whole KV cache except the last token or two. The anchor moves only
+  when the cursor jumps, the suffix changes, or T grows too long.
+* Fast paths before the model: an exact-key LRU cache, and typed-ahead reuse (the user typed
+  the start of a suggestion: serve the rest). Both are checked before any queueing.
+* Per-session slots: a newer request from the same `cursor_id` cancels the older one between
+  tokens, and a request still queued behind the model is dropped before it starts.
+* Show/hide: the geometric-mean probability of the shown tokens must reach a threshold.
+
+Nothing is persisted: the cache and sessions are in-memory and bounded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+from codeplane.models.engine import Engine, LocalModel, Sampling
+from codeplane.tab import postprocess
+from codeplane.tab.postprocess import Mode
+
+MAX_TYPED_CHARS = 1500  # beyond this T is long enough that re-anchoring is cheaper overall
+
+
+class TabSettings(BaseModel):
+    """`[tab]` section of codeplane.toml."""
+
+    model_config = {"extra": "forbid"}
+    model: str = "code-small"
+    max_tokens: int = Field(16, ge=1, le=256, description="single-line suggestion budget")
+    max_tokens_multiline: int = Field(40, ge=1, le=512)
+    max_lines: int = Field(6, ge=1, le=50)
+    min_confidence: float = Field(0.3, ge=0.0, le=1.0,
+                                  description="hide suggestions less likely than this")
+    max_prompt_tokens: int = Field(3072, ge=64)
+    cache_size: int = Field(1000, ge=0)
+    sessions: int = Field(256, ge=1)
+    typed_ahead_chars: int = Field(128, ge=0, description="how far back typed-ahead looks")
+    mid_line_chars: int = Field(8, ge=0, description="skip when more code is right of cursor")
+
+
+class Snippet(BaseModel):
+    path: str = Field(max_length=4096)
+    text: str = Field(max_length=64_000)
+
+
+class TabRequest(BaseModel):
+    path: str = Field(max_length=4096)
+    prefix: str = Field(max_length=400_000)
+    suffix: str = Field("", max_length=400_000)
+    language: str | None = None
+    context: list[Snippet] = Field(default_factory=list, max_length=64)
+    cursor_id: str = Field("default", max_length=200,
+                           description="session key: one editor cursor; newer requests "
+                                       "cancel older ones")
+    request_id: str | None = Field(None, max_length=200)
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1, le=512)
+    min_confidence: float | None = Field(None, ge=0.0, le=1.0)
+    fast_only: bool = Field(False, description="answer from cache/typed-ahead only; "
+                                               "source 'miss' means the model is needed")
+
+
+@dataclass
+class TabResult:
+    text: str
+    latency_ms: float
+    cached: bool  # served without a model call (LRU cache or typed-ahead)
+    source: str  # "cache" | "typed_ahead" | "model" | "skipped" | "cancelled" | "miss"
+    shown: bool
+    confidence: float | None = None
+    request_id: str | None = None
+    reason: str | None = None  # why nothing is shown: low_confidence, mid_line, empty, stale
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    model_ms: float = 0.0
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+@dataclass
+class _Entry:
+    text: str  # post-processed suggestion (also kept when hidden: no second model call)
+    confidence: float
+    shown: bool
+
+
+@dataclass
+class _Anchor:
+    key: str  # path + context digest: a different file or context means a new layout
+    prefix: str
+    suffix: str
+    tokens: list[int]
+
+
+@dataclass
+class _Session:
+    seq: int = 0
+    cancel: threading.Event = field(default_factory=threading.Event)
+    anchor: _Anchor | None = None
+
+
+class TabService:
+    def __init__(self, engine: Engine, settings: TabSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._lock = threading.Lock()
+        self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
+                      "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0}
+
+    # -- public --------------------------------------------------------------------------
+
+    def lookup(self, req: TabRequest) -> TabResult | None:
+        """Fast paths only (cache, typed-ahead, mid-line skip); None means ask the model."""
+        start = time.perf_counter()
+        hit = self._lookup(req)
+        if hit is not None:
+            source, entry = hit
+            self.stats["cache_hits" if source == "cache" else "typed_ahead"] += 1
+            return self._result(req, start, entry, source)
+        if postprocess.mid_line_blocked(req.suffix, self.settings.mid_line_chars):
+            self.stats["skipped"] += 1
+            return TabResult("", _ms(start), False, "skipped", False, None, req.request_id,
+                             "mid_line")
+        return None
+
+    def begin(self, req: TabRequest) -> tuple[_Session, int, threading.Event]:
+        """Claim the session slot: cancel the previous request of this cursor."""
+        with self._lock:
+            session = self._sessions.pop(req.cursor_id, None) or _Session()
+            self._sessions[req.cursor_id] = session
+            while len(self._sessions) > self.settings.sessions:
+                self._sessions.popitem(last=False)
+            session.cancel.set()
+            session.seq += 1
+            session.cancel = threading.Event()
+            return session, session.seq, session.cancel
+
+    async def complete(self, req: TabRequest) -> TabResult:
+        start = time.perf_counter()
+        fast = self.lookup(req)
+        if fast is not None or not req.fast_only:
+            self.stats["requests"] += 1  # a fast-only miss is counted by its follow-up
+        if fast is not None or req.fast_only:
+            return fast or TabResult("", _ms(start), False, "miss", False, None,
+                                     req.request_id, "miss")
+        session, seq, cancel = self.begin(req)
+        model_name = req.model or self.settings.model
+        result, _ = await self.engine.run(
+            model_name, lambda m: self.generate(m, req, session, seq, cancel))
+        result.latency_ms = _ms(start)
+        return result
+
+    def complete_sync(self, req: TabRequest) -> TabResult:
+        """Blocking variant for benchmarks and scripts (same worker, same KV cache)."""
+        start = time.perf_counter()
+        fast = self.lookup(req)
+        if fast is not None or not req.fast_only:
+            self.stats["requests"] += 1  # a fast-only miss is counted by its follow-up
+        if fast is not None or req.fast_only:
+            return fast or TabResult("", _ms(start), False, "miss", False, None,
+                                     req.request_id, "miss")
+        session, seq, cancel = self.begin(req)
+        result = self.engine.run_sync(req.model or self.settings.model,
+                                      lambda m: self.generate(m, req, session, seq, cancel))
+        result.latency_ms = _ms(start)
+        return result
+
+    # -- model path (runs on the model's worker thread) -----------------------------------
+
+    def generate(self, model: LocalModel, req: TabRequest, session: _Session, seq: int,
+                 cancel: threading.Event) -> TabResult:
+        start = time.perf_counter()
+        if session.seq != seq:  # a newer keystroke arrived while this one was queued
+            self.stats["cancelled"] += 1
+            return TabResult("", 0.0, False, "cancelled", False, None, req.request_id, "stale")
+        mode = postprocess.choose_mode(req.prefix, req.suffix, self.settings.max_lines)
+        tokens = self._prompt(model, req, session)
+        budget = req.max_tokens or (self.settings.max_tokens_multiline if mode.multiline
+                                    else self.settings.max_tokens)
+        gen = model.generate(tokens, Sampling(max_tokens=budget, logprobs=True,
+                                              stop=[] if mode.multiline else ["\n"]),
+                             cancel=cancel, on_text=_line_guard(mode, req.prefix, cancel))
+        self.stats["model_calls"] += 1
+        self.stats["prompt_tokens"] += gen.prompt_tokens
+        self.stats["cached_tokens"] += gen.cached_tokens
+        if session.seq != seq:
+            self.stats["cancelled"] += 1
+            return TabResult("", _ms(start), False, "cancelled", False, None, req.request_id,
+                             "stale", gen.prompt_tokens, gen.cached_tokens,
+                             gen.completion_tokens, _ms(start))
+        text = postprocess.clean(gen.text, req.prefix, req.suffix, mode)
+        kept = len(model.tokenize(text)) if text else 0
+        conf = postprocess.confidence((gen.token_logprobs or [])[:max(kept, 1)])
+        min_conf = self.settings.min_confidence if req.min_confidence is None \
+            else req.min_confidence
+        entry = _Entry(text, conf, bool(text) and conf >= min_conf)
+        self._store(self._key(req, req.prefix), entry)
+        result = self._result(req, start, entry, "model")
+        result.prompt_tokens, result.cached_tokens = gen.prompt_tokens, gen.cached_tokens
+        result.completion_tokens, result.model_ms = gen.completion_tokens, _ms(start)
+        return result
+
+    def _prompt(self, model: LocalModel, req: TabRequest, session: _Session) -> list[int]:
+        key = _digest(req.path, *(f"{s.path}\0{s.text}" for s in req.context))
+        anchor = session.anchor
+        if not (anchor and anchor.key == key and anchor.suffix == req.suffix
+                and req.prefix.startswith(anchor.prefix)
+                and len(req.prefix) - len(anchor.prefix) <= MAX_TYPED_CHARS):
+            cut = req.prefix.rfind("\n") + 1
+            anchor = _Anchor(key, req.prefix[:cut], req.suffix,
+                             self._layout(model, req, req.prefix[:cut], req.suffix))
+            session.anchor = anchor
+        typed = req.prefix[len(anchor.prefix):]
+        return anchor.tokens + (model.tokenize(typed) if typed else [])
+
+    def _layout(self, model: LocalModel, req: TabRequest, prefix: str, suffix: str
+                ) -> list[int]:
+        """Extra context first (Qwen repo-level format), then prefix, then suffix; trimmed
+        from the far ends (whole lines) when over the token budget."""
+        head = self._context_tokens(model, req)
+        limit = self.settings.max_prompt_tokens - MAX_TYPED_CHARS // 3 - len(head)
+        while True:
+            body = model.fim_tokens(prefix, suffix)
+            if len(body) <= limit or (not prefix and not suffix):
+                return head + body
+            if len(prefix) >= len(suffix):
+                lines = prefix.split("\n")
+                prefix = "\n".join(lines[max(1, len(lines) // 4):])
+            else:
+                lines = suffix.split("\n")
+                suffix = "\n".join(lines[: len(lines) * 3 // 4])
+
+    def _context_tokens(self, model: LocalModel, req: TabRequest) -> list[int]:
+        if not req.context:
+            return []
+        repo = model.tokenize("<|repo_name|>", special=True)
+        sep = model.tokenize("<|file_sep|>", special=True)
+        if len(repo) != 1 or len(sep) != 1:  # not a Qwen-style vocab: plain comments
+            text = "".join(f"# {s.path}\n{s.text}\n" for s in req.context)
+            return model.tokenize(f"{text}# {req.path}\n")
+        out = [*repo, *model.tokenize("workspace\n")]
+        for s in req.context:  # snippet text is user data: never tokenized as control tokens
+            out += [*sep, *model.tokenize(f"{s.path}\n{s.text}\n")]
+        return out + [*sep, *model.tokenize(f"{req.path}\n")]
+
+    # -- cache ---------------------------------------------------------------------------
+
+    def _key(self, req: TabRequest, prefix: str) -> str:
+        ctx = [f"{s.path}\0{s.text}" for s in req.context]
+        return _digest(req.cursor_id, req.model or self.settings.model, req.path, prefix,
+                       req.suffix, *ctx)
+
+    def _store(self, key: str, entry: _Entry) -> None:
+        if self.settings.cache_size == 0:
+            return
+        with self._lock:
+            self._cache[key] = entry
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.settings.cache_size:
+                self._cache.popitem(last=False)
+
+    def _get(self, key: str) -> _Entry | None:
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
+            return entry
+
+    def _lookup(self, req: TabRequest) -> tuple[str, _Entry] | None:
+        exact = self._get(self._key(req, req.prefix))
+        if exact is not None:
+            return "cache", exact
+        scan = min(self.settings.typed_ahead_chars, len(req.prefix))
+        for back in range(1, scan + 1):
+            entry = self._get(self._key(req, req.prefix[:-back]))
+            if entry is None or not entry.shown:
+                continue
+            typed = req.prefix[-back:]
+            if entry.text.startswith(typed) and len(entry.text) > back:
+                rest = _Entry(entry.text[back:], entry.confidence, True)
+                self._store(self._key(req, req.prefix), rest)
+                return "typed_ahead", rest
+            return None  # the user typed something else: the old suggestion is dead
+        return None
+
+    def _result(self, req: TabRequest, start: float, entry: _Entry, source: str) -> TabResult:
+        reason = None if entry.shown else ("empty" if not entry.text else "low_confidence")
+        return TabResult(entry.text if entry.shown else "", _ms(start), source != "model",
+                         source, entry.shown, round(entry.confidence, 4), req.request_id,
+                         reason)
+
+
+def _line_guard(mode: Mode, prefix: str, stop: threading.Event):
+    """Stop decoding as soon as a multi-line suggestion has passed its block boundary."""
+    if not mode.multiline:
+        return None
+    seen: list[str] = []
+
+    def on_text(delta: str) -> None:
+        seen.append(delta)
+        if "\n" in delta and postprocess.complete_lines_done("".join(seen), prefix, mode):
+            stop.set()
+
+    return on_text
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode("utf-8", "surrogatepass"))
+        h.update(b"\0\1")
+    return h.hexdigest()
+
+
+def _ms(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000, 2)

@@ -1,0 +1,152 @@
+"""Tab against the real model: `POST /v1/tab` on a live loopback server, `codeplane complete`,
+and the session slot logic on the shared engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+
+from codeplane.tab.context import Budget, build_request
+from codeplane.tab.service import TabRequest, TabService, TabSettings
+
+pytestmark = pytest.mark.model
+
+SOURCE = '''"""Small arithmetic helpers."""
+
+
+def add(a, b):
+    return a + b
+
+
+def subtract(a, b):
+    return a - b
+
+
+def multiply(a, b):
+    return a * b
+
+
+def divide(a, b):
+    return a / b
+
+
+def main():
+    print(add(1, 2))
+    print(subtract(3, 1))
+    print(multiply(2, 3))
+    print(div
+'''
+
+
+def body(text: str, offset: int, **extra) -> dict:
+    return build_request("calc.py", text, offset, None, Budget(), **extra)
+
+
+def post(server, payload: dict) -> dict:
+    response = httpx.post(f"{server.url}/v1/tab", json=payload, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_tab_suggests_cached_and_typed_ahead(live_server):
+    text = SOURCE.rstrip("\n") + ")\n"  # the editor auto-closed the bracket
+    offset = text.rindex("div") + 3
+    first = post(live_server, body(text, offset, cursor_id="t1", min_confidence=0.0))
+    assert first["source"] == "model" and not first["cached"]
+    assert first["text"].startswith("ide("), first
+    # balanced by itself: the ")" of print( is already right of the cursor
+    assert first["text"].count("(") == first["text"].count(")"), first
+    assert set(first) >= {"text", "latency_ms", "cached", "confidence", "shown"}
+
+    again = post(live_server, body(text, offset, cursor_id="t1", min_confidence=0.0))
+    assert again["cached"] and again["source"] == "cache" and again["text"] == first["text"]
+
+    typed = text[:offset] + "id" + text[offset:]
+    ahead = post(live_server, body(typed, offset + 2, cursor_id="t1", min_confidence=0.0))
+    assert ahead["source"] == "typed_ahead" and ahead["text"] == first["text"][2:]
+
+    other = text[:offset] + "x" + text[offset:]  # typed something else: ask the model again
+    fresh = post(live_server, body(other, offset + 1, cursor_id="t1", max_tokens=4))
+    assert fresh["source"] == "model"
+    # the stable layout appended one typed token: everything before it came from the KV cache
+    assert fresh["prompt_tokens"] - fresh["cached_tokens"] <= 3, fresh
+
+    stats = httpx.get(f"{live_server.url}/v1/tab/stats").json()
+    assert stats["cache_hits"] >= 1 and stats["typed_ahead"] >= 1
+
+
+def test_low_confidence_is_hidden_and_mid_line_skipped(live_server):
+    text = SOURCE.rstrip("\n") + ")\n"
+    offset = text.rindex("div") + 3
+    hidden = post(live_server, body(text, offset, cursor_id="t2", min_confidence=1.0,
+                                    max_tokens=4))
+    assert hidden["text"] == "" and not hidden["shown"]
+    assert hidden["reason"] == "low_confidence" and hidden["confidence"] < 1.0
+    mid = text.index("return a + b") + len("return ")
+    skipped = post(live_server, body(text, mid, cursor_id="t2"))
+    assert skipped["source"] == "skipped" and skipped["reason"] == "mid_line"
+    assert skipped["latency_ms"] < 50
+
+
+def test_tab_bad_requests(live_server):
+    missing = httpx.post(f"{live_server.url}/v1/tab", json={"prefix": "x"}, timeout=10)
+    assert missing.status_code == 400 and "path" in missing.json()["error"]["message"]
+    unknown = httpx.post(f"{live_server.url}/v1/tab", timeout=10,
+                         json={"path": "a.py", "prefix": "x = ", "model": "nope"})
+    assert unknown.status_code == 404
+
+
+def test_newer_request_drops_queued_and_cancels_running(engine):
+    svc = TabService(engine, TabSettings(max_tokens=4))
+    text = SOURCE.rstrip("\n") + ")\n"
+    req = TabRequest(**body(text, text.rindex("div") + 3, cursor_id="t3"))
+    gate = threading.Event()
+    blocker = threading.Thread(target=engine.run_sync, args=("code-small", lambda m: gate.wait(60)))
+    blocker.start()  # occupy the model worker so the next request has to queue
+    try:
+        session, seq, cancel = svc.begin(req)
+        results = []
+        queued = threading.Thread(target=lambda: results.append(engine.run_sync(
+            "code-small", lambda m: svc.generate(m, req, session, seq, cancel))))
+        queued.start()
+        svc.begin(req)  # a newer keystroke from the same cursor
+        assert cancel.is_set()
+    finally:
+        gate.set()
+        blocker.join()
+    queued.join(timeout=60)
+    assert results[0].source == "cancelled" and results[0].reason == "stale"
+    assert results[0].prompt_tokens == 0  # dropped before touching the model
+    assert svc.stats["model_calls"] == 0
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "codeplane", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_complete_command(live_server, tmp_path):
+    path = tmp_path / "calc.py"
+    path.write_text(SOURCE.rstrip("\n") + ")\n")
+    line = SOURCE.rstrip("\n").count("\n") + 1
+    col = len("    print(div") + 1
+    out = run_cli("complete", str(path), "--line", str(line), "--col", str(col), "--json",
+                  "--min-confidence", "0", "--server", live_server.url)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["text"].startswith("ide(") and result["latency_ms"] > 0
+    plain = run_cli("complete", str(path), "--line", str(line), "--col", str(col),
+                    "--min-confidence", "0", "--server", live_server.url)
+    assert plain.stdout.strip() == result["text"].strip()
+
+    bad = run_cli("complete", str(path), "--line", "999", "--col", "1",
+                  "--server", live_server.url)
+    assert bad.returncode == 2 and "past the end" in bad.stderr and "Traceback" not in bad.stderr
+    remote = run_cli("complete", str(path), "--line", "1", "--col", "1",
+                     "--server", "http://192.0.2.1:8300")
+    assert remote.returncode == 2 and "TLS" in remote.stderr
