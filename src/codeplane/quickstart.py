@@ -67,7 +67,7 @@ def _show_fim(client: httpx.Client, model: str) -> None:
     start = time.perf_counter()
     reply = client.post("/v1/completions", json={
         "model": model, "prompt": FIM_PREFIX, "suffix": FIM_SUFFIX, "max_tokens": 48,
-        "temperature": 0})
+        "temperature": 0, "stop": ["\n\n"]})
     _check(reply)
     middle = reply.json()["choices"][0]["text"]
     took = time.perf_counter() - start
