@@ -1,0 +1,283 @@
+"""Agent tools on real files, real ripgrep/ruff/tree-sitter and a real sandbox; the tool
+scheduler's concurrency rules; `codeplane tool`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from codeplane.agent import tools as T
+from codeplane.agent.env import LocalEnvironment, local_environment
+from codeplane.agent.loop import Agent, AgentConfig, ChatModel
+from codeplane.cli import app
+
+CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> LocalEnvironment:
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "calc.py").write_text(CALC)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "README.md").write_text("# demo\nadd and mul\n")
+    (root / "web.js").write_text("function ok() { return 1; }\n")
+    return local_environment(root)
+
+
+def run(env, name, **args) -> T.ToolResult:
+    return T.execute(env, name, args)
+
+
+def test_registry_has_the_conventional_tools() -> None:
+    names = {s["function"]["name"] for s in T.schemas()}
+    assert names == {"read_file", "list_dir", "file_search", "grep", "codebase_search",
+                     "edit_file", "create_file", "delete_file", "read_lints",
+                     "run_terminal_cmd", "todo_write"}
+    props = {s["function"]["name"]: s["function"]["parameters"]["properties"]
+             for s in T.schemas()}
+    assert {"old_string", "new_string", "path"} <= set(props["edit_file"])
+    assert "command" in props["run_terminal_cmd"] and "todos" in props["todo_write"]
+    assert "pattern" in props["grep"] and "query" in props["codebase_search"]
+
+
+def test_read_file_ranges_and_truncation(env) -> None:
+    res = run(env, "read_file", path="pkg/calc.py", start_line=5, end_line=6)
+    assert res.ok and res.output == ("pkg/calc.py (lines 5-6 of 6):\n"
+                                     "def mul(a, b):\n    return a * b")
+    (env.root / "big.txt").write_text("".join(f"line {i}\n" for i in range(1, 1001)))
+    res = run(env, "read_file", path="big.txt")
+    assert "(lines 1-400 of 1000)" in res.output
+    assert "call read_file with start_line=401" in res.output
+    wide = T.execute(env, "read_file", {"path": "big.txt"}, max_chars=200)
+    assert wide.truncated and len(wide.output) < 400
+    assert "[truncated: showed" in wide.output and "start_line" in wide.output
+    assert run(env, "read_file", path="pkg").output.startswith("error: pkg is a directory")
+
+
+def test_paths_and_symlinks_cannot_escape(env, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    (env.root / "link.txt").symlink_to(secret)
+    (env.root / "linkdir").symlink_to(tmp_path, target_is_directory=True)
+    attempts = [("read_file", {"path": "link.txt"}), ("read_file", {"path": "../secret.txt"}),
+                ("read_file", {"path": str(secret)}), ("list_dir", {"path": "linkdir"}),
+                ("edit_file", {"path": "link.txt", "old_string": "s3", "new_string": "x"}),
+                ("create_file", {"path": "linkdir/planted.txt", "content": "x"}),
+                ("delete_file", {"path": "link.txt"}), ("grep", {"pattern": "s3", "path": ".."}),
+                ("read_lints", {"paths": ["linkdir"]})]
+    for name, args in attempts:
+        res = T.execute(env, name, args)
+        assert not res.ok and "outside the workspace" in res.output, (name, res.output)
+    assert secret.read_text() == "s3cret" and not (tmp_path / "planted.txt").exists()
+    grep = run(env, "grep", pattern="s3cret")  # ripgrep does not follow the links either
+    assert grep.output == "no matches for 's3cret'"
+
+
+def test_edit_file_exact_unique_replacement(env) -> None:
+    res = run(env, "edit_file", path="pkg/calc.py", old_string="return a - b",
+              new_string="return a + b")
+    assert res.ok and res.output.startswith("edited pkg/calc.py (+1 -1 lines)")
+    assert "-    return a - b\n+    return a + b" in res.data["diff"]
+    missing = run(env, "edit_file", path="pkg/calc.py", old_string="return a / b",
+                  new_string="x")
+    assert not missing.ok and "not found" in missing.output
+    spaced = run(env, "edit_file", path="pkg/calc.py", old_string="return  a * b",
+                 new_string="x")
+    assert "whitespace" in spaced.output
+    twice = run(env, "edit_file", path="pkg/calc.py", old_string="(a, b)", new_string="(x, y)")
+    assert not twice.ok and "occurs 2 times" in twice.output
+    both = run(env, "edit_file", path="pkg/calc.py", old_string="(a, b)", new_string="(a, c)",
+               replace_all=True)
+    assert both.ok and (env.root / "pkg/calc.py").read_text().count("(a, c)") == 2
+    broken = run(env, "edit_file", path="pkg/calc.py", old_string="def mul(a, c):",
+                 new_string="def mul(a, c)")
+    assert broken.ok and "syntax errors" in broken.output
+
+
+def test_sketch_edits_without_apply_say_what_to_do(env, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "codeplane.apply.api", None)
+    res = run(env, "edit_file", path="pkg/calc.py", code_edit="# ... existing code ...\n")
+    assert not res.ok and "old_string/new_string" in res.output
+
+
+def test_create_and_delete(env) -> None:
+    res = run(env, "create_file", path="docs/new/notes.md", content="hello\n")
+    assert res.ok and res.output == "created docs/new/notes.md (+1 -0 lines)"
+    assert (env.root / "docs/new/notes.md").read_text() == "hello\n"
+    assert run(env, "create_file", path="docs/new/notes.md", content="x").output.startswith(
+        "overwrote")
+    assert run(env, "delete_file", path="docs/new/notes.md").ok
+    assert not (env.root / "docs/new/notes.md").exists()
+    assert "directory" in run(env, "delete_file", path="docs").output
+
+
+def test_grep_ripgrep_and_python_fallback_agree(env, monkeypatch) -> None:
+    fast = run(env, "grep", pattern=r"def \w+\(a", include="*.py")
+    assert fast.data["engine"] == "rg"
+    assert fast.output.splitlines() == ["pkg/calc.py:1:def add(a, b):",
+                                        "pkg/calc.py:5:def mul(a, b):"]
+    real_which = T.shutil.which
+    monkeypatch.setattr(T.shutil, "which", lambda n: None if n == "rg" else real_which(n))
+    slow = run(env, "grep", pattern=r"def \w+\(a", include="*.py")
+    assert slow.data["engine"] == "python" and slow.output == fast.output
+    assert run(env, "grep", pattern="ADD", case_sensitive=False).data["count"] == 2
+    assert "invalid regular expression" in run(env, "grep", pattern="(").output
+
+
+def test_file_search_glob_and_fuzzy(env) -> None:
+    assert run(env, "file_search", query="*.py").output.splitlines() == [
+        "pkg/__init__.py", "pkg/calc.py"]
+    assert run(env, "file_search", query="clc").output.splitlines()[0] == "pkg/calc.py"
+    assert run(env, "file_search", query="zzz").output == "no files match 'zzz'"
+
+
+def test_list_dir(env) -> None:
+    assert run(env, "list_dir").output.splitlines() == [
+        ".:", "pkg/", "README.md (19 bytes)", "web.js (28 bytes)"]
+
+
+def test_read_lints_ruff_and_tree_sitter(env) -> None:
+    assert run(env, "read_lints").output == "no lint errors in 4 file(s)"
+    (env.root / "pkg" / "bad.py").write_text("import os\n\nprint(undefined_name)\n")
+    (env.root / "broken.ts").write_text("function f( {\n")
+    out = run(env, "read_lints").output.splitlines()
+    assert "pkg/bad.py:1:8: F401 `os` imported but unused" in out
+    assert any(line.startswith("pkg/bad.py:3:7: F821") for line in out)
+    assert any(line.startswith("broken.ts:1:") and "syntax error" in line for line in out)
+
+
+def test_run_terminal_cmd_is_sandboxed(env) -> None:
+    res = run(env, "run_terminal_cmd", command="python -c 'import pkg.calc; print(1)'; exit 3")
+    assert res.output.splitlines() == ["$ python -c 'import pkg.calc; print(1)'; exit 3", "1",
+                                       "[exit code 3]"]
+    assert res.data["sandboxed"] and res.data["exit_code"] == 3
+    slow = run(env, "run_terminal_cmd", command="sleep 20", timeout=1)
+    assert slow.output.endswith("[killed: timeout after 1s]")
+
+
+def test_todo_write_replaces_and_merges(env) -> None:
+    ctx = T.ToolContext()
+    T.execute(env, "todo_write", {"todos": [{"id": "1", "content": "read", "status":
+                                             "completed"},
+                                            {"id": "2", "content": "fix", "status": "pending"}]},
+              ctx)
+    res = T.execute(env, "todo_write", {"todos": [{"id": "2", "status": "in_progress"}],
+                                        "merge": True}, ctx)
+    assert res.output == "[x] 1. read\n[~] 2. fix"
+    bad = T.execute(env, "todo_write", {"todos": [{"id": "1", "status": "done"}]}, ctx)
+    assert not bad.ok and "status must be one of" in bad.output
+
+
+def test_codebase_search_reports_missing_index(env, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "codeplane.indexing.api", None)
+    res = run(env, "codebase_search", query="where is addition")
+    assert res.ok and res.output.startswith("index unavailable:")
+
+
+def test_argument_errors_are_results_not_crashes(env) -> None:
+    assert "unknown tool 'nope'" in T.execute(env, "nope", {}).output
+    assert "not valid JSON" in T.execute(env, "read_file", "{oops").output
+    assert "missing required argument(s): path" in T.execute(env, "read_file", {}).output
+    assert "unexpected argument(s) file" in T.execute(env, "read_file", {"file": "x"}).output
+    quoted = T.execute(env, "read_file", {"path": "pkg/calc.py", "start_line": "5"})
+    assert quoted.ok and "(lines 5-6 of 6)" in quoted.output
+
+
+def test_conflict_rules(env) -> None:
+    def c(a, b):
+        return T.conflicts(env, a, b)
+    read_a, read_b = ("read_file", {"path": "pkg/calc.py"}), ("grep", {"pattern": "x"})
+    edit_a = ("edit_file", {"path": "pkg/calc.py"})
+    edit_other = ("create_file", {"path": "README.md"})
+    cmd = ("run_terminal_cmd", {"command": "true"})
+    assert not c(read_a, read_b) and not c(edit_a, edit_other)
+    assert c(read_a, edit_a) and c(read_b, edit_a)  # grep over . sees the edited file
+    assert c(cmd, read_a) and c(edit_other, cmd)
+    assert not c(("todo_write", {}), cmd) and c(("todo_write", {}), ("todo_write", {}))
+
+
+@pytest.fixture
+def slow_tools():
+    """Two extra registry entries whose work takes a measurable time."""
+    log: list[tuple[str, float, float]] = []
+
+    def slow(env, args, ctx):
+        start = time.monotonic()
+        time.sleep(0.3)
+        log.append((args["path"], start, time.monotonic()))
+        return f"done {args['path']}", {}
+
+    props = {"path": {"type": "string"}}
+    T.TOOLS["slow_read"] = T.Tool("slow_read", "", props, ("path",), slow, "read")
+    T.TOOLS["slow_write"] = T.Tool("slow_write", "", props, ("path",), slow, "write")
+    yield log
+    del T.TOOLS["slow_read"], T.TOOLS["slow_write"]
+
+
+def _calls(*pairs):
+    return [{"id": f"c{i}", "function": {"name": n, "arguments": json.dumps({"path": p})}}
+            for i, (n, p) in enumerate(pairs)]
+
+
+def test_parallel_calls_run_concurrently_and_keep_call_order(env, slow_tools) -> None:
+    agent = Agent(ChatModel("http://127.0.0.1:9/v1", "unused"), env)
+    start = time.monotonic()
+    results = agent._execute(1, _calls(*[("slow_read", f"f{i}") for i in range(4)]))
+    assert time.monotonic() - start < 0.9  # serial would be 1.2 s
+    assert [r.output for r in results] == ["done f0", "done f1", "done f2", "done f3"]
+    serial = Agent(ChatModel("http://127.0.0.1:9/v1", "unused"), env,
+                   AgentConfig(parallel=False))
+    start = time.monotonic()
+    serial._execute(1, _calls(*[("slow_read", f"f{i}") for i in range(4)]))
+    assert time.monotonic() - start >= 1.2
+
+
+def test_calls_touching_the_same_file_serialize(env, slow_tools) -> None:
+    agent = Agent(ChatModel("http://127.0.0.1:9/v1", "unused"), env)
+    agent._execute(1, _calls(("slow_write", "a.py"), ("slow_read", "a.py"),
+                             ("slow_write", "b.py")))
+    spans = {p: [] for p in ("a.py", "b.py")}
+    for path, start, end in slow_tools:
+        spans[path].append((start, end))
+    (_, w_end), (r_start, _) = sorted(spans["a.py"])
+    assert r_start >= w_end  # the read of a.py waited for the write of a.py
+    assert spans["b.py"][0][0] < w_end  # the unrelated write did not wait
+
+
+def test_tool_command(env) -> None:
+    runner = CliRunner()
+    res = runner.invoke(app, ["tool", "read_file", '{"path": "pkg/calc.py", "end_line": 1}',
+                              "--path", str(env.root), "--json"])
+    assert res.exit_code == 0
+    body = json.loads(res.output)
+    assert body["ok"] and "\ndef add(a, b):\n[lines 2-6 not shown" in body["output"]
+    res = runner.invoke(app, ["tool", "read_file", '{"path": "nope.py"}', "--path",
+                              str(env.root)])
+    assert res.exit_code == 1 and "does not exist" in res.output
+    assert runner.invoke(app, ["tool", "read_file", "{bad", "--path", str(env.root)]
+                         ).exit_code == 2
+    res = runner.invoke(app, ["tool", "frobnicate", "{}", "--path", str(env.root)])
+    assert res.exit_code == 2 and "unknown tool" in res.output
+    listed = json.loads(runner.invoke(app, ["tool", "--json"]).output)
+    assert len(listed) == 11
+
+
+def test_tool_results_are_thread_safe_under_load(env) -> None:
+    """Many concurrent reads and greps on one environment give the same answers."""
+    expected = run(env, "grep", pattern="return").output
+    outs: list[str] = []
+    threads = [threading.Thread(target=lambda: outs.append(run(env, "grep",
+                                                               pattern="return").output))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outs == [expected] * 8
