@@ -1,0 +1,147 @@
+"""`codeplane index` and `codeplane search`: thin layers over `indexing.sync` and `indexing.api`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from codeplane.clikit import (
+    ConfigOption,
+    JsonOption,
+    ServerOption,
+    console,
+    err_console,
+    fail,
+    print_json,
+    settings,
+)
+from codeplane.config import Settings
+from codeplane.indexing.api import IndexUnavailable, search
+from codeplane.indexing.keys import KeyFileError
+from codeplane.indexing.remote import RemoteError
+from codeplane.indexing.state import workspace_dir
+from codeplane.indexing.sync import SyncReport, sync
+
+DEFAULT_INTERVAL = 180.0
+
+
+def _settings(config: Path | None, server: str | None) -> Settings:
+    return settings(config, server=server) if server else settings(config)
+
+
+def index_cmd(
+    directory: Annotated[Path, typer.Argument(help="Workspace root (default: current dir).",
+                                              file_okay=False)] = Path("."),
+    watch: Annotated[bool, typer.Option(
+        "--watch", help="Keep running: re-sync on file changes and every --interval.")] = False,
+    interval: Annotated[float | None, typer.Option(
+        help="Seconds between periodic syncs with --watch (default: indexing.sync_interval, "
+             "180).", min=1)] = None,
+    json_: JsonOption = False,
+    server: ServerOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Index a workspace privately: only encrypted paths, line ranges and rotated vectors are
+    stored on the server; chunks with secrets never leave this machine."""
+    if not directory.is_dir():
+        fail(f"not a directory: {directory}")
+    cfg = _settings(config, server)
+    root = directory.resolve()
+    _run_once(root, cfg, json_)
+    if not watch:
+        return
+    import watchfiles
+
+    every = interval or float(cfg.indexing.get("sync_interval", DEFAULT_INTERVAL))
+    state_dir = cfg.client_dir.resolve()
+    try:
+        for _ in watchfiles.watch(root, rust_timeout=int(every * 1000), yield_on_timeout=True,
+                                  watch_filter=lambda _, p: not Path(p).is_relative_to(state_dir)
+                                  and "/.git/" not in p):
+            _run_once(root, cfg, json_)
+    except KeyboardInterrupt:
+        return
+
+
+def _run_once(root: Path, cfg: Settings, as_json: bool) -> SyncReport:
+    try:
+        if as_json:
+            report = sync(root, cfg)
+        else:
+            report = _with_bar(root, cfg)
+    except (RemoteError, KeyFileError) as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        _print_report(report)
+    return report
+
+
+def _with_bar(root: Path, cfg: Settings) -> SyncReport:
+    columns = (TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("chunks"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("index", total=None)
+        return sync(root, cfg, progress=lambda done, total: bar.update(task, completed=done,
+                                                                       total=total))
+
+
+def _print_report(r: SyncReport) -> None:
+    secrets = ""
+    if r.chunks_withheld_secrets:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(r.secret_types.items()))
+        secrets = f"; [yellow]{r.chunks_withheld_secrets} chunks withheld (secrets: {kinds})[/]"
+    console.print(
+        f"[green]✓[/] {r.root}: {r.files_scanned} files ({r.files_changed} changed, "
+        f"{r.files_deleted} deleted, {r.files_ignored} ignored, {r.files_skipped} skipped); "
+        f"{r.chunks_embedded} chunks embedded, {r.chunks_reused} reused{secrets}; "
+        f"{r.seconds:.2f} s", highlight=False)
+
+
+def search_cmd(
+    query: Annotated[str, typer.Argument(help="What to look for, in words or identifiers.")],
+    path: Annotated[str | None, typer.Option(help="Only results under this directory.")] = None,
+    limit: Annotated[int, typer.Option(help="Number of results.", min=1, max=100)] = 10,
+    root: Annotated[Path | None, typer.Option(
+        help="Workspace root (default: the indexed workspace containing the current dir).",
+        file_okay=False)] = None,
+    json_: JsonOption = False,
+    server: ServerOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Semantic search over an indexed workspace; snippets are read from local files."""
+    cfg = _settings(config, server)
+    workspace = (root or _find_root(Path.cwd(), cfg)).resolve()
+    try:
+        outcome = search(workspace, query, limit, cfg, path)
+    except IndexUnavailable as exc:
+        fail(str(exc))
+    if json_:
+        print_json([{k: r[k] for k in ("path", "start_line", "end_line", "score")}
+                    for r in outcome.results])
+        for note in outcome.notes:
+            err_console.print(f"note: {note}", highlight=False)
+        return
+    for note in outcome.notes:
+        console.print(f"[yellow]{note}[/]", highlight=False)
+    if not outcome.results:
+        console.print("no results")
+    for r in outcome.results:
+        console.print(f"[bold cyan]{r['path']}[/]:{r['start_line']}-{r['end_line']} "
+                      f"[dim]({r['score']:.3f})[/]", highlight=False)
+        snippet = r["snippet"].splitlines()
+        for offset, line in enumerate(snippet[:12]):
+            console.out(f"{r['start_line'] + offset:>5}  {line}", highlight=False)
+        if len(snippet) > 12:
+            console.print(f"[dim]      ... {len(snippet) - 12} more lines[/]")
+
+
+def _find_root(start: Path, cfg: Settings) -> Path:
+    for candidate in (start.resolve(), *start.resolve().parents):
+        if (workspace_dir(cfg, candidate) / "state.sqlite").is_file():
+            return candidate
+    fail(f"no indexed workspace contains {start}; run `codeplane index` in it or pass --root")
