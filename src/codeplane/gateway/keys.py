@@ -1,0 +1,130 @@
+"""Server-issued API keys, stored hashed in `$CODEPLANE_HOME/server/keys.json`.
+
+Keys are 256-bit random tokens, so a plain SHA-256 is enough to make a stolen file useless
+(slow password hashes exist for guessable secrets). The CLI writes the file; a running server
+notices changes by mtime, so `codeplane keys create/revoke` take effect without a restart.
+Token usage (for `budget_tokens`) is kept apart in `key_usage.json`, written only by the
+server, so the CLI and the server never race on one file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from codeplane.gateway.config import PRIORITIES
+
+PREFIX = "cp-"
+
+
+@dataclass
+class ApiKey:
+    id: str
+    name: str
+    hash: str
+    hint: str  # first characters, to recognise a key in listings
+    created: float
+    rpm: int | None = None
+    tpm: int | None = None
+    budget_tokens: int | None = None
+    priority: str = "agent"
+    revoked: bool = False
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class KeyStore:
+    def __init__(self, server_dir: Path) -> None:
+        self.file = server_dir / "keys.json"
+        self.usage_file = server_dir / "key_usage.json"
+        self._keys: dict[str, ApiKey] = {}  # by hash
+        self._mtime: float | None = None
+        self._checked = 0.0
+        self.usage: dict[str, int] = self._read(self.usage_file)
+        self._dirty = False
+
+    # -- CLI side ------------------------------------------------------------------------
+
+    def create(self, name: str, rpm: int | None = None, tpm: int | None = None,
+               budget_tokens: int | None = None, priority: str = "agent") -> tuple[ApiKey, str]:
+        if priority not in PRIORITIES:
+            raise ValueError(f"unknown priority {priority!r}; use {', '.join(PRIORITIES)}")
+        if any(k.name == name and not k.revoked for k in self.all()):
+            raise ValueError(f"an active key named {name!r} exists; revoke it first")
+        secret = PREFIX + secrets.token_urlsafe(32)
+        key = ApiKey(id=secrets.token_hex(4), name=name, hash=digest(secret),
+                     hint=secret[:7], created=time.time(), rpm=rpm, tpm=tpm,
+                     budget_tokens=budget_tokens, priority=priority)
+        self._save([*self.all(), key])
+        return key, secret
+
+    def revoke(self, name_or_id: str) -> ApiKey:
+        keys = self.all()
+        for key in keys:
+            if name_or_id in (key.name, key.id) and not key.revoked:
+                key.revoked = True
+                self._save(keys)
+                return key
+        raise KeyError(name_or_id)
+
+    def all(self) -> list[ApiKey]:
+        return [ApiKey(**entry) for entry in self._read(self.file).get("keys", [])]
+
+    def _save(self, keys: list[ApiKey]) -> None:
+        _write(self.file, {"keys": [asdict(k) for k in keys]})
+
+    # -- server side ---------------------------------------------------------------------
+
+    def lookup(self, secret: str) -> ApiKey | None:
+        self._reload()
+        key = self._keys.get(digest(secret))
+        return key if key and not key.revoked else None
+
+    def _reload(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < 1.0:  # stat at most once a second
+            return
+        self._checked = now
+        try:
+            mtime = self.file.stat().st_mtime
+        except FileNotFoundError:
+            mtime = None
+        if mtime != self._mtime:
+            self._mtime = mtime
+            self._keys = {k.hash: k for k in self.all()}
+
+    def used(self, key: ApiKey) -> int:
+        return self.usage.get(key.id, 0)
+
+    def charge(self, key: ApiKey, tokens: int) -> None:
+        if tokens:
+            self.usage[key.id] = self.usage.get(key.id, 0) + tokens
+            self._dirty = True
+
+    def flush(self) -> None:
+        if self._dirty:
+            self._dirty = False
+            _write(self.usage_file, self.usage)
+
+    @staticmethod
+    def _read(path: Path) -> dict:
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+
+
+def _write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2)
+    tmp.replace(path)

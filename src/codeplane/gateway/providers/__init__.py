@@ -1,0 +1,1 @@
+"""Upstream protocols: OpenAI-compatible HTTP, Anthropic Messages, and the local engine."""

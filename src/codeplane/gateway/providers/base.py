@@ -1,0 +1,84 @@
+"""What every provider implements, and the one error type the router reasons about."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Kind = str  # "chat" | "completions" | "embeddings"
+
+
+class UpstreamError(Exception):
+    """A deployment failed. `retryable` failures (connect errors, timeouts, 5xx, 429,
+    malformed responses) may go to another deployment; the rest are the client's fault and
+    go back to it unchanged."""
+
+    def __init__(self, status: int, message: str, *, retryable: bool,
+                 retry_after: float | None = None, code: str | None = None,
+                 type: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.retryable = status, message, retryable
+        self.retry_after, self.code, self.param = retry_after, code, param
+        self.type = type or ("invalid_request_error" if status < 500 and status != 429
+                             else "server_error" if status != 429 else "rate_limit_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass
+class Call:
+    """One client request as providers see it: the raw OpenAI body (passed through to
+    OpenAI-compatible upstreams untouched) plus the validated request model (for the local
+    engine and for translation)."""
+
+    kind: Kind
+    raw: dict[str, Any]
+    parsed: Any
+    stream: bool
+    include_usage: bool = False
+    request_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Provider(Protocol):
+    async def request(self, call: Call) -> dict[str, Any]:
+        """Non-streaming: the whole OpenAI response body."""
+
+    def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
+        """Streaming: OpenAI chunk dicts. Raises UpstreamError on failure, at any point."""
+
+    async def aclose(self) -> None:
+        """Release connections."""
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """`Retry-After` in seconds (the HTTP-date form is rare from model APIs; ignored)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def status_error(status: int, text: str, retry_after: str | None) -> UpstreamError:
+    """Map an upstream HTTP error response to an UpstreamError, keeping its message."""
+    import json
+
+    message, code, param, kind = text[:500] or f"upstream returned HTTP {status}", None, None, None
+    try:
+        err = json.loads(text).get("error")
+        if isinstance(err, dict):
+            message = str(err.get("message") or message)
+            code, param, kind = err.get("code"), err.get("param"), err.get("type")
+        elif isinstance(err, str):
+            message = err
+    except (ValueError, AttributeError):
+        pass
+    retryable = status >= 500 or status in (408, 409, 429)
+    return UpstreamError(status, message, retryable=retryable,
+                         retry_after=retry_after_seconds(retry_after), code=code,
+                         param=param, type=kind if not retryable else None)

@@ -1,0 +1,136 @@
+"""The local llama.cpp engine as a gateway deployment (`provider = "local"`).
+
+Work runs through `Engine.run` on the model's own worker thread via `local_openai`, exactly as
+the server did before the gateway: KV-cache prefix reuse stays automatic, and a cancelled call
+(client gone, stream closed) sets the cancel event so decoding stops between two tokens.
+Errors keep the server's mapping: context overflow and unsupported features are the client's
+(400, not retried); missing or corrupt weights are the deployment's (503, may fail over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from codeplane.gateway.providers.base import Call, UpstreamError
+from codeplane.models import local_openai
+from codeplane.models.engine import ContextOverflow, Engine, Generation, LocalModel, Unsupported
+from codeplane.models.pull import WeightsError, ensure_weights
+from codeplane.server.metrics import Metrics
+
+CAPABILITY = {"chat": "chat", "completions": "completion", "embeddings": "embeddings"}
+Work = Callable[[LocalModel, threading.Event, Callable[[dict], None] | None],
+                tuple[dict, Generation]]
+
+
+class LocalProvider:
+    def __init__(self, engine: Engine, model: str, metrics: Metrics) -> None:
+        self.engine, self.model, self.metrics = engine, model, metrics
+
+    async def request(self, call: Call) -> dict[str, Any]:
+        work = self._work(call)
+        cancel = threading.Event()
+        try:
+            body, gen, waited = await self._run(work, cancel, None)
+        except asyncio.CancelledError:
+            cancel.set()  # client went away: free the model between two tokens
+            raise
+        self._record(gen, waited)
+        body["model"] = call.raw.get("model", body["model"])
+        return body
+
+    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
+        work = self._work(call)
+        cancel = threading.Event()
+        queue: asyncio.Queue[dict | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def emit(chunk: dict) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, chunk)
+
+        task = asyncio.ensure_future(self._run(work, cancel, emit))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (chunk := await queue.get()) is not None:
+                yield chunk
+            body, gen, waited = await task
+            self._record(gen, waited)
+            call.extra["usage"] = body["usage"]
+            if call.include_usage:
+                yield {**{k: body[k] for k in ("id", "created", "model")},
+                       "object": f"{body['object']}.chunk" if body["object"] ==
+                       "chat.completion" else "text_completion",
+                       "choices": [], "usage": body["usage"]}
+        finally:
+            cancel.set()  # stream closed or done: stop decoding between two tokens
+            if not task.done():
+                task.cancel()
+
+    def _work(self, call: Call) -> Work:
+        self._require(call)
+        req = call.parsed
+        if call.kind == "chat":
+            return lambda model, cancel, emit: local_openai.chat(model, req, cancel, emit)
+        prompts = req.prompts()
+        if call.stream and len(prompts) != 1:
+            raise UpstreamError(400, "streaming supports exactly one prompt", retryable=False,
+                                param="prompt")
+
+        def work(model: LocalModel, cancel: threading.Event, emit) -> tuple[dict, Generation]:
+            bodies = [local_openai.complete(model, req, p, i, cancel, emit)
+                      for i, p in enumerate(prompts)]
+            first, gen = bodies[0]
+            if len(bodies) > 1:
+                first = {**first, "choices": [b["choices"][0] for b, _ in bodies],
+                         "usage": _sum_usage([b["usage"] for b, _ in bodies])}
+            return first, gen
+
+        return work
+
+    def _require(self, call: Call) -> None:
+        """Fail before queueing: no capability is 400, missing weights 503."""
+        spec = self.engine.spec(self.model)
+        capability = CAPABILITY[call.kind]
+        if call.kind == "completions" and call.parsed.suffix is not None:
+            capability = "fim"
+        if capability not in spec.capabilities:
+            raise UpstreamError(400, f"model {call.raw.get('model')!r} does not support "
+                                     f"{capability}", retryable=False, param="model")
+        if spec.name not in self.engine.loaded():
+            try:
+                ensure_weights(spec, self.engine.settings)
+            except WeightsError as exc:
+                raise UpstreamError(503, str(exc), retryable=True,
+                                    code="model_unavailable") from None
+
+    async def _run(self, work: Work, cancel: threading.Event,
+                   emit) -> tuple[dict, Generation, float]:
+        try:
+            (body, gen), waited = await self.engine.run(self.model,
+                                                        lambda m: work(m, cancel, emit))
+        except ContextOverflow as exc:
+            raise UpstreamError(400, str(exc), retryable=False, code="context_length_exceeded",
+                                param="messages") from None
+        except Unsupported as exc:
+            raise UpstreamError(400, str(exc), retryable=False) from None
+        except WeightsError as exc:
+            raise UpstreamError(503, str(exc), retryable=True,
+                                code="model_unavailable") from None
+        return body, gen, waited
+
+    def _record(self, gen: Generation, waited: float) -> None:
+        self.metrics.record_generation(self.model, gen.prompt_tokens, gen.completion_tokens,
+                                       gen.cached_tokens, waited)
+
+    async def aclose(self) -> None:
+        """The engine belongs to the app; nothing to release here."""
+
+
+def _sum_usage(usages: list[dict]) -> dict:
+    keys = ("prompt_tokens", "completion_tokens", "total_tokens")
+    total = {k: sum(u[k] for u in usages) for k in keys}
+    total["prompt_tokens_details"] = {
+        "cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)}
+    return total

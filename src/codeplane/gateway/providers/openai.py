@@ -1,0 +1,120 @@
+"""OpenAI-compatible upstreams (OpenAI, vLLM, llama.cpp server, LiteLLM, ...) over httpx.
+
+Bodies pass through unchanged except `model` (the upstream's name) and, for streams, usage
+reporting switched on so token limits see real counts. A stream must end with `[DONE]`;
+a cut connection, a malformed chunk or an in-band error becomes an UpstreamError, which the
+router turns into an explicit error event instead of a silent truncation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from codeplane.gateway.config import DeploymentConfig
+from codeplane.gateway.providers.base import Call, UpstreamError, status_error
+
+PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
+
+
+def http_client(dep: DeploymentConfig) -> httpx.AsyncClient:
+    # The router owns retries and timeouts per attempt; the client only pools connections.
+    limits = httpx.Limits(max_connections=dep.max_parallel or 1000,
+                          max_keepalive_connections=dep.max_parallel or 1000)
+    timeout = httpx.Timeout(dep.timeout_s, connect=min(5.0, dep.timeout_s))
+    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+
+
+def transport_error(exc: Exception, what: str) -> UpstreamError:
+    return UpstreamError(502 if not isinstance(exc, httpx.TimeoutException) else 504,
+                         f"{what}: {type(exc).__name__}: {exc}".rstrip(": "), retryable=True)
+
+
+class OpenAIProvider:
+    def __init__(self, dep: DeploymentConfig) -> None:
+        self.dep = dep
+        self.client = http_client(dep)
+        key = os.environ.get(dep.api_key_env, "") if dep.api_key_env else ""
+        self.headers = {"authorization": f"Bearer {key}"} if key else {}
+
+    def _body(self, call: Call) -> dict[str, Any]:
+        body = {**call.raw, "model": self.dep.upstream_model}
+        if call.stream and call.kind != "embeddings":
+            body["stream_options"] = {**(body.get("stream_options") or {}),
+                                      "include_usage": True}
+        return body
+
+    async def request(self, call: Call) -> dict[str, Any]:
+        url = self.dep.base_url + PATHS[call.kind]
+        try:
+            reply = await self.client.post(url, json=self._body(call), headers=self.headers)
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, f"{self.dep.base_url} unreachable") from None
+        if reply.status_code >= 400:
+            raise status_error(reply.status_code, reply.text, reply.headers.get("retry-after"))
+        try:
+            body = reply.json()
+        except ValueError:
+            raise UpstreamError(502, "upstream sent a malformed JSON body",
+                                retryable=True) from None
+        if not isinstance(body, dict) or "error" in body:
+            raise UpstreamError(502, f"upstream error: {str(body)[:300]}", retryable=True)
+        body["model"] = call.raw.get("model", body.get("model"))
+        return body
+
+    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
+        url = self.dep.base_url + PATHS[call.kind]
+        request = self.client.build_request("POST", url, json=self._body(call),
+                                            headers=self.headers)
+        try:
+            reply = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, f"{self.dep.base_url} unreachable") from None
+        try:
+            if reply.status_code >= 400:
+                text = (await reply.aread()).decode(errors="replace")
+                raise status_error(reply.status_code, text, reply.headers.get("retry-after"))
+            async for chunk in _sse_chunks(reply):
+                chunk["model"] = call.raw.get("model", chunk.get("model"))
+                if not call.include_usage and not chunk.get("choices") and "usage" in chunk:
+                    call.extra["usage"] = chunk["usage"]  # we asked for it; client did not
+                    continue
+                if chunk.get("usage"):
+                    call.extra["usage"] = chunk["usage"]
+                yield chunk
+        finally:
+            await reply.aclose()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+async def _sse_chunks(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    try:
+        async for line in reply.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # comments, event names, keep-alives
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise UpstreamError(502, f"upstream sent a malformed chunk: {data[:120]!r}",
+                                    retryable=True) from None
+            if not isinstance(chunk, dict):
+                raise UpstreamError(502, f"upstream sent a malformed chunk: {data[:120]!r}",
+                                    retryable=True)
+            if "error" in chunk:
+                err = chunk["error"]
+                message = err.get("message") if isinstance(err, dict) else str(err)
+                raise UpstreamError(502, f"upstream error mid-stream: {message}", retryable=True)
+            yield chunk
+    except httpx.HTTPError as exc:
+        raise transport_error(exc, "upstream stream broke") from None
+    raise UpstreamError(502, "upstream stream ended without [DONE] (connection cut)",
+                        retryable=True)

@@ -1,0 +1,414 @@
+"""The Gateway: model groups of deployments, routing, retries, fallbacks and admission.
+
+A request names a model group. It is admitted by that group's priority gate, then tried on
+the group's deployments one at a time (weighted by least outstanding requests and latency,
+skipping open circuits) until one produces a response - or, for streams, a first chunk.
+Failures before that point move on to the next deployment and then down the fallback chain;
+failures after it end the stream with an explicit error event. Nothing is ever retried after
+the client has seen a token, so no output is duplicated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from codeplane.config import ConfigError, Settings
+from codeplane.gateway import config as gwconfig
+from codeplane.gateway.admission import PriorityGate, Shed, TokenBucket
+from codeplane.gateway.config import Config, DeploymentConfig
+from codeplane.gateway.deployment import Deployment
+from codeplane.gateway.keys import ApiKey, KeyStore
+from codeplane.gateway.metrics import GatewayMetrics
+from codeplane.gateway.providers.anthropic import AnthropicProvider
+from codeplane.gateway.providers.base import Call, UpstreamError
+from codeplane.gateway.providers.local import LocalProvider
+from codeplane.gateway.providers.openai import OpenAIProvider
+from codeplane.models.engine import Engine
+from codeplane.models.registry import UnknownModel
+from codeplane.server.metrics import Metrics
+
+log = logging.getLogger("codeplane.gateway")
+DEFAULT_LATENCY_S = 0.05
+
+
+@dataclass
+class Client:
+    """Who is asking: resolved key (if any), address, class, request id."""
+
+    priority: str
+    ip: str
+    key: ApiKey | None = None
+    request_id: str = ""
+
+
+class Unavailable(Exception):
+    """Every deployment of a group is cooling down."""
+
+    def __init__(self, retry_after: float, last_error: str) -> None:
+        super().__init__(last_error)
+        self.retry_after, self.last_error = retry_after, last_error
+
+
+class Group:
+    """One logical model: its deployments and the gate in front of them."""
+
+    def __init__(self, name: str, cfg: Config) -> None:
+        self.name = name
+        self.deployments: list[Deployment] = []
+        self.max_inflight = cfg.gateway.max_inflight
+        self.gate = PriorityGate(name, cfg.gateway, self.capacity)
+
+    def capacity(self) -> float:
+        now = time.monotonic()
+        return min(sum(d.capacity(now) for d in self.deployments), self.max_inflight)
+
+    def down(self) -> Unavailable | None:
+        now = time.monotonic()
+        if self.deployments and all(d.cooling(now) for d in self.deployments):
+            wait = min(d.open_until for d in self.deployments) - now
+            last = next((d.last_error for d in self.deployments if d.last_error), "")
+            return Unavailable(wait, last)
+        return None
+
+    def pick(self, tried: set[str]) -> Deployment | None:
+        now = time.monotonic()
+        ready = [d for d in self.deployments if d.id not in tried and d.available(now)]
+        if len(ready) <= 1:
+            return ready[0] if ready else None
+        known = [d.latency for d in ready if d.latency]
+        default = min(known) if known else DEFAULT_LATENCY_S
+        weights = [d.weight(now, default) for d in ready]
+        return random.choices(ready, weights)[0]
+
+
+class Gateway:
+    def __init__(self, settings: Settings, engine: Engine, metrics: Metrics,
+                 cfg: Config | None = None) -> None:
+        self.settings, self.engine = settings, engine
+        self.cfg = cfg or gwconfig.load(settings)
+        self.local_metrics = metrics
+        self.groups: dict[str, Group] = {}
+        for index, dep in enumerate(self.cfg.models):
+            self._add(dep, dep.id or f"{dep.name}#{index}")
+        for spec in engine.registry.all():
+            self._add_local(spec.name)
+        self._check_fallbacks()
+        self.metrics = GatewayMetrics(metrics.registry, self.deployments)
+        self.keys = KeyStore(settings.server_dir)
+        self.ip_rpm: dict[str, TokenBucket] = {}
+        self.ip_tpm: dict[str, TokenBucket] = {}
+        self._pruned = time.monotonic()
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _add(self, dep: DeploymentConfig, dep_id: str, timeouts: bool = True) -> None:
+        if dep.provider == "openai":
+            provider = OpenAIProvider(dep)
+        elif dep.provider == "anthropic":
+            provider = AnthropicProvider(dep)
+        else:
+            provider = LocalProvider(self.engine, dep.upstream_model, self.local_metrics)
+            # A local generation's length is the client's choice (max_tokens), and the
+            # engine is on this machine: no upstream timeouts unless the file sets them.
+            timeouts = bool({"timeout_s", "first_token_timeout_s"} & dep.model_fields_set)
+            dep.max_parallel = dep.max_parallel or 1  # one llama.cpp context per model
+        group = self.groups.setdefault(dep.name, Group(dep.name, self.cfg))
+        group.deployments.append(Deployment(dep, provider, self.cfg.router, dep_id, timeouts))
+
+    def _add_local(self, name: str) -> None:
+        """Built-in and registered local models serve their own name unless the file
+        configures deployments for that name (then it lists `provider = "local"` itself)."""
+        if name not in self.groups:
+            self._add(DeploymentConfig(name=name, provider="local"), f"local:{name}")
+
+    def _check_fallbacks(self) -> None:
+        for model, chain in self.cfg.router.fallbacks.items():
+            for name in [model, *chain]:
+                if self.group(name) is None:
+                    raise ConfigError(f"router.fallbacks: unknown model {name!r}; "
+                                      f"known: {', '.join(sorted(self.groups))}")
+
+    def deployments(self) -> list[Deployment]:
+        return [d for g in self.groups.values() for d in g.deployments]
+
+    def group(self, name: str) -> Group | None:
+        """A group by name, or a local model by alias, or one registered since start-up."""
+        if name in self.groups:
+            return self.groups[name]
+        try:
+            spec = self.engine.spec(name)
+        except UnknownModel:
+            return None
+        self._add_local(spec.name)
+        return self.groups[spec.name]
+
+    async def aclose(self) -> None:
+        self.keys.flush()
+        for dep in self.deployments():
+            await dep.provider.aclose()
+
+    # -- admission -----------------------------------------------------------------------
+
+    def admit(self, client: Client) -> None:
+        """Per-key and per-IP limits; raise Shed (429) naming when to retry."""
+        key = client.key
+        if key is not None:
+            if key.budget_tokens is not None and self.keys.used(key) >= key.budget_tokens:
+                raise Shed(f"key {key.name!r} has used its budget of {key.budget_tokens} "
+                           "tokens", 0, code="budget_exhausted", status=403)
+            self._check(self._bucket(self.ip_rpm, f"k:{key.id}", key.rpm), 1,
+                        f"key {key.name!r} is over {key.rpm} requests/min", client)
+            self._check(self._bucket(self.ip_tpm, f"k:{key.id}", key.tpm), 0,
+                        f"key {key.name!r} is over {key.tpm} tokens/min", client)
+        gw = self.cfg.gateway
+        self._check(self._bucket(self.ip_rpm, client.ip, gw.ip_rpm), 1,
+                    f"client {client.ip} is over {gw.ip_rpm} requests/min", client)
+        self._check(self._bucket(self.ip_tpm, client.ip, gw.ip_tpm), 0,
+                    f"client {client.ip} is over {gw.ip_tpm} tokens/min", client)
+
+    def _check(self, bucket: TokenBucket | None, cost: int, message: str,
+               client: Client) -> None:
+        if bucket is None:
+            return
+        wait = bucket.wait_s(cost)
+        if wait > 0:
+            self.metrics.shed.labels(client.priority, "rate_limit").inc()
+            raise Shed(message, wait)
+        if cost:
+            bucket.take(cost)
+
+    def _bucket(self, table: dict[str, TokenBucket], name: str,
+                per_minute: int | None) -> TokenBucket | None:
+        if not per_minute:
+            return None
+        bucket = table.get(name)
+        if bucket is None:
+            self._prune()
+            bucket = table[name] = TokenBucket(per_minute)
+        return bucket
+
+    def _prune(self) -> None:
+        """Drop full buckets now and then, so many distinct clients cannot grow memory."""
+        now = time.monotonic()
+        if now - self._pruned < 60:
+            return
+        self._pruned = now
+        for table in (self.ip_rpm, self.ip_tpm):
+            for name in [n for n, b in table.items() if b.full]:
+                del table[name]
+
+    def charge(self, client: Client, usage: dict | None) -> None:
+        tokens = int((usage or {}).get("total_tokens") or 0)
+        if not tokens:
+            return
+        if client.key is not None:
+            self.keys.charge(client.key, tokens)
+            bucket = self.ip_tpm.get(f"k:{client.key.id}")
+            if bucket:
+                bucket.take(tokens)
+        bucket = self.ip_tpm.get(client.ip)
+        if bucket:
+            bucket.take(tokens)
+
+    # -- routing -------------------------------------------------------------------------
+
+    def chain(self, model: str) -> list[Group]:
+        first = self.group(model)
+        if first is None:
+            raise KeyError(model)
+        names = [first.name, *self.cfg.router.fallbacks.get(first.name, [])]
+        return [g for g in map(self.group, names) if g is not None]
+
+    async def complete(self, call: Call, client: Client) -> dict[str, Any]:
+        """Non-streaming request: the first deployment that answers wins."""
+        return await self._route(call, client)
+
+    async def stream(self, call: Call, client: Client) -> AsyncIterator[dict[str, Any]]:
+        """Streaming request. Returns once a first chunk exists (errors before it raise
+        here); the iterator then relays the rest and ends with an error event on failure."""
+        return await self._route(call, client)
+
+    async def _route(self, call: Call, client: Client):
+        errors: list[UpstreamError] = []
+        unavailable: list[Unavailable] = []
+        for group in self.chain(call.raw["model"]):
+            down = group.down()
+            if down:
+                unavailable.append(down)
+                continue
+            try:
+                waited = await group.gate.acquire(client.priority, group.down)
+            except Unavailable as exc:
+                unavailable.append(exc)
+                continue
+            except Shed:
+                self.metrics.shed.labels(client.priority, "queue").inc()
+                raise
+            self.metrics.queue_wait.labels(group.name, client.priority).observe(waited)
+            result = await self._try_group(group, call, client, errors)
+            if result is not None:
+                return result
+        raise _exhausted(call.raw["model"], errors, unavailable)
+
+    async def _try_group(self, group: Group, call: Call, client: Client,
+                         errors: list[UpstreamError]):
+        held = time.monotonic()
+        handed_off = False
+        try:
+            tried: set[str] = set()
+            while (dep := group.pick(tried)) is not None:
+                tried.add(dep.id)
+                dep.begin()
+                start = time.monotonic()
+                try:
+                    if call.stream:
+                        first, it = await _first_chunk(dep, call)
+                    else:
+                        async with asyncio.timeout(dep.timeout_s):
+                            body = await dep.provider.request(call)
+                except (UpstreamError, TimeoutError) as exc:
+                    err = exc if isinstance(exc, UpstreamError) else _timed_out(dep, call)
+                    dep.end()
+                    self._failed(dep, err, client)
+                    if not err.retryable:
+                        raise err from None
+                    errors.append(err)
+                    continue
+                except BaseException:
+                    dep.end()  # cancelled (client gone): neither success nor failure
+                    raise
+                latency = time.monotonic() - start
+                dep.healthy(latency)
+                self.metrics.latency.labels(dep.id).observe(latency)
+                self.metrics.requests.labels(dep.id, group.name, "ok").inc()
+                if call.stream:
+                    handed_off = True
+                    return self._relay(first, it, dep, group, call, client, held)
+                usage = body.get("usage")
+                dep.end(int((usage or {}).get("total_tokens") or 0))
+                self._done(dep, client, usage, call, latency)
+                return body
+            if not tried:
+                errors.append(UpstreamError(
+                    429, f"no deployment of {group.name!r} can take a request now (rpm/tpm "
+                         "limits, parallel caps or a recovery probe in flight)",
+                    retryable=True, retry_after=1.0))
+            return None
+        finally:
+            if not handed_off:
+                group.gate.release(client.priority, time.monotonic() - held)
+
+    def _failed(self, dep: Deployment, err: UpstreamError, client: Client) -> None:
+        if err.retryable:
+            dep.unhealthy(err)
+            outcome = "error"
+        else:
+            dep.healthy(None)  # the request was bad, not the deployment
+            outcome = "client_error"
+        self.metrics.requests.labels(dep.id, dep.cfg.name, outcome).inc()
+        log.warning("request_id=%s deployment=%s status=%s retryable=%s error=%s",
+                    client.request_id, dep.id, err.status, err.retryable, err.message[:200])
+
+    def _done(self, dep: Deployment, client: Client, usage: dict | None, call: Call,
+              seconds: float) -> None:
+        usage = usage or {}
+        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        if prompt:
+            self.metrics.tokens.labels(dep.id, "in").inc(prompt)
+        if completion:
+            self.metrics.tokens.labels(dep.id, "out").inc(completion)
+        self.charge(client, usage)
+        log.info("request_id=%s model=%s deployment=%s kind=%s stream=%s priority=%s "
+                 "tokens=%s seconds=%.4f", client.request_id, call.raw.get("model"), dep.id,
+                 call.kind, call.stream, client.priority, prompt + completion, seconds)
+
+    async def _relay(self, first: dict, it: AsyncIterator[dict], dep: Deployment,
+                     group: Group, call: Call, client: Client,
+                     held: float) -> AsyncIterator[dict[str, Any]]:
+        ok = False
+        try:
+            yield first
+            while True:
+                try:
+                    async with asyncio.timeout(dep.idle_s):
+                        chunk = await anext(it)
+                except StopAsyncIteration:
+                    break
+                except (UpstreamError, TimeoutError) as exc:
+                    err = exc if isinstance(exc, UpstreamError) else UpstreamError(
+                        504, f"upstream stalled for {dep.idle_s:g}s mid-stream",
+                        retryable=True)
+                    dep.unhealthy(err)
+                    self.metrics.stream_errors.labels(dep.id).inc()
+                    log.warning("request_id=%s deployment=%s stream broke after first "
+                                "token: %s", client.request_id, dep.id, err.message[:200])
+                    yield {"error": {"message": f"stream interrupted: {err.message}",
+                                     "type": "server_error", "param": None,
+                                     "code": "stream_interrupted"}}
+                    return
+                yield chunk
+            ok = True
+        finally:
+            await it.aclose()
+            usage = call.extra.get("usage")
+            dep.end(int((usage or {}).get("total_tokens") or 0))
+            group.gate.release(client.priority, time.monotonic() - held)
+            if ok:
+                self._done(dep, client, usage, call, time.monotonic() - held)
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {"models": [{"name": g.name, **g.gate.snapshot(),
+                            "deployments": [d.status(now) for d in g.deployments]}
+                           for g in self.groups.values()],
+                "fallbacks": self.cfg.router.fallbacks}
+
+
+async def _first_chunk(dep: Deployment, call: Call) -> tuple[dict, AsyncIterator[dict]]:
+    it = aiter(dep.provider.stream(call))
+    try:
+        async with asyncio.timeout(dep.first_token_s):
+            return await anext(it), it
+    except StopAsyncIteration:
+        raise UpstreamError(502, "upstream stream ended before any chunk",
+                            retryable=True) from None
+    except BaseException:
+        await it.aclose()
+        raise
+
+
+def _timed_out(dep: Deployment, call: Call) -> UpstreamError:
+    limit = dep.first_token_s if call.stream else dep.timeout_s
+    what = "first token" if call.stream else "response"
+    return UpstreamError(504, f"deployment {dep.id} sent no {what} within {limit:g}s",
+                         retryable=True)
+
+
+def _exhausted(model: str, errors: list[UpstreamError],
+               unavailable: list[Unavailable]) -> UpstreamError:
+    """Every deployment and fallback failed or is cooling down: report why, and when to
+    come back."""
+    waits = [u.retry_after for u in unavailable] + [e.retry_after for e in errors
+                                                     if e.retry_after is not None]
+    retry_after = max(1.0, math.ceil(min(waits))) if waits else None
+    if errors:
+        last = errors[-1]
+        if all(e.status == 429 for e in errors) and not unavailable:
+            status, kind = 429, "rate_limit_error"
+        else:
+            status, kind = last.status, last.type
+        return UpstreamError(status, last.message, retryable=False, code=last.code,
+                             retry_after=retry_after, type=kind)
+    last = next((u.last_error for u in unavailable if u.last_error), "")
+    return UpstreamError(503, f"every deployment of {model!r} is cooling down after "
+                              f"failures (last: {last or 'unknown'})", retryable=False,
+                         retry_after=retry_after or 1.0, code="model_unavailable")

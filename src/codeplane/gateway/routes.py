@@ -1,0 +1,186 @@
+"""HTTP face of the gateway: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+`/v1/models` and `/v1/gateway/status`, mounted by `codeplane.server.openai_api`.
+
+Handlers stay thin: authenticate, classify (priority, client address, request id), admit,
+then hand the raw body to the Gateway and relay JSON or server-sent events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from codeplane.gateway.admission import Shed
+from codeplane.gateway.config import PRIORITIES
+from codeplane.gateway.providers.base import Call, UpstreamError
+from codeplane.gateway.router import Client, Gateway
+from codeplane.models.schemas import ChatCompletionRequest, CompletionRequest
+from codeplane.server.errors import APIError, not_found
+
+log = logging.getLogger("codeplane.gateway")
+PRIORITY_HEADER = "x-codeplane-priority"
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    """Build the gateway at start-up so a bad `[[models]]`/`[router]` fails the server
+    before it takes traffic; flush key usage and close upstream connections at shutdown."""
+    gateway = gateway_of(app)
+    yield
+    await gateway.aclose()
+
+
+router = APIRouter(lifespan=lifespan)
+
+
+def gateway_of(app: FastAPI) -> Gateway:
+    gateway = getattr(app.state, "gateway", None)
+    if gateway is None:
+        gateway = app.state.gateway = Gateway(app.state.settings, app.state.engine,
+                                              app.state.metrics)
+    return gateway
+
+
+@router.get("/v1/models")
+def list_models(request: Request) -> dict:
+    gateway = gateway_of(request.app)
+    engine = request.app.state.engine
+    local = {s.name: list(s.capabilities) for s in engine.registry.all()}
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "codeplane",
+             "capabilities": local.get(name, ["chat", "completion", "embeddings"]),
+             "deployments": len(group.deployments)}
+            for name, group in gateway.groups.items()]
+    return {"object": "list", "data": data}
+
+
+@router.get("/v1/gateway/status")
+def status(request: Request) -> dict:
+    _client(request, gateway_of(request.app))  # same auth as the model endpoints
+    return gateway_of(request.app).status()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    return await _serve(request, "chat", body, body.stream,
+                        bool(body.stream_options and body.stream_options.include_usage))
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    return await _serve(request, "completions", body, body.stream,
+                        bool(body.stream_options and body.stream_options.include_usage))
+
+
+@router.post("/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request):
+    return await _serve(request, "embeddings", body, False, False)
+
+
+async def _serve(request: Request, kind: str, body: Any, stream: bool, include_usage: bool):
+    gateway = gateway_of(request.app)
+    client = _client(request, gateway)
+    headers = {"x-request-id": client.request_id}
+    if gateway.group(body.model) is None:
+        known = ", ".join(sorted(gateway.groups))
+        raise not_found(f"model {body.model!r} does not exist; available: {known}")
+    try:
+        gateway.admit(client)
+        call = Call(kind, await request.json(), body, stream, include_usage, client.request_id)
+        if not stream:
+            result = await _until_disconnect(request, gateway.complete(call, client))
+            return JSONResponse(result, headers=headers)
+        chunks = await gateway.stream(call, client)
+    except Shed as exc:
+        raise APIError(exc.status, exc.message, code=exc.code,
+                       type="rate_limit_error" if exc.status == 429 else "insufficient_quota",
+                       headers={**headers, **({"retry-after": str(exc.retry_after)}
+                                              if exc.status == 429 else {})}) from None
+    except UpstreamError as exc:
+        retry = {"retry-after": str(int(exc.retry_after))} if exc.retry_after else {}
+        raise APIError(exc.status, exc.message, type=exc.type, code=exc.code,
+                       param=exc.param, headers={**headers, **retry}) from None
+    return StreamingResponse(_sse(chunks), media_type="text/event-stream", headers=headers)
+
+
+async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    """OpenAI server-sent events; an error after the first chunk is sent in-band, without
+    `[DONE]`, so a client can never mistake a broken stream for a finished one."""
+    try:
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+            if "error" in chunk:
+                return
+        yield "data: [DONE]\n\n"
+    finally:
+        await chunks.aclose()  # client gone: stop the upstream (local: between two tokens)
+
+
+async def _until_disconnect(request: Request, coro):
+    """Run `coro`; cancel it if the client hangs up (which also stops a local generation)."""
+    task = asyncio.ensure_future(coro)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def _client(request: Request, gateway: Gateway) -> Client:
+    """Resolve key, priority class, address and request id; enforce auth when it is on."""
+    headers = request.headers
+    request_id = headers.get("x-request-id") or uuid.uuid4().hex[:16]
+    secret = headers.get("x-api-key") or headers.get("authorization", "").removeprefix(
+        "Bearer ").strip()
+    key = gateway.keys.lookup(secret) if secret else None
+    if key is None and _auth_required(request, gateway):
+        raise APIError(401, "a valid API key is required (create one with `codeplane keys "
+                            "create`; send it as `Authorization: Bearer <key>`)",
+                       code="invalid_api_key", headers={"x-request-id": request_id})
+    default = key.priority if key else gateway.cfg.gateway.default_priority
+    wanted = headers.get(PRIORITY_HEADER, default)
+    if wanted not in PRIORITIES:
+        raise APIError(400, f"{PRIORITY_HEADER} must be one of {', '.join(PRIORITIES)}",
+                       param=PRIORITY_HEADER)
+    if key and PRIORITIES.index(wanted) < PRIORITIES.index(key.priority):
+        wanted = key.priority  # a key may lower its class, never raise it
+    ip = request.client.host if request.client else "unknown"
+    return Client(priority=wanted, ip=ip, key=key, request_id=request_id)
+
+
+def _auth_required(request: Request, gateway: Gateway) -> bool:
+    mode = gateway.cfg.gateway.auth
+    if mode != "auto":
+        return mode == "on"
+    server = request.scope.get("server")
+    bound = [gateway.settings.serve.host, server[0] if server else "127.0.0.1"]
+    return not all(_loopback(host) for host in bound)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,381 @@
+"""The gateway against real loopback upstreams that fail on purpose: failover, fallbacks,
+cooldown and slow-start recovery, in-band stream errors, shedding order, keys and limits."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from conftest import LiveServer, free_port, make_settings
+from upstreams.server import Upstream
+
+from codeplane.config import ConfigError, load_settings
+from codeplane.gateway import config as gwconfig
+from codeplane.gateway.keys import KeyStore
+from codeplane.models.engine import Engine
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
+@pytest.fixture
+def upstreams():
+    ups = [Upstream(name=f"up{i}").start() for i in range(3)]
+    yield ups
+    for up in ups:
+        up.stop()
+
+
+def dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: connection refused
+
+
+def start(tmp_path, models, router=None, gateway=None) -> LiveServer:
+    settings = make_settings(tmp_path / "home", models=models, router=router or {},
+                             gateway=gateway or {})
+    return LiveServer(_app(settings, Engine(settings)), free_port()).start()
+
+
+def _app(settings, engine):  # TEMP until openai_api routes through the gateway
+    from fastapi import FastAPI
+
+    from codeplane.gateway import routes
+    from codeplane.server import errors, metrics
+    app = FastAPI()
+    app.state.settings, app.state.engine, app.state.metrics = settings, engine, metrics.Metrics()
+    errors.install(app)
+    metrics.install(app, app.state.metrics)
+    app.include_router(routes.router)
+    app.get("/healthz")(lambda: {"status": "ok"})
+    return app
+
+
+def dep(name: str, url: str, **extra) -> dict:
+    return {"name": name, "provider": "openai", "base_url": url, "model": "up-model", **extra}
+
+
+def sse(reply: httpx.Response) -> list[str]:
+    return [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+
+
+def test_one_always_failing_deployment_never_fails_a_client(tmp_path, upstreams):
+    good, bad = upstreams[0], upstreams[1]
+    bad.reset("500")
+    server = start(tmp_path, [dep("chat", bad.url), dep("chat", good.url),
+                              dep("chat", dead_url())])
+    try:
+        for i in range(30):
+            body = {**CHAT, "stream": i % 2 == 1}
+            with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                text = "".join(sse(r)) if body["stream"] else r.read().decode()
+            assert "up0" in text or "tok0" in text
+        # The broken and the refusing deployment were cooled down after 3 failures each.
+        assert bad.hits <= 3
+        status = httpx.get(f"{server.url}/v1/gateway/status").json()
+        states = {d["id"]: d["state"] for m in status["models"] for d in m["deployments"]}
+        assert states["chat#0"] == "open" and states["chat#2"] == "open"
+        assert states["chat#1"] == "closed"
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert 'codeplane_gateway_requests_total{deployment="chat#0",model="chat",' \
+               'outcome="error"} 3.0' in metrics
+        assert 'codeplane_gateway_circuit_open{deployment="chat#0"} 1.0' in metrics
+        assert "codeplane_gateway_queue_wait_seconds_bucket" in metrics
+    finally:
+        server.stop()
+
+
+def test_fallback_chain_and_client_errors_are_not_retried(tmp_path, upstreams):
+    primary, backup = upstreams[0], upstreams[1]
+    primary.reset("500")
+    server = start(tmp_path, [dep("chat", primary.url), dep("chat-backup", backup.url)],
+                   router={"fallbacks": {"chat": ["chat-backup"]}})
+    try:
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT)
+        assert reply.status_code == 200
+        assert reply.json()["choices"][0]["message"]["content"] == "hello from up1"
+        assert reply.json()["model"] == "chat"
+        assert backup.bodies[-1]["model"] == "up-model"  # upstream's own name goes upstream
+        assert reply.headers["x-request-id"]
+        # A 400 from upstream is the client's problem: returned as-is, never retried.
+        primary.reset("ok")
+        reply = httpx.post(f"{server.url}/v1/chat/completions",
+                           json={**CHAT, "tool_choice": "bogus"})
+        assert reply.status_code == 400  # validated before any upstream sees it
+    finally:
+        server.stop()
+
+
+def test_429_names_when_to_retry(tmp_path, upstreams):
+    up = upstreams[0]
+    up.reset("429")
+    up.retry_after = 7
+    server = start(tmp_path, [dep("chat", up.url)])
+    try:
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT)
+        assert reply.status_code == 429
+        assert int(reply.headers["retry-after"]) == 7
+        assert reply.json()["error"]["type"] == "rate_limit_error"
+        # The deployment now cools down for the 7 s it asked for: no more upstream hits.
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT)
+        assert reply.status_code == 503 and 1 <= int(reply.headers["retry-after"]) <= 7
+        assert "slow down" in reply.json()["error"]["message"]
+        assert up.hits == 1
+    finally:
+        server.stop()
+
+
+def test_slow_first_token_fails_over(tmp_path, upstreams):
+    slow, fast = upstreams[0], upstreams[1]
+    slow.reset("slow_first")
+    server = start(tmp_path, [dep("chat", slow.url, first_token_timeout_s=0.3, timeout_s=0.3),
+                              dep("chat", fast.url)])
+    try:
+        for stream in (True, False, True):
+            start_t = time.perf_counter()
+            with httpx.stream("POST", f"{server.url}/v1/chat/completions",
+                              json={**CHAT, "stream": stream}) as r:
+                assert r.status_code == 200
+                r.read()
+            assert time.perf_counter() - start_t < 2
+        assert fast.hits == 3
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("mode", ["cut", "malformed", "stall", "error_event"])
+def test_stream_broken_after_first_token_ends_with_error_event(tmp_path, upstreams, mode):
+    up = upstreams[0]
+    up.reset(mode)
+    server = start(tmp_path, [dep("chat", up.url)], router={"stream_idle_timeout_s": 0.3})
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions",
+                          json={**CHAT, "stream": True}, timeout=10) as r:
+            assert r.status_code == 200
+            events = sse(r)
+        assert events[-1] != "[DONE]"
+        last = json.loads(events[-1])
+        assert last["error"]["code"] == "stream_interrupted"
+        assert any('"tok0 "' in e for e in events)  # the client did see the first tokens
+        assert up.hits == 1  # never retried once tokens were out
+    finally:
+        server.stop()
+
+
+def test_cooldown_half_open_probe_and_slow_start(tmp_path, upstreams):
+    flaky, steady = upstreams[0], upstreams[1]
+    flaky.reset("500")
+    server = start(tmp_path, [dep("chat", flaky.url), dep("chat", steady.url)],
+                   router={"cooldown_s": 0.5, "slow_start_s": 3.0})
+    url = f"{server.url}/v1/chat/completions"
+    try:
+        with httpx.Client() as http:
+            for _ in range(12):
+                assert http.post(url, json=CHAT).status_code == 200
+            assert flaky.hits == 3  # opened after allowed_fails=3
+            flaky.reset("ok")
+            time.sleep(0.6)  # cooldown over: half-open
+            early = []
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:  # first third of the ramp
+                early.append(http.post(url, json=CHAT).json()["choices"][0]["message"]["content"])
+            time.sleep(2.2)  # ramp complete
+            late = [http.post(url, json=CHAT).json()["choices"][0]["message"]["content"]
+                    for _ in range(len(early))]
+        share_early = early.count("hello from up0") / len(early)
+        share_late = late.count("hello from up0") / len(late)
+        assert share_early > 0  # the probe went through and closed the circuit
+        assert share_early < 0.3 and share_late > 0.35, (share_early, share_late)
+    finally:
+        server.stop()
+
+
+def test_slow_start_caps_parallelism_of_a_recovered_only_deployment(tmp_path, upstreams):
+    up = upstreams[0]
+    up.reset("500")
+    server = start(tmp_path, [dep("chat", up.url)],
+                   router={"cooldown_s": 0.3, "slow_start_s": 20.0, "slow_start_parallel": 20})
+    url = f"{server.url}/v1/chat/completions"
+    try:
+        for _ in range(3):
+            httpx.post(url, json=CHAT)
+        up.reset("ok")
+        up.delay_s = 0.2
+        time.sleep(0.35)
+        assert httpx.post(url, json=CHAT).status_code == 200  # the half-open probe
+        up.max_active = 0
+        with ThreadPoolExecutor(20) as pool:
+            codes = list(pool.map(lambda _: httpx.post(url, json=CHAT, timeout=30).status_code,
+                                  range(20)))
+        assert codes == [200] * 20  # everyone served, queued at the gateway...
+        assert up.max_active <= 3  # ...not dumped on the recovering backend at once
+    finally:
+        server.stop()
+
+
+def test_overload_sheds_batch_before_interactive(tmp_path, upstreams):
+    up = upstreams[0]
+    up.delay_s = 0.3
+    server = start(tmp_path, [dep("chat", up.url, max_parallel=4)],
+                   gateway={"queue": {"batch": 4}, "queue_timeout_s": {"batch": 1.0}})
+    url = f"{server.url}/v1/chat/completions"
+
+    http = httpx.Client(timeout=30, limits=httpx.Limits(max_connections=32))
+
+    def call(priority: str) -> tuple[str, int, float, str | None]:
+        t = time.perf_counter()
+        r = http.post(url, json=CHAT, headers={"x-codeplane-priority": priority})
+        return priority, r.status_code, time.perf_counter() - t, r.headers.get("retry-after")
+
+    try:
+        unloaded = sorted(call("interactive")[2] for _ in range(3))[1]
+        stop = time.monotonic() + 2.5
+
+        def flood() -> list[tuple]:
+            out = []
+            while time.monotonic() < stop:
+                out.append(call("batch"))
+                if out[-1][1] == 429:
+                    time.sleep(0.05)
+            return out
+
+        with ThreadPoolExecutor(10) as pool:
+            floods = [pool.submit(flood) for _ in range(10)]
+            time.sleep(0.3)
+            inter = [call("interactive") for _ in range(8)]  # a user typing meanwhile
+            batch = [r for f in floods for r in f.result()]
+        assert all(c == 200 for _, c, _, _ in inter)
+        assert sum(1 for _, c, _, _ in batch if c == 429) >= 10
+        assert all(ra and int(ra) >= 1 for _, c, _, ra in batch if c == 429)
+        # Batch may hold only half the slots, so interactive finds room at once instead
+        # of waiting 0.3 s behind a batch request.
+        worst = max(s for _, _, s, _ in inter)
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert worst < unloaded + 0.2, (unloaded, inter)
+        assert 'codeplane_gateway_shed_total{priority="batch",reason="queue"}' in metrics
+    finally:
+        http.close()
+        server.stop()
+
+
+def test_keys_auth_rate_and_budget_limits(tmp_path, upstreams):
+    up = upstreams[0]
+    server = start(tmp_path, [dep("chat", up.url)], gateway={"auth": "on"})
+    store = KeyStore(server.app.state.settings.server_dir)
+    _, limited = store.create("ci", rpm=2)
+    _, budget = store.create("intern", budget_tokens=20)
+    _, revoked = store.create("old")
+    store.revoke("old")
+    url = f"{server.url}/v1/chat/completions"
+    try:
+        assert httpx.post(url, json=CHAT).status_code == 401
+        assert httpx.post(url, json=CHAT, headers=_bearer("cp-nope")).status_code == 401
+        assert httpx.post(url, json=CHAT, headers=_bearer(revoked)).status_code == 401
+        codes = [httpx.post(url, json=CHAT, headers=_bearer(limited)) for _ in range(3)]
+        assert [r.status_code for r in codes] == [200, 200, 429]
+        assert 20 <= int(codes[2].headers["retry-after"]) <= 31
+        assert "'ci'" in codes[2].json()["error"]["message"]
+        codes = [httpx.post(url, json=CHAT, headers=_bearer(budget)).status_code
+                 for _ in range(3)]
+        assert codes == [200, 200, 403]  # 12 tokens per call: the third finds 24 >= 20
+        assert "secret" not in (tmp_path / "home" / "server" / "keys.json").read_text()
+        assert limited not in (tmp_path / "home" / "server" / "keys.json").read_text()
+    finally:
+        server.stop()
+
+
+def test_per_ip_limit_and_priority_header(tmp_path, upstreams):
+    server = start(tmp_path, [dep("chat", upstreams[0].url)], gateway={"ip_rpm": 3})
+    url = f"{server.url}/v1/chat/completions"
+    try:
+        bad = httpx.post(url, json=CHAT, headers={"x-codeplane-priority": "vip"})
+        assert bad.status_code == 400
+        codes = [httpx.post(url, json=CHAT).status_code for _ in range(4)]
+        assert codes[:2] == [200, 200] and codes[-1] == 429  # the 400 counted as one
+    finally:
+        server.stop()
+
+
+def test_anthropic_translation_both_ways(tmp_path, upstreams):
+    up = upstreams[0]
+    server = start(tmp_path, [{"name": "claude", "provider": "anthropic", "base_url": up.base,
+                               "model": "claude-x", "api_key_env": "NO_SUCH_VAR"}])
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "toolu_0", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+                {"role": "tool", "tool_call_id": "toolu_0", "content": "sunny"}]
+    body = {"model": "claude", "messages": messages, "tools": tools, "tool_choice": "required"}
+    try:
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body).json()
+        sent = up.bodies[-1]
+        assert sent["system"] == "be brief" and sent["model"] == "claude-x"
+        assert sent["tools"][0]["input_schema"]["properties"]["city"]
+        assert sent["tool_choice"] == {"type": "any"}
+        assert sent["messages"][1]["content"][0]["type"] == "tool_use"
+        assert sent["messages"][2]["content"][0] == {"type": "tool_result",
+                                                     "tool_use_id": "toolu_0",
+                                                     "content": "sunny"}
+        choice = reply["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == \
+            {"city": "Paris"}
+        assert reply["usage"] == {"prompt_tokens": 9, "completion_tokens": 4,
+                                  "total_tokens": 13}
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions",
+                          json={**body, "stream": True,
+                                "stream_options": {"include_usage": True}}) as r:
+            chunks = [json.loads(e) for e in sse(r) if e != "[DONE]"]
+        text = "".join(c["choices"][0]["delta"].get("content") or ""
+                       for c in chunks if c["choices"])
+        args = "".join(tc["function"].get("arguments", "") for c in chunks if c["choices"]
+                       for tc in c["choices"][0]["delta"].get("tool_calls") or [])
+        assert text.startswith("tok0 tok1") and json.loads(args) == {"city": "Paris"}
+        assert chunks[-1]["usage"]["completion_tokens"] == 5
+        assert any(c["choices"] and c["choices"][0]["finish_reason"] == "tool_calls"
+                   for c in chunks)
+    finally:
+        server.stop()
+
+
+def test_embeddings_and_completions_pass_through(tmp_path, upstreams):
+    server = start(tmp_path, [dep("emb", upstreams[0].url), dep("text", upstreams[1].url)])
+    try:
+        reply = httpx.post(f"{server.url}/v1/embeddings", json={"model": "emb", "input": ["a", "b"]})
+        assert reply.status_code == 200 and len(reply.json()["data"]) == 2
+        reply = httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "x"})
+        assert reply.json()["choices"][0]["text"] == "hello from up1"
+    finally:
+        server.stop()
+
+
+def test_invalid_config_names_key_and_line(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    toml = home / "codeplane.toml"
+    toml.write_text('[[models]]\nname = "a"\nprovider = "openai"\nbase_url = "http://x/v1"\n\n'
+                    '[[models]]\nname = "b"\nprovider = "openai"\nbase_url = "http://x/v1"\n'
+                    'rpm = -5\n')
+    with pytest.raises(ConfigError, match=r"models\.1\.rpm \(line 10\)"):
+        gwconfig.load(load_settings(home=home))
+    toml.write_text('[[models]]\nname = "a"\nprovider = "openai"\nbase_url = "http://x/v1"\n'
+                    'api_key = "sk-123"\n')
+    with pytest.raises(ConfigError, match="api_key_env"):
+        gwconfig.load(load_settings(home=home))
+    toml.write_text('[router]\ncooldown_s = 1\nretries = 3\n')
+    with pytest.raises(ConfigError, match=r"router\.retries \(line 3\)"):
+        gwconfig.load(load_settings(home=home))
+    toml.write_text('[gateway]\nqueue = { urgent = 3 }\n')
+    with pytest.raises(ConfigError, match="urgent"):
+        gwconfig.load(load_settings(home=home))
+
+
+def _bearer(key: str) -> dict:
+    return {"authorization": f"Bearer {key}"}
+

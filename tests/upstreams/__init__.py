@@ -1,0 +1,1 @@
+"""Fault-injecting fake model servers on loopback, for gateway tests and benchmarks."""
