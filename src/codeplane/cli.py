@@ -10,6 +10,7 @@ from codeplane import __version__
 from codeplane.clikit import ConfigOption, settings
 from codeplane.agent.cli import agent_cmd, tool_cmd
 from codeplane.indexing import cli as index_cli
+from codeplane.gateway.cli import gateway_app, keys_app
 from codeplane.models.cli import app as model_app
 from codeplane.tab import cli as tab_cli
 
@@ -20,6 +21,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(model_app, name="model")
+app.add_typer(keys_app, name="keys")
+app.add_typer(gateway_app, name="gateway")
 app.command("index")(index_cli.index_cmd)
 app.command("search")(index_cli.search_cmd)
 app.command("agent")(agent_cmd)
