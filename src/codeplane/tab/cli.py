@@ -59,6 +59,9 @@ def lsp(
     debounce_ms: Annotated[int, typer.Option(
         min=0, max=2000, help="Wait this long after a keystroke before asking the model "
                               "(cache and typed-ahead answers are never delayed).")] = 120,
+    min_confidence: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="Hide suggestions less likely than this (default: the "
+                               "server's tab.min_confidence).")] = None,
     telemetry: Annotated[bool, typer.Option(
         help="Log shown/accepted/rejected events to $CODEPLANE_HOME/client/tab/.")] = True,
     server: ServerOption = None,
@@ -74,4 +77,4 @@ def lsp(
     except TabClientError as exc:
         fail(str(exc))
     log = Telemetry(default_path(cfg.client_dir) if telemetry else None)
-    create_server(url, log, debounce_ms).start_io()
+    create_server(url, log, debounce_ms, min_confidence).start_io()

@@ -31,11 +31,20 @@ ACCEPT_COMMAND = "codeplane.tab.accepted"
 class _Shown:
     uri: str
     suggestion_id: str
+    before: str  # document text before the cursor when it was shown
+    text: str
+
+    def continued_by(self, uri: str, before: str, text: str) -> bool:
+        """The same suggestion again, possibly with its start typed out meanwhile."""
+        typed = before[len(self.before):]
+        return uri == self.uri and before.startswith(self.before) and self.text == typed + text
 
 
 class TabLanguageServer(LanguageServer):
-    def __init__(self, server_url: str, telemetry: Telemetry, debounce_ms: int) -> None:
+    def __init__(self, server_url: str, telemetry: Telemetry, debounce_ms: int,
+                 min_confidence: float | None) -> None:
         super().__init__("codeplane-tab", __version__)
+        self.options = {} if min_confidence is None else {"min_confidence": min_confidence}
         self.tab = AsyncTabClient(server_url)
         self.telemetry = telemetry
         self.debounce_s = debounce_ms / 1000
@@ -53,7 +62,7 @@ class TabLanguageServer(LanguageServer):
         self._note_position(uri, position.line)
         ticket = self._latest[uri] = self._latest.get(uri, 0) + 1
         body = build_request(self._path(uri), source, offset, self.ring, cursor_id=uri,
-                             language=doc.language_id)
+                             language=doc.language_id, **self.options)
         try:
             result = await self.tab.complete({**body, "fast_only": True})
             if result["source"] == "miss":
@@ -66,15 +75,15 @@ class TabLanguageServer(LanguageServer):
             return None
         if self._latest.get(uri) != ticket or not result["text"]:
             return None
-        return result["text"], self._record(uri, result, doc.language_id)
+        return result["text"], self._record(uri, source[:offset], result, doc.language_id)
 
-    def _record(self, uri: str, result: dict, language: str | None) -> str:
-        if result["source"] == "typed_ahead" and self._shown and self._shown.uri == uri:
-            return self._shown.suggestion_id  # the same suggestion, partly typed out
+    def _record(self, uri: str, before: str, result: dict, language: str | None) -> str:
+        if self._shown and self._shown.continued_by(uri, before, result["text"]):
+            return self._shown.suggestion_id
         if self._shown:
             self.telemetry.rejected(self._shown.suggestion_id)
         suggestion_id = f"s{next(self._ids)}"
-        self._shown = _Shown(uri, suggestion_id)
+        self._shown = _Shown(uri, suggestion_id, before, result["text"])
         self.telemetry.shown(suggestion_id, latency_ms=result["latency_ms"],
                              chars=len(result["text"]), source=result["source"],
                              confidence=result.get("confidence"), language=language)
@@ -100,11 +109,16 @@ class TabLanguageServer(LanguageServer):
         return os.path.basename(path)
 
 
-def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120
-                  ) -> TabLanguageServer:
-    ls = TabLanguageServer(server_url, telemetry, debounce_ms)
+def _accept(suggestion_id: str) -> lsp.Command:
+    return lsp.Command(title="codeplane: suggestion accepted", command=ACCEPT_COMMAND,
+                       arguments=[suggestion_id])
 
-    @ls.feature(lsp.TEXT_DOCUMENT_INLINE_COMPLETION)
+
+def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
+                  min_confidence: float | None = None) -> TabLanguageServer:
+    ls = TabLanguageServer(server_url, telemetry, debounce_ms, min_confidence)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_INLINE_COMPLETION, lsp.InlineCompletionOptions())
     async def inline_completion(server: TabLanguageServer, params: lsp.InlineCompletionParams
                                 ) -> lsp.InlineCompletionList | None:
         found = await server.suggest(params.text_document.uri, params.position)
@@ -114,7 +128,7 @@ def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120
         here = lsp.Range(params.position, params.position)
         return lsp.InlineCompletionList(items=[lsp.InlineCompletionItem(
             insert_text=text, range=here,
-            command=lsp.Command("codeplane: suggestion accepted", ACCEPT_COMMAND, [sid]))])
+            command=_accept(sid))])
 
     @ls.feature(lsp.TEXT_DOCUMENT_COMPLETION,
                 lsp.CompletionOptions(trigger_characters=[".", "(", " ", "="]))
@@ -130,7 +144,7 @@ def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120
             label=label, kind=lsp.CompletionItemKind.Snippet, detail="codeplane Tab",
             text_edit=lsp.TextEdit(here, text), filter_text=label, sort_text="0",
             insert_text_format=lsp.InsertTextFormat.PlainText,
-            command=lsp.Command("codeplane: suggestion accepted", ACCEPT_COMMAND, [sid]))])
+            command=_accept(sid))])
 
     @ls.command(ACCEPT_COMMAND)
     def accepted(server: TabLanguageServer, suggestion_id: str) -> bool:
