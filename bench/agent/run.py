@@ -1,0 +1,177 @@
+"""Agent task suite: resolve rate, steps and wall time per task, for codeplane's agent and for
+mini-swe-agent driving the same local model through the same `codeplane serve` endpoint.
+
+Each task in bench/agent/tasks/NAME/ has `repo/` (copied to a fresh workspace), `task.json`
+(`prompt`, `check` - a shell command run in the sandbox after the agent stops - and a
+reference `solution`), and optionally `check/` files copied over the workspace before checking
+so an agent cannot pass by editing the tests.
+
+    python bench/agent/run.py --validate          # checks fail before, pass after `solution`
+    flock /tmp/codeplane-cpu.lock python bench/agent/run.py --models code-small,code-medium \
+        --harness codeplane,mini --out /tmp/agent-bench.jsonl
+
+mini-swe-agent runs from its own virtualenv (`--mini-python`, default /tmp/mswea-venv); it is
+not a codeplane dependency: `python -m venv /tmp/mswea-venv &&
+/tmp/mswea-venv/bin/pip install mini-swe-agent`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from codeplane.agent.env import local_environment
+from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Transcript
+from codeplane.sandbox import BwrapRunner, Limits
+
+HERE = Path(__file__).resolve().parent
+TASKS = HERE / "tasks"
+
+
+def load_tasks(only: list[str] | None) -> list[tuple[str, dict]]:
+    tasks = []
+    for d in sorted(TASKS.iterdir()):
+        if d.is_dir() and (not only or any(d.name.startswith(o) for o in only)):
+            tasks.append((d.name, json.loads((d / "task.json").read_text())))
+    return tasks
+
+
+def workspace(name: str, root: Path) -> Path:
+    ws = root / name
+    shutil.copytree(TASKS / name / "repo", ws)
+    return ws
+
+
+def check(name: str, task: dict, ws: Path) -> tuple[bool, str]:
+    extra = TASKS / name / "check"
+    if extra.is_dir():
+        shutil.copytree(extra, ws, dirs_exist_ok=True)
+    res = BwrapRunner(ws).run(task["check"], ws, Limits(timeout=120))
+    return res.exit_code == 0, res.output[-400:]
+
+
+def validate(tasks: list[tuple[str, dict]]) -> int:
+    """A checker must fail on the untouched repo and pass after the reference solution."""
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, task in tasks:
+            before, _ = check(name, task, workspace(name, Path(tmp) / "before"))
+            ws = workspace(name, Path(tmp) / "after")
+            BwrapRunner(ws).run(task["solution"], ws, Limits())
+            after, out = check(name, task, ws)
+            ok = not before and after
+            bad += not ok
+            print(f"{name:24s} fails-before={not before} passes-after={after}"
+                  + ("" if ok else f"  <-- BROKEN {out}"))
+    return bad
+
+
+def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
+                  transcript: Path) -> dict:
+    record = Transcript(transcript)
+    agent = Agent(ChatModel(url, model), local_environment(ws),
+                  AgentConfig(max_steps=steps, max_tokens=768), on_event=record)
+    result = agent.run(task["prompt"])
+    record.close()
+    return {"status": result.status, "steps": result.steps, "tool_calls": result.tool_calls,
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens, "error": result.error}
+
+
+def run_mini(task: dict, ws: Path, url: str, model: str, steps: int, python: str,
+             transcript: Path, config: str) -> dict:
+    proc = subprocess.run([python, str(HERE / "mini_runner.py"), "--task", task["prompt"],
+                           "--cwd", str(ws), "--model", model, "--base-url", url,
+                           "--step-limit", str(steps), "--out", str(transcript),
+                           "--config", config],
+                          capture_output=True, text=True, timeout=3600, check=False)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"status": "error", "steps": 0, "error": proc.stderr[-800:]}
+
+
+def start_server() -> tuple[str, object]:
+    sys.path.insert(0, str(HERE.parents[1] / "tests"))
+    from conftest import LiveServer, free_port  # the same loopback server the tests use
+
+    from codeplane.config import load_settings
+    from codeplane.server.app import create_app
+
+    server = LiveServer(create_app(load_settings()), free_port()).start()
+    return server.url, server
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--validate", action="store_true")
+    ap.add_argument("--tasks", help="comma-separated name prefixes (default: all)")
+    ap.add_argument("--models", default="code-small,code-medium")
+    ap.add_argument("--harness", default="codeplane,mini")
+    ap.add_argument("--server", help="running codeplane server (default: start one)")
+    ap.add_argument("--max-steps", type=int, default=12)
+    ap.add_argument("--mini-python", default="/tmp/mswea-venv/bin/python")
+    ap.add_argument("--mini-config", choices=("textbased", "toolcall"), default="textbased")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/agent-bench.jsonl"))
+    args = ap.parse_args()
+    tasks = load_tasks(args.tasks.split(",") if args.tasks else None)
+    if args.validate:
+        return 1 if validate(tasks) else 0
+    url, server = (args.server, None) if args.server else start_server()
+    base = url.rstrip("/") + "/v1"
+    rows = []
+    runs_dir = args.out.with_suffix("")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for model in args.models.split(","):
+            for harness in args.harness.split(","):
+                for name, task in tasks:
+                    rows.append(one(harness, model, name, task, base, args, runs_dir))
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(rows[-1]) + "\n")
+    finally:
+        if server:
+            server.stop()
+    summarize(rows)
+    return 0
+
+
+def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_dir: Path):
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = workspace(name, Path(tmp))
+        transcript = runs_dir / f"{harness}-{model}-{name}.jsonl"
+        start = time.monotonic()
+        if harness == "codeplane":
+            info = run_codeplane(task, ws, base, model, args.max_steps, transcript)
+        else:
+            info = run_mini(task, ws, base, model, args.max_steps, args.mini_python,
+                            transcript, args.mini_config)
+        seconds = round(time.monotonic() - start, 1)
+        resolved, tail = check(name, task, ws)
+    row = {"harness": harness, "model": model, "task": name, "resolved": resolved,
+           "seconds": seconds, **info, "check_tail": "" if resolved else tail}
+    print(f"{harness:9s} {model:11s} {name:24s} {'PASS' if resolved else 'fail'} "
+          f"steps={info.get('steps')} {seconds:6.1f}s {info.get('status')}", flush=True)
+    return row
+
+
+def summarize(rows: list[dict]) -> None:
+    print(f"\n{'harness':9s} {'model':11s} resolved  mean_steps  mean_s  total_s")
+    keys = sorted({(r["harness"], r["model"]) for r in rows})
+    for harness, model in keys:
+        group = [r for r in rows if r["harness"] == harness and r["model"] == model]
+        solved = sum(r["resolved"] for r in group)
+        steps = sum(r.get("steps") or 0 for r in group) / len(group)
+        secs = sum(r["seconds"] for r in group)
+        print(f"{harness:9s} {model:11s} {solved:2d}/{len(group):<2d}    {steps:7.1f}  "
+              f"{secs / len(group):6.1f}  {secs:7.0f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+from greeter import greet
+
+
+def test_greet():
+    assert greet("Ada") == "Hello, Ada!"

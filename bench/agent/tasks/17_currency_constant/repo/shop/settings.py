@@ -1,0 +1,2 @@
+CURRENCY_SYMBOL = "$"
+TAX_RATE = 0.2
