@@ -185,3 +185,15 @@ def test_client_disconnect_cancels_generation(live_server, engine):
     assert quick.status_code == 200
     # 2,000 tokens at ~45 tok/s would block the model for ~40 s.
     assert time.perf_counter() - start < 5
+
+
+def test_non_streaming_client_timeout_cancels_generation(live_server):
+    body = {"model": "code-small", "max_tokens": 2000, "temperature": 0.8,
+            "messages": [{"role": "user", "content": "Count from 1 to 5000 in words."}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{live_server.url}/v1/chat/completions", json=body, timeout=3)
+    start = time.perf_counter()
+    quick = httpx.post(f"{live_server.url}/v1/completions", timeout=60,
+                       json={"model": "code-small", "prompt": "1, 2, 3,", "max_tokens": 2})
+    assert quick.status_code == 200
+    assert time.perf_counter() - start < 5

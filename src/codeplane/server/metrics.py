@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import time
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -40,26 +41,44 @@ class Metrics:
 
 
 def install(app: FastAPI, metrics: Metrics) -> None:
-    @app.middleware("http")
-    async def _measure(request: Request, call_next):
-        start = time.perf_counter()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            route = _route_template(request)
-            metrics.requests.labels(route, request.method, str(status)).inc()
-            metrics.latency.labels(route, request.method).observe(time.perf_counter() - start)
+    app.add_middleware(_Measure, metrics=metrics)
 
     @app.get("/metrics", include_in_schema=False)
     def _export() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def _route_template(request: Request) -> str:
+class _Measure:
+    """Pure ASGI middleware: unlike `@app.middleware("http")` it does not wrap the response
+    stream, so client disconnects reach the endpoint (which cancels generation)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = _route_template(scope)
+            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            self.metrics.latency.labels(route, scope["method"]).observe(
+                time.perf_counter() - start)
+
+
+def _route_template(scope: Scope) -> str:
     """Label by route template (`/v1/agent/runs/{id}`), never raw paths: bounded cardinality.
     The router records the matched route in the scope while handling the request."""
-    route = request.scope.get("route")
+    route = scope.get("route")
     return getattr(route, "path", None) or "unmatched"
