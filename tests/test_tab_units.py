@@ -139,3 +139,9 @@ def test_telemetry_records_outcomes_without_code(tmp_path, monkeypatch):
     assert events[2]["latency_ms"] == 12.5 and "after_ms" in events[2]
     assert all(set(e) <= {"ts", "event", "id", "latency_ms", "chars", "source", "confidence",
                           "language", "after_ms"} for e in events)
+
+
+def test_multiline_only_where_a_block_body_starts():
+    assert choose_mode("def f():\n    ", "\n").multiline
+    assert not choose_mode("x = 1\n    ", "\n").multiline
+    assert not choose_mode("x = 1\n", "\n").multiline
