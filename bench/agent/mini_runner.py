@@ -47,7 +47,7 @@ def main() -> None:
     agent_cfg.pop("mode", None)
     model = model_class(model_name=f"openai/{args.model}", cost_tracking="ignore_errors",
                          model_kwargs={"api_base": args.base_url, "api_key": "unused",
-                                       "temperature": 0.0, "max_tokens": 768},
+                                       "temperature": 0.0, "max_tokens": 512},
                          **{k: v for k, v in config["model"].items()
                             if k not in ("model_name", "model_kwargs")})
     prefix = str(Path(sys.base_prefix).resolve())  # pytest lives in the host's Python

@@ -7,8 +7,11 @@ reference `solution`), and optionally `check/` files copied over the workspace b
 so an agent cannot pass by editing the tests.
 
     python bench/agent/run.py --validate          # checks fail before, pass after `solution`
-    flock /tmp/codeplane-cpu.lock python bench/agent/run.py --models code-small,code-medium \
-        --harness codeplane,mini --out /tmp/agent-bench.jsonl
+    python bench/agent/run.py --models code-small,code-medium --harness codeplane,mini \
+        --lock /tmp/codeplane-cpu.lock --out /tmp/agent-bench.jsonl
+
+`--lock` takes the shared CPU lock around each task (not the whole suite), so other heavy
+jobs on the machine interleave instead of distorting the timings.
 
 mini-swe-agent runs from its own virtualenv (`--mini-python`, default /tmp/mswea-venv); it is
 not a codeplane dependency: `python -m venv /tmp/mswea-venv &&
@@ -18,6 +21,8 @@ not a codeplane dependency: `python -m venv /tmp/mswea-venv &&
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import shutil
 import subprocess
@@ -76,7 +81,7 @@ def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
                   transcript: Path) -> dict:
     record = Transcript(transcript)
     agent = Agent(ChatModel(url, model), local_environment(ws),
-                  AgentConfig(max_steps=steps, max_tokens=768), on_event=record)
+                  AgentConfig(max_steps=steps, max_tokens=512), on_event=record)
     result = agent.run(task["prompt"])
     record.close()
     return {"status": result.status, "steps": result.steps, "tool_calls": result.tool_calls,
@@ -119,6 +124,7 @@ def main() -> int:
     ap.add_argument("--mini-python", default="/tmp/mswea-venv/bin/python")
     ap.add_argument("--mini-config", choices=("textbased", "toolcall"), default="textbased")
     ap.add_argument("--out", type=Path, default=Path("/tmp/agent-bench.jsonl"))
+    ap.add_argument("--lock", type=Path, help="flock this file around each task")
     args = ap.parse_args()
     tasks = load_tasks(args.tasks.split(",") if args.tasks else None)
     if args.validate:
@@ -132,7 +138,8 @@ def main() -> int:
         for model in args.models.split(","):
             for harness in args.harness.split(","):
                 for name, task in tasks:
-                    rows.append(one(harness, model, name, task, base, args, runs_dir))
+                    with cpu_lock(args.lock):
+                        rows.append(one(harness, model, name, task, base, args, runs_dir))
                     with args.out.open("a") as f:
                         f.write(json.dumps(rows[-1]) + "\n")
     finally:
@@ -140,6 +147,19 @@ def main() -> int:
             server.stop()
     summarize(rows)
     return 0
+
+
+@contextlib.contextmanager
+def cpu_lock(path: Path | None):
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_dir: Path):

@@ -26,7 +26,8 @@ import httpx
 
 from codeplane.agent.env import Environment
 from codeplane.agent.prompts import NUDGE, system_prompt
-from codeplane.agent.tools import ToolContext, ToolResult, conflicts, execute, schemas
+from codeplane.agent.tools import TOOLS, ToolContext, ToolResult, conflicts, execute, schemas
+from codeplane.models.toolcalls import parse_tool_calls
 
 Event = dict[str, Any]
 
@@ -79,7 +80,8 @@ class AgentConfig:
     max_result_chars: int = 6000
     parallel: bool = True
     keep_turns: int = 2  # most recent turns never compacted
-    nudges: int = 1  # times to remind a model that answered without using any tool
+    corrections: int = 2  # replies without a usable tool call that get a hint, not the end
+    max_calls_per_turn: int = 8
 
 
 @dataclass
@@ -133,6 +135,7 @@ class Agent:
                    "environment": self.env.metadata(), "config": asdict(self.config),
                    "tools": self.tools, "messages": list(messages)})
         status, answer, error, steps, calls_made = "max_steps", "", None, 0, 0
+        corrections, seen = 0, {}
         try:
             for steps in range(1, self.config.max_steps + 1):
                 if self.cancel.is_set():
@@ -144,17 +147,18 @@ class Agent:
                 message = self._turn(steps, messages)
                 calls = message.get("tool_calls") or []
                 if not calls:
-                    if calls_made == 0 and steps <= self.config.nudges:
-                        messages.append({"role": "user", "content": NUDGE})
-                        self.emit({"type": "user_message", "step": steps, "content": NUDGE})
+                    note = self._correction(message.get("content") or "", calls_made)
+                    if note and corrections < self.config.corrections:
+                        corrections += 1
+                        messages.append({"role": "user", "content": note})
+                        self.emit({"type": "user_message", "step": steps, "content": note})
                         continue
                     status, answer = "completed", message.get("content") or ""
                     break
                 calls_made += len(calls)
-                for call, result in zip(calls, self._execute(steps, calls), strict=True):
+                for call, output in zip(calls, self._outputs(steps, calls, seen), strict=True):
                     messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
-                                     "name": call["function"]["name"],
-                                     "content": result.output})
+                                     "name": call["function"]["name"], "content": output})
             if self.cancel.is_set():
                 status = "cancelled"
         except ModelError as exc:
@@ -163,7 +167,7 @@ class Agent:
                            self.usage["prompt_tokens"], self.usage["completion_tokens"],
                            round(time.monotonic() - self._start, 3), self.model.model,
                            error=error, todos=list(self.ctx.todos))
-        self.emit({"type": "run_end", **result.to_dict()})
+        self.emit({"type": "run_end", **result.to_dict(), "messages": messages})
         return result
 
     def _turn(self, step: int, messages: list[dict]) -> dict:
@@ -210,6 +214,42 @@ class Agent:
             self.emit({"type": "compaction", "step": step, "messages_compacted": changed})
         return changed > 0
 
+    def _correction(self, content: str, calls_made: int) -> str | None:
+        """A hint instead of ending the run, when a reply is not really a final answer: it
+        names a tool that does not exist (small models invent them), or nothing was done."""
+        names = set(TOOLS)
+        bogus = {c.name for c in parse_tool_calls(content, _AnyName(names))[1]} - names
+        if bogus:
+            return (f"error: {', '.join(sorted(bogus))} is not a tool. Available tools: "
+                    f"{', '.join(sorted(names))}. Call one of them.")
+        return NUDGE if calls_made == 0 else None
+
+    def _outputs(self, step: int, calls: list[dict], seen: dict[str, str]) -> list[str]:
+        """Run a turn's calls; identical repeats get a pointer instead of a second copy."""
+        keys = [json.dumps([c["function"]["name"], _arguments(c["function"].get("arguments"))],
+                           sort_keys=True) for c in calls]
+        first: dict[str, int] = {}
+        unique = []
+        for i, key in enumerate(keys):
+            if key not in first and len(unique) < self.config.max_calls_per_turn:
+                first[key] = i
+                unique.append(calls[i])
+        results = dict(zip(first.values(), self._execute(step, unique), strict=True))
+        outputs = []
+        for i, key in enumerate(keys):
+            if i in results:
+                out = results[i].output
+                repeat = seen.get(key) == out  # same call, same answer: the model is looping
+                seen[key] = out
+                outputs.append(out + ("\n[note: you already made this exact call and got this "
+                                      "result; do something different]" if repeat else ""))
+            elif key in first:
+                outputs.append(f"[same call as #{first[key] + 1} in this turn; see its result]")
+            else:
+                outputs.append(f"error: not run - at most {self.config.max_calls_per_turn} "
+                               "tool calls per turn")
+        return outputs
+
     def _execute(self, step: int, calls: list[dict]) -> list[ToolResult]:
         parsed = [(c["function"]["name"], _arguments(c["function"].get("arguments")))
                   for c in calls]
@@ -241,6 +281,13 @@ def _arguments(raw: Any) -> dict | str:
     except ValueError:
         return str(raw)
     return value if isinstance(value, dict) else str(raw)
+
+
+class _AnyName(set):
+    """Lets the lenient tool-call parser find calls to names that are not tools."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and bool(name)
 
 
 class Transcript:
