@@ -228,13 +228,19 @@ class Agent:
         """Run a turn's calls; identical repeats get a pointer instead of a second copy."""
         keys = [json.dumps([c["function"]["name"], _arguments(c["function"].get("arguments"))],
                            sort_keys=True) for c in calls]
-        first: dict[str, int] = {}
-        unique = []
+        first: dict[str, int] = {}  # identical calls since the last write or command
+        source: dict[int, int] = {}  # index of a collapsed call -> the call it repeats
+        run: list[int] = []
         for i, key in enumerate(keys):
-            if key not in first and len(unique) < self.config.max_calls_per_turn:
+            if key in first:
+                source[i] = first[key]
+            elif len(run) < self.config.max_calls_per_turn:
+                run.append(i)
                 first[key] = i
-                unique.append(calls[i])
-        results = dict(zip(first.values(), self._execute(step, unique), strict=True))
+                spec = TOOLS.get(calls[i]["function"]["name"])
+                if spec is not None and spec.access in ("write", "exec"):
+                    first = {}
+        results = dict(zip(run, self._execute(step, [calls[i] for i in run]), strict=True))
         outputs = []
         for i, key in enumerate(keys):
             if i in results:
@@ -243,8 +249,8 @@ class Agent:
                 seen[key] = out
                 outputs.append(out + ("\n[note: you already made this exact call and got this "
                                       "result; do something different]" if repeat else ""))
-            elif key in first:
-                outputs.append(f"[same call as #{first[key] + 1} in this turn; see its result]")
+            elif i in source:
+                outputs.append(f"[same call as #{source[i] + 1} in this turn; see its result]")
             else:
                 outputs.append(f"error: not run - at most {self.config.max_calls_per_turn} "
                                "tool calls per turn")

@@ -1,0 +1,216 @@
+"""The agent loop. Loop mechanics run against a scripted OpenAI-compatible provider on
+loopback (a stand-in for a frontier provider URL); the end-to-end runs use the real local
+model through the real server, sandbox included."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import LiveServer, free_port
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from codeplane.agent.env import local_environment
+from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Transcript
+
+
+class Provider:
+    """Replies with scripted assistant messages and records every request body."""
+
+    def __init__(self) -> None:
+        self.script: list[dict] = []
+        self.requests: list[dict] = []
+        self.delay = 0.0
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            self.requests.append(body)
+            await asyncio.sleep(self.delay)
+            step = self.script.pop(0) if self.script else {"content": "done"}
+            if "error" in step:
+                return JSONResponse({"error": step["error"]}, status_code=step["status"])
+            message = {"role": "assistant", "content": step.get("content")}
+            if step.get("calls"):
+                message["tool_calls"] = [
+                    {"id": f"call_{i}", "type": "function",
+                     "function": {"name": n, "arguments": json.dumps(a)}}
+                    for i, (n, a) in enumerate(step["calls"])]
+            return {"choices": [{"index": 0, "message": message,
+                                 "finish_reason": "tool_calls" if step.get("calls") else "stop"}],
+                    "usage": {"prompt_tokens": step.get("prompt_tokens", 100),
+                              "completion_tokens": 10, "total_tokens": 110}}
+
+        self.server = LiveServer(app, free_port())
+
+
+@pytest.fixture(scope="module")
+def provider():
+    p = Provider()
+    p.server.start()
+    yield p
+    p.server.stop()
+
+
+@pytest.fixture
+def scripted(provider: Provider):
+    provider.script.clear()
+    provider.requests.clear()
+    provider.delay = 0.0
+    return provider
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "a.py").write_text("A = 1\n")
+    (root / "b.py").write_text("B = 2\n")
+    return root
+
+
+def agent_for(provider: Provider, repo: Path, **config) -> Agent:
+    model = ChatModel(provider.server.url + "/v1", "scripted")
+    return Agent(model, local_environment(repo), AgentConfig(**config))
+
+
+def test_parallel_calls_results_in_call_order_and_transcript(scripted, repo, tmp_path) -> None:
+    scripted.script = [
+        {"content": "reading", "calls": [("read_file", {"path": "a.py"}),
+                                         ("grep", {"pattern": "B ="}),
+                                         ("edit_file", {"path": "a.py", "old_string": "A = 1",
+                                                        "new_string": "A = 10"}),
+                                         ("read_file", {"path": "a.py"})]},
+        {"content": "Changed A to 10."}]
+    agent = agent_for(scripted, repo)
+    transcript = Transcript(tmp_path / "run.jsonl")
+    agent.listeners.append(transcript)
+    result = agent.run("set A to 10")
+    transcript.close()
+    assert result.status == "completed" and result.answer == "Changed A to 10."
+    assert result.steps == 2 and result.tool_calls == 4
+    tool_msgs = [m for m in scripted.requests[1]["messages"] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_msgs] == ["call_0", "call_1", "call_2", "call_3"]
+    assert tool_msgs[0]["content"].endswith("A = 1")  # read before the edit ...
+    assert tool_msgs[1]["content"] == "b.py:1:B = 2"
+    assert tool_msgs[3]["content"].endswith("A = 10")  # ... and after it, as ordered
+    assert scripted.requests[0]["tools"][0]["function"]["name"] == "read_file"
+    events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end"
+    assert kinds.count("tool_start") == 4 and kinds.count("tool_result") == 4
+    start = events[0]
+    assert start["environment"]["sandboxed"] and start["model"] == "scripted"
+    assert start["messages"][1] == {"role": "user", "content": "set A to 10"}
+    turn = next(e for e in events if e["type"] == "model_turn")
+    assert turn["usage"]["prompt_tokens"] == 100 and turn["seconds"] >= 0
+    edit = next(e for e in events if e["type"] == "tool_result" and e["name"] == "edit_file")
+    assert "+A = 10" in edit["data"]["diff"]
+    assert events[-1]["prompt_tokens"] == 200 and events[-1]["messages"][-1]["content"] == \
+        "Changed A to 10."
+
+
+def test_invented_tool_and_no_tool_replies_get_hints(scripted, repo) -> None:
+    scripted.script = [{"content": '{"name": "fix_bug", "arguments": {"path": "a.py"}}'},
+                       {"content": "I would edit a.py."},
+                       {"content": "Nothing to do."}]
+    result = agent_for(scripted, repo).run("fix it")
+    assert result.status == "completed" and result.steps == 3
+    hints = [m["content"] for m in scripted.requests[2]["messages"] if m["role"] == "user"]
+    assert "fix_bug is not a tool" in hints[1] and "not used any tool" in hints[2]
+
+
+def test_repeated_calls_collapse_and_are_capped(scripted, repo) -> None:
+    same = ("read_file", {"path": "a.py"})
+    greps = [("grep", {"pattern": f"p{i}"}) for i in range(9)]
+    scripted.script = [{"calls": [same] * 3 + greps}, {"calls": [same]}]
+    agent_for(scripted, repo, max_steps=3, max_calls_per_turn=8).run("look")
+    outs = [m["content"] for m in scripted.requests[1]["messages"] if m["role"] == "tool"]
+    assert outs[1] == outs[2] == "[same call as #1 in this turn; see its result]"
+    assert outs[-1].startswith("error: not run - at most 8")
+    again = [m["content"] for m in scripted.requests[-1]["messages"] if m["role"] == "tool"]
+    assert "you already made this exact call" in again[-1]
+
+
+def test_step_limit_and_token_budget(scripted, repo) -> None:
+    scripted.script = [{"calls": [("list_dir", {})]}] * 3
+    assert agent_for(scripted, repo, max_steps=2).run("loop").status == "max_steps"
+    scripted.script = [{"calls": [("list_dir", {})], "prompt_tokens": 5000}] * 3
+    result = agent_for(scripted, repo, token_budget=4000).run("loop")
+    assert result.status == "budget" and result.steps == 2
+
+
+def test_compaction_of_old_turns_and_overflow_retry(scripted, repo) -> None:
+    (repo / "big.py").write_text("x = 1\n" * 500)
+    read = ("read_file", {"path": "big.py"})
+    scripted.script = [{"calls": [read]}, {"calls": [("list_dir", {})], "prompt_tokens": 9000},
+                       {"calls": [("grep", {"pattern": "zzz"})]},
+                       {"error": {"message": "too long", "code": "context_length_exceeded"},
+                        "status": 400},
+                       {"content": "ok"}]
+    result = agent_for(scripted, repo, context_tokens=6000, keep_turns=1).run("read")
+    assert result.status == "completed"
+    third = scripted.requests[2]["messages"]
+    assert next(m for m in third if m["role"] == "tool")["content"].startswith("[compacted:")
+    retried = scripted.requests[4]["messages"]
+    assert all(m["content"].startswith("[compacted") for m in retried if m["role"] == "tool")
+
+
+def test_cancellation_and_model_errors(scripted, repo) -> None:
+    scripted.delay = 0.3
+    scripted.script = [{"calls": [("list_dir", {})]}] * 20
+    agent = agent_for(scripted, repo, max_steps=20)
+    threading.Timer(0.5, agent.cancel.set).start()
+    result = agent.run("loop forever")
+    assert result.status == "cancelled" and result.steps < 5
+    scripted.delay = 0.0
+    scripted.script = [{"error": {"message": "model 'x' does not exist"}, "status": 404}]
+    err = agent_for(scripted, repo).run("hi")
+    assert err.status == "error" and "404" in err.error and "does not exist" in err.error
+    dead = Agent(ChatModel("http://127.0.0.1:9/v1", "m"), local_environment(repo)).run("hi")
+    assert dead.status == "error" and "cannot reach the model server" in dead.error
+
+
+# ------------------------------------------------------------------ the real local model
+
+@pytest.mark.model
+def test_agent_creates_hello_file_with_local_model(live_server, tmp_path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    agent = Agent(ChatModel(live_server.url + "/v1", "code-medium"), local_environment(ws),
+                  AgentConfig(max_steps=4, max_tokens=200))
+    result = agent.run("create hello.txt containing the word hello")
+    assert (ws / "hello.txt").is_file(), result
+    assert "hello" in (ws / "hello.txt").read_text().lower()
+    assert result.prompt_tokens > 500 and result.tool_calls >= 1
+
+
+@pytest.mark.model
+def test_server_agent_run_streams_events_and_keeps_status(live_server, tmp_path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    body = {"task": "create notes.txt containing the word notes", "path": str(ws),
+            "model": "code-medium", "max_steps": 4, "max_tokens": 200}
+    events = []
+    with httpx.stream("POST", live_server.url + "/v1/agent/runs", json=body,
+                      timeout=300) as resp:
+        assert resp.status_code == 200
+        run_id = resp.headers["x-agent-run-id"]
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end" and "tool_result" in kinds
+    assert (ws / "notes.txt").is_file()
+    got = httpx.get(f"{live_server.url}/v1/agent/runs/{run_id}").json()
+    assert got["status"] == events[-1]["status"] and len(got["transcript"]) == len(events)
+    missing = httpx.get(f"{live_server.url}/v1/agent/runs/nope")
+    assert missing.status_code == 404
+    bad = httpx.post(live_server.url + "/v1/agent/runs", json={**body, "path": "/nonexistent"})
+    assert bad.status_code == 400 and "not a directory" in bad.json()["error"]["message"]
