@@ -4,6 +4,7 @@ and the tool registry. Progress streams with Rich; `--json` prints only the resu
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -75,12 +76,11 @@ def agent_cmd(
         agent.listeners.append(_show)
         if not env.runner.sandboxed:
             console.print("[bold yellow]warning:[/] commands run unsandboxed on the host")
+    previous = signal.signal(signal.SIGINT, lambda *_: _cancel(agent, previous))
     try:
         result = agent.run(task)
-    except KeyboardInterrupt:
-        agent.cancel.set()
-        fail("cancelled", 130)
     finally:
+        signal.signal(signal.SIGINT, previous)
         record.close()
         chat.close()
     result.transcript = str(record.path)
@@ -90,6 +90,14 @@ def agent_cmd(
         _summary(result)
     if result.status == "error":
         raise typer.Exit(1)
+
+
+def _cancel(agent: Agent, previous: Any) -> None:
+    """First Ctrl-C: stop after the current model reply, killing running commands; the
+    second one interrupts at once."""
+    agent.cancel.set()
+    signal.signal(signal.SIGINT, previous)
+    console.print("[yellow]cancelling after the current step (Ctrl-C again to abort)[/]")
 
 
 def _show(event: Event) -> None:

@@ -8,6 +8,7 @@ they (or any symlink along them) lead outside the workspace.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -60,7 +61,7 @@ class LocalEnvironment:
             cancel: threading.Event | None = None) -> CommandResult:
         limits = self.limits
         if timeout is not None:
-            limits = Limits(**{**limits.__dict__, "timeout": min(timeout, limits.timeout)})
+            limits = dataclasses.replace(limits, timeout=min(timeout, limits.timeout))
         return self.runner.run(command, self.root, limits, cancel)
 
     def metadata(self) -> dict[str, Any]:

@@ -76,7 +76,8 @@ def _runs(request: Request) -> OrderedDict[str, Run]:
 async def create_run(body: RunRequest, request: Request):
     root = Path(body.path).expanduser()
     try:
-        env = local_environment(root.resolve(), sandbox=body.sandbox, network=body.network)
+        env = await asyncio.to_thread(local_environment, root.resolve(), body.sandbox,
+                                      body.network)  # the sandbox probe spawns bwrap
     except ToolError as exc:
         raise APIError(400, str(exc), param="path") from None
     except SandboxUnavailable as exc:
