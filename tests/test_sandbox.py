@@ -90,6 +90,14 @@ def test_no_writes_outside_workspace(box: BwrapRunner, ws: Path, tmp_path: Path)
     assert (ws / "inside.txt").read_text() == "ok\n"
 
 
+def test_git_metadata_is_read_only(ws: Path) -> None:
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    box = BwrapRunner(ws)
+    res = box.run("echo evil > .git/hooks/post-commit; echo ok > file.txt", ws, Limits())
+    assert not (ws / ".git/hooks/post-commit").exists() and (ws / "file.txt").exists()
+    assert "Read-only file system" in res.output
+
+
 def test_symlink_escape_refused_by_the_sandbox(box: BwrapRunner, ws: Path,
                                                 tmp_path: Path) -> None:
     outside = tmp_path / "outside"

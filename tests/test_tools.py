@@ -80,6 +80,13 @@ def test_paths_and_symlinks_cannot_escape(env, tmp_path: Path) -> None:
     assert grep.output == "no matches for 's3cret'"
 
 
+def test_git_directory_is_not_writable_by_tools(env) -> None:
+    (env.root / ".git").mkdir()
+    res = run(env, "create_file", path=".git/hooks/pre-commit", content="evil")
+    assert not res.ok and "inside .git" in res.output
+    assert not (env.root / ".git/hooks").exists()
+
+
 def test_edit_file_exact_unique_replacement(env) -> None:
     res = run(env, "edit_file", path="pkg/calc.py", old_string="return a - b",
               new_string="return a + b")

@@ -25,7 +25,7 @@ class Environment(Protocol):
     root: Path
     limits: Limits
 
-    def resolve(self, path: str) -> Path: ...
+    def resolve(self, path: str, write: bool = False) -> Path: ...
 
     def run(self, command: str, timeout: float | None = None,
             cancel: threading.Event | None = None) -> CommandResult: ...
@@ -41,8 +41,11 @@ class LocalEnvironment:
         self.runner = runner
         self.limits = limits or Limits()
 
-    def resolve(self, path: str) -> Path:
-        """Absolute real path inside the workspace; ToolError for anything that escapes."""
+    def resolve(self, path: str, write: bool = False) -> Path:
+        """Absolute real path inside the workspace; ToolError for anything that escapes.
+
+        Writes into `.git` are refused too: a planted hook would run later on the host,
+        outside any sandbox (the sandbox mounts `.git` read-only for the same reason)."""
         if not isinstance(path, str) or not path.strip():
             raise ToolError("path must be a non-empty string")
         raw = Path(path.strip())
@@ -52,6 +55,9 @@ class LocalEnvironment:
             via = " (through a symlink)" if Path(os.path.abspath(candidate)) != real else ""
             raise ToolError(f"path {path!r} is outside the workspace{via}; only files under "
                             f"{self.root} are accessible")
+        git = self.root / ".git"
+        if write and (real == git or git in real.parents):
+            raise ToolError(f"path {path!r} is inside .git, which the agent may not modify")
         return real
 
     def relative(self, path: Path) -> str:

@@ -382,7 +382,7 @@ def codebase_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str
        "replace_all": {"type": "boolean"}, "code_edit": {"type": "string"}},
       ("path",), "write")
 def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
-    path = env.resolve(args["path"])
+    path = env.resolve(args["path"], write=True)
     if not path.is_file():
         raise ToolError(f"{args['path']} does not exist; use create_file for new files")
     before = _text(path)
@@ -432,7 +432,7 @@ def _apply_sketch(before: str, sketch: str, rel: str, ctx: ToolContext) -> str:
       "overwrite an existing file completely.",
       {"path": PATH, "content": {"type": "string"}}, ("path", "content"), "write")
 def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
-    path = env.resolve(args["path"])
+    path = env.resolve(args["path"], write=True)
     if path.is_dir():
         raise ToolError(f"{args['path']} is a directory")
     before = _text(path) if path.exists() else ""
@@ -444,7 +444,7 @@ def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
 
 @tool("delete_file", "Delete a file.", {"path": PATH}, ("path",), "write")
 def delete_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
-    path = env.resolve(args["path"])
+    path = env.resolve(args["path"], write=True)
     if path == env.root or path.is_dir():
         raise ToolError(f"{args['path']} is a directory; only files can be deleted")
     if not path.exists():

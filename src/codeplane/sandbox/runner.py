@@ -1,7 +1,8 @@
 """Command runners: `BwrapRunner` (the default) and `HostRunner` (only behind --no-sandbox).
 
-A bubblewrap sandbox mounts the workspace read-write, the system read-only, a private /tmp and
-/dev, a fresh /proc, and unshares every namespace (so no network unless asked). Limits come
+A bubblewrap sandbox mounts the workspace read-write (its `.git` read-only), the system
+read-only, a private /tmp and /dev, a fresh /proc, and unshares every namespace (so no network
+unless asked). Limits come
 from `prlimit` (CPU seconds, address space, file size, open files) plus a pids cgroup per
 command, because the kernel exempts uid 0 from RLIMIT_NPROC: as root only the pids controller
 contains a fork bomb. A wall-clock timeout SIGKILLs the process group, every pid in the cgroup,
@@ -125,8 +126,15 @@ class BwrapRunner:
                 args += ["--ro-bind", prefix, prefix]
         args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
                  "--bind", str(self.workspace), str(self.workspace),
+                 *_readonly_git(self.workspace),
                  "--chdir", str(cwd), "--setenv", "HOME", "/tmp"]
         return args + ["--", "/bin/sh", "-c", command]
+
+
+def _readonly_git(workspace: Path) -> list[str]:
+    """`.git` read-only, as Codex does: a hook planted there would later run on the host."""
+    git = workspace / ".git"
+    return ["--ro-bind", str(git), str(git)] if git.is_dir() and not git.is_symlink() else []
 
 
 class HostRunner:
