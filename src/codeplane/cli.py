@@ -7,10 +7,10 @@ from typing import Annotated
 import typer
 
 from codeplane import __version__
-from codeplane.clikit import ConfigOption, settings
 from codeplane.agent.cli import agent_cmd, tool_cmd
-from codeplane.indexing import cli as index_cli
+from codeplane.clikit import ConfigOption, settings
 from codeplane.gateway.cli import gateway_app, keys_app
+from codeplane.indexing import cli as index_cli
 from codeplane.models.cli import app as model_app
 from codeplane.tab import cli as tab_cli
 
