@@ -53,9 +53,11 @@ def serve(
     config: ConfigOption = None,
 ) -> None:
     """Run the HTTP server (OpenAI-compatible API plus every compartment's endpoints)."""
+    from codeplane.gateway.cli import check_config
     from codeplane.server.app import serve as run
 
     cfg = settings(config)
+    check_config(cfg)
     run(cfg, host or cfg.serve.host, port or cfg.serve.port, log_level)
 
 

@@ -19,6 +19,7 @@ from codeplane.clikit import (
     server_url,
     settings,
 )
+from codeplane.config import ConfigError, Settings
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.keys import KeyStore
 
@@ -111,3 +112,16 @@ def status(
                           str(d["cooldown_s"]), str(d["ramp"]), str(d["outstanding"]),
                           str(d["latency_ms"] or "-"), d["last_error"][:60])
     console.print(table)
+
+
+def check_config(cfg: Settings) -> None:
+    """Stop `codeplane serve` before it binds if `[[models]]`, `[router]` or `[gateway]` is
+    invalid: a clear message naming key and line, exit code 2, no traceback."""
+    from codeplane.gateway.router import Gateway
+    from codeplane.models.engine import Engine
+    from codeplane.server.metrics import Metrics
+
+    try:
+        Gateway(cfg, Engine(cfg), Metrics())
+    except ConfigError as exc:
+        fail(str(exc))

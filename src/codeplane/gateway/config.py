@@ -89,7 +89,7 @@ class GatewayConfig(_Strict):
     queue: dict[str, int] = Field(default_factory=lambda: {
         "interactive": 256, "agent": 128, "background": 64, "batch": 32})
     queue_timeout_s: dict[str, float] = Field(default_factory=lambda: {
-        "interactive": 30.0, "agent": 60.0, "background": 30.0, "batch": 10.0})
+        "interactive": 30.0, "agent": 300.0, "background": 300.0, "batch": 120.0})
     share: dict[str, float] = Field(default_factory=lambda: {
         "interactive": 1.0, "agent": 1.0, "background": 0.75, "batch": 0.5})
     ip_rpm: int | None = Field(None, ge=1)
@@ -161,3 +161,11 @@ def _locate(text: list[str], loc: list[str]) -> int | None:
     for part in loc:
         found = _line_of(text, part) or found
     return found
+
+
+def where(settings: Settings, key: str) -> str:
+    """` (line N)` for a key in the settings file, for checks made after validation."""
+    path = settings.config_file
+    text = path.read_text().splitlines() if path and path.is_file() else []
+    line = _line_of(text, key)
+    return f" (line {line})" if line else ""

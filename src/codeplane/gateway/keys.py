@@ -49,6 +49,7 @@ class KeyStore:
         self._checked = 0.0
         self.usage: dict[str, int] = self._read(self.usage_file)
         self._dirty = False
+        self._flushed = time.monotonic()
 
     # -- CLI side ------------------------------------------------------------------------
 
@@ -107,10 +108,13 @@ class KeyStore:
         if tokens:
             self.usage[key.id] = self.usage.get(key.id, 0) + tokens
             self._dirty = True
+            if time.monotonic() - self._flushed > 10:  # a crash loses at most 10 s of usage
+                self.flush()
 
     def flush(self) -> None:
         if self._dirty:
             self._dirty = False
+            self._flushed = time.monotonic()
             _write(self.usage_file, self.usage)
 
     @staticmethod

@@ -28,7 +28,7 @@ from codeplane.gateway.keys import ApiKey, KeyStore
 from codeplane.gateway.metrics import GatewayMetrics
 from codeplane.gateway.providers.anthropic import AnthropicProvider
 from codeplane.gateway.providers.base import Call, UpstreamError
-from codeplane.gateway.providers.local import LocalProvider
+from codeplane.gateway.providers.local import EmbedderProvider, LocalProvider
 from codeplane.gateway.providers.openai import OpenAIProvider
 from codeplane.models.engine import Engine
 from codeplane.models.registry import UnknownModel
@@ -36,6 +36,8 @@ from codeplane.server.metrics import Metrics
 
 log = logging.getLogger("codeplane.gateway")
 DEFAULT_LATENCY_S = 0.05
+EMBEDDER = "bge-small"  # codeplane.search.embed.OnnxEmbedder.name, without importing ONNX
+ALIASES = {"default": EMBEDDER}  # what private search's embeddings endpoint accepted
 
 
 @dataclass
@@ -99,6 +101,8 @@ class Gateway:
             self._add(dep, dep.id or f"{dep.name}#{index}")
         for spec in engine.registry.all():
             self._add_local(spec.name)
+        if (settings.indexing.get("embedder") or {}).get("kind", "local") == "local":
+            self._add_local(EMBEDDER)
         self._check_fallbacks()
         self.metrics = GatewayMetrics(metrics.registry, self.deployments)
         self.keys = KeyStore(settings.server_dir)
@@ -113,6 +117,10 @@ class Gateway:
             provider = OpenAIProvider(dep)
         elif dep.provider == "anthropic":
             provider = AnthropicProvider(dep)
+        elif dep.upstream_model == EMBEDDER:
+            provider = EmbedderProvider(self.settings.indexing)
+            timeouts = False
+            dep.max_parallel = dep.max_parallel or 1  # one ONNX run at a time uses every core
         else:
             provider = LocalProvider(self.engine, dep.upstream_model, self.local_metrics)
             # A local generation's length is the client's choice (max_tokens), and the
@@ -132,7 +140,8 @@ class Gateway:
         for model, chain in self.cfg.router.fallbacks.items():
             for name in [model, *chain]:
                 if self.group(name) is None:
-                    raise ConfigError(f"router.fallbacks: unknown model {name!r}; "
+                    raise ConfigError(f"router.fallbacks{gwconfig.where(self.settings, 'fallbacks')}"
+                                      f": unknown model {name!r}; "
                                       f"known: {', '.join(sorted(self.groups))}")
 
     def deployments(self) -> list[Deployment]:
@@ -140,6 +149,7 @@ class Gateway:
 
     def group(self, name: str) -> Group | None:
         """A group by name, or a local model by alias, or one registered since start-up."""
+        name = ALIASES.get(name, name)
         if name in self.groups:
             return self.groups[name]
         try:

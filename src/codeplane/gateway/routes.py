@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from codeplane.gateway.admission import Shed
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.providers.base import Call, UpstreamError
-from codeplane.gateway.router import Client, Gateway
+from codeplane.gateway.router import EMBEDDER, Client, Gateway
 from codeplane.models.schemas import ChatCompletionRequest, CompletionRequest
 from codeplane.server.errors import APIError, not_found
 
@@ -60,10 +60,13 @@ def gateway_of(app: FastAPI) -> Gateway:
 @router.get("/v1/models")
 def list_models(request: Request) -> dict:
     gateway = gateway_of(request.app)
-    engine = request.app.state.engine
-    local = {s.name: list(s.capabilities) for s in engine.registry.all()}
+    local = {s.name: list(s.capabilities) for s in request.app.state.engine.registry.all()}
+    local[EMBEDDER] = ["embeddings"]
+    by_provider = {"anthropic": ["chat", "tools"],
+                   "openai": ["chat", "tools", "completion", "embeddings"]}
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "codeplane",
-             "capabilities": local.get(name, ["chat", "completion", "embeddings"]),
+             "capabilities": local.get(name) or by_provider.get(
+                 group.deployments[0].cfg.provider, []),
              "deployments": len(group.deployments)}
             for name, group in gateway.groups.items()]
     return {"object": "list", "data": data}

@@ -134,3 +134,38 @@ def _sum_usage(usages: list[dict]) -> dict:
     total["prompt_tokens_details"] = {
         "cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)}
     return total
+
+
+class EmbedderProvider:
+    """The server's local embedding model (`codeplane.search.embed`, shared with private
+    search) as the deployment behind `/v1/embeddings`."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    async def request(self, call: Call) -> dict[str, Any]:
+        from codeplane.search.embed import EmbedderUnavailable, embedder_from_config
+
+        texts = call.raw.get("input")
+        texts = [texts] if isinstance(texts, str) else texts
+        if not texts or len(texts) > 2048 or not all(isinstance(t, str) for t in texts):
+            raise UpstreamError(400, "input must hold 1-2048 strings", retryable=False,
+                                param="input")
+        try:
+            embedder = await asyncio.to_thread(embedder_from_config, self.config)
+            vectors = await asyncio.to_thread(embedder.embed, texts)
+        except EmbedderUnavailable as exc:
+            raise UpstreamError(503, str(exc), retryable=True,
+                                code="model_unavailable") from None
+        tokens = sum(len(t.split()) for t in texts)
+        return {"object": "list", "model": call.raw["model"],
+                "data": [{"object": "embedding", "index": i, "embedding": v.tolist()}
+                         for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
+        raise UpstreamError(400, "embeddings do not stream", retryable=False)
+        yield {}  # pragma: no cover - makes this an async generator
+
+    async def aclose(self) -> None:
+        """The embedder is shared per process; nothing to release."""
