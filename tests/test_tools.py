@@ -188,6 +188,13 @@ def test_codebase_search_reports_missing_index(env, monkeypatch) -> None:
     assert res.ok and res.output.startswith("index unavailable:")
 
 
+def test_codebase_search_on_an_unindexed_workspace(env, settings) -> None:
+    res = T.execute(env, "codebase_search", {"query": "where is addition"},
+                    T.ToolContext(settings=settings))
+    assert res.ok and res.output.startswith("index unavailable:")
+    assert "not indexed" in res.output and "grep" in res.output
+
+
 def test_argument_errors_are_results_not_crashes(env) -> None:
     assert "unknown tool 'nope'" in T.execute(env, "nope", {}).output
     assert "not valid JSON" in T.execute(env, "read_file", "{oops").output
