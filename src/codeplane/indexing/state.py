@@ -129,7 +129,11 @@ class WorkspaceState:
         self.db.executemany("DELETE FROM chunk_fts WHERE rowid=?", [(i,) for i in ids])
         self.db.executemany("DELETE FROM chunks WHERE id=?", [(i,) for i in ids])
 
-    def mark_indexed(self, paths: list[str]) -> None:
+    def mark_indexed(self, paths: list[str] | None) -> None:
+        """Chunks of these files (None: of every file) are now on the server."""
+        if paths is None:
+            self.db.execute("UPDATE chunks SET status='indexed' WHERE status='pending'")
+            return
         self.db.executemany("UPDATE chunks SET status='indexed' WHERE path=? AND status='pending'",
                             [(p,) for p in paths])
 

@@ -235,6 +235,7 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
     if dirty:
         enc = state.cipher.encrypt
         remote.commit([{"path": enc(d), "hash": tree.hashes[d]} for d in sorted(dirty)])
+    state.mark_indexed(None)  # the server now matches the tree: nothing is pending
     state.save_nodes(tree.hashes)
     state.put("last_sync", {"root_hash": report.root_hash, "at": time.time()})
     counts = state.chunk_counts()

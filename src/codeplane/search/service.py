@@ -84,6 +84,11 @@ def _check_path(path: str) -> str:
     return path
 
 
+def _ancestors(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts))]
+
+
 def _parent(path: str) -> str | None:
     return None if path == "" else (path.rsplit("/", 1)[0] if "/" in path else "")
 
@@ -234,8 +239,13 @@ class SearchService:
                 table.delete(_path_filter(batch))
             if rows:
                 table.add(_arrow_rows(rows, vectors, self.embedder.dim))
+            # Ancestors appear as placeholder directories (hash "" never matches), so a later
+            # sync descends to these leaves even if this one dies before its commit.
+            ancestors = {a for f in files for a in _ancestors(f["path"])}
             with self._lock:
                 self.meta.execute("BEGIN")
+                self.meta.executemany("INSERT OR IGNORE INTO nodes VALUES (?,?,?,'',1)",
+                                      [(ws, a, _parent(a)) for a in ancestors])
                 self.meta.executemany(
                     "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,0)",
                     [(ws, f["path"], _parent(f["path"]), str(f["leaf"])) for f in files])
