@@ -278,6 +278,8 @@ def _upload(state: WorkspaceState, remote: Remote, plan: list[tuple[str, list[di
     total = sum(len(send) for _, send in plan)
     done = 0
     batch: list[tuple[str, list[dict]]] = []
+    if progress:
+        progress(0, total)  # every chunk is in the local lexical index from here on
 
     def flush() -> None:
         nonlocal done

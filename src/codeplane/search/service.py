@@ -347,8 +347,10 @@ class SearchService:
         def build() -> None:
             try:
                 with self._ws_lock(ws):
-                    table.create_index(metric="cosine", vector_column_name="vector",
-                                       num_sub_vectors=48)
+                    from lancedb.index import IvfPq
+
+                    table.create_index("vector", config=IvfPq(distance_type="cosine",
+                                                              num_sub_vectors=48))
                     table.optimize()
             except Exception:  # exact search keeps working without the index
                 log.exception("ANN index build failed for workspace %s", ws)
