@@ -8,6 +8,7 @@ import typer
 
 from codeplane import __version__
 from codeplane.agent.cli import agent_cmd, tool_cmd
+from codeplane.apply.cli import apply_command
 from codeplane.clikit import ConfigOption, settings
 from codeplane.gateway.cli import gateway_app, keys_app
 from codeplane.indexing import cli as index_cli
@@ -29,6 +30,7 @@ app.command("agent")(agent_cmd)
 app.command("tool")(tool_cmd)
 app.command("complete")(tab_cli.complete)
 app.command("lsp")(tab_cli.lsp)
+app.command("apply")(apply_command)
 
 
 def _version(value: bool) -> None:

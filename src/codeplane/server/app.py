@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 
 from codeplane import __version__
 from codeplane.agent import routes as agent_routes
+from codeplane.apply import routes as apply_routes
 from codeplane.config import Settings
 from codeplane.models.engine import Engine
 from codeplane.search import routes as search_routes
@@ -41,6 +42,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(agent_routes.router)
     app.include_router(search_routes.router)
     app.include_router(tab_routes.router)
+    app.include_router(apply_routes.router)
 
     @app.get("/healthz")
     def healthz(request: Request) -> dict:

@@ -1,0 +1,293 @@
+"""Apply benchmark: exact-match rate and speed of merging sketched edits into real files.
+
+Data set (bench/data/apply/cases.jsonl.xz): real commits of public Python projects. Each case
+is (original file, expected file) = (parent, commit) versions of one modified file; the edits
+given to `apply_edit` are derived from the real diff in several styles a model would write:
+
+  markers    changed hunks with 3 context lines, `# ... existing code ...` between them
+  tight      the same with only 1 context line (less to anchor on)
+  dedented   markers style, each segment shifted to column 0, trailing spaces dropped
+  search     SEARCH/REPLACE blocks (2 context lines)
+  udiff      unified diff whose line numbers are off by 7 (models miscount)
+
+Usage:
+  python bench/apply.py build REPO_DIR... [--per-bucket 6]   # (re)build the data set
+  python bench/apply.py                                      # deterministic path, all cases
+  python bench/apply.py --model code-small --model-cases 8   # + model path, spec vs plain
+
+Wrap runs that use a model in `flock /tmp/codeplane-cpu.lock` on shared machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import lzma
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from codeplane.apply.api import apply_edit
+from codeplane.apply.validate import first_error_line
+
+DATA = Path(__file__).parent / "data" / "apply" / "cases.jsonl.xz"
+BUCKETS = ((50, 200), (200, 1000), (1000, 3000), (3000, 10**9))
+STYLES = ("markers", "tight", "dedented", "search", "udiff")
+MARKER = "# ... existing code ..."
+
+
+# -- building the data set -------------------------------------------------------------------
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True, errors="strict").stdout
+
+
+def candidates(repo: Path) -> list[tuple[str, str]]:
+    log = git(repo, "log", "--no-merges", "--diff-filter=M", "--format=@%H", "--name-only",
+              "--", "*.py")
+    out, commit = [], ""
+    for line in log.splitlines():
+        if line.startswith("@"):
+            commit = line[1:]
+        elif line.strip():
+            out.append((commit, line.strip()))
+    return out
+
+
+def bucket_of(n: int) -> int | None:
+    return next((b for b, (lo, hi) in enumerate(BUCKETS) if lo <= n < hi), None)
+
+
+def usable(old: str, new: str) -> bool:
+    """A real, moderate edit of a file that parses before and after."""
+    a, b = old.splitlines(), new.splitlines()
+    changed = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in
+                  difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+                  if tag != "equal")
+    hunks = list(difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(3))
+    return (0 < changed <= 120 and len(hunks) <= 8 and "\r" not in old
+            and first_error_line(old, "python") is None
+            and first_error_line(new, "python") is None)
+
+
+def build(repos: list[Path], per_bucket: int, seed: int = 7) -> list[dict]:
+    rng = random.Random(seed)
+    cases = []
+    for repo in repos:
+        found: dict[int, int] = defaultdict(int)
+        pool = candidates(repo)
+        rng.shuffle(pool)
+        per_file: dict[str, int] = defaultdict(int)
+        for commit, path in pool:
+            if all(found[b] >= per_bucket for b in range(len(BUCKETS))):
+                break
+            try:
+                old = git(repo, "show", f"{commit}^:{path}")
+                new = git(repo, "show", f"{commit}:{path}")
+            except (subprocess.CalledProcessError, UnicodeDecodeError):
+                continue
+            bucket = bucket_of(len(old.splitlines()))
+            if bucket is None or found[bucket] >= per_bucket or per_file[path] >= (
+                    per_bucket if bucket == len(BUCKETS) - 1 else 3) \
+                    or not usable(old, new):
+                continue
+            per_file[path] += 1
+            found[bucket] += 1
+            cases.append({"repo": repo.name if repo.name != "repo" else repo.parent.name,
+                          "commit": commit, "path": path, "original": old, "expected": new})
+        print(f"{repo}: {dict(found)}", file=sys.stderr)
+    return cases
+
+
+# -- deriving edits from the real diff -------------------------------------------------------
+
+def hunks(old: list[str], new: list[str], context: int):
+    return list(difflib.SequenceMatcher(None, old, new, autojunk=False)
+                .get_grouped_opcodes(context))
+
+
+def sketch(old: list[str], new: list[str], context: int, dedent: bool = False) -> str:
+    out: list[str] = []
+    groups = hunks(old, new, context)
+    for k, group in enumerate(groups):
+        j1, j2 = group[0][3], group[-1][4]
+        i1, i2 = group[0][1], group[-1][2]
+        segment = new[j1:j2]
+        if dedent:
+            segment = _dedent([line.rstrip() for line in segment])
+        if i1 > 0 or k > 0:
+            out.append(_marker_like(segment))
+        out.extend(segment)
+        if k == len(groups) - 1 and i2 < len(old):
+            out.append(_marker_like(segment))
+    return "\n".join(out) + "\n"
+
+
+def _marker_like(segment: list[str]) -> str:
+    first = next((line for line in segment if line.strip()), "")
+    return first[: len(first) - len(first.lstrip())] + MARKER
+
+
+def _dedent(lines: list[str]) -> list[str]:
+    width = min((len(x) - len(x.lstrip()) for x in lines if x.strip()), default=0)
+    return [x[width:] if x.strip() else x for x in lines]
+
+
+def search_replace(old: list[str], new: list[str]) -> str:
+    out = []
+    for group in hunks(old, new, 2):
+        i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
+        out += ["<<<<<<< SEARCH", *old[i1:i2], "=======", *new[j1:j2], ">>>>>>> REPLACE", ""]
+    return "\n".join(out)
+
+
+def udiff(old: list[str], new: list[str], drift: int = 7) -> str:
+    out = ["--- a/file.py", "+++ b/file.py"]
+    for group in hunks(old, new, 3):
+        i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
+        out.append(f"@@ -{i1 + 1 + drift},{i2 - i1} +{j1 + 1 + drift},{j2 - j1} @@")
+        for tag, a1, a2, b1, b2 in group:
+            if tag == "equal":
+                out += [" " + x for x in old[a1:a2]]
+                continue
+            out += ["-" + x for x in old[a1:a2]]
+            out += ["+" + x for x in new[b1:b2]]
+    return "\n".join(out) + "\n"
+
+
+def lines_of(text: str) -> list[str]:
+    return (text[:-1] if text.endswith("\n") else text).split("\n")
+
+
+def edit_for(case: dict, style: str) -> str:
+    old, new = lines_of(case["original"]), lines_of(case["expected"])
+    return {
+        "markers": lambda: sketch(old, new, 3),
+        "tight": lambda: sketch(old, new, 1),
+        "dedented": lambda: sketch(old, new, 3, dedent=True),
+        "search": lambda: search_replace(old, new),
+        "udiff": lambda: udiff(old, new),
+    }[style]()
+
+
+# -- running ---------------------------------------------------------------------------------
+
+def load() -> list[dict]:
+    with lzma.open(DATA, "rt") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def run_deterministic(cases: list[dict]) -> None:
+    by_style: dict[str, list[bool]] = defaultdict(list)
+    by_bucket: dict[int, list[bool]] = defaultdict(list)
+    times: dict[int, list[float]] = defaultdict(list)
+    failures = []
+    for case in cases:
+        bucket = bucket_of(len(case["original"].splitlines()))
+        for style in STYLES:
+            result = apply_edit(case["original"], edit_for(case, style), case["path"])
+            exact = result.ok and result.merged == case["expected"]
+            by_style[style].append(exact)
+            by_bucket[bucket].append(exact)
+            times[bucket].append(result.seconds)
+            if not exact:
+                failures.append((case["repo"], case["commit"][:10], case["path"], style,
+                                 "wrong merge" if result.ok else result.diagnostics[:1]))
+    total = [x for v in by_style.values() for x in v]
+    print(f"deterministic: {len(cases)} real edits x {len(STYLES)} styles = {len(total)} "
+          f"applies, exact match {100 * sum(total) / len(total):.1f}%")
+    for style, values in by_style.items():
+        print(f"  {style:9s} {100 * sum(values) / len(values):5.1f}%  ({len(values)})")
+    for bucket, values in sorted(by_bucket.items()):
+        lo, hi = BUCKETS[bucket]
+        label = f"{lo}-{hi - 1}" if hi < 10**9 else f"{lo}+"
+        print(f"  lines {label:9s} {100 * sum(values) / len(values):5.1f}%  ({len(values)})  "
+              f"median {1000 * statistics.median(times[bucket]):.1f} ms, "
+              f"max {1000 * max(times[bucket]):.1f} ms")
+    for failure in failures:
+        print("  miss:", *failure)
+
+
+def model_cases(cases: list[dict], count: int, max_window: int) -> list[dict]:
+    """Cases whose edit fits one model window of at most `max_window` lines, all buckets."""
+    from codeplane.apply.formats import parse_edit
+    from codeplane.apply.rewrite import pieces_of, plan_windows
+
+    picked = []
+    for case in sorted(cases, key=lambda c: (c["commit"], c["path"])):
+        lines = case["original"].split("\n")
+        windows = plan_windows(lines, pieces_of(parse_edit(edit_for(case, "markers"), lines)))
+        if isinstance(windows, list) and len(windows) == 1 \
+                and windows[0].end - windows[0].start <= max_window:
+            picked.append(case)
+    step = max(1, len(picked) // count) if picked else 1
+    return picked[::step][:count]
+
+
+def run_model(cases: list[dict], model: str, count: int, max_window: int) -> None:
+    from codeplane.config import load_settings
+    from codeplane.models.engine import Engine
+
+    engine = Engine(load_settings())
+    engine.run_sync(model, lambda m: None)  # load outside the timings
+    rows = {True: [], False: []}
+    for case in model_cases(cases, count, max_window):
+        edit = edit_for(case, "markers")
+        for speculative in (True, False):
+            result = apply_edit(case["original"], edit, case["path"], engine, model,
+                                method="model", speculative=speculative)
+            exact = result.ok and result.merged == case["expected"]
+            rows[speculative].append((exact, result))
+            print(f"  {'spec ' if speculative else 'plain'} {case['path']:32s} "
+                  f"{len(case['original'].splitlines()):5d} lines  exact={exact!s:5s} "
+                  f"out={result.output_tokens:4d} tok  {result.tokens_per_second:6.1f} tok/s  "
+                  f"passes={result.stats.get('forward_passes')}  "
+                  f"prompt={result.stats.get('prompt_seconds', 0):.1f}s "
+                  f"{'' if result.ok else result.diagnostics[-1:]}", flush=True)
+    engine.close()
+    spec, plain = rows[True], rows[False]
+    tps = lambda rs: sum(r.output_tokens for _, r in rs) / max(  # noqa: E731
+        1e-9, sum(r.stats.get("decode_seconds", 0) for _, r in rs))
+    print(f"model path ({model}, {len(spec)} cases, 'markers' sketches, forced):")
+    print(f"  exact match: speculative {sum(e for e, _ in spec)}/{len(spec)}, "
+          f"plain {sum(e for e, _ in plain)}/{len(plain)}")
+    print(f"  decode tokens/s: speculative {tps(spec):.1f}, plain {tps(plain):.1f}, "
+          f"speedup {tps(spec) / max(tps(plain), 1e-9):.2f}x")
+    same = sum(s.merged == p.merged for (_, s), (_, p) in zip(spec, plain))
+    print(f"  identical output spec vs plain: {same}/{len(spec)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    builder = sub.add_parser("build", help="build the data set from git repositories")
+    builder.add_argument("repos", nargs="+", type=Path)
+    builder.add_argument("--per-bucket", type=int, default=6)
+    parser.add_argument("--model", help="also run the model path with this local model")
+    parser.add_argument("--model-cases", type=int, default=8)
+    parser.add_argument("--max-window", type=int, default=80)
+    args = parser.parse_args()
+    if args.command == "build":
+        cases = build(args.repos, args.per_bucket)
+        DATA.parent.mkdir(parents=True, exist_ok=True)
+        with lzma.open(DATA, "wt", preset=9 | lzma.PRESET_EXTREME) as fh:
+            for case in cases:
+                fh.write(json.dumps(case) + "\n")
+        print(f"{len(cases)} cases -> {DATA} ({DATA.stat().st_size / 1e6:.2f} MB)")
+        return
+    cases = load()
+    start = time.perf_counter()
+    run_deterministic(cases)
+    print(f"  ({time.perf_counter() - start:.1f} s total)")
+    if args.model:
+        run_model(cases, args.model, args.model_cases, args.max_window)
+
+
+if __name__ == "__main__":
+    main()

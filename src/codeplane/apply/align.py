@@ -1,0 +1,177 @@
+"""Global alignment of a sketch to the original file (dynamic programming, one row per sketch
+line, vectorised over the original's lines with numpy).
+
+Costs, in integer units so ties are exact:
+- a sketch line equal to an original line (whitespace collapsed) matches for free;
+- a sketch line kept as new costs INSERT, less if it is blank or punctuation, and more if the
+  same line exists in the file: such a line is more likely context, and treating context as
+  new must cost more than deleting the lines an edit replaces (else an elision marker would
+  silently keep the old version next to the new one);
+- deleting original lines inside a segment costs DELETE_OPEN plus DELETE_EXTEND per line;
+- a sketch line that is an edited version of an original line (token-signature similarity
+  at least SUB_MIN_SIMILARITY) may replace it for SUB_BASE plus up to SUB_SCALE, much less
+  than delete + insert; this is the fuzzy part that tolerates small drift;
+- an elision marker skips any number of original lines for free.
+
+The alignment is exact-optimal; a segment is *ambiguous* when forbidding every original line
+it matched still yields the same optimal cost, i.e. an equally good placement exists elsewhere.
+Why not difflib: `SequenceMatcher` has no notion of elision markers, breaks ties toward the
+file's start, and cannot tell a unique placement from a coin toss.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+INSERT, INSERT_KNOWN = 100, 120  # new line; "new" line that already exists in the file
+INSERT_TRIVIAL = 40  # blank/punctuation lines: cheap either way, so they never steer placement
+DELETE_OPEN, DELETE_EXTEND = 100, 1
+SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 160, 0.5  # an original line edited in place
+SIG_WORDS = 8  # 512-bit token signature per line for the similarity of edited lines
+INF = 1 << 40
+TRIVIAL = re.compile(r"^(\W*|pass|else:|try:|finally:|return|break|continue|\w{1,2}\W*)$")
+
+
+def norm(line: str) -> str:
+    return " ".join(line.split())
+
+
+def trivial(text: str) -> bool:
+    return bool(TRIVIAL.match(text))
+
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def signature(text: str) -> np.ndarray:
+    """Bloom-style bit set of a line's tokens, token pairs and character trigrams (so
+    `return 2` -> `return 3` counts as an edit of that line; hash() is per process, which
+    is fine: signatures are only compared within one call)."""
+    sig = np.zeros(SIG_WORDS, dtype=np.uint64)
+    tokens = _TOKEN.findall(text)
+    trigrams = [text[i:i + 3] for i in range(max(0, len(text) - 2))]
+    for feature in (*tokens, *zip(tokens, tokens[1:]), *trigrams):
+        bit = hash(feature) % (64 * SIG_WORDS)
+        sig[bit // 64] |= np.uint64(1 << (bit % 64))
+    return sig
+
+
+@dataclass
+class Alignment:
+    """ops[k] for sketch item k: ("match", o) | ("sub", o) | ("insert", o) |
+    ("marker", o_from, o_to);
+    `deleted` holds original lines removed inside segments."""
+
+    cost: int
+    ops: list[tuple]
+    deleted: set[int]
+
+
+class Aligner:
+    def __init__(self, original: list[str], items: list[str | None]) -> None:
+        """`items`: sketch lines, with None for an elision marker (the caller adds markers
+        at both ends so a sketch may start and end anywhere)."""
+        self.original = original
+        self.items = items
+        onorm = [norm(x) for x in original]
+        ids: dict[str, int] = {}
+        self.ocode = np.array([ids.setdefault(t, len(ids)) for t in onorm], dtype=np.int64)
+        self.icode = [None if it is None else ids.get(norm(it), -1) for it in items]
+        self.icost = [0 if it is None else self._insert_cost(norm(it), ids) for it in items]
+        osig = np.array([signature(t) for t in onorm]).reshape(len(onorm), SIG_WORDS)
+        otrivial = np.array([trivial(t) for t in onorm], dtype=bool)
+        self.subcost = [self._sub_cost(it, osig, otrivial, code)
+                        for it, code in zip(items, self.icode)]
+
+    @staticmethod
+    def _sub_cost(item: str | None, osig: np.ndarray, otrivial: np.ndarray, code: int | None
+                  ) -> np.ndarray | None:
+        """Cost of item replacing each original line (INF where it is not similar enough)."""
+        # A line that exists verbatim in the file is context, never an edit of another line.
+        if item is None or code != -1 or trivial(norm(item)) or not len(osig):
+            return None
+        sig = signature(norm(item))
+        common = np.bitwise_count(osig & sig).sum(axis=1)
+        union = np.maximum(np.bitwise_count(osig | sig).sum(axis=1), 1)
+        similarity = common / union
+        cost = (SUB_BASE + SUB_SCALE * (1 - similarity)).astype(np.int64)
+        return np.where((similarity >= SUB_MIN_SIMILARITY) & ~otrivial, cost, INF)
+
+    @staticmethod
+    def _insert_cost(text: str, known: dict[str, int]) -> int:
+        if trivial(text):
+            return INSERT_TRIVIAL
+        return INSERT_KNOWN if text in known else INSERT
+
+    def align(self, forbid: dict[int, np.ndarray] | None = None) -> Alignment | None:
+        """Optimal alignment; `forbid[k]` masks original lines item k may not match."""
+        n = len(self.original)
+        cols = np.arange(n + 1, dtype=np.int64)
+        prev = np.full(n + 1, INF, dtype=np.int64)
+        prev[0] = 0
+        rows = [prev]
+        bests = [prev]
+        for k, item in enumerate(self.items):
+            if item is None:
+                row = np.minimum.accumulate(prev)
+                best = row
+            else:
+                best = prev + self.icost[k]
+                if self.subcost[k] is not None:
+                    best[1:] = np.minimum(best[1:], prev[:-1] + self.subcost[k])
+                if self.icode[k] >= 0:
+                    hit = np.zeros(n + 1, dtype=bool)
+                    hit[1:] = self.ocode == self.icode[k]
+                    if forbid and k in forbid:
+                        hit[1:] &= ~forbid[k]
+                    match = np.full(n + 1, INF, dtype=np.int64)
+                    match[1:] = prev[:-1]
+                    best = np.where(hit, np.minimum(best, match), best)
+                # Affine deletion run ending at o: min_{j<o} best[j] + OPEN + EXTEND * (o - j).
+                shifted = np.minimum.accumulate(best - DELETE_EXTEND * cols)
+                run = np.full(n + 1, INF, dtype=np.int64)
+                run[1:] = shifted[:-1] + DELETE_OPEN + DELETE_EXTEND * cols[1:]
+                row = np.minimum(best, run)
+            row = np.minimum(row, INF)
+            rows.append(row)
+            bests.append(best)
+            prev = row
+        cost = int(prev[n])
+        if cost >= INF:
+            return None
+        return Alignment(cost, *self._trace(rows, bests, forbid))
+
+    def _trace(self, rows, bests, forbid) -> tuple[list[tuple], set[int]]:
+        ops: list[tuple] = [()] * len(self.items)
+        deleted: set[int] = set()
+        o = len(self.original)
+        for k in range(len(self.items), 0, -1):
+            row, best, prev = rows[k], bests[k], rows[k - 1]
+            item = self.items[k - 1]
+            if item is None:
+                # Skip back to the latest column the previous row reaches at this cost.
+                start = int(np.flatnonzero(prev[:o + 1] == row[o])[-1])
+                ops[k - 1] = ("marker", start, o)
+                o = start
+                continue
+            if row[o] != best[o]:  # a deletion run ends here
+                cols = np.arange(o)
+                j = int(np.flatnonzero(best[:o] + DELETE_OPEN + DELETE_EXTEND * (o - cols)
+                                       == row[o])[-1])
+                deleted.update(range(j, o))
+                o = j
+            matchable = (o > 0 and self.icode[k - 1] == self.ocode[o - 1]
+                         and not (forbid and k - 1 in forbid and forbid[k - 1][o - 1]))
+            sub = self.subcost[k - 1]
+            if matchable and prev[o - 1] == best[o]:
+                ops[k - 1] = ("match", o - 1)
+                o -= 1
+            elif o > 0 and sub is not None and prev[o - 1] + sub[o - 1] == best[o]:
+                ops[k - 1] = ("sub", o - 1)
+                o -= 1
+            else:
+                ops[k - 1] = ("insert", o)
+        return ops, deleted

@@ -1,0 +1,102 @@
+"""`apply_edit`: the one entry point for CLI, HTTP route and the agent's `edit_file` tool.
+
+Deterministic merge first (exact, fast, explainable); the local model only when that declines
+and an engine is given. Every result is validated before it is called ok.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from codeplane.apply.formats import join_lines, parse_edit, split_lines
+from codeplane.apply.merge import merge
+from codeplane.apply.validate import validate
+from codeplane.models.engine import ContextOverflow
+
+if TYPE_CHECKING:
+    from codeplane.models.engine import Engine
+
+Method = Literal["auto", "deterministic", "model"]
+
+
+@dataclass
+class ApplyResult:
+    ok: bool
+    merged: str | None
+    method: str  # "deterministic" | "model": the path that produced `merged` (or tried last)
+    diagnostics: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    output_tokens: int = 0
+    tokens_per_second: float = 0.0
+    format: str = ""  # "sketch" | "search_replace" | "unified_diff" | "whole"
+    stats: dict = field(default_factory=dict)  # model path: prompt/decode split, drafts
+
+    def to_json(self, include_merged: bool = True) -> dict:
+        data = asdict(self)
+        if not include_merged:
+            data.pop("merged")
+        return data
+
+
+def apply_edit(original: str, edit: str, path: str, engine: Engine | None = None,
+               model: str = "code-small", *, method: Method = "auto",
+               speculative: bool = True) -> ApplyResult:
+    """Merge `edit` (sketch, SEARCH/REPLACE, unified diff or whole file) into `original`.
+    With `engine=None` only the deterministic path runs. `method="model"` skips the
+    deterministic path (benchmarks); `speculative=False` decodes plainly (baseline)."""
+    start = time.perf_counter()
+    lines, newline, final = split_lines(original)
+    parsed = parse_edit(edit, lines)
+    result = ApplyResult(False, None, "deterministic", format=parsed.kind)
+    if method != "model":
+        outcome = merge(lines, parsed)
+        result.diagnostics.extend(outcome.notes)
+        if outcome.merged is not None:
+            _accept(result, original, join_lines(outcome.merged, newline, final), path)
+        else:
+            result.diagnostics.extend(f"deterministic merge declined: {r}"
+                                      for r in outcome.reasons)
+    if not result.ok and engine is not None and method != "deterministic":
+        _model_path(result, engine, model, lines, parsed, path, speculative,
+                    lambda merged: join_lines(merged, newline, final), original)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _accept(result: ApplyResult, original: str, merged: str, path: str) -> None:
+    problems = validate(original, merged, path)
+    if problems:
+        result.diagnostics.extend(f"{result.method} result rejected: {p}" for p in problems)
+        return
+    result.ok, result.merged = True, merged
+
+
+def _model_path(result: ApplyResult, engine: Engine, model: str, lines: list[str], parsed,
+                path: str, speculative: bool, join, original: str) -> None:
+    from codeplane.apply.rewrite import rewrite
+
+    result.method = "model"
+    try:
+        done = engine.run_sync(model, lambda m: rewrite(m, lines, parsed, path, speculative))
+    except ContextOverflow as exc:
+        result.diagnostics.append(f"model path failed: {exc}")
+        return
+    decode_seconds = sum(r.decode_seconds for r in done.runs)
+    result.output_tokens = sum(r.output_tokens for r in done.runs)
+    result.tokens_per_second = result.output_tokens / decode_seconds if decode_seconds else 0.0
+    result.stats = {
+        "model": model, "speculative": speculative, "windows": len(done.runs),
+        "prompt_tokens": sum(r.prompt_tokens for r in done.runs),
+        "cached_tokens": sum(r.cached_tokens for r in done.runs),
+        "prompt_seconds": sum(r.prompt_seconds for r in done.runs),
+        "decode_seconds": decode_seconds,
+        "forward_passes": sum(r.forward_passes for r in done.runs),
+        "drafted": sum(r.drafted for r in done.runs),
+        "accepted": sum(r.accepted for r in done.runs),
+    }
+    if done.merged is None:
+        result.diagnostics.extend(f"model path declined: {r}" for r in done.reasons)
+        return
+    _accept(result, original, join(done.merged), path)

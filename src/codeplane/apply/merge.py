@@ -1,0 +1,238 @@
+"""Deterministic merge: align an edit to the original file and splice it in, or say why not.
+
+Sketches go through the global alignment in `align.py`; a segment that anchors on nothing
+distinctive, or fits elsewhere equally well, declines the merge instead of guessing.
+SEARCH/REPLACE blocks and diff hunks are located exactly, then with whitespace collapsed,
+then without blank edge lines; a block that matches several places declines (diff hunks use
+their stated line numbers to choose, tolerating drift).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from codeplane.apply.align import Aligner, Alignment, norm, trivial
+from codeplane.apply.formats import Block, ParsedEdit, Sketch
+
+MAX_EDGE_DROP = 10  # lines a marker-less sketch edge may delete before we call it ambiguous
+
+
+@dataclass
+class MergeOutcome:
+    merged: list[str] | None
+    reasons: list[str] = field(default_factory=list)  # why it declined
+    notes: list[str] = field(default_factory=list)  # assumptions made while merging
+
+
+def merge(original: list[str], parsed: ParsedEdit) -> MergeOutcome:
+    if parsed.problems:
+        return MergeOutcome(None, reasons=list(parsed.problems))
+    if parsed.kind in ("search_replace", "unified_diff"):
+        return _merge_blocks(original, parsed.blocks, ordered=parsed.kind == "unified_diff")
+    assert parsed.sketch is not None
+    sketch = parsed.sketch
+    if sketch.marker_free and (len(sketch.segments[0]) * 2 >= len(original)
+                               if sketch.segments else True):
+        return MergeOutcome(sketch.segments[0] if sketch.segments else [])
+    if sketch.marker_free:
+        sketch = Sketch(sketch.segments, True, True)
+        note = "edit has no elision markers and is much shorter than the file: treated as a " \
+               "fragment, code above and below it kept"
+        outcome = _merge_sketch(original, sketch)
+        outcome.notes.append(note)
+        return outcome
+    return _merge_sketch(original, sketch)
+
+
+# -- sketches --------------------------------------------------------------------------------
+
+def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
+    items: list[str | None] = [None]
+    owner: list[int] = [-1]  # segment number of each item, -1 for markers
+    for number, segment in enumerate(sketch.segments):
+        if number:
+            items.append(None)
+            owner.append(-1)
+        items.extend(segment)
+        owner.extend([number] * len(segment))
+    items.append(None)
+    owner.append(-1)
+    aligner = Aligner(original, items)
+    best = aligner.align()
+    if best is None:
+        return MergeOutcome(None, reasons=["sketch cannot be aligned with the file"])
+    for number, segment in enumerate(sketch.segments):
+        problem = _check_segment(aligner, best, owner, number, segment, len(original))
+        if problem:
+            return MergeOutcome(None, reasons=[problem])
+    return _build(original, sketch, items, owner, best)
+
+
+def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: int,
+                   segment: list[str], n: int) -> str | None:
+    """Decline a segment that anchors on nothing distinctive or fits elsewhere equally well."""
+    rows = [k for k, seg in enumerate(owner) if seg == number]
+    matched = [best.ops[k][1] for k in rows if best.ops[k][0] == "match"]
+    label = f"segment {number + 1} ({_quote(segment)})"
+    if not any(not trivial(norm(aligner.items[k])) for k in rows  # type: ignore[arg-type]
+               if best.ops[k][0] == "match"):
+        return (f"{label} shares no distinctive line with the original: cannot tell where it "
+                f"goes")
+    mask = np.zeros(n, dtype=bool)
+    mask[matched] = True
+    rival = aligner.align({k: mask for k in rows})
+    if rival is not None and rival.cost <= best.cost:
+        elsewhere = [rival.ops[k][1] for k in rows if rival.ops[k][0] == "match"]
+        where = f"lines {matched[0] + 1} and {elsewhere[0] + 1}" if elsewhere else \
+            f"line {matched[0] + 1} or as new code"
+        return f"{label} fits the original equally well at {where}: ambiguous"
+    return None
+
+
+def _build(original: list[str], sketch: Sketch, items: list[str | None], owner: list[int],
+           best: Alignment) -> MergeOutcome:
+    out: list[str] = []
+    notes: list[str] = []
+    last = len(items) - 1
+    for k, op in enumerate(best.ops):
+        if op[0] != "marker":
+            continue
+        kept = original[op[1]:op[2]]
+        edge = "start" if k == 0 else "end" if k == last else None
+        if edge and kept and not (sketch.gap_before if k == 0 else sketch.gap_after):
+            if len(kept) > MAX_EDGE_DROP:
+                return MergeOutcome(None, reasons=[
+                    f"the edit has no elision marker at its {edge} but the file has "
+                    f"{len(kept)} more lines there: either they are deleted or the marker "
+                    f"was forgotten"])
+            notes.append(f"no marker at the edit's {edge}: {len(kept)} line(s) there deleted")
+            kept = []
+        out.extend(kept)
+        if k < last:
+            out.extend(_segment_lines(original, items, owner, best, owner[k + 1]))
+    return MergeOutcome(out, notes=notes)
+
+
+def _segment_lines(original: list[str], items: list[str | None], owner: list[int],
+                   best: Alignment, number: int) -> list[str]:
+    rows = [k for k, seg in enumerate(owner) if seg == number]
+    lines = [items[k] or "" for k in rows]
+    pairs = [(i, best.ops[k][1]) for i, k in enumerate(rows)
+             if best.ops[k][0] == "match" and lines[i].strip()]
+    lines = _shift(lines, _indent_delta(pairs, lines, original))
+    for i, o in pairs:
+        if lines[i].rstrip() == original[o].rstrip():
+            lines[i] = original[o]  # keep the original's trailing whitespace
+    return lines
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def _indent_delta(pairs: list[tuple[int, int]], have: list[str], want: list[str]
+                  ) -> tuple[str, str] | None:
+    """The one indentation prefix to add ("add") or remove ("cut") that maps every paired
+    `have` line onto its `want` line, or None when the shift is absent or not uniform."""
+    deltas = set()
+    for j, i in pairs:
+        ours, theirs = _indent(have[j]), _indent(want[i])
+        if theirs.endswith(ours):
+            deltas.add(("add", theirs[: len(theirs) - len(ours)]))
+        elif ours.endswith(theirs):
+            deltas.add(("cut", ours[: len(ours) - len(theirs)]))
+        else:
+            return None
+    if len(deltas) != 1:
+        return None
+    delta = deltas.pop()
+    return delta if delta[1] else None
+
+
+def _shift(lines: list[str], delta: tuple[str, str] | None) -> list[str]:
+    if delta is None:
+        return lines
+    op, prefix = delta
+    if op == "add":
+        return [prefix + line if line.strip() else line for line in lines]
+    return [line[len(prefix):] if line.startswith(prefix) else line for line in lines]
+
+
+def _quote(segment: list[str]) -> str:
+    first = next((line.strip() for line in segment if line.strip()), "")
+    return repr(first[:60])
+
+
+# -- search/replace blocks and diff hunks ----------------------------------------------------
+
+def _merge_blocks(original: list[str], blocks: list[Block], ordered: bool) -> MergeOutcome:
+    """Apply blocks one after another. Diff hunks are ordered and carry line hints; SEARCH
+    blocks may come in any order and must match exactly one place."""
+    lines = list(original)
+    lo, shift = 0, 0
+    for number, block in enumerate(blocks, start=1):
+        hint = None if block.hint is None else block.hint + shift
+        found = _find_block(lines, block, lo if ordered else 0, hint, number)
+        if isinstance(found, str):
+            return MergeOutcome(None, reasons=[found])
+        start, end, new = found
+        lines[start:end] = new
+        shift += len(new) - (end - start)
+        lo = start + len(new) if ordered else 0
+    return MergeOutcome(lines)
+
+
+def _find_block(lines: list[str], block: Block, lo: int, hint: int | None, number: int
+                ) -> tuple[int, int, list[str]] | str:
+    if not any(line.strip() for line in block.old):
+        if hint is not None:
+            at = max(lo, min(hint, len(lines)))
+            return at, at, block.new
+        if not any(line.strip() for line in lines):
+            return 0, len(lines), block.new
+        return f"block {number} has an empty SEARCH part: nowhere to put it in a non-empty file"
+    for old, new, exact in _variants(block):
+        hits = _occurrences(lines, old, lo, exact)
+        if not hits:
+            continue
+        if hint is None and len(hits) > 1:
+            return (f"block {number} ({_quote(old)}) matches {len(hits)} places (lines "
+                    f"{', '.join(str(h + 1) for h in hits[:5])}): ambiguous")
+        at = min(hits, key=lambda h: abs(h - hint)) if hint is not None else hits[0]
+        if hint is not None:
+            tied = [h for h in hits if abs(h - hint) == abs(at - hint) and h != at]
+            if tied:
+                return (f"hunk {number} matches lines {at + 1} and {tied[0] + 1} equally far "
+                        f"from its stated position: ambiguous")
+        if not exact:  # matched with whitespace collapsed: carry a uniform indent shift over
+            found = lines[at:at + len(old)]
+            pairs = [(k, k) for k in range(len(old)) if old[k].strip()]
+            new = _shift(new, _indent_delta(pairs, old, found))
+        return at, at + len(old), new
+    return (f"block {number} ({_quote(block.old)}) does not match the file, even ignoring "
+            f"whitespace and blank lines at its edges")
+
+
+def _variants(block: Block):
+    """Ways to match a block, strictest first: as written, then with whitespace collapsed,
+    then without the blank lines at its edges (dropped from both sides alike)."""
+    yield block.old, block.new, True
+    yield block.old, block.new, False
+    old, new = list(block.old), list(block.new)
+    while old and new and not old[0].strip() and not new[0].strip():
+        old, new = old[1:], new[1:]
+    while old and new and not old[-1].strip() and not new[-1].strip():
+        old, new = old[:-1], new[:-1]
+    if old != block.old and any(line.strip() for line in old):
+        yield old, new, False
+
+
+def _occurrences(lines: list[str], old: list[str], lo: int, exact: bool) -> list[int]:
+    key = (lambda s: s) if exact else norm
+    target = [key(line) for line in old]
+    first = target[0]
+    size = len(target)
+    return [i for i in range(lo, len(lines) - size + 1)
+            if key(lines[i]) == first and [key(x) for x in lines[i:i + size]] == target]

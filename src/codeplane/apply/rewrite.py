@@ -1,0 +1,173 @@
+"""Model path: the local model rewrites only the windows of the file the edit touches.
+
+Each edit piece (sketch segment, SEARCH block, diff hunk) is located by its distinctive lines;
+the window is that place plus a few unchanged lines on each side. The model sees the window and
+the pieces and writes the new window, decoded speculatively with the window as the draft. The
+unchanged margin lines must come back unchanged: that catches truncated or wandering output.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from codeplane.apply.align import norm, trivial
+from codeplane.apply.formats import ParsedEdit
+from codeplane.apply.speculative import Decoded, decode
+from codeplane.apply.validate import language_for
+from codeplane.models.engine import LocalModel
+
+MAX_OCCURRENCES = 6  # a line more frequent than this in the file locates nothing
+MARGIN = 3  # unchanged lines kept on each side of a window
+MAX_WINDOW_LINES = 300  # beyond this the model path declines (prompt + output must fit n_ctx)
+_HASH_COMMENT = {"python", "ruby", "bash", "yaml", "toml"}
+
+SYSTEM = ("You merge code edits. You get a piece of original code and an edit for it. Lines "
+          "like `... existing code ...` in the edit stand for unchanged original lines. Reply "
+          "with the complete updated code in one code block: every original line the edit "
+          "does not change, exactly as it was, with the edit applied. No explanations.")
+
+
+@dataclass
+class Window:
+    start: int
+    end: int
+    inner_start: int  # [inner_start, inner_end) holds the anchors; the rest is margin
+    inner_end: int
+    pieces: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class Rewrite:
+    merged: list[str] | None
+    reasons: list[str] = field(default_factory=list)
+    runs: list[Decoded] = field(default_factory=list)
+
+
+def pieces_of(parsed: ParsedEdit) -> list[list[str]]:
+    if parsed.sketch is not None:
+        return parsed.sketch.segments
+    return [["<<<<<<< SEARCH", *b.old, "=======", *b.new, ">>>>>>> REPLACE"]
+            for b in parsed.blocks]
+
+
+def plan_windows(original: list[str], pieces: list[list[str]]) -> list[Window] | str:
+    """One window per place the edit touches (overlapping ones merged), or why not."""
+    where: dict[str, list[int]] = defaultdict(list)
+    for i, line in enumerate(original):
+        if not trivial(norm(line)):
+            where[norm(line)].append(i)
+    windows: list[Window] = []
+    for number, piece in enumerate(pieces, start=1):
+        hits = sorted({i for x in piece for i in where.get(norm(x), ())
+                       if len(where[norm(x)]) <= MAX_OCCURRENCES})
+        cluster = _densest(hits, len(piece))
+        if not cluster:
+            return f"edit piece {number} shares no distinctive line with the file"
+        start = max(0, cluster[0] - MARGIN)
+        end = min(len(original), cluster[-1] + 1 + MARGIN)
+        windows.append(Window(start, end, cluster[0], cluster[-1] + 1, [piece]))
+    windows.sort(key=lambda w: w.start)
+    merged: list[Window] = []
+    for window in windows:
+        if merged and window.start <= merged[-1].end:
+            last = merged[-1]
+            last.end = max(last.end, window.end)
+            last.inner_end = max(last.inner_end, window.inner_end)
+            last.pieces.extend(window.pieces)
+        else:
+            merged.append(window)
+    too_big = [w for w in merged if w.end - w.start > MAX_WINDOW_LINES]
+    if too_big:
+        return (f"edit touches {too_big[0].end - too_big[0].start} lines in one place (lines "
+                f"{too_big[0].start + 1}-{too_big[0].end}); the model path handles at most "
+                f"{MAX_WINDOW_LINES}")
+    return merged
+
+
+def _densest(hits: list[int], size: int) -> list[int]:
+    """The run of anchor lines closest together (gaps up to the piece size plus slack)."""
+    best: list[int] = []
+    run: list[int] = []
+    for i in hits:
+        if run and i - run[-1] > size + MAX_OCCURRENCES * 4:
+            run = []
+        run.append(i)
+        if len(run) > len(best):
+            best = list(run)
+    return best
+
+
+def rewrite(model: LocalModel, original: list[str], parsed: ParsedEdit, path: str,
+            speculative: bool = True) -> Rewrite:
+    planned = plan_windows(original, pieces_of(parsed))
+    if isinstance(planned, str):
+        return Rewrite(None, [planned])
+    result = Rewrite(None)
+    out: list[str] = []
+    at = 0
+    for window in planned:
+        region = original[window.start:window.end]
+        head = region[:window.inner_start - window.start]
+        # Draft from the original window first, then from the edit (its new lines).
+        draft = model.tokenize("\n".join(region) + "\n" + "\n".join(
+            line for piece in window.pieces for line in piece))
+        run = decode(model, _prompt(model, region, head, window.pieces, path), draft,
+                     max_tokens=_budget(model, region, window.pieces), speculative=speculative)
+        result.runs.append(run)
+        new = head + (run.text.rstrip("\n").split("\n") if run.text.strip() else [])
+        new = _finish(region, new, run, window)
+        if isinstance(new, str):
+            result.reasons.append(new)
+            return result
+        out.extend(original[at:window.start])
+        out.extend(new)
+        at = window.end
+    out.extend(original[at:])
+    result.merged = out
+    return result
+
+
+def _prompt(model: LocalModel, region: list[str], head: list[str], pieces: list[list[str]],
+            path: str) -> list[int]:
+    """Chat prompt whose answer is already started with the window's unchanged first lines,
+    so even a small model starts copying the original instead of echoing the edit."""
+    language = language_for(path) or ""
+    marker = ("# " if language in _HASH_COMMENT else "// ") + "... existing code ..."
+    edit = f"\n{marker}\n".join("\n".join(p) for p in pieces)
+    user = (f"Original code from {path}:\n```{language}\n" + "\n".join(region) + "\n```\n\n"
+            f"Edit:\n```{language}\n{marker}\n{edit}\n{marker}\n```\n\n"
+            "Write the updated original code.")
+    text = model.render_chat([{"role": "system", "content": SYSTEM},
+                              {"role": "user", "content": user}])
+    started = "".join(line + "\n" for line in head)
+    return model.tokenize(text + f"```{language}\n{started}", special=True)
+
+
+def _budget(model: LocalModel, region: list[str], pieces: list[list[str]]) -> int:
+    """Enough tokens for the whole region plus every edit line, with slack."""
+    chars = sum(len(x) + 1 for x in region) + sum(len(x) + 1 for p in pieces for x in p)
+    return 64 + chars // 2
+
+
+def _finish(region: list[str], new: list[str], run: Decoded, window: Window
+            ) -> list[str] | str:
+    """The new window, or why the model's output cannot be trusted. The margins are
+    unchanged by construction: a model that stops right before the trailing margin gets it
+    appended, but its output must then end with the last anchor line (unchanged context), or
+    it was cut short."""
+    where = f"lines {window.start + 1}-{window.end}"
+    if run.finish_reason != "stop":
+        return f"model output for {where} hit the token limit (truncated)"
+    tail = region[window.inner_end - window.start:]
+    got = [norm(x) for x in new if x.strip()]
+    want_tail = [norm(x) for x in tail if x.strip()]
+    if want_tail and got[-len(want_tail):] == want_tail:
+        return new
+    last_anchor = norm(region[window.inner_end - 1 - window.start])
+    if got and got[-1] == last_anchor:
+        while new and not new[-1].strip():
+            new = new[:-1]
+        return new + tail
+    return (f"model output for {where} does not end with the unchanged lines after the edit "
+            "(truncated or rewritten beyond the edit)")

@@ -1,0 +1,35 @@
+"""`POST /v1/apply`: merge an edit into a file's text sent by the client (nothing is stored)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from codeplane.apply.api import apply_edit
+from codeplane.models.registry import UnknownModel
+from codeplane.server.errors import not_found
+
+router = APIRouter()
+
+
+class ApplyRequest(BaseModel):
+    model_config = {"extra": "forbid"}
+    path: str = Field(..., description="File path; its suffix picks the syntax check")
+    original: str
+    edit: str
+    model: str = "code-small"
+    method: Literal["auto", "deterministic", "model"] = "auto"
+
+
+@router.post("/v1/apply")
+def apply(body: ApplyRequest, request: Request) -> dict:
+    """Sync route: FastAPI runs it in its thread pool; model work waits on the model's own
+    worker thread like every other request for that model."""
+    try:
+        result = apply_edit(body.original, body.edit, body.path, request.app.state.engine,
+                            body.model, method=body.method)
+    except UnknownModel as exc:
+        raise not_found(str(exc)) from exc
+    return result.to_json()

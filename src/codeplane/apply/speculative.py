@@ -1,0 +1,167 @@
+"""Greedy decoding with the original text as the draft ("speculative edits").
+
+A rewrite of a code region is mostly a copy of that region, so the prompt itself is an
+excellent draft: find where the output currently is in the original (longest n-gram match,
+prompt-lookup style), propose the next K original tokens, and let one forward pass check them
+all. Every position of that batch needs logits, which `Llama.eval` only keeps with
+`logits_all=True` (the engine's models are created without it, and re-creating them would cost
+a second copy of the weights), so this module drives llama.cpp's batch API directly on the
+shared `Llama`: eval [last token, draft...] with logits on every row, keep the longest prefix
+the model agrees with, and drop the rest from the KV cache. With greedy verification the
+output is exactly what plain greedy decoding would produce; only the number of passes changes.
+
+The bookkeeping (`input_ids`, `n_tokens`) is kept the way `Llama.generate` expects, so the
+engine's automatic KV prefix reuse keeps working for whoever uses the model next.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from codeplane.models.engine import ContextOverflow, LocalModel
+
+NGRAM_MAX = 4
+DRAFT_MIN, DRAFT_MAX = 4, 48
+_END = re.compile(r"(^|\n)[ \t]*```")
+
+
+@dataclass
+class Decoded:
+    text: str  # output up to (not including) the closing fence
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    prompt_seconds: float
+    decode_seconds: float
+    forward_passes: int
+    drafted: int
+    accepted: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+class Drafter:
+    """Prompt lookup over `source` tokens: continue from the last n-gram of the output."""
+
+    def __init__(self, source: list[int]) -> None:
+        self.source = source
+        self.ends: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for n in range(1, NGRAM_MAX + 1):
+            for end in range(n, len(source) + 1):
+                self.ends[tuple(source[end - n:end])].append(end)
+        self.expect = 0  # where in `source` the next output token probably comes from
+
+    def propose(self, out: list[int], size: int) -> list[int]:
+        for n in range(min(NGRAM_MAX, len(out)), 0, -1):
+            ends = self.ends.get(tuple(out[-n:]))
+            if not ends:
+                continue
+            end = min(ends, key=lambda e: (e < self.expect, abs(e - self.expect)))
+            self.expect = end
+            # A single shared token is weak evidence: draft little on it.
+            return self.source[end:end + (size if n > 1 else min(size, DRAFT_MIN))]
+        return []
+
+    def advance(self, accepted: int) -> None:
+        self.expect += accepted + 1
+
+
+def decode(model: LocalModel, prompt: list[int], source: list[int], max_tokens: int,
+           speculative: bool = True) -> Decoded:
+    """Greedy decode after `prompt` until a closing ``` fence, an end token or `max_tokens`.
+    `source` is the draft (the original region); `speculative=False` is the plain baseline
+    through the very same loop, one token per forward pass."""
+    import llama_cpp
+
+    llama = model.llama
+    if len(prompt) + 1 > model.n_ctx:
+        raise ContextOverflow(len(prompt), model.n_ctx)
+    budget = min(max_tokens, model.n_ctx - len(prompt) - 1)
+    start = time.perf_counter()
+    cached = _prefill(llama, prompt)
+    n_vocab = llama.n_vocab()
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama._ctx.ctx, -1),
+                                   shape=(n_vocab,))
+    pending = int(np.argmax(logits))
+    prompt_done = time.perf_counter()
+    drafter = Drafter(source)
+    size = DRAFT_MAX // 2
+    out: list[int] = []
+    passes = drafted = accepted = 0
+    finish = "length"
+    while True:
+        if pending in model.stop_ids:
+            finish = "stop"
+            break
+        out.append(pending)
+        if _END.search(model.detokenize(out[-64:])) or len(out) >= budget:
+            finish = "stop" if len(out) < budget else "length"
+            break
+        room = min(budget - len(out), model.n_ctx - llama.n_tokens - 1, llama.n_batch - 1)
+        draft = drafter.propose(out, min(size, room)) if speculative else []
+        preds = _verify(llama, [pending, *draft], n_vocab)
+        agreed = _agreement(draft, preds, model.stop_ids)
+        _commit(llama, [pending, *draft[:agreed]])
+        passes, drafted, accepted = passes + 1, drafted + len(draft), accepted + agreed
+        out.extend(draft[:agreed])
+        drafter.advance(agreed)
+        size = min(DRAFT_MAX, size * 2) if draft and agreed == len(draft) else \
+            max(DRAFT_MIN, agreed + 1)
+        pending = int(preds[agreed])
+        if agreed and _END.search(model.detokenize(out[-(agreed + 64):])):
+            finish = "stop"
+            break
+    llama._requires_eval = True  # logits now belong to our last batch, not to `n_tokens`
+    text = model.detokenize(out)
+    fence = _END.search(text)
+    if fence:
+        text = text[:fence.start() + len(fence.group(1))]
+    end = time.perf_counter()
+    return Decoded(text, finish, len(prompt), cached, len(out), prompt_done - start,
+                   end - prompt_done, passes, drafted, accepted)
+
+
+def _prefill(llama, prompt: list[int]) -> int:
+    """Evaluate the prompt, reusing the longest cached prefix (at least the last prompt token
+    is re-evaluated so its logits are fresh). Returns the number of reused tokens."""
+    keep = min(llama.longest_token_prefix(llama._input_ids.tolist(), prompt), len(prompt) - 1)
+    llama._ctx.kv_cache_seq_rm(-1, keep, -1)
+    llama.n_tokens = keep
+    llama.eval(prompt[keep:])
+    return keep
+
+
+def _verify(llama, batch: list[int], n_vocab: int) -> np.ndarray:
+    """One forward pass over `batch` (appended after `n_tokens`) with logits for every row;
+    returns each row's argmax. `_commit` then keeps only the agreed part."""
+    import llama_cpp
+
+    llama._batch.set_batch(batch=batch, n_past=llama.n_tokens, logits_all=True)
+    llama._ctx.decode(llama._batch)
+    rows = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llama._ctx.ctx),
+                                 shape=(len(batch), n_vocab))
+    return rows.argmax(axis=1)
+
+
+def _commit(llama, tokens: list[int]) -> None:
+    """Record `tokens` as evaluated and drop the rejected draft rows from the KV cache."""
+    n_past = llama.n_tokens
+    llama.input_ids[n_past:n_past + len(tokens)] = tokens
+    llama.n_tokens = n_past + len(tokens)
+    llama._ctx.kv_cache_seq_rm(-1, llama.n_tokens, -1)
+
+
+def _agreement(draft: list[int], preds: np.ndarray, stop_ids: set[int]) -> int:
+    agreed = 0
+    while agreed < len(draft) and preds[agreed] == draft[agreed] \
+            and draft[agreed] not in stop_ids:
+        agreed += 1
+    return agreed

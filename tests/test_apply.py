@@ -1,0 +1,254 @@
+"""Apply without a model: format detection, deterministic merges into a 3,000+ line file,
+declines with reasons, validation, the CLI (print, --write, --json, exit codes) and
+`POST /v1/apply` on a live loopback server."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from codeplane.apply.api import apply_edit
+from codeplane.apply.formats import is_marker
+
+
+def function(k: int, body: str | None = None) -> str:
+    body = body or f"    result = value * {k}\n    if result > 100:\n        result -= 1\n"
+    return (f"def func_{k:04d}(value):\n    \"\"\"Scale value by {k}.\"\"\"\n{body}"
+            f"    return result\n\n\n")
+
+
+HEADER = '"""Generated module."""\nimport os\nimport sys\n\n\n'
+N = 520  # 7 lines per function: 3,600+ lines
+ORIGINAL = HEADER + "".join(function(k) for k in range(N))
+NEW_BODY = ("    result = value * 1500\n    if result > 100:\n        result -= 2\n"
+            "        print('clamped', result)\n")
+EXPECTED = (HEADER.replace("import sys\n", "import sys\nimport json\n")
+            + "".join(function(k, NEW_BODY if k == 150 else None)
+                      for k in range(N) if k != 400))
+
+
+def test_large_file_has_3000_lines() -> None:
+    assert len(ORIGINAL.splitlines()) > 3000
+
+
+def test_sketch_with_markers_merges_exactly() -> None:
+    sketch = f"""import os
+import sys
+import json
+# ... existing code ...
+
+
+def func_0150(value):
+    \"\"\"Scale value by 150.\"\"\"
+{NEW_BODY}    return result
+
+
+def func_0151(value):
+# ... existing code ...
+def func_0399(value):
+    \"\"\"Scale value by 399.\"\"\"
+    result = value * 399
+    if result > 100:
+        result -= 1
+    return result
+
+
+def func_0401(value):
+    # ... rest unchanged ...
+"""
+    sketch = sketch.replace("import os\n", '"""Generated module."""\nimport os\n')
+    result = apply_edit(ORIGINAL, sketch, "gen.py")
+    assert result.ok, result.diagnostics
+    assert result.method == "deterministic" and result.format == "sketch"
+    assert result.merged == EXPECTED
+
+
+def test_dedented_snippet_with_other_comment_syntax_is_reindented() -> None:
+    original = "class A:\n    def f(self):\n        return 1\n\n    def g(self):\n        return 2\n"
+    sketch = "// ... existing code ...\ndef g(self):\n    return 3\n// ... existing code ...\n"
+    result = apply_edit(original, sketch, "a.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original.replace("return 2", "return 3")
+
+
+def test_search_replace_blocks() -> None:
+    edit = """Some prose the model wrote.
+gen.py
+<<<<<<< SEARCH
+def func_0400(value):
+    \"\"\"Scale value by 400.\"\"\"
+    result = value * 400
+    if result > 100:
+        result -= 1
+    return result
+
+
+=======
+>>>>>>> REPLACE
+
+<<<<<<< SEARCH
+import sys
+=======
+import sys
+import json
+>>>>>>> REPLACE
+"""
+    result = apply_edit(ORIGINAL, edit, "gen.py")
+    assert result.ok, result.diagnostics
+    assert result.format == "search_replace"
+    assert result.merged == EXPECTED.replace(function(150, NEW_BODY), function(150))
+
+
+def test_unified_diff_with_drifted_line_numbers() -> None:
+    diff = "".join(difflib.unified_diff(ORIGINAL.splitlines(True), EXPECTED.splitlines(True),
+                                       "a/gen.py", "b/gen.py"))
+    drifted = "".join(_shift_hunk(line, 12) for line in diff.splitlines(True))
+    result = apply_edit(ORIGINAL, drifted, "gen.py")
+    assert result.ok, result.diagnostics
+    assert result.format == "unified_diff" and result.merged == EXPECTED
+
+
+def _shift_hunk(line: str, by: int) -> str:
+    if not line.startswith("@@"):
+        return line
+    old, new = line.split()[1:3]
+    start, _, size = old[1:].partition(",")
+    return line.replace(old, f"-{int(start) + by},{size}", 1)
+
+
+def test_whole_file_and_line_endings_are_kept() -> None:
+    original = "a = 1\r\nb = 2\r\nc = 3"  # CRLF, no final newline
+    result = apply_edit(original, "a = 1\nb = 20\nc = 3\n", "v.py")
+    assert result.ok and result.format == "whole"
+    assert result.merged == "a = 1\r\nb = 20\r\nc = 3"
+
+
+def test_ambiguous_placement_is_declined_with_reason() -> None:
+    block = "    total = 0\n    for item in items:\n        total += item\n"
+    original = f"def a(items):\n{block}    return total\n\n\ndef b(items):\n{block}" \
+               "    return total\n"
+    sketch = ("# ... existing code ...\n    for item in items:\n        total += item * 2\n"
+              "# ... existing code ...\n")
+    result = apply_edit(original, sketch, "amb.py")
+    assert not result.ok and result.merged is None
+    assert any("ambiguous" in d for d in result.diagnostics), result.diagnostics
+
+
+def test_unplaceable_segment_is_declined() -> None:
+    sketch = "# ... existing code ...\ndef brand_new():\n    pass\n# ... existing code ...\n"
+    result = apply_edit(ORIGINAL, sketch, "gen.py")
+    assert not result.ok
+    assert any("cannot tell where it goes" in d for d in result.diagnostics)
+
+
+def test_marker_less_edge_far_from_the_end_is_declined() -> None:
+    sketch = f"# ... existing code ...\ndef func_0150(value):\n    \"\"\"Scale value by 150.\"\"\"\n" \
+             f"{NEW_BODY}    return result\n"  # no closing marker, 2,500 lines before EOF
+    result = apply_edit(ORIGINAL, sketch, "gen.py")
+    assert not result.ok
+    assert any("marker was forgotten" in d for d in result.diagnostics)
+
+
+def test_edit_that_breaks_the_syntax_is_rejected() -> None:
+    sketch = ("# ... existing code ...\ndef func_0150(value):\n    \"\"\"Scale value by 150.\"\"\"\n"
+              "    result = value * (150\n# ... existing code ...\n")
+    result = apply_edit(ORIGINAL, sketch, "gen.py")
+    assert not result.ok
+    assert any("no longer parses as python" in d for d in result.diagnostics)
+
+
+def test_surviving_marker_is_rejected() -> None:
+    edit = "<<<<<<< SEARCH\nimport sys\n=======\n# ... existing code ...\n>>>>>>> REPLACE\n"
+    result = apply_edit(ORIGINAL, edit, "gen.py")
+    assert not result.ok
+    assert any("elision marker left" in d for d in result.diagnostics)
+
+
+@pytest.mark.parametrize("line", [
+    "# ... existing code ...", "    // ... rest unchanged ...", "/* ... */", "<!-- ... -->",
+    "# existing code here", "-- ... other methods ...", "    ... existing code ...", "# …",
+])
+def test_markers_recognised(line: str) -> None:
+    assert is_marker(line)
+
+
+@pytest.mark.parametrize("line", [
+    "...", "    ...", "def f(): ...", "x = call(a, ...)  # ...", "# TODO: handle the rest",
+    "print('...')", "# Note: existing code in this module predates typing and is kept",
+])
+def test_code_and_prose_are_not_markers(line: str) -> None:
+    assert not is_marker(line)
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+
+def cli(*args: str, env_home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "codeplane", "apply", *args],
+                          capture_output=True, text=True, timeout=60,
+                          env={"CODEPLANE_HOME": str(env_home), "PATH": "/usr/bin:/bin"})
+
+
+def test_cli_prints_writes_and_reports(tmp_path: Path) -> None:
+    target = tmp_path / "gen.py"
+    target.write_text(ORIGINAL)
+    edit = tmp_path / "edit.txt"
+    diff = "".join(difflib.unified_diff(ORIGINAL.splitlines(True), EXPECTED.splitlines(True)))
+    edit.write_text(diff)
+    printed = cli(str(target), "--edit", str(edit), "--no-model", env_home=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == EXPECTED and target.read_text() == ORIGINAL
+    as_json = cli(str(target), "--edit", str(edit), "--no-model", "--json", env_home=tmp_path)
+    data = json.loads(as_json.stdout)
+    assert data["ok"] and data["method"] == "deterministic" and data["merged"] == EXPECTED
+    for key in ("seconds", "output_tokens", "tokens_per_second", "diagnostics"):
+        assert key in data
+    written = cli(str(target), "--edit", str(edit), "--no-model", "--write", env_home=tmp_path)
+    assert written.returncode == 0 and written.stdout == ""
+    assert target.read_text() == EXPECTED
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".apply")] == []
+
+
+def test_cli_broken_edit_leaves_file_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "gen.py"
+    target.write_bytes(ORIGINAL.encode())
+    edit = tmp_path / "edit.txt"
+    edit.write_text("# ... existing code ...\ndef func_0150(value):\n    result = (\n"
+                    "# ... existing code ...\n")
+    out = cli(str(target), "--edit", str(edit), "--no-model", "--write", "--json",
+              env_home=tmp_path)
+    assert out.returncode == 1
+    data = json.loads(out.stdout)
+    assert data["ok"] is False and data["written"] is False and data["diagnostics"]
+    assert target.read_bytes() == ORIGINAL.encode()
+
+
+def test_cli_bad_input_exits_2_without_traceback(tmp_path: Path) -> None:
+    out = cli(str(tmp_path / "missing.py"), "--edit", str(tmp_path / "e"), env_home=tmp_path)
+    assert out.returncode == 2
+    assert "not found" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+
+def test_http_apply(live_server) -> None:
+    diff = "".join(difflib.unified_diff(ORIGINAL.splitlines(True), EXPECTED.splitlines(True)))
+    ok = httpx.post(f"{live_server.url}/v1/apply", timeout=30,
+                    json={"path": "gen.py", "original": ORIGINAL, "edit": diff})
+    assert ok.status_code == 200
+    assert ok.json()["ok"] and ok.json()["merged"] == EXPECTED
+    assert ok.json()["method"] == "deterministic"
+    bad = httpx.post(f"{live_server.url}/v1/apply", timeout=30, json={
+        "path": "gen.py", "original": ORIGINAL, "method": "deterministic",
+        "edit": "# ... existing code ...\ndef nowhere():\n    pass\n# ... existing code ...\n"})
+    assert bad.status_code == 200
+    assert bad.json()["ok"] is False and bad.json()["merged"] is None
+    assert bad.json()["diagnostics"]
+    missing = httpx.post(f"{live_server.url}/v1/apply", timeout=30,
+                         json={"path": "gen.py", "original": "x = 1\n"})
+    assert missing.status_code == 400 and "edit" in missing.json()["error"]["message"]
