@@ -66,14 +66,21 @@ class Outcome:
 
 
 def pick_edits(rng: random.Random, count: int, lines_per_edit: int) -> list[tuple[Path, int]]:
-    """Mid-file spots: indented, non-comment code lines of ordinary length."""
-    out = []
+    """Mid-file spots in indented, non-comment code. Edits come in rounds over two files -
+    A, B, then A and B again a few lines below the first edit - so the replay jumps between
+    files and back, as people do."""
+    out: list[tuple[Path, int]] = []
     for i in range(count):
-        path = FILES[i % len(FILES)]
+        path = FILES[(i // 4 * 2 + i % 2) % len(FILES)]
         lines = path.read_text().split("\n")
-        spots = [n for n in range(len(lines) // 5, len(lines) - lines_per_edit - 1)
-                 if all(_codeish(lines[n + k]) for k in range(lines_per_edit))]
-        out.append((path, rng.choice(spots)))
+        ok = [n for n in range(len(lines) // 5, len(lines) - lines_per_edit - 1)
+              if all(_codeish(lines[n + k]) for k in range(lines_per_edit))]
+        if i % 4 >= 2:  # the return visit: a little further down from the first edit
+            first = out[i - 2][1]
+            near = [n for n in ok if first + lines_per_edit + 1 < n < first + 30]
+            out.append((path, near[0] if near else rng.choice(ok)))
+        else:
+            out.append((path, rng.choice(ok)))
     return out
 
 

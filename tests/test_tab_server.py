@@ -150,3 +150,22 @@ def test_complete_command(live_server, tmp_path):
     remote = run_cli("complete", str(path), "--line", "1", "--col", "1",
                      "--server", "http://192.0.2.1:8300")
     assert remote.returncode == 2 and "TLS" in remote.stderr
+
+
+def test_jumping_back_to_a_file_restores_its_kv_slot(live_server):
+    text = SOURCE.rstrip("\n") + ")\n"
+    other = "import os\n\n\ndef home():\n    return os.environ.get(\"HOME\", \"/\")\n\n\n" \
+            "def user():\n    return os.environ.get(\"USER\", \"nobody\")\n\n\ndef shell():\n" \
+            "    return os.environ.get(\"\n"
+    where = text.rindex("div") + 3
+    post(live_server, {**body(text, where, cursor_id="t5"), "path": "slots_a.py",
+                       "max_tokens": 2})
+    before = httpx.get(f"{live_server.url}/v1/tab/stats").json()["slot_restores"]
+    post(live_server, {**build_request("slots_b.py", other, len(other) - 1, None, Budget()),
+                       "cursor_id": "t5", "max_tokens": 2})
+    typed = text[:where] + "X" + text[where:]  # not what was suggested: the model runs
+    back = post(live_server, {**body(typed, where + 1, cursor_id="t5"), "path": "slots_a.py",
+                              "max_tokens": 2})
+    assert back["source"] == "model"
+    assert back["prompt_tokens"] - back["cached_tokens"] <= 3, back
+    assert httpx.get(f"{live_server.url}/v1/tab/stats").json()["slot_restores"] == before + 1

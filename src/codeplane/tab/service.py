@@ -12,6 +12,7 @@ On 2 CPU cores a cold 1,000-token FIM prompt costs seconds, one new token ~0.1 s
   the start of a suggestion: serve the rest). Both are checked before any queueing.
 * Per-session slots: a newer request from the same `cursor_id` cancels the older one between
   tokens, and a request still queued behind the model is dropped before it starts.
+* Per-file KV slots (`slots.py`): jumping back to a file restores its saved KV cache.
 * Show/hide: the geometric-mean probability of the shown tokens must reach a threshold.
 
 Nothing is persisted: the cache and sessions are in-memory and bounded.
@@ -30,6 +31,7 @@ from pydantic import BaseModel, Field
 from codeplane.models.engine import Engine, LocalModel, Sampling
 from codeplane.tab import postprocess
 from codeplane.tab.postprocess import Mode
+from codeplane.tab.slots import KVSlots
 
 MAX_TYPED_CHARS = 1500  # beyond this T is long enough that re-anchoring is cheaper overall
 
@@ -49,6 +51,7 @@ class TabSettings(BaseModel):
     sessions: int = Field(256, ge=1)
     typed_ahead_chars: int = Field(128, ge=0, description="how far back typed-ahead looks")
     mid_line_chars: int = Field(8, ge=0, description="skip when more code is right of cursor")
+    kv_slots: int = Field(6, ge=0, le=64, description="per-file KV caches kept in memory")
 
 
 class Snippet(BaseModel):
@@ -121,8 +124,10 @@ class TabService:
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._lock = threading.Lock()
+        self.slots = KVSlots(settings.kv_slots)
         self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
-                      "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0}
+                      "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                      "slot_restores": 0}
 
     # -- public --------------------------------------------------------------------------
 
@@ -192,14 +197,18 @@ class TabService:
             return TabResult("", 0.0, False, "cancelled", False, None, req.request_id, "stale")
         mode = postprocess.choose_mode(req.prefix, req.suffix, self.settings.max_lines)
         tokens = self._prompt(model, req, session)
+        slot = session.anchor.key if session.anchor else req.path
+        self.slots.prepare(model, tokens)
         budget = req.max_tokens or (self.settings.max_tokens_multiline if mode.multiline
                                     else self.settings.max_tokens)
         gen = model.generate(tokens, Sampling(max_tokens=budget, logprobs=True,
                                               stop=[] if mode.multiline else ["\n"]),
                              cancel=cancel, on_text=_line_guard(mode, req.prefix, cancel))
+        self.slots.finished(model, slot)
         self.stats["model_calls"] += 1
         self.stats["prompt_tokens"] += gen.prompt_tokens
         self.stats["cached_tokens"] += gen.cached_tokens
+        self.stats["slot_restores"] = self.slots.restored
         if session.seq != seq:
             self.stats["cancelled"] += 1
             return TabResult("", _ms(start), False, "cancelled", False, None, req.request_id,
