@@ -16,6 +16,7 @@ from codeplane.config import ConfigError, load_settings
 from codeplane.gateway import config as gwconfig
 from codeplane.gateway.keys import KeyStore
 from codeplane.models.engine import Engine
+from codeplane.server.app import create_app
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
@@ -32,24 +33,11 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: connection refused
 
 
-def start(tmp_path, models, router=None, gateway=None) -> LiveServer:
+def start(tmp_path, models, router=None, gateway=None, engine=None) -> LiveServer:
     settings = make_settings(tmp_path / "home", models=models, router=router or {},
                              gateway=gateway or {})
-    return LiveServer(_app(settings, Engine(settings)), free_port()).start()
-
-
-def _app(settings, engine):  # TEMP until openai_api routes through the gateway
-    from fastapi import FastAPI
-
-    from codeplane.gateway import routes
-    from codeplane.server import errors, metrics
-    app = FastAPI()
-    app.state.settings, app.state.engine, app.state.metrics = settings, engine, metrics.Metrics()
-    errors.install(app)
-    metrics.install(app, app.state.metrics)
-    app.include_router(routes.router)
-    app.get("/healthz")(lambda: {"status": "ok"})
-    return app
+    return LiveServer(create_app(settings, engine=engine or Engine(settings)),
+                      free_port()).start()
 
 
 def dep(name: str, url: str, **extra) -> dict:
@@ -351,6 +339,30 @@ def test_embeddings_and_completions_pass_through(tmp_path, upstreams):
         assert reply.status_code == 200 and len(reply.json()["data"]) == 2
         reply = httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "x"})
         assert reply.json()["choices"][0]["text"] == "hello from up1"
+    finally:
+        server.stop()
+
+
+@pytest.mark.model
+def test_local_model_as_fallback_streams_through_the_gateway(tmp_path, engine):
+    """A remote group that is down falls back to the built-in local model, streaming."""
+    server = start(tmp_path, [dep("chat", dead_url())], engine=engine,
+                   router={"fallbacks": {"chat": ["code-small"]}})
+    try:
+        body = {**CHAT, "max_tokens": 4, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body,
+                          timeout=60) as r:
+            assert r.status_code == 200
+            events = sse(r)
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[-1]["usage"]["completion_tokens"] >= 1
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                       if c["choices"]).strip()
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert 'deployment="local:code-small",model="code-small",outcome="ok"' in metrics
+        assert 'deployment="chat#0",model="chat",outcome="error"' in metrics
     finally:
         server.stop()
 
