@@ -125,7 +125,11 @@ def main() -> int:
     ap.add_argument("--mini-config", choices=("textbased", "toolcall"), default="textbased")
     ap.add_argument("--out", type=Path, default=Path("/tmp/agent-bench.jsonl"))
     ap.add_argument("--lock", type=Path, help="flock this file around each task")
+    ap.add_argument("--summarize", type=Path, help="print the table for a results file")
     args = ap.parse_args()
+    if args.summarize:
+        summarize([json.loads(line) for line in args.summarize.read_text().splitlines()])
+        return 0
     tasks = load_tasks(args.tasks.split(",") if args.tasks else None)
     if args.validate:
         return 1 if validate(tasks) else 0
@@ -182,15 +186,26 @@ def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_d
 
 
 def summarize(rows: list[dict]) -> None:
-    print(f"\n{'harness':9s} {'model':11s} resolved  mean_steps  mean_s  total_s")
-    keys = sorted({(r["harness"], r["model"]) for r in rows})
-    for harness, model in keys:
-        group = [r for r in rows if r["harness"] == harness and r["model"] == model]
-        solved = sum(r["resolved"] for r in group)
-        steps = sum(r.get("steps") or 0 for r in group) / len(group)
-        secs = sum(r["seconds"] for r in group)
-        print(f"{harness:9s} {model:11s} {solved:2d}/{len(group):<2d}    {steps:7.1f}  "
-              f"{secs / len(group):6.1f}  {secs:7.0f}")
+    """Per harness and model: overall, and on the tasks every harness of that model ran."""
+    print(f"\n{'harness':9s} {'model':11s} {'tasks':5s} resolved  mean_steps  mean_s  total_s")
+    for model in sorted({r["model"] for r in rows}):
+        mine = [r for r in rows if r["model"] == model]
+        harnesses = sorted({r["harness"] for r in mine})
+        common = set.intersection(*({r["task"] for r in mine if r["harness"] == h}
+                                    for h in harnesses))
+        for harness in harnesses:
+            group = [r for r in mine if r["harness"] == harness]
+            _line(harness, model, "all", group)
+            if len(harnesses) > 1 and len(common) < len(group):
+                _line(harness, model, "both", [r for r in group if r["task"] in common])
+
+
+def _line(harness: str, model: str, label: str, group: list[dict]) -> None:
+    solved = sum(r["resolved"] for r in group)
+    steps = sum(r.get("steps") or 0 for r in group) / len(group)
+    secs = sum(r["seconds"] for r in group)
+    print(f"{harness:9s} {model:11s} {label:5s} {solved:2d}/{len(group):<2d}    {steps:7.1f}  "
+          f"{secs / len(group):6.1f}  {secs:7.0f}")
 
 
 if __name__ == "__main__":
