@@ -342,3 +342,33 @@ def test_killed_sync_resumes_consistently(server, tmp_path) -> None:
     rows = json.loads(found.stdout)
     assert len(rows) == 2 and set(rows[0]) == {"path", "start_line", "end_line", "score"}
     state.close()
+
+
+def read_json_object(stream) -> dict:
+    """One pretty-printed JSON object from a line stream (print_json ends it with '}')."""
+    lines = []
+    for line in iter(stream.readline, ""):
+        lines.append(line)
+        if line.startswith("}"):
+            return json.loads("".join(lines))
+    raise AssertionError("stream ended: " + "".join(lines))
+
+
+def test_watch_resyncs_on_change(server, tmp_path) -> None:
+    live, _ = server
+    root = tmp_path / "watched"
+    write(root, {"app.py": "def main():\n    return 1\n"})
+    env = {**os.environ, "CODEPLANE_HOME": str(tmp_path / "client-home"),
+           "CODEPLANE_SERVER": live.url}
+    proc = subprocess.Popen([sys.executable, "-m", "codeplane", "index", str(root), "--watch",
+                             "--json", "--interval", "3"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = read_json_object(proc.stdout)
+        assert first["files_changed"] == 1
+        (root / "app.py").write_text("def main():\n    return 2\n")
+        second = read_json_object(proc.stdout)
+        assert (second["files_changed"], second["chunks_embedded"]) == (1, 1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -19,6 +19,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 
 from codeplane.config import Settings
+from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
 
@@ -55,6 +56,8 @@ def search(root: Path, query: str, limit: int, settings: Settings, path: str | N
         state = WorkspaceState(root, settings, create=False)
     except FileNotFoundError:
         raise IndexUnavailable(f"{root} is not indexed; run `codeplane index {root}`") from None
+    except KeyFileError as exc:
+        raise IndexUnavailable(str(exc)) from None
     try:
         return _search(state, query, limit, settings, _relative(root, path), http)
     finally:

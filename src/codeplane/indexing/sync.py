@@ -29,6 +29,9 @@ from codeplane.indexing.secretscan import find_secret
 from codeplane.indexing.state import WorkspaceState
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks to send)
+# Chunks per upload request: the server length-sorts each request's texts into ONNX batches, so
+# bigger requests pad less (measured: 33 chunks/s at 64 per call, 42 at 640).
+BATCH_CHUNKS = 256
 
 
 @dataclass
@@ -231,7 +234,7 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
     changed.sort(key=lambda rel: -scanned.files[rel][0])
     plan = _plan(state, root, changed, report)
     state.put("progress", {"running": True, "pid": os.getpid(), "files": len(changed)})
-    _upload(state, remote, plan, tree, int(cfg.get("batch_chunks", 64)), report, progress)
+    _upload(state, remote, plan, tree, int(cfg.get("batch_chunks", BATCH_CHUNKS)), report, progress)
     if dirty:
         enc = state.cipher.encrypt
         remote.commit([{"path": enc(d), "hash": tree.hashes[d]} for d in sorted(dirty)])

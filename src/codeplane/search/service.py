@@ -234,9 +234,8 @@ class SearchService:
         rows = [(path, c) for path, cs in chunks.items() for c in cs]
         with self._ws_lock(ws):
             table = self._table(ws, create=True)
-            paths = list(chunks)
-            for batch in _batched(paths, 200):
-                table.delete(_path_filter(batch))
+            for batch in _batched(list(chunks), 500):
+                table.delete("path IN ({})".format(",".join(f"'{p}'" for p in batch)))
             if rows:
                 table.add(_arrow_rows(rows, vectors, self.embedder.dim))
             # Ancestors appear as placeholder directories (hash "" never matches), so a later
