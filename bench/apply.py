@@ -162,7 +162,7 @@ def udiff(old: list[str], new: list[str], drift: int = 7) -> str:
 
 
 def lines_of(text: str) -> list[str]:
-    return (text[:-1] if text.endswith("\n") else text).split("\n")
+    return (text.removesuffix("\n")).split("\n")
 
 
 def edit_for(case: dict, style: str) -> str:
@@ -252,7 +252,7 @@ def run_model(cases: list[dict], model: str, count: int, max_window: int) -> Non
                   f"{'' if result.ok else result.diagnostics[-1:]}", flush=True)
     engine.close()
     spec, plain = rows[True], rows[False]
-    tps = lambda rs: sum(r.output_tokens for _, r in rs) / max(  # noqa: E731
+    tps = lambda rs: sum(r.output_tokens for _, r in rs) / max(
         1e-9, sum(r.stats.get("decode_seconds", 0) for _, r in rs))
     print(f"model path ({model}, {len(spec)} cases, 'markers' sketches, forced):")
     print(f"  exact match: speculative {sum(e for e, _ in spec)}/{len(spec)}, "

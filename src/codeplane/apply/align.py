@@ -21,6 +21,7 @@ file's start, and cannot tell a unique placement from a coin toss.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ def signature(text: str) -> np.ndarray:
     sig = np.zeros(SIG_WORDS, dtype=np.uint64)
     tokens = _TOKEN.findall(text)
     trigrams = [text[i:i + 3] for i in range(max(0, len(text) - 2))]
-    for feature in (*tokens, *zip(tokens, tokens[1:]), *trigrams):
+    for feature in (*tokens, *itertools.pairwise(tokens), *trigrams):
         bit = hash(feature) % (64 * SIG_WORDS)
         sig[bit // 64] |= np.uint64(1 << (bit % 64))
     return sig

@@ -196,7 +196,7 @@ def _parse_unified_diff(lines: list[str]) -> ParsedEdit:
         elif line.startswith("+"):
             block.new.append(line[1:])
         else:  # context; editors and models often strip the space of blank context lines
-            text = line[1:] if line.startswith(" ") else line
+            text = line.removeprefix(" ")
             block.old.append(text)
             block.new.append(text)
     if not parsed.blocks:

@@ -103,10 +103,10 @@ def _build(original: list[str], sketch: Sketch, items: list[str | None], owner: 
         edge = "start" if k == 0 else "end" if k == last else None
         if edge and kept and not (sketch.gap_before if k == 0 else sketch.gap_after):
             if len(kept) > MAX_EDGE_DROP:
-                return MergeOutcome(None, reasons=[
-                    f"the edit has no elision marker at its {edge} but the file has "
-                    f"{len(kept)} more lines there: either they are deleted or the marker "
-                    f"was forgotten"])
+                reason = (f"the edit has no elision marker at its {edge} but the file has "
+                          f"{len(kept)} more lines there: either they are deleted or the "
+                          f"marker was forgotten")
+                return MergeOutcome(None, reasons=[reason])
             notes.append(f"no marker at the edit's {edge}: {len(kept)} line(s) there deleted")
             kept = []
         out.extend(kept)
@@ -157,7 +157,7 @@ def _shift(lines: list[str], delta: tuple[str, str] | None) -> list[str]:
     op, prefix = delta
     if op == "add":
         return [prefix + line if line.strip() else line for line in lines]
-    return [line[len(prefix):] if line.startswith(prefix) else line for line in lines]
+    return [line.removeprefix(prefix) for line in lines]
 
 
 def _quote(segment: list[str]) -> str:

@@ -7,7 +7,7 @@ before still parses (tree-sitter), and the size did not collapse for no visible 
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import PurePath
 
 from codeplane.apply.formats import is_marker
@@ -28,7 +28,7 @@ def language_for(path: str) -> str | None:
     return LANGUAGES.get(PurePath(path).suffix.lower())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parser(language: str):
     from tree_sitter_language_pack import get_parser
 
