@@ -391,3 +391,37 @@ def test_invalid_config_names_key_and_line(tmp_path):
 def _bearer(key: str) -> dict:
     return {"authorization": f"Bearer {key}"}
 
+
+
+def test_keys_and_status_commands(tmp_path, upstreams, monkeypatch):
+    from typer.testing import CliRunner
+
+    from codeplane.cli import app
+
+    server = start(tmp_path, [dep("chat", upstreams[0].url)])
+    monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path / "home"))
+    run = CliRunner().invoke
+    try:
+        created = run(app, ["keys", "create", "--name", "tab", "--rpm", "60", "--priority",
+                            "interactive", "--json"])
+        assert created.exit_code == 0, created.output
+        secret = json.loads(created.output)["key"]
+        assert secret.startswith("cp-")
+        assert run(app, ["keys", "create", "--name", "tab"]).exit_code == 2  # name taken
+        listed = json.loads(run(app, ["keys", "list", "--json"]).output)
+        assert listed[0]["name"] == "tab" and listed[0]["rpm"] == 60
+        assert secret not in json.dumps(listed)
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
+                           headers=_bearer(secret))
+        assert reply.status_code == 200
+        assert run(app, ["keys", "revoke", "tab"]).exit_code == 0
+        assert run(app, ["keys", "revoke", "tab"]).exit_code == 2
+        status = run(app, ["gateway", "status", "--server", server.url, "--json"])
+        assert status.exit_code == 0, status.output
+        deps = {d["id"]: d for m in json.loads(status.output)["models"]
+                for d in m["deployments"]}
+        assert deps["chat#0"]["state"] == "closed" and deps["chat#0"]["latency_ms"]
+        table = run(app, ["gateway", "status", "--server", server.url])
+        assert "chat#0" in table.output and "closed" in table.output
+    finally:
+        server.stop()
