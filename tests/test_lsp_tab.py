@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from test_tab_server import SOURCE
 
 pytestmark = pytest.mark.model

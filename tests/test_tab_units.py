@@ -145,3 +145,18 @@ def test_multiline_only_where_a_block_body_starts():
     assert choose_mode("def f():\n    ", "\n").multiline
     assert not choose_mode("x = 1\n    ", "\n").multiline
     assert not choose_mode("x = 1\n", "\n").multiline
+
+
+def test_fast_only_and_mid_line_never_touch_the_model(settings):
+    from codeplane.models.engine import Engine
+    from codeplane.tab.service import TabRequest, TabService, TabSettings
+
+    engine = Engine(settings)
+    svc = TabService(engine, TabSettings())
+    miss = svc.complete_sync(TabRequest(path="a.py", prefix="x = ", suffix="\n",
+                                        fast_only=True))
+    assert miss.source == "miss" and miss.text == "" and not miss.shown
+    mid = svc.complete_sync(TabRequest(path="a.py", prefix="x = ", suffix="foo(bar)\n"))
+    assert mid.source == "skipped" and mid.reason == "mid_line"
+    assert engine.loaded() == [] and svc.stats["model_calls"] == 0
+    assert svc.stats["requests"] == 1  # the fast-only miss is counted by its follow-up

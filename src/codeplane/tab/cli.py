@@ -8,8 +8,15 @@ from typing import Annotated
 
 import typer
 
-from codeplane.clikit import (ConfigOption, JsonOption, ServerOption, fail, print_json,
-                              server_url, settings)
+from codeplane.clikit import (
+    ConfigOption,
+    JsonOption,
+    ServerOption,
+    fail,
+    print_json,
+    server_url,
+    settings,
+)
 from codeplane.tab.client import TabClientError, check_transport
 from codeplane.tab.client import complete as request_completion
 from codeplane.tab.context import Budget, build_request, offset_of

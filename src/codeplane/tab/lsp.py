@@ -93,9 +93,9 @@ class TabLanguageServer(LanguageServer):
         """Switching files puts a chunk of the one left into the ring (recently viewed)."""
         if self._where and self._where[0] != uri:
             old_uri, old_line = self._where
-            try:
+            try:  # a closed document is read from disk; gone: nothing to remember
                 old = self.workspace.get_text_document(old_uri).source
-            except Exception:  # closed meanwhile: nothing to remember
+            except OSError:
                 old = ""
             if old:
                 self.ring.add(self._path(old_uri), old, old_line)

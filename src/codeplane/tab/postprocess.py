@@ -111,27 +111,30 @@ def _cut_suffix_repeat(text: str, suffix: str) -> str:
     return text
 
 
-def _open_stack(prefix: str) -> list[str]:
-    """Brackets still open at the cursor, looking back over the current statement (a few
-    lines), ignoring string contents roughly: enough to keep ')' from being invented."""
-    stack: list[str] = []
+def _brackets(text: str):
+    """(index, char) of each bracket outside string literals; a quote ends at its match or
+    the end of the line - rough, but enough to keep ')' from being invented."""
     quote = ""
-    for ch in "\n".join(prefix.split("\n")[-8:]):
+    for i, ch in enumerate(text):
         if quote:
-            if ch == quote:
+            if ch == quote or ch == "\n":
                 quote = ""
-            continue
-        if ch in "\"'":
+        elif ch in "\"'":
             quote = ch
-        elif ch in OPENERS:
+        elif ch in OPENERS or ch in CLOSERS:
+            yield i, ch
+
+
+def _open_stack(prefix: str) -> list[str]:
+    """Brackets still open at the cursor, looking back over the last few lines."""
+    stack: list[str] = []
+    for _, ch in _brackets("\n".join(prefix.split("\n")[-8:])):
+        if ch in OPENERS:
             stack.append(ch)
-        elif ch in CLOSERS:
-            if stack and stack[-1] == CLOSERS[ch]:
-                stack.pop()
-            else:
-                stack.clear()
-        elif ch == "\n" and not stack:
-            quote = ""
+        elif stack and stack[-1] == CLOSERS[ch]:
+            stack.pop()
+        else:
+            stack.clear()  # closes something older than the window: start over
     return stack
 
 
@@ -139,20 +142,13 @@ def _cut_unbalanced(text: str, prefix: str) -> str:
     """Cut before the first closing bracket that neither the suggestion nor the open
     statement in the prefix opened (the classic duplicated ')' of Tab completions)."""
     stack = _open_stack(prefix)
-    quote = ""
-    for i, ch in enumerate(text):
-        if quote:
-            if ch == quote or ch == "\n":
-                quote = ""
-            continue
-        if ch in "\"'":
-            quote = ch
-        elif ch in OPENERS:
+    for i, ch in _brackets(text):
+        if ch in OPENERS:
             stack.append(ch)
-        elif ch in CLOSERS:
-            if not stack or stack[-1] != CLOSERS[ch]:
-                return text[:i]
+        elif stack and stack[-1] == CLOSERS[ch]:
             stack.pop()
+        else:
+            return text[:i]
     return text
 
 

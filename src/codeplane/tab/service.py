@@ -159,33 +159,36 @@ class TabService:
 
     async def complete(self, req: TabRequest) -> TabResult:
         start = time.perf_counter()
-        fast = self.lookup(req)
-        if fast is not None or not req.fast_only:
-            self.stats["requests"] += 1  # a fast-only miss is counted by its follow-up
-        if fast is not None or req.fast_only:
-            return fast or TabResult("", _ms(start), False, "miss", False, None,
-                                     req.request_id, "miss")
+        answer = self._answer_fast(req, start)
+        if answer is not None:
+            return answer
         session, seq, cancel = self.begin(req)
-        model_name = req.model or self.settings.model
         result, _ = await self.engine.run(
-            model_name, lambda m: self.generate(m, req, session, seq, cancel))
+            req.model or self.settings.model,
+            lambda m: self.generate(m, req, session, seq, cancel))
         result.latency_ms = _ms(start)
         return result
 
     def complete_sync(self, req: TabRequest) -> TabResult:
         """Blocking variant for benchmarks and scripts (same worker, same KV cache)."""
         start = time.perf_counter()
-        fast = self.lookup(req)
-        if fast is not None or not req.fast_only:
-            self.stats["requests"] += 1  # a fast-only miss is counted by its follow-up
-        if fast is not None or req.fast_only:
-            return fast or TabResult("", _ms(start), False, "miss", False, None,
-                                     req.request_id, "miss")
+        answer = self._answer_fast(req, start)
+        if answer is not None:
+            return answer
         session, seq, cancel = self.begin(req)
         result = self.engine.run_sync(req.model or self.settings.model,
                                       lambda m: self.generate(m, req, session, seq, cancel))
         result.latency_ms = _ms(start)
         return result
+
+    def _answer_fast(self, req: TabRequest, start: float) -> TabResult | None:
+        """The fast-path answer, a `miss` for fast-only requests, or None: ask the model."""
+        fast = self.lookup(req)
+        if fast is not None or not req.fast_only:
+            self.stats["requests"] += 1  # a fast-only miss is counted by its follow-up
+        if fast is None and req.fast_only:
+            return TabResult("", _ms(start), False, "miss", False, None, req.request_id, "miss")
+        return fast
 
     # -- model path (runs on the model's worker thread) -----------------------------------
 
@@ -227,7 +230,7 @@ class TabService:
         return result
 
     def _prompt(self, model: LocalModel, req: TabRequest, session: _Session) -> list[int]:
-        key = _digest(req.path, *(f"{s.path}\0{s.text}" for s in req.context))
+        key = _digest(model.name, req.path, *(f"{s.path}\0{s.text}" for s in req.context))
         anchor = session.anchor
         if not (anchor and anchor.key == key and anchor.suffix == req.suffix
                 and req.prefix.startswith(anchor.prefix)
