@@ -425,3 +425,28 @@ def test_keys_and_status_commands(tmp_path, upstreams, monkeypatch):
         assert "chat#0" in table.output and "closed" in table.output
     finally:
         server.stop()
+
+
+def test_clients_that_hang_up_early_never_leak_a_slot(tmp_path, upstreams):
+    """Streams whose client left before the first chunk still release the model's only
+    slot, so the next request is served (no permanently wedged model)."""
+    import socket
+
+    up = upstreams[0]
+    up.delay_s = 0.2
+    server = start(tmp_path, [dep("chat", up.url, max_parallel=1)])
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    try:
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(body), body))
+        time.sleep(1.5)
+        status = httpx.get(f"{server.url}/v1/gateway/status").json()
+        chat = next(m for m in status["models"] if m["name"] == "chat")
+        assert chat["inflight"] == 0 and chat["deployments"][0]["outstanding"] == 0
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
+                          timeout=10).status_code == 200
+    finally:
+        server.stop()

@@ -240,9 +240,10 @@ class Gateway:
         """Non-streaming request: the first deployment that answers wins."""
         return await self._route(call, client)
 
-    async def stream(self, call: Call, client: Client) -> AsyncIterator[dict[str, Any]]:
-        """Streaming request. Returns once a first chunk exists (errors before it raise
-        here); the iterator then relays the rest and ends with an error event on failure."""
+    async def stream(self, call: Call,
+                     client: Client) -> tuple[dict[str, Any], AsyncIterator[dict[str, Any]]]:
+        """Streaming request: (first chunk, the rest). Errors before the first chunk raise
+        here; the rest ends with an error event if the upstream fails after it."""
         return await self._route(call, client)
 
     async def _route(self, call: Call, client: Client):
@@ -300,7 +301,10 @@ class Gateway:
                 self.metrics.requests.labels(dep.id, group.name, "ok").inc()
                 if call.stream:
                     handed_off = True
-                    return self._relay(first, it, dep, group, call, client, held)
+                    relay = self._relay(first, it, dep, group, call, client, held)
+                    # Started now, so its cleanup (slot release, upstream close) runs even if
+                    # the response is never iterated: asyncio finalizes started generators.
+                    return await anext(relay), relay
                 usage = body.get("usage")
                 dep.end(int((usage or {}).get("total_tokens") or 0))
                 self._done(dep, client, usage, call, latency)

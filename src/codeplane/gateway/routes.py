@@ -108,7 +108,7 @@ async def _serve(request: Request, kind: str, body: Any, stream: bool, include_u
         if not stream:
             result = await _until_disconnect(request, gateway.complete(call, client))
             return JSONResponse(result, headers=headers)
-        chunks = await gateway.stream(call, client)
+        first, rest = await gateway.stream(call, client)
     except Shed as exc:
         raise APIError(exc.status, exc.message, code=exc.code,
                        type="rate_limit_error" if exc.status == 429 else "insufficient_quota",
@@ -118,20 +118,22 @@ async def _serve(request: Request, kind: str, body: Any, stream: bool, include_u
         retry = {"retry-after": str(int(exc.retry_after))} if exc.retry_after else {}
         raise APIError(exc.status, exc.message, type=exc.type, code=exc.code,
                        param=exc.param, headers={**headers, **retry}) from None
-    return StreamingResponse(_sse(chunks), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(_sse(first, rest), media_type="text/event-stream",
+                             headers=headers)
 
 
-async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+async def _sse(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[str]:
     """OpenAI server-sent events; an error after the first chunk is sent in-band, without
     `[DONE]`, so a client can never mistake a broken stream for a finished one."""
     try:
-        async for chunk in chunks:
+        yield f"data: {json.dumps(first)}\n\n"
+        async for chunk in rest:
             yield f"data: {json.dumps(chunk)}\n\n"
             if "error" in chunk:
                 return
         yield "data: [DONE]\n\n"
     finally:
-        await chunks.aclose()  # client gone: stop the upstream (local: between two tokens)
+        await rest.aclose()  # client gone: stop the upstream (local: between two tokens)
 
 
 async def _until_disconnect(request: Request, coro):
