@@ -101,6 +101,8 @@ def test_parallel_calls_results_in_call_order_and_transcript(scripted, repo, tmp
     assert tool_msgs[1]["content"] == "b.py:1:B = 2"
     assert tool_msgs[3]["content"].endswith("A = 10")  # ... and after it, as ordered
     assert scripted.requests[0]["tools"][0]["function"]["name"] == "read_file"
+    system = scripted.requests[0]["messages"][0]["content"]
+    assert system.endswith("Files in the repository:\na.py\nb.py")
     events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     kinds = [e["type"] for e in events]
     assert kinds[0] == "run_start" and kinds[-1] == "run_end"

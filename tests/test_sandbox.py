@@ -111,12 +111,12 @@ def test_symlink_escape_refused_by_the_sandbox(box: BwrapRunner, ws: Path,
 
 def test_runaway_command_killed_with_its_whole_tree(box: BwrapRunner, ws: Path) -> None:
     start = time.monotonic()
-    res = box.run("sleep 301 & setsid sleep 302 & (sleep 303 &) ; exec sleep 304", ws,
+    res = box.run("sleep 3011 & setsid sleep 3022 & (sleep 3033 &) ; exec sleep 3044", ws,
                   Limits(timeout=1))
     assert res.killed == "timeout" and res.exit_code is None
     assert time.monotonic() - start < 5
     time.sleep(0.2)
-    assert _alive("sleep 30") == []
+    assert [c for n in (3011, 3022, 3033, 3044) for c in _alive(f"sleep {n}")] == []
 
 
 def test_fork_bomb_contained(box: BwrapRunner, ws: Path) -> None:

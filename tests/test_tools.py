@@ -80,6 +80,11 @@ def test_paths_and_symlinks_cannot_escape(env, tmp_path: Path) -> None:
     assert grep.output == "no matches for 's3cret'"
 
 
+def test_root_path_without_leading_slash_is_understood(env) -> None:
+    mangled = str(env.root).lstrip("/") + "/pkg/calc.py"  # what 1.5B models tend to write
+    assert run(env, "read_file", path=mangled).output.startswith("pkg/calc.py (lines 1-6")
+
+
 def test_git_directory_is_not_writable_by_tools(env) -> None:
     (env.root / ".git").mkdir()
     res = run(env, "create_file", path=".git/hooks/pre-commit", content="evil")

@@ -49,6 +49,9 @@ class LocalEnvironment:
         if not isinstance(path, str) or not path.strip():
             raise ToolError("path must be a non-empty string")
         raw = Path(path.strip())
+        inner = str(self.root).lstrip("/") + "/"
+        if str(raw).startswith(inner):  # small models drop the leading "/" of the root
+            raw = Path(str(raw)[len(inner):])
         candidate = raw if raw.is_absolute() else self.root / raw
         real = Path(os.path.realpath(candidate))
         if real != self.root and self.root not in real.parents:

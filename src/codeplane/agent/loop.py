@@ -26,7 +26,15 @@ import httpx
 
 from codeplane.agent.env import Environment
 from codeplane.agent.prompts import NUDGE, system_prompt
-from codeplane.agent.tools import TOOLS, ToolContext, ToolResult, conflicts, execute, schemas
+from codeplane.agent.tools import (
+    TOOLS,
+    ToolContext,
+    ToolResult,
+    conflicts,
+    execute,
+    list_files,
+    schemas,
+)
 from codeplane.models.toolcalls import parse_tool_calls
 
 Event = dict[str, Any]
@@ -128,7 +136,8 @@ class Agent:
 
     def run(self, task: str) -> RunResult:
         self._start = time.monotonic()
-        messages: list[dict] = [{"role": "system", "content": system_prompt(self.env.root)},
+        files = list(list_files(self.env, self.env.root))
+        messages: list[dict] = [{"role": "system", "content": system_prompt(files)},
                                 {"role": "user", "content": task}]
         self.emit({"type": "run_start", "time": time.time(), "task": task,
                    "model": self.model.model, "base_url": self.model.base_url,

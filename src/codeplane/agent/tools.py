@@ -236,7 +236,7 @@ def file_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
     query = args["query"].strip()
     if not query:
         raise ToolError("query is empty")
-    files = list(_files(env, env.resolve(args.get("path") or ".")))
+    files = list(list_files(env, env.resolve(args.get("path") or ".")))
     if any(c in query for c in "*?["):
         hits = [f for f in files if fnmatch.fnmatch(f, query)
                 or fnmatch.fnmatch(Path(f).name, query) or fnmatch.fnmatch(f, f"**/{query}")]
@@ -311,7 +311,7 @@ def _pygrep(env: Environment, pattern: str, base: Path, include: str | None,
     except re.error as exc:
         raise ToolError(f"invalid regular expression: {exc}") from None
     hits: list[str] = []
-    for rel in _files(env, base, use_rg=False):
+    for rel in list_files(env, base, use_rg=False):
         if include and not fnmatch.fnmatch(Path(rel).name, include) \
                 and not fnmatch.fnmatch(rel, include):
             continue
@@ -326,7 +326,7 @@ def _pygrep(env: Environment, pattern: str, base: Path, include: str | None,
     return hits
 
 
-def _files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[str]:
+def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[str]:
     """Workspace-relative paths of files under base; ripgrep honours .gitignore."""
     rg = shutil.which("rg") if use_rg else None
     if rg:
@@ -481,7 +481,7 @@ def _diff(rel: str, before: str, after: str) -> str:
       "lint fewer files at a time")
 def read_lints(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     targets = [env.resolve(p) for p in args.get("paths") or ["."]]
-    files = sorted({rel for t in targets for rel in _files(env, t)})
+    files = sorted({rel for t in targets for rel in list_files(env, t)})
     py = [f for f in files if f.endswith(".py")]
     problems = _ruff(env, py) if py else []
     for rel in files:
