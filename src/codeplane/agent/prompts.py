@@ -14,7 +14,7 @@ the same turn; they run in parallel.
 indentation. Use create_file for new files.
 3. Check your work: run the tests or the program with run_terminal_cmd (for Python tests: \
 python -m pytest -q).
-4. Paths are relative to the repository root, e.g. "src/app.py".
+4. Paths are relative to the repository root.
 5. When the task is done, reply with one or two sentences saying what you changed, and \
 call no tool.
 
