@@ -127,7 +127,7 @@ def test_newer_request_drops_queued_and_cancels_running(engine):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "codeplane", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
 
 
 def test_complete_command(live_server, tmp_path):
