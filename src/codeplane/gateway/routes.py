@@ -1,5 +1,5 @@
 """HTTP face of the gateway: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
-`/v1/models` and `/v1/gateway/status`, mounted by `codeplane.server.openai_api`.
+`/v1/models` and `/v1/gateway/status`, mounted by `codeplane.server.app`.
 
 Handlers stay thin: authenticate, classify (priority, client address, request id), admit,
 then hand the raw body to the Gateway and relay JSON or server-sent events.

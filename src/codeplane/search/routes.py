@@ -1,4 +1,4 @@
-"""HTTP layer of private search (`/v1/index/...`) and the OpenAI-compatible `/v1/embeddings`.
+"""HTTP layer of private search (`/v1/index/...`); `/v1/embeddings` is the gateway's.
 
 The workspace's server key travels in the `X-Codeplane-Key` header of every request and is never
 stored; handlers are sync functions (FastAPI runs them on its thread pool) because embedding and
@@ -45,12 +45,6 @@ class SearchRequest(BaseModel):
     query: str = Field(min_length=1, max_length=8000)
     limit: int = Field(10, ge=1, le=200)
     prefix: str | None = None
-
-
-class EmbeddingsRequest(BaseModel):
-    input: str | list[str]
-    model: str = "bge-small"
-    encoding_format: str = "float"
 
 
 def _service(request: Request) -> SearchService:
@@ -109,25 +103,3 @@ def upload(ws: str, body: UploadRequest, key: KeyHeader, request: Request):
 @router.post("/v1/index/workspaces/{ws}/search")
 def search(ws: str, body: SearchRequest, key: KeyHeader, request: Request):
     return _call(_service(request).search, ws, key, body.query, body.limit, body.prefix)
-
-
-@router.post("/v1/embeddings")
-def embeddings(body: EmbeddingsRequest, request: Request):
-    """OpenAI schema over the server's embedder (plain vectors: no workspace, no rotation)."""
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    if not texts or len(texts) > 2048:
-        return JSONResponse(APIError(400, "input must hold 1-2048 strings").body(), 400)
-    service = _service(request)
-    if body.model not in (service.embedder.name, "default"):
-        return JSONResponse(APIError(404, f"model {body.model!r} is not served here; use "
-                                     f"{service.embedder.name!r}", code="model_not_found").body(),
-                            404)
-
-    def run():
-        vecs = service.embedder.embed(texts)
-        tokens = sum(len(t.split()) for t in texts)
-        return {"object": "list", "model": service.embedder.name,
-                "data": [{"object": "embedding", "index": i, "embedding": v.tolist()}
-                         for i, v in enumerate(vecs)],
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-    return _call(run)

@@ -15,9 +15,10 @@ from codeplane import __version__
 from codeplane.agent import routes as agent_routes
 from codeplane.apply import routes as apply_routes
 from codeplane.config import Settings
+from codeplane.gateway import routes as gateway_routes
 from codeplane.models.engine import Engine
 from codeplane.search import routes as search_routes
-from codeplane.server import errors, metrics, openai_api
+from codeplane.server import errors, metrics
 from codeplane.tab import routes as tab_routes
 
 
@@ -38,7 +39,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.metrics = metrics.Metrics()
     errors.install(app)
     metrics.install(app, app.state.metrics)
-    app.include_router(openai_api.router)
+    app.include_router(gateway_routes.router)  # /v1/chat/completions, completions, ...
     app.include_router(agent_routes.router)
     app.include_router(search_routes.router)
     app.include_router(tab_routes.router)
