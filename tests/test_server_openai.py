@@ -9,8 +9,8 @@ import time
 import httpx
 import openai
 import pytest
-
 from conftest import LiveServer, free_port, make_settings
+
 from codeplane.server.app import create_app
 
 WEATHER = {
@@ -76,8 +76,8 @@ def test_sdk_fim_completion_with_code_small(client):
 
 
 def test_streaming_chat_matches_full_answer(client):
-    kwargs = dict(model="code-small", temperature=0, max_tokens=24,
-                  messages=[{"role": "user", "content": "Name three colors."}])
+    kwargs = {"model": "code-small", "temperature": 0, "max_tokens": 24,
+              "messages": [{"role": "user", "content": "Name three colors."}]}
     full = client.chat.completions.create(**kwargs).choices[0].message.content
     stream = client.chat.completions.create(stream=True, stream_options={"include_usage": True},
                                             **kwargs)
@@ -174,11 +174,11 @@ def test_client_disconnect_cancels_generation(live_server, engine):
     """Dropping a stream frees the model within a token or two, not after max_tokens."""
     body = {"model": "code-small", "max_tokens": 2000, "temperature": 0.8, "stream": True,
             "messages": [{"role": "user", "content": "Count from 1 to 5000 in words, comma separated."}]}
-    with httpx.Client(base_url=live_server.url, timeout=60) as http:
-        with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-            for line in reply.iter_lines():
-                if line.startswith("data: ") and '"content": "' in line:
-                    break  # first token arrived; hang up
+    with (httpx.Client(base_url=live_server.url, timeout=60) as http,
+          http.stream("POST", "/v1/chat/completions", json=body) as reply):
+        for line in reply.iter_lines():
+            if line.startswith("data: ") and '"content": "' in line:
+                break  # first token arrived; hang up
     start = time.perf_counter()
     quick = httpx.post(f"{live_server.url}/v1/completions", timeout=60,
                        json={"model": "code-small", "prompt": "1, 2, 3,", "max_tokens": 2})
