@@ -8,7 +8,6 @@ then hand the raw body to the Gateway and relay JSON or server-sent events.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import uuid
@@ -25,6 +24,7 @@ from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.providers.base import Call, UpstreamError
 from codeplane.gateway.router import EMBEDDER, Client, Gateway
 from codeplane.models.schemas import ChatCompletionRequest, CompletionRequest
+from codeplane.net import is_loopback
 from codeplane.server.errors import APIError, not_found
 
 log = logging.getLogger("codeplane.gateway")
@@ -179,13 +179,4 @@ def _auth_required(request: Request, gateway: Gateway) -> bool:
         return mode == "on"
     server = request.scope.get("server")
     bound = [gateway.settings.serve.host, server[0] if server else "127.0.0.1"]
-    return not all(_loopback(host) for host in bound)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return not all(is_loopback(host) for host in bound)

@@ -6,10 +6,11 @@ and refused for anything else.
 
 from __future__ import annotations
 
-import ipaddress
 from urllib.parse import urlsplit
 
 import httpx
+
+from codeplane.net import is_loopback
 
 
 class TabClientError(Exception):
@@ -21,19 +22,10 @@ def check_transport(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TabClientError(f"server URL must be http(s)://host[:port], got {url!r}")
-    if parts.scheme == "http" and not _loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise TabClientError(f"refusing to send source code to {parts.hostname} without TLS; "
                              "use https:// for servers that are not on this machine")
     return url.rstrip("/")
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _error(response: httpx.Response) -> TabClientError:
