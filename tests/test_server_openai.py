@@ -11,17 +11,9 @@ import openai
 import pytest
 from conftest import LiveServer, free_port, make_settings
 
+from codeplane.quickstart import WEATHER_TOOL as WEATHER
 from codeplane.server.app import create_app
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]},
-    },
-}
 
 
 @pytest.fixture(scope="module")

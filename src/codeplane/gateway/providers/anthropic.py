@@ -19,7 +19,7 @@ import httpx
 
 from codeplane.gateway.config import DeploymentConfig
 from codeplane.gateway.providers.base import Call, UpstreamError, status_error
-from codeplane.gateway.providers.openai import http_client, transport_error
+from codeplane.gateway.providers.openai import http_client, open_stream, transport_error
 
 VERSION = "2023-06-01"
 STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
@@ -53,14 +53,7 @@ class AnthropicProvider:
 
     async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
         body = {**to_anthropic(call, self.dep.upstream_model), "stream": True}
-        try:
-            reply = await self.client.send(self._post(body), stream=True)
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, f"{self.dep.base_url} unreachable") from None
-        try:
-            if reply.status_code >= 400:
-                text = (await reply.aread()).decode(errors="replace")
-                raise status_error(reply.status_code, text, reply.headers.get("retry-after"))
+        async with open_stream(self.client, self._post(body), self.dep.base_url) as reply:
             translator = _StreamTranslator(call)
             async for event in _events(reply):
                 for chunk in translator.feed(event):
@@ -69,8 +62,6 @@ class AnthropicProvider:
                     return
             raise UpstreamError(502, "Anthropic stream ended without message_stop "
                                      "(connection cut)", retryable=True)
-        finally:
-            await reply.aclose()
 
     async def aclose(self) -> None:
         await self.client.aclose()

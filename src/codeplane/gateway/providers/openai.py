@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -70,14 +71,7 @@ class OpenAIProvider:
         url = self.dep.base_url + PATHS[call.kind]
         request = self.client.build_request("POST", url, json=self._body(call),
                                             headers=self.headers)
-        try:
-            reply = await self.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, f"{self.dep.base_url} unreachable") from None
-        try:
-            if reply.status_code >= 400:
-                text = (await reply.aread()).decode(errors="replace")
-                raise status_error(reply.status_code, text, reply.headers.get("retry-after"))
+        async with open_stream(self.client, request, self.dep.base_url) as reply:
             async for chunk in _sse_chunks(reply):
                 chunk["model"] = call.raw.get("model", chunk.get("model"))
                 if not call.include_usage and not chunk.get("choices") and "usage" in chunk:
@@ -86,11 +80,27 @@ class OpenAIProvider:
                 if chunk.get("usage"):
                     call.extra["usage"] = chunk["usage"]
                 yield chunk
-        finally:
-            await reply.aclose()
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+@asynccontextmanager
+async def open_stream(client: httpx.AsyncClient, request: httpx.Request,
+                      base_url: str) -> AsyncIterator[httpx.Response]:
+    """Send a streaming request; transport failures and error statuses become UpstreamError
+    (before the first token, so the router may retry elsewhere). Always closes the reply."""
+    try:
+        reply = await client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        raise transport_error(exc, f"{base_url} unreachable") from None
+    try:
+        if reply.status_code >= 400:
+            text = (await reply.aread()).decode(errors="replace")
+            raise status_error(reply.status_code, text, reply.headers.get("retry-after"))
+        yield reply
+    finally:
+        await reply.aclose()
 
 
 async def _sse_chunks(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
