@@ -15,7 +15,6 @@ from codeplane.quickstart import WEATHER_TOOL as WEATHER
 from codeplane.server.app import create_app
 
 
-
 @pytest.fixture(scope="module")
 def client(live_server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="unused", max_retries=0)
