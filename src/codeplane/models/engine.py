@@ -12,6 +12,7 @@ Compartments use `Engine.run(name, fn)` to execute `fn(model)` on that thread.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import logging
 import os
@@ -207,7 +208,7 @@ class LocalModel:
             out.append(token)
             if capture is not None:
                 logprobs.append(capture.logprob(token))
-            delta, stopped = decoder.feed(self.llama.detokenize([token], prev_tokens=out[:-1]))
+            delta, stopped = decoder.feed(self.llama.detokenize([token]))
             if delta and on_text:
                 on_text(delta)
             if stopped:
@@ -312,11 +313,14 @@ class _StopDecoder:
         self.text = ""
         self._shown = 0
         self.stopped = False
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def feed(self, piece: bytes) -> tuple[str, bool]:
-        self.text += piece.decode("utf-8", errors="replace")
-        for stop in self.stops:
-            at = self.text.find(stop)
+        # Incremental: one character's UTF-8 bytes may be split across two tokens.
+        before = len(self.text)
+        self.text += self._utf8.decode(piece)
+        for stop in self.stops:  # only where the new piece could complete a stop string
+            at = self.text.find(stop, max(0, before - len(stop) + 1))
             if at != -1:
                 self.text = self.text[:at]
                 self.stopped = True
@@ -325,6 +329,7 @@ class _StopDecoder:
         return self._release(len(self.text) - hold), False
 
     def flush(self) -> str:
+        self.text += self._utf8.decode(b"", final=True)
         return self._release(len(self.text))
 
     def _release(self, upto: int) -> str:
