@@ -56,6 +56,16 @@ def test_register_any_gguf_file(tmp_path):
     assert cli(home, "model", "info", "mine", check=False).returncode == 2
 
 
+def test_broken_registry_file_is_a_clear_error(tmp_path):
+    registry = tmp_path / "models" / "registry.json"
+    registry.parent.mkdir(parents=True)
+    registry.write_text('{"mine": ')
+    proc = cli(tmp_path, "model", "list", check=False)
+    assert proc.returncode == 2 and "registry.json is not valid JSON" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert registry.read_text() == '{"mine": '
+
+
 def test_pull_is_verified_interruptible_and_idempotent(tmp_path):
     home = tmp_path / "home"
     target = home / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -9,7 +10,8 @@ import typer
 from codeplane import __version__
 from codeplane.agent.cli import agent_cmd, tool_cmd
 from codeplane.apply.cli import apply_command
-from codeplane.clikit import ConfigOption, settings
+from codeplane.clikit import ConfigOption, err_console, settings
+from codeplane.config import ConfigError
 from codeplane.gateway.cli import gateway_app, keys_app
 from codeplane.indexing import cli as index_cli
 from codeplane.models.cli import app as model_app
@@ -76,4 +78,9 @@ def quickstart(
 
 
 def main() -> None:
-    app()
+    """Entry point; a broken settings or registry file found late still gets a one-line error."""
+    try:
+        app()
+    except ConfigError as exc:  # outside Typer's context, so no `fail()` here
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)

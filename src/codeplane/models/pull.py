@@ -8,6 +8,7 @@ renamed into place. A `.partial` file is never loaded, so an interrupted pull is
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -50,6 +51,8 @@ def pull(spec: ModelSpec, settings: Settings, *, force: bool = False,
     partial.replace(dest)
     _write_marker(dest, digest)
     shutil.rmtree(staging, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        staging.parent.rmdir()  # only succeeds when no other pull is staging
     return dest
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from codeplane.config import Settings
+from codeplane.config import ConfigError, Settings
 
 
 class UnknownModel(KeyError):
@@ -87,6 +87,7 @@ class ModelRegistry:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._file = settings.models_dir / "registry.json"
+        self._cache: tuple[tuple[int, int], dict[str, dict]] | None = None
 
     def all(self) -> list[ModelSpec]:
         return [*BUILTIN, *self._user_models()]
@@ -126,9 +127,21 @@ class ModelRegistry:
         return specs
 
     def _read(self) -> dict[str, dict]:
-        if not self._file.is_file():
+        """The user entries, re-read only when the file changed (the server resolves a model
+        name on every request, and `model add` must show up without a restart)."""
+        try:
+            stat = self._file.stat()
+        except FileNotFoundError:
             return {}
-        return json.loads(self._file.read_text())
+        key = (stat.st_mtime_ns, stat.st_size)
+        if self._cache is None or self._cache[0] != key:
+            try:
+                entries = json.loads(self._file.read_text())
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{self._file} is not valid JSON ({exc}); fix or delete it, "
+                                 "then re-add user models with `codeplane model add`") from exc
+            self._cache = (key, entries)
+        return dict(self._cache[1])
 
     def _write(self, entries: dict[str, dict]) -> None:
         self._file.parent.mkdir(parents=True, exist_ok=True)
