@@ -1,4 +1,4 @@
-"""Streaming text assembly in the engine, without a model."""
+"""Streaming text assembly in the engine and the chat stream, without a model."""
 
 from codeplane.models.engine import _StopDecoder
 
@@ -16,3 +16,16 @@ def test_stop_string_spanning_pieces_is_withheld_and_cut():
     deltas = [decoder.feed(p) for p in (b"return x", b"\n", b"\nprint(1)")]
     assert "".join(d for d, _ in deltas) == "return x"
     assert deltas[-1][1] is True and decoder.text == "return x"
+
+
+def test_chat_stream_shows_prose_and_holds_back_a_possible_tool_call():
+    from codeplane.models.local_openai import _ChatStream
+
+    chunks: list[dict] = []
+    stream = _ChatStream(chunks.append, "id", 0, "m", holdback=True)
+    for piece in ["I will ", "call it: <tool", "_call>", '{"name": "f"}', " more"]:
+        stream.text(piece)
+    shown = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert shown == "I will call it: "
+    stream.text("``")  # held: nothing after the opener is shown until `finish`
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == shown

@@ -132,6 +132,7 @@ class _ChatStream:
                      "model": model}
         self.seen = ""
         self.shown = ""
+        self.held = False  # an opener was seen: the rest waits for `finish`
         self._delta({"role": "assistant", "content": ""})
 
     def text(self, delta: str) -> None:
@@ -139,8 +140,14 @@ class _ChatStream:
         if not self.holdback:
             self._show(delta)
             return
-        cut = min((i for i in (self.seen.find(o) for o in _OPENERS) if i != -1),
-                  default=len(self.seen) - _partial_opener(self.seen))
+        if self.held:
+            return
+        # Only the unshown tail (plus an opener's length before it) can hold a new opener,
+        # so long answers are not rescanned on every token.
+        start = max(0, len(self.shown) - len(_OPENERS[0]))
+        found = [i for i in (self.seen.find(o, start) for o in _OPENERS) if i != -1]
+        self.held = bool(found)
+        cut = min(found, default=len(self.seen) - _partial_opener(self.seen))
         if cut > len(self.shown):
             self._show(self.seen[len(self.shown):cut])
 
