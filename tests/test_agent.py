@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ from conftest import LiveServer, free_port
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from codeplane.agent import routes
 from codeplane.agent.env import local_environment
 from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Transcript
 
@@ -27,6 +29,8 @@ class Provider:
         self.requests: list[dict] = []
         self.delay = 0.0
         app = FastAPI()
+        app.state.settings = None
+        app.include_router(routes.router)  # server agent runs then talk to this script
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
@@ -128,6 +132,49 @@ def test_invented_tool_and_no_tool_replies_get_hints(scripted, repo) -> None:
     assert "fix_bug is not a tool" in hints[1] and "not used any tool" in hints[2]
 
 
+def test_named_files_preread_and_edits_need_a_read(scripted, repo) -> None:
+    scripted.script = [{"calls": [("edit_file", {"path": "b.py", "old_string": "B = 2",
+                                                 "new_string": "B = 3"}),
+                                  ("edit_file", {"path": "a.py", "old_string": "A = 1",
+                                                 "new_string": "A = 2"})]},
+                       {"calls": [("read_file", {"path": "src/b.py"})]},
+                       {"content": "done"}]
+    result = agent_for(scripted, repo).run("In a.py set A to 2.")
+    assert result.status == "completed"
+    first = scripted.requests[0]["messages"]
+    assert first[2]["tool_calls"][0]["function"]["arguments"] == '{"path": "a.py"}'
+    assert first[3] == {"role": "tool", "tool_call_id": "preread_0", "name": "read_file",
+                        "content": "a.py (lines 1-1 of 1):\nA = 1"}
+    outs = [m["content"] for m in scripted.requests[1]["messages"][4:] if m["role"] == "tool"]
+    assert outs[0].startswith("error: read b.py with read_file first")
+    assert outs[1].startswith("edited a.py")  # pre-read counts as read
+    assert (repo / "b.py").read_text() == "B = 2\n" and (repo / "a.py").read_text() == "A = 2\n"
+    missing = [m["content"] for m in scripted.requests[2]["messages"] if m["role"] == "tool"]
+    assert missing[-1] == "error: src/b.py does not exist; did you mean b.py?"
+    assert [r["tool_choice"] for r in scripted.requests] == ["required", "auto", "auto"]
+
+
+def test_code_or_fake_results_instead_of_calls_get_hints(scripted, repo) -> None:
+    scripted.script = [{"content": "<tool_response>\nA = 1\n</tool_response>"},
+                       {"content": "Fixed:\n```python\nA = 2\n```"},
+                       {"content": "Fixed."}]
+    result = agent_for(scripted, repo).run("set A to 2")
+    assert result.status == "completed" and result.steps == 3
+    hints = [m["content"] for m in scripted.requests[2]["messages"] if m["role"] == "user"]
+    assert "Do not write <tool_call> or <tool_response>" in hints[1]
+    assert "You showed code, but no file has changed" in hints[2]
+    assert [r["tool_choice"] for r in scripted.requests] == ["required"] * 3
+
+
+def test_core_toolset_is_smaller(scripted, repo) -> None:
+    agent_for(scripted, repo, toolset="core").run("hi")
+    tools = {t["function"]["name"]: t["function"]["parameters"]["properties"]
+             for t in scripted.requests[0]["tools"]}
+    assert set(tools) == {"read_file", "list_dir", "grep", "edit_file", "create_file",
+                          "delete_file", "run_terminal_cmd"}
+    assert "code_edit" not in tools["edit_file"] and "replace_all" in tools["edit_file"]
+
+
 def test_repeated_calls_collapse_and_are_capped(scripted, repo) -> None:
     same = ("read_file", {"path": "a.py"})
     greps = [("grep", {"pattern": f"p{i}"}) for i in range(9)]
@@ -177,6 +224,45 @@ def test_cancellation_and_model_errors(scripted, repo) -> None:
     assert err.status == "error" and "404" in err.error and "does not exist" in err.error
     dead = Agent(ChatModel("http://127.0.0.1:9/v1", "m"), local_environment(repo)).run("hi")
     assert dead.status == "error" and "cannot reach the model server" in dead.error
+
+
+def _sleeping(seconds: str) -> bool:
+    """Is a `sleep <seconds>` process alive anywhere on this machine?"""
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc / "cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", seconds.encode()]:
+                return (proc / "stat").read_text().split(") ")[1][0] != "Z"
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+def test_server_run_cancelled_when_stream_client_hangs_up(scripted, repo) -> None:
+    scripted.script = [{"calls": [("run_terminal_cmd", {"command": "sleep 41.5; touch late"})]}]
+    body = {"task": "wait", "path": str(repo), "model": "scripted", "max_steps": 3}
+    url = scripted.server.url
+    with httpx.stream("POST", url + "/v1/agent/runs", json=body, timeout=30) as resp:
+        run_id = resp.headers["x-agent-run-id"]
+        for line in resp.iter_lines():
+            if '"type": "tool_start"' in line:
+                break  # the command is running: hang up
+    deadline = time.monotonic() + 15
+    while httpx.get(f"{url}/v1/agent/runs/{run_id}").json()["status"] == "running":
+        assert time.monotonic() < deadline, "the run kept going after the client left"
+        time.sleep(0.2)
+    got = httpx.get(f"{url}/v1/agent/runs/{run_id}").json()
+    assert got["status"] == "cancelled"
+    result = next(e for e in got["transcript"] if e["type"] == "tool_result")
+    assert result["data"]["killed"] == "cancelled" and not _sleeping("41.5")
+    assert not (repo / "late").exists()
+    # without a stream the run does not depend on any connection
+    scripted.script = [{"calls": [("run_terminal_cmd", {"command": "sleep 1; touch ok"})]}]
+    started = httpx.post(url + "/v1/agent/runs", json={**body, "stream": False}).json()
+    deadline = time.monotonic() + 15
+    while httpx.get(f"{url}/v1/agent/runs/{started['id']}").json()["status"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert (repo / "ok").exists()
 
 
 # ------------------------------------------------------------------ the real local model

@@ -78,10 +78,10 @@ def validate(tasks: list[tuple[str, dict]]) -> int:
 
 
 def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
-                  transcript: Path) -> dict:
+                  transcript: Path, variant: dict) -> dict:
     record = Transcript(transcript)
     agent = Agent(ChatModel(url, model), local_environment(ws),
-                  AgentConfig(max_steps=steps, max_tokens=512), on_event=record)
+                  AgentConfig(max_steps=steps, max_tokens=512, **variant), on_event=record)
     result = agent.run(task["prompt"])
     record.close()
     return {"status": result.status, "steps": result.steps, "tool_calls": result.tool_calls,
@@ -125,6 +125,9 @@ def main() -> int:
     ap.add_argument("--mini-config", choices=("textbased", "toolcall"), default="textbased")
     ap.add_argument("--out", type=Path, default=Path("/tmp/agent-bench.jsonl"))
     ap.add_argument("--lock", type=Path, help="flock this file around each task")
+    ap.add_argument("--config", default="{}", help="AgentConfig overrides as JSON, e.g. "
+                    '\'{"toolset": "core", "required_steps": 0}\' (a variant to compare)')
+    ap.add_argument("--label", default="", help="variant name recorded in each row")
     ap.add_argument("--summarize", type=Path, help="print the table for a results file")
     args = ap.parse_args()
     if args.summarize:
@@ -169,16 +172,18 @@ def cpu_lock(path: Path | None):
 def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_dir: Path):
     with tempfile.TemporaryDirectory() as tmp:
         ws = workspace(name, Path(tmp))
-        transcript = runs_dir / f"{harness}-{model}-{name}.jsonl"
+        transcript = runs_dir / f"{harness}{args.label and '-' + args.label}-{model}-{name}.jsonl"
         start = time.monotonic()
         if harness == "codeplane":
-            info = run_codeplane(task, ws, base, model, args.max_steps, transcript)
+            info = run_codeplane(task, ws, base, model, args.max_steps, transcript,
+                                 json.loads(args.config))
         else:
             info = run_mini(task, ws, base, model, args.max_steps, args.mini_python,
                             transcript, args.mini_config)
         seconds = round(time.monotonic() - start, 1)
         resolved, tail = check(name, task, ws)
-    row = {"harness": harness, "model": model, "task": name, "resolved": resolved,
+    row = {"harness": harness, "label": args.label, "model": model, "task": name,
+           "resolved": resolved,
            "seconds": seconds, **info, "check_tail": "" if resolved else tail}
     print(f"{harness:9s} {model:11s} {name:24s} {'PASS' if resolved else 'fail'} "
           f"steps={info.get('steps')} {seconds:6.1f}s {info.get('status')}", flush=True)
@@ -187,7 +192,9 @@ def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_d
 
 def summarize(rows: list[dict]) -> None:
     """Per harness and model: overall, and on the tasks every harness of that model ran."""
-    print(f"\n{'harness':9s} {'model':11s} {'tasks':5s} resolved  mean_steps  mean_s  total_s")
+    rows = [{**r, "harness": r["harness"] + (f":{r['label']}" if r.get("label") else "")}
+            for r in rows]
+    print(f"\n{'harness':14s} {'model':11s} {'tasks':5s} resolved  mean_steps  mean_s  total_s")
     for model in sorted({r["model"] for r in rows}):
         mine = [r for r in rows if r["model"] == model]
         harnesses = sorted({r["harness"] for r in mine})
@@ -204,7 +211,7 @@ def _line(harness: str, model: str, label: str, group: list[dict]) -> None:
     solved = sum(r["resolved"] for r in group)
     steps = sum(r.get("steps") or 0 for r in group) / len(group)
     secs = sum(r["seconds"] for r in group)
-    print(f"{harness:9s} {model:11s} {label:5s} {solved:2d}/{len(group):<2d}    {steps:7.1f}  "
+    print(f"{harness:14s} {model:11s} {label:5s} {solved:2d}/{len(group):<2d}    {steps:7.1f}  "
           f"{secs / len(group):6.1f}  {secs:7.0f}")
 
 

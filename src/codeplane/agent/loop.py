@@ -25,14 +25,16 @@ from typing import Any
 import httpx
 
 from codeplane.agent.env import Environment
-from codeplane.agent.prompts import NUDGE, system_prompt
+from codeplane.agent.prompts import CODE_NOT_APPLIED, FAKE_RESULT, NUDGE, system_prompt
 from codeplane.agent.tools import (
+    CORE,
     TOOLS,
     ToolContext,
     ToolResult,
     conflicts,
     execute,
     list_files,
+    mentioned,
     schemas,
 )
 from codeplane.models.toolcalls import parse_tool_calls
@@ -56,9 +58,10 @@ class ChatModel:
         self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def complete(self, messages: list[dict], tools: list[dict], max_tokens: int,
-                 temperature: float) -> dict[str, Any]:
+                 temperature: float, tool_choice: str = "auto") -> dict[str, Any]:
         body = {"model": self.model, "messages": messages, "tools": tools,
-                "tool_choice": "auto", "max_tokens": max_tokens, "temperature": temperature}
+                "tool_choice": tool_choice, "max_tokens": max_tokens,
+                "temperature": temperature}
         try:
             resp = self.http.post("/chat/completions", json=body)
         except httpx.TransportError as exc:
@@ -90,6 +93,10 @@ class AgentConfig:
     keep_turns: int = 2  # most recent turns never compacted
     corrections: int = 2  # replies without a usable tool call that get a hint, not the end
     max_calls_per_turn: int = 8
+    required_steps: int = 1  # first turns (and the turn after a hint) must call a tool
+    read_before_edit: bool = True  # edit_file refuses files not read in this run
+    preread: int = 4  # files named in the task the harness reads before the first turn
+    toolset: str = "full"  # "full" (all tools) or "core" (7 tools, simpler schemas)
 
 
 @dataclass
@@ -119,10 +126,11 @@ class Agent:
         self.model, self.env = model, env
         self.config = config or AgentConfig()
         self.cancel = cancel or threading.Event()
-        self.ctx = ToolContext(settings=settings, cancel=self.cancel)
+        self.ctx = ToolContext(settings=settings, cancel=self.cancel,
+                               read_before_edit=self.config.read_before_edit)
         self.listeners = [on_event] if on_event else []
         self.run_id = run_id or uuid.uuid4().hex[:16]
-        self.tools = schemas()
+        self.tools = schemas(CORE, core=True) if self.config.toolset == "core" else schemas()
         self._lock = threading.Lock()
         self._start = time.monotonic()
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
@@ -139,12 +147,13 @@ class Agent:
         files = list(list_files(self.env, self.env.root))
         messages: list[dict] = [{"role": "system", "content": system_prompt(files)},
                                 {"role": "user", "content": task}]
+        messages += self._preread(task, files)
         self.emit({"type": "run_start", "time": time.time(), "task": task,
                    "model": self.model.model, "base_url": self.model.base_url,
                    "environment": self.env.metadata(), "config": asdict(self.config),
                    "tools": self.tools, "messages": list(messages)})
         status, answer, error, steps, calls_made = "max_steps", "", None, 0, 0
-        corrections, seen = 0, {}
+        corrections, seen, hinted = 0, {}, False
         try:
             for steps in range(1, self.config.max_steps + 1):
                 if self.cancel.is_set():
@@ -153,12 +162,13 @@ class Agent:
                 if sum(self.usage.values()) >= self.config.token_budget:
                     status = "budget"
                     break
-                message = self._turn(steps, messages)
-                calls = message.get("tool_calls") or []
+                force = hinted or steps <= self.config.required_steps
+                message = self._turn(steps, messages, "required" if force else "auto")
+                calls, hinted = message.get("tool_calls") or [], False
                 if not calls:
                     note = self._correction(message.get("content") or "", calls_made)
                     if note and corrections < self.config.corrections:
-                        corrections += 1
+                        corrections, hinted = corrections + 1, True
                         messages.append({"role": "user", "content": note})
                         self.emit({"type": "user_message", "step": steps, "content": note})
                         continue
@@ -179,17 +189,34 @@ class Agent:
         self.emit({"type": "run_end", **result.to_dict(), "messages": messages})
         return result
 
-    def _turn(self, step: int, messages: list[dict]) -> dict:
+    def _preread(self, task: str, files: list[str]) -> list[dict]:
+        """Files the task names, read before the first turn as if the model had called
+        read_file: like an @-mention in an editor. Small models otherwise edit files they
+        never read; and the turn shows the exact tool-call format in their own context."""
+        named = mentioned(task, files)[: self.config.preread]
+        if not named:
+            return []
+        calls = [{"id": f"preread_{i}", "type": "function",
+                  "function": {"name": "read_file", "arguments": json.dumps({"path": f})}}
+                 for i, f in enumerate(named)]
+        out: list[dict] = [{"role": "assistant", "content": "", "tool_calls": calls}]
+        for call, path in zip(calls, named, strict=True):
+            result = execute(self.env, "read_file", {"path": path}, self.ctx,
+                             self.config.max_result_chars)
+            out.append({"role": "tool", "tool_call_id": call["id"], "name": "read_file",
+                        "content": result.output})
+        return out
+
+    def _turn(self, step: int, messages: list[dict], tool_choice: str = "auto") -> dict:
         """One model call; on context overflow compact harder and retry once."""
         start = time.monotonic()
+        args = (self.tools, self.config.max_tokens, self.config.temperature, tool_choice)
         try:
-            reply = self.model.complete(messages, self.tools, self.config.max_tokens,
-                                        self.config.temperature)
+            reply = self.model.complete(messages, *args)
         except ModelError as exc:
             if exc.code != "context_length_exceeded" or not self._compact(step, messages, 0):
                 raise
-            reply = self.model.complete(messages, self.tools, self.config.max_tokens,
-                                        self.config.temperature)
+            reply = self.model.complete(messages, *args)
         usage = reply.get("usage") or {}
         for key in self.usage:
             self.usage[key] += int(usage.get(key) or 0)
@@ -198,7 +225,7 @@ class Agent:
                    if k in ("role", "content", "tool_calls")}
         messages.append(message)
         self.emit({"type": "model_turn", "step": step, "message": message, "usage": usage,
-                   "finish_reason": choice.get("finish_reason"),
+                   "tool_choice": tool_choice, "finish_reason": choice.get("finish_reason"),
                    "seconds": round(time.monotonic() - start, 3)})
         if int(usage.get("prompt_tokens") or 0) > self.config.context_tokens:
             self._compact(step, messages, self.config.keep_turns)
@@ -212,7 +239,10 @@ class Agent:
         turn_starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         cut = turn_starts[-keep_turns] if 0 < keep_turns <= len(turn_starts) else len(messages)
         changed = 0
-        for msg in messages[2:cut]:
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"
+                      and not str((m.get("tool_calls") or [{}])[0].get("id", "")).startswith(
+                          "preread_")), len(messages))
+        for msg in messages[first:cut]:
             content = msg.get("content") or ""
             if msg["role"] == "tool" and not content.startswith("[compacted"):
                 msg["content"] = (f"[compacted: {len(content)} characters of {msg.get('name')} "
@@ -225,12 +255,17 @@ class Agent:
 
     def _correction(self, content: str, calls_made: int) -> str | None:
         """A hint instead of ending the run, when a reply is not really a final answer: it
-        names a tool that does not exist (small models invent them), or nothing was done."""
-        names = set(TOOLS)
+        names a tool that does not exist (small models invent them), imitates a tool result,
+        shows code instead of editing, or nothing was done at all."""
+        names = {t["function"]["name"] for t in self.tools}
         bogus = {c.name for c in parse_tool_calls(content, _AnyName(names))[1]} - names
         if bogus:
             return (f"error: {', '.join(sorted(bogus))} is not a tool. Available tools: "
                     f"{', '.join(sorted(names))}. Call one of them.")
+        if "<tool_response>" in content or "<tool_call>" in content:
+            return FAKE_RESULT
+        if "```" in content and not self.ctx.wrote:
+            return CODE_NOT_APPLIED
         return NUDGE if calls_made == 0 else None
 
     def _outputs(self, step: int, calls: list[dict], seen: dict[str, str]) -> list[str]:

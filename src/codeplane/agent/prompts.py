@@ -6,17 +6,19 @@ from __future__ import annotations
 SYSTEM = """You are a coding agent. You work in a repository (the current directory) and \
 complete the user's task by calling tools. You cannot see any file until you read it.
 
-Rules:
-1. Look before you change: use list_dir, file_search, grep and read_file. When you need \
-several independent things (several files, several patterns), call all of those tools in \
-the same turn; they run in parallel.
-2. Change code with edit_file: copy old_string exactly from read_file output, including \
-indentation. Use create_file for new files.
-3. Check your work: run the tests or the program with run_terminal_cmd (for Python tests: \
-python -m pytest -q).
-4. Paths are relative to the repository root.
-5. When the task is done, reply with one or two sentences saying what you changed, and \
-call no tool.
+Work in four steps:
+1. Look: read the files the task is about with read_file; find others with grep or \
+list_dir. When you need several independent things, call all of those tools in the same \
+turn; they run in parallel.
+2. Change: edit_file replaces old_string with new_string. A file must be read before you \
+edit it; copy old_string exactly from the read_file output, including indentation. Use \
+create_file for new files and delete_file to remove one.
+3. Check: run the tests or the program with run_terminal_cmd (for Python tests: python -m \
+pytest -q). If something fails, read the output and fix it.
+4. Answer: when the task is done, reply with one or two sentences saying what you changed, \
+and call no tool.
+
+Paths are relative to the repository root, written exactly as in this list.
 
 Files in the repository{more}:
 {files}"""
@@ -24,6 +26,12 @@ MAX_FILES = 40
 
 NUDGE = ("You have not used any tool yet, so nothing has changed. Call the tools needed to "
          "do the task now. If it truly needs no change, repeat your final answer.")
+FAKE_RESULT = ("Do not write <tool_call> or <tool_response> text yourself: call a tool and "
+               "the harness returns its result. Call the next tool now, or answer in plain "
+               "sentences if the task is done.")
+CODE_NOT_APPLIED = ("You showed code, but no file has changed: the user cannot apply it. Make "
+                    "the change with edit_file (old_string copied from read_file output) or "
+                    "create_file now.")
 
 
 def system_prompt(files: list[str]) -> str:

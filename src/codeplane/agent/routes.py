@@ -27,6 +27,7 @@ from codeplane.server.errors import APIError, not_found
 
 router = APIRouter()
 MAX_RUNS = 100  # finished runs kept for GET; the oldest are forgotten
+KEEPALIVE = 5.0  # seconds without an event before the stream sends a comment line
 
 
 class RunRequest(BaseModel):
@@ -107,17 +108,26 @@ async def create_run(body: RunRequest, request: Request):
 
 
 async def _sse(run: Run, backlog: list[Event], queue: asyncio.Queue) -> AsyncIterator[str]:
-    for event in backlog:
-        yield f"data: {json.dumps(event, default=str)}\n\n"
-    if backlog and backlog[-1]["type"] == "run_end":
+    """The run's events; a client that hangs up cancels the run (its running command is
+    killed): nobody is left to see the result, and the CPU it holds is shared. Runs started
+    with stream=false are not tied to a connection."""
+    ended = False
+    try:
+        for event in backlog:
+            yield f"data: {json.dumps(event, default=str)}\n\n"
+        ended = bool(backlog) and backlog[-1]["type"] == "run_end"
+        while not ended:
+            try:
+                event = await asyncio.wait_for(queue.get(), KEEPALIVE)
+            except TimeoutError:  # a comment line: also how a hang-up is noticed under
+                yield ": keep-alive\n\n"  # ASGI servers that report it only on send
+                continue
+            yield f"data: {json.dumps(event, default=str)}\n\n"
+            ended = event["type"] == "run_end"
         yield "data: [DONE]\n\n"
-        return
-    while True:
-        event = await queue.get()
-        yield f"data: {json.dumps(event, default=str)}\n\n"
-        if event["type"] == "run_end":
-            yield "data: [DONE]\n\n"
-            return
+    finally:
+        if not ended:
+            run.agent.cancel.set()
 
 
 def _get(request: Request, run_id: str) -> Run:

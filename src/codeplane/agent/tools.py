@@ -40,12 +40,16 @@ _TS_LANGS = {".js": "javascript", ".jsx": "javascript", ".ts": "typescript", ".t
 
 @dataclass
 class ToolContext:
-    """Per-run state and services: the todo list, settings for search, cancellation."""
+    """Per-run state and services: the todo list, settings for search, cancellation, and
+    which files this run has read (the agent refuses edits to files it never read)."""
 
     todos: list[dict[str, Any]] = field(default_factory=list)
     settings: Any = None
     engine: Any = None
     cancel: threading.Event | None = None
+    read_before_edit: bool = False
+    seen: set[Path] = field(default_factory=set)  # files read or written in this run
+    wrote: bool = False
 
 
 @dataclass
@@ -94,8 +98,47 @@ def tool(name: str, description: str, properties: dict[str, Any], required: tupl
     return register
 
 
-def schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
-    return [TOOLS[n].schema() for n in (names or list(TOOLS))]
+# The "core" set for small local models: fewer tools and arguments to choose from.
+CORE = ["read_file", "list_dir", "grep", "edit_file", "create_file", "delete_file",
+        "run_terminal_cmd"]
+_ADVANCED = ("code_edit", "case_sensitive")  # optional arguments the core set leaves out
+
+
+def schemas(names: list[str] | None = None, core: bool = False) -> list[dict[str, Any]]:
+    out = [TOOLS[n].schema() for n in (names or list(TOOLS))]
+    if core:
+        for fn in (s["function"] for s in out):
+            props = fn["parameters"]["properties"]
+            fn["parameters"]["properties"] = {k: v for k, v in props.items()
+                                              if k not in _ADVANCED}
+    return out
+
+
+def mentioned(text: str, files: list[str]) -> list[str]:
+    """Workspace files a task names, by path or by an unambiguous file name, in the order
+    they appear in the text."""
+    by_name: dict[str, list[str]] = {}
+    for f in files:
+        by_name.setdefault(Path(f).name, []).append(f)
+    found: dict[str, int] = {}
+    for f in files:
+        names = [f] + ([Path(f).name] if len(by_name[Path(f).name]) == 1 else [])
+        for name in names:
+            m = re.search(rf"(?<![\w/.-]){re.escape(name)}(?![\w/-])", text)
+            if m:
+                found[f] = min(found.get(f, m.start()), m.start())
+    return sorted(found, key=found.__getitem__)
+
+
+def _missing(env: Environment, given: str) -> ToolError:
+    """A not-found error that names the workspace files the model probably meant."""
+    name = Path(given).name
+    files = list(list_files(env, env.root))
+    close = [f for f in files if Path(f).name == name] or [
+        f for f in files if name and name.split(".")[0] in Path(f).name][:3]
+    hint = f"; did you mean {' or '.join(close[:3])}?" if close else \
+        "; use list_dir or file_search to find files"
+    return ToolError(f"{given} does not exist{hint}")
 
 
 def execute(env: Environment, name: str, args: dict[str, Any] | str,
@@ -195,7 +238,10 @@ def read_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
     path = env.resolve(args["path"])
     if path.is_dir():
         raise ToolError(f"{args['path']} is a directory; use list_dir")
+    if not path.exists():
+        raise _missing(env, args["path"])
     lines = _text(path).splitlines()
+    ctx.seen.add(path)
     first = max(args.get("start_line") or 1, 1)
     last = min(args.get("end_line") or first + MAX_READ_LINES - 1, len(lines),
                first + MAX_READ_LINES - 1)
@@ -383,8 +429,12 @@ def codebase_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str
       ("path",), "write")
 def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args["path"], write=True)
-    if not path.is_file():
-        raise ToolError(f"{args['path']} does not exist; use create_file for new files")
+    if not path.exists():
+        err = _missing(env, args["path"])
+        raise ToolError(f"{err}; use create_file for new files")
+    if ctx.read_before_edit and path not in ctx.seen:
+        raise ToolError(f"read {env.relative(path)} with read_file first, then copy old_string "
+                        "exactly from its output")
     before = _text(path)
     if args.get("code_edit") is not None and args.get("old_string") is None:
         after = _apply_sketch(before, args["code_edit"], env.relative(path), ctx)
@@ -392,6 +442,7 @@ def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
         after = _replace(before, args.get("old_string"), args.get("new_string"),
                          bool(args.get("replace_all")))
     path.write_text(after)
+    ctx.wrote = True
     return _change_report(env, path, before, after, "edited")
 
 
@@ -439,6 +490,8 @@ def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
     verb = "overwrote" if path.exists() else "created"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(args["content"])
+    ctx.seen.add(path)
+    ctx.wrote = True
     return _change_report(env, path, before, args["content"], verb)
 
 
@@ -451,6 +504,7 @@ def delete_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
         raise ToolError(f"{args['path']} does not exist")
     before = _text(path)
     path.unlink()
+    ctx.wrote = True
     diff = _diff(env.relative(path), before, "")
     return f"deleted {env.relative(path)}", {"diff": diff, "path": env.relative(path)}
 
