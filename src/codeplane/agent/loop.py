@@ -25,7 +25,13 @@ from typing import Any
 import httpx
 
 from codeplane.agent.env import Environment
-from codeplane.agent.prompts import CODE_NOT_APPLIED, FAKE_RESULT, NUDGE, system_prompt
+from codeplane.agent.prompts import (
+    CODE_NOT_APPLIED,
+    EMPTY,
+    FAKE_RESULT,
+    NUDGE,
+    system_prompt,
+)
 from codeplane.agent.tools import (
     CORE,
     TOOLS,
@@ -132,6 +138,7 @@ class Agent:
         self.run_id = run_id or uuid.uuid4().hex[:16]
         self.tools = schemas(CORE, core=True) if self.config.toolset == "core" else schemas()
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         self._start = time.monotonic()
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
 
@@ -182,6 +189,10 @@ class Agent:
                 status = "cancelled"
         except ModelError as exc:
             status, error = "error", str(exc)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
         result = RunResult(self.run_id, status, answer, steps, calls_made,
                            self.usage["prompt_tokens"], self.usage["completion_tokens"],
                            round(time.monotonic() - self._start, 3), self.model.model,
@@ -266,7 +277,9 @@ class Agent:
             return FAKE_RESULT
         if "```" in content and not self.ctx.wrote:
             return CODE_NOT_APPLIED
-        return NUDGE if calls_made == 0 else None
+        if calls_made == 0:
+            return NUDGE
+        return EMPTY if not content.strip() else None
 
     def _outputs(self, step: int, calls: list[dict], seen: dict[str, str]) -> list[str]:
         """Run a turn's calls; identical repeats get a pointer instead of a second copy."""
@@ -301,20 +314,44 @@ class Agent:
         return outputs
 
     def _execute(self, step: int, calls: list[dict]) -> list[ToolResult]:
+        """Run calls; each waits only for earlier calls it conflicts with.
+
+        Calls that wait on a subprocess or the network go to a pool that lives as long as
+        the run (starting threads per turn costs ~1-4 ms each on a loaded 2-core machine);
+        pure-Python tools (`Tool.inline`) run on this thread, in order, meanwhile. Serial
+        mode uses no thread at all."""
         parsed = [(c["function"]["name"], _arguments(c["function"].get("arguments")))
                   for c in calls]
-        futures: list[Future] = []
-        with ThreadPoolExecutor(max_workers=max(len(calls), 1)) as pool:
-            for i, call in enumerate(calls):
-                deps = [futures[j] for j in range(i) if not self.config.parallel
-                        or conflicts(self.env, parsed[j], parsed[i])]
-                futures.append(pool.submit(self._one, step, i, call, parsed[i], deps))
-            return [f.result() for f in futures]
+        if not self.config.parallel:
+            return [self._one(step, i, c, parsed[i]) for i, c in enumerate(calls)]
+        futures: list[Future] = [Future() for _ in calls]
+        deps = [[futures[j] for j in range(i) if conflicts(self.env, parsed[j], parsed[i])]
+                for i in range(len(calls))]
+        inline = [i for i, (name, _) in enumerate(parsed)
+                  if name not in TOOLS or TOOLS[name].inline]
+        for i in range(len(calls)):
+            if i not in inline:
+                self._workers().submit(self._settle, futures[i], deps[i], step, i, calls[i],
+                                       parsed[i])
+        for i in inline:
+            self._settle(futures[i], deps[i], step, i, calls[i], parsed[i])
+        return [f.result() for f in futures]
 
-    def _one(self, step: int, index: int, call: dict, parsed: tuple[str, Any],
-             deps: list[Future]) -> ToolResult:
+    def _workers(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.config.max_calls_per_turn,
+                                            thread_name_prefix=f"agent-{self.run_id}")
+        return self._pool
+
+    def _settle(self, future: Future, deps: list[Future], *call: Any) -> None:
         for dep in deps:
-            dep.result()
+            dep.exception()  # wait; a failed dependency does not stop this call
+        try:
+            future.set_result(self._one(*call))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by future.result()
+            future.set_exception(exc)
+
+    def _one(self, step: int, index: int, call: dict, parsed: tuple[str, Any]) -> ToolResult:
         name, args = parsed
         base = {"step": step, "index": index, "call_id": call.get("id", ""), "name": name}
         self.emit({"type": "tool_start", **base, "arguments": args})

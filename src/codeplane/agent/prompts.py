@@ -29,6 +29,8 @@ NUDGE = ("You have not used any tool yet, so nothing has changed. Call the tools
 FAKE_RESULT = ("Do not write <tool_call> or <tool_response> text yourself: call a tool and "
                "the harness returns its result. Call the next tool now, or answer in plain "
                "sentences if the task is done.")
+EMPTY = ("Your reply was empty. If the task is done, say in one or two sentences what you "
+         "changed; otherwise call the next tool.")
 CODE_NOT_APPLIED = ("You showed code, but no file has changed: the user cannot apply it. Make "
                     "the change with edit_file (old_string copied from read_file output) or "
                     "create_file now.")

@@ -78,6 +78,9 @@ class Tool:
     impl: Impl
     access: str  # "read" | "write" | "exec" | "state": decides what may run concurrently
     more: str = "narrow the request"  # how to see what truncation left out
+    # Pure-Python work (no subprocess, no network): under the GIL a thread cannot run it in
+    # parallel, and handing it to one costs more than the work, so the loop runs it inline.
+    inline: bool = False
 
     def schema(self) -> dict[str, Any]:
         params = {"type": "object", "properties": self.properties,
@@ -91,9 +94,11 @@ TOOLS: dict[str, Tool] = {}
 
 
 def tool(name: str, description: str, properties: dict[str, Any], required: tuple[str, ...],
-         access: str, more: str = "narrow the request") -> Callable[[Impl], Impl]:
+         access: str, more: str = "narrow the request",
+         inline: bool = False) -> Callable[[Impl], Impl]:
     def register(impl: Impl) -> Impl:
-        TOOLS[name] = Tool(name, description, properties, required, impl, access, more)
+        TOOLS[name] = Tool(name, description, properties, required, impl, access, more,
+                           inline)
         return impl
     return register
 
@@ -233,7 +238,7 @@ PATH = {"type": "string", "description": "Path relative to the workspace root."}
       "(1-based, inclusive) for other parts. Read several files at once by calling this tool "
       "several times in one turn.",
       {"path": PATH, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
-      ("path",), "read", "call read_file with start_line/end_line for the rest")
+      ("path",), "read", "call read_file with start_line/end_line for the rest", inline=True)
 def read_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args["path"])
     if path.is_dir():
@@ -258,7 +263,7 @@ def read_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
 
 @tool("list_dir", "List a directory: sub-directories end with '/', files show their size.",
       {"path": {**PATH, "description": "Directory relative to the workspace root (default .)"}},
-      (), "read", "list a sub-directory")
+      (), "read", "list a sub-directory", inline=True)
 def list_dir(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args.get("path") or ".")
     if not path.is_dir():
@@ -426,7 +431,7 @@ def codebase_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str
       "code with '# ... existing code ...' marking unchanged parts.",
       {"path": PATH, "old_string": {"type": "string"}, "new_string": {"type": "string"},
        "replace_all": {"type": "boolean"}, "code_edit": {"type": "string"}},
-      ("path",), "write")
+      ("path",), "write", inline=True)
 def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args["path"], write=True)
     if not path.exists():
@@ -481,7 +486,8 @@ def _apply_sketch(before: str, sketch: str, rel: str, ctx: ToolContext) -> str:
 
 @tool("create_file", "Create a file (and its directories) with the given content, or "
       "overwrite an existing file completely.",
-      {"path": PATH, "content": {"type": "string"}}, ("path", "content"), "write")
+      {"path": PATH, "content": {"type": "string"}}, ("path", "content"), "write",
+      inline=True)
 def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args["path"], write=True)
     if path.is_dir():
@@ -495,7 +501,7 @@ def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
     return _change_report(env, path, before, args["content"], verb)
 
 
-@tool("delete_file", "Delete a file.", {"path": PATH}, ("path",), "write")
+@tool("delete_file", "Delete a file.", {"path": PATH}, ("path",), "write", inline=True)
 def delete_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args["path"], write=True)
     if path == env.root or path.is_dir():
@@ -619,7 +625,7 @@ _STATUSES = ("pending", "in_progress", "completed", "cancelled")
       {"todos": {"type": "array", "items": {"type": "object", "properties": {
           "id": {"type": "string"}, "content": {"type": "string"},
           "status": {"type": "string", "enum": list(_STATUSES)}}}},
-       "merge": {"type": "boolean"}}, ("todos",), "state")
+       "merge": {"type": "boolean"}}, ("todos",), "state", inline=True)
 def todo_write(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     items = []
     for n, raw in enumerate(args["todos"], 1):
