@@ -21,17 +21,21 @@ file's start, and cannot tell a unique placement from a coin toss.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import re
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 INSERT, INSERT_KNOWN = 100, 120  # new line; "new" line that already exists in the file
+INSERT_EDGE = 600  # a segment's first/last line, next to a marker, taken as new though it exists
 INSERT_TRIVIAL = 40  # blank/punctuation lines: cheap either way, so they never steer placement
 DELETE_OPEN, DELETE_EXTEND = 100, 1
-SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 160, 0.5  # an original line edited in place
-SIG_WORDS = 8  # 512-bit token signature per line for the similarity of edited lines
+SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 120, 0.5  # an original line edited in place
+SIG_WORDS = 8  # 512-bit token signature per line: a cheap filter for edited lines
+SIG_CANDIDATE, MAX_CANDIDATES = 0.2, 64  # lines the exact token comparison then looks at
 INF = 1 << 40
 TRIVIAL = re.compile(r"^(\W*|pass|else:|try:|finally:|return|break|continue|\w{1,2}\W*)$")
 
@@ -48,16 +52,27 @@ _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def signature(text: str) -> np.ndarray:
-    """Bloom-style bit set of a line's tokens, token pairs and character trigrams (so
-    `return 2` -> `return 3` counts as an edit of that line; hash() is per process, which
-    is fine: signatures are only compared within one call)."""
+    """Bloom-style bit set of a line's tokens, token pairs, character trigrams and tokens by
+    position from either end (so `a + b` and `a - b` still look alike). crc32, not hash():
+    str hashes change per process, and a merge must not depend on the run."""
     sig = np.zeros(SIG_WORDS, dtype=np.uint64)
     tokens = _TOKEN.findall(text)
     trigrams = [text[i:i + 3] for i in range(max(0, len(text) - 2))]
-    for feature in (*tokens, *itertools.pairwise(tokens), *trigrams):
-        bit = hash(feature) % (64 * SIG_WORDS)
+    placed = [f"{i}\0{t}" for i, t in enumerate(tokens)] + \
+        [f"-{i}\0{t}" for i, t in enumerate(reversed(tokens))]
+    for feature in (*tokens, *(" ".join(p) for p in itertools.pairwise(tokens)), *trigrams,
+                    *placed):
+        bit = zlib.crc32(feature.encode()) % (64 * SIG_WORDS)
         sig[bit // 64] |= np.uint64(1 << (bit % 64))
     return sig
+
+
+def token_similarity(a: str, b: str) -> float:
+    """Share of tokens two lines have in common, in order (`return a + b` vs
+    `return a - b`: 0.75). Short lines differ in few tokens, but each changed token
+    breaks several trigrams and pairs, so the signature alone underrates their likeness."""
+    return difflib.SequenceMatcher(None, _TOKEN.findall(a), _TOKEN.findall(b),
+                                   autojunk=False).ratio()
 
 
 @dataclass
@@ -82,24 +97,33 @@ class Aligner:
         self.ocode = np.array([ids.setdefault(t, len(ids)) for t in onorm], dtype=np.int64)
         self.icode = [None if it is None else ids.get(norm(it), -1) for it in items]
         self.icost = [0 if it is None else self._insert_cost(norm(it), ids) for it in items]
-        osig = np.array([signature(t) for t in onorm]).reshape(len(onorm), SIG_WORDS)
-        otrivial = np.array([trivial(t) for t in onorm], dtype=bool)
-        self.subcost = [self._sub_cost(it, osig, otrivial, code)
-                        for it, code in zip(items, self.icode)]
+        for k, item in enumerate(items):
+            edge = (k and items[k - 1] is None) or (k + 1 < len(items) and items[k + 1] is None)
+            if edge and self.icost[k] == INSERT_KNOWN:
+                self.icost[k] = INSERT_EDGE  # it is the context that says where the edit goes
+        self.onorm = onorm
+        self.osig = np.array([signature(t) for t in onorm]).reshape(len(onorm), SIG_WORDS)
+        self.otrivial = np.array([trivial(t) for t in onorm], dtype=bool)
+        self.subcost = [self._sub_cost(it, code) for it, code in zip(items, self.icode)]
 
-    @staticmethod
-    def _sub_cost(item: str | None, osig: np.ndarray, otrivial: np.ndarray, code: int | None
-                  ) -> np.ndarray | None:
-        """Cost of item replacing each original line (INF where it is not similar enough)."""
+    def _sub_cost(self, item: str | None, code: int | None) -> np.ndarray | None:
+        """Cost of item replacing each original line (INF where it is not similar enough):
+        the signature picks candidates, the token comparison decides."""
         # A line that exists verbatim in the file is context, never an edit of another line.
-        if item is None or code != -1 or trivial(norm(item)) or not len(osig):
+        if item is None or code != -1 or trivial(norm(item)) or not len(self.osig):
             return None
-        sig = signature(norm(item))
-        common = np.bitwise_count(osig & sig).sum(axis=1)
-        union = np.maximum(np.bitwise_count(osig | sig).sum(axis=1), 1)
-        similarity = common / union
+        text = norm(item)
+        sig = signature(text)
+        common = np.bitwise_count(self.osig & sig).sum(axis=1)
+        union = np.maximum(np.bitwise_count(self.osig | sig).sum(axis=1), 1)
+        similarity = np.where(self.otrivial, 0.0, common / union)
+        candidates = np.flatnonzero(similarity >= SIG_CANDIDATE)
+        if len(candidates) > MAX_CANDIDATES:
+            candidates = candidates[np.argsort(-similarity[candidates])[:MAX_CANDIDATES]]
+        for o in candidates:
+            similarity[o] = max(similarity[o], token_similarity(text, self.onorm[o]))
         cost = (SUB_BASE + SUB_SCALE * (1 - similarity)).astype(np.int64)
-        return np.where((similarity >= SUB_MIN_SIMILARITY) & ~otrivial, cost, INF)
+        return np.where(similarity >= SUB_MIN_SIMILARITY, cost, INF)
 
     @staticmethod
     def _insert_cost(text: str, known: dict[str, int]) -> int:

@@ -16,9 +16,6 @@ import numpy as np
 from codeplane.apply.align import Aligner, Alignment, norm, trivial
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
 
-MAX_EDGE_DROP = 10  # lines a marker-less sketch edge may delete before we call it ambiguous
-
-
 @dataclass
 class MergeOutcome:
     merged: list[str] | None
@@ -49,6 +46,26 @@ def merge(original: list[str], parsed: ParsedEdit) -> MergeOutcome:
 # -- sketches --------------------------------------------------------------------------------
 
 def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
+    outcome = _align_and_build(original, sketch)
+    if outcome.merged is None:
+        return outcome
+    # Ties: the alignment breaks them toward one end of the file. Aligning the mirrored
+    # problem breaks them toward the other end; when the two results differ, the sketch
+    # fits two ways equally well (typically blank lines or repeated lines around an insert).
+    mirrored = Sketch([segment[::-1] for segment in reversed(sketch.segments)],
+                      sketch.gap_after, sketch.gap_before)
+    other = _align_and_build(original[::-1], mirrored).merged
+    if other is not None and other[::-1] != outcome.merged:
+        at = next(i for i, (a, b) in enumerate(zip(outcome.merged, other[::-1])) if a != b) \
+            if len(other) == len(outcome.merged) else None
+        where = f" (from line {at + 1})" if at is not None else ""
+        return MergeOutcome(None, reasons=[
+            f"the sketch fits the file in two equally good ways that give different "
+            f"results{where}: ambiguous"])
+    return outcome
+
+
+def _align_and_build(original: list[str], sketch: Sketch) -> MergeOutcome:
     items: list[str | None] = [None]
     owner: list[int] = [-1]  # segment number of each item, -1 for markers
     for number, segment in enumerate(sketch.segments):
@@ -67,7 +84,69 @@ def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
         problem = _check_segment(aligner, best, owner, number, segment, len(original))
         if problem:
             return MergeOutcome(None, reasons=[problem])
-    return _build(original, sketch, items, owner, best)
+    regions = {}
+    for number, segment in enumerate(sketch.segments):
+        region = _narrowest(original, items, owner, best, number)
+        if isinstance(region, str):
+            return MergeOutcome(None, reasons=[f"segment {number + 1} ({_quote(segment)}) "
+                                               f"{region}: ambiguous"])
+        if region is not None:
+            regions[number] = region
+    return _build(original, sketch, items, owner, best, regions)
+
+
+def _narrowest(original: list[str], items: list[str | None], owner: list[int],
+               best: Alignment, number: int) -> tuple[int, int] | str | None:
+    """The smallest original region the segment can replace with the same opening and
+    closing lines, when that is smaller than the alignment's: an alignment can save cost
+    by rewriting an existing function into a new, similar one where the sketch adds the new
+    one next to it, and keeping the most code is the safer reading. When the smaller reading
+    would cut through lines the edit itself uses as context, neither is trusted (a string
+    says why)."""
+    rows = [k for k, seg in enumerate(owner) if seg == number]
+    start, end = best.ops[rows[0] - 1][2], best.ops[rows[-1] + 1][1]
+    head = _anchored_run(items, best, rows, start, 1, longest=True)
+    tail = _anchored_run(items, best, rows[::-1], end - 1, -1, longest=True)
+    head_min = _anchored_run(items, best, rows, start, 1, longest=False)
+    tail_min = _anchored_run(items, best, rows[::-1], end - 1, -1, longest=False)
+    keys = [norm(line) for line in original]
+    interior = {best.ops[k][1] for k in rows[head:len(rows) - tail] if best.ops[k][0] == "match"}
+    new_start, new_end = start, end
+    if head:
+        want = keys[start:start + head]
+        for p in range(end - tail_min - head, start, -1):
+            if keys[p:p + head] == want:
+                if not interior.isdisjoint(range(p, p + head)):
+                    return (f"opens like lines {start + 1} and {p + 1}, and the second "
+                            f"reading would keep code the first replaces")
+                new_start = p
+                break
+    if tail:
+        want = keys[end - tail:end]
+        for q in range(new_start + head_min + tail, end):
+            if keys[q - tail:q] == want:
+                if not interior.isdisjoint(range(q - tail, q)):
+                    return (f"closes like lines {q} and {end}, and the first reading would "
+                            f"keep code the second replaces")
+                new_end = q
+                break
+    return None if (new_start, new_end) == (start, end) else (new_start, new_end)
+
+
+def _anchored_run(items: list[str | None], best: Alignment, rows: list[int], at: int,
+                  step: int, longest: bool) -> int:
+    """How many of the segment's rows, from one end, match consecutive original lines from
+    `at`: all of them (`longest`) or just enough to include a distinctive line; 0 when the
+    run has no distinctive line."""
+    count, distinctive = 0, False
+    for k in rows:
+        if best.ops[k] != ("match", at + step * count):
+            break
+        count += 1
+        distinctive = distinctive or not trivial(norm(items[k]))  # type: ignore[arg-type]
+        if distinctive and not longest:
+            break
+    return count if distinctive else 0
 
 
 def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: int,
@@ -92,27 +171,44 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
 
 
 def _build(original: list[str], sketch: Sketch, items: list[str | None], owner: list[int],
-           best: Alignment) -> MergeOutcome:
+           best: Alignment, regions: dict[int, tuple[int, int]]) -> MergeOutcome:
+    """Kept original ranges between the segments; `regions` narrows what a segment replaces."""
     out: list[str] = []
     notes: list[str] = []
     last = len(items) - 1
     for k, op in enumerate(best.ops):
         if op[0] != "marker":
             continue
-        kept = original[op[1]:op[2]]
+        start = regions[owner[k - 1]][1] if k and owner[k - 1] in regions else op[1]
+        end = regions[owner[k + 1]][0] if k < last and owner[k + 1] in regions else op[2]
+        kept = original[start:end]
         edge = "start" if k == 0 else "end" if k == last else None
         if edge and kept and not (sketch.gap_before if k == 0 else sketch.gap_after):
-            if len(kept) > MAX_EDGE_DROP:
-                reason = (f"the edit has no elision marker at its {edge} but the file has "
-                          f"{len(kept)} more lines there: either they are deleted or the "
-                          f"marker was forgotten")
-                return MergeOutcome(None, reasons=[reason])
-            notes.append(f"no marker at the edit's {edge}: {len(kept)} line(s) there deleted")
-            kept = []
+            problem = _edge_problem(kept, edge)
+            if problem:
+                return MergeOutcome(None, reasons=[problem])
+            if any(line.strip() for line in kept):
+                notes.append(f"no marker at the edit's {edge}: the {len(kept)} line(s) "
+                             f"{'above' if k == 0 else 'below'} it were kept")
         out.extend(kept)
         if k < last:
             out.extend(_segment_lines(original, items, owner, best, owner[k + 1]))
     return MergeOutcome(out, notes=notes)
+
+
+def _edge_problem(kept: list[str], edge: str) -> str | None:
+    """Policy for original lines beyond a sketch edge that has no marker: keep them, because
+    models often leave the marker out and dropping code by accident is the worst outcome.
+    Only when those lines touch the sketch's edge with no blank line between (so they read
+    as part of the block the sketch shows, and leaving them out may mean deleting them) is
+    it declined instead of guessed."""
+    touching = kept[-1] if edge == "start" else kept[0]
+    if not touching.strip() or not any(line.strip() for line in kept):
+        return None
+    where = "above" if edge == "start" else "below"
+    return (f"the edit has no elision marker at its {edge}, and the file continues right "
+            f"{where} it ({touching.strip()[:60]!r}, {len(kept)} line(s)): either they are "
+            f"deleted or the marker was forgotten")
 
 
 def _segment_lines(original: list[str], items: list[str | None], owner: list[int],
@@ -123,8 +219,8 @@ def _segment_lines(original: list[str], items: list[str | None], owner: list[int
              if best.ops[k][0] == "match" and lines[i].strip()]
     lines = _shift(lines, _indent_delta(pairs, lines, original))
     for i, o in pairs:
-        if lines[i].rstrip() == original[o].rstrip():
-            lines[i] = original[o]  # keep the original's trailing whitespace
+        if lines[i] == lines[i].rstrip() and lines[i] == original[o].rstrip():
+            lines[i] = original[o]  # sketches often drop trailing whitespace: keep the file's
     return lines
 
 
@@ -134,20 +230,25 @@ def _indent(line: str) -> str:
 
 def _indent_delta(pairs: list[tuple[int, int]], have: list[str], want: list[str]
                   ) -> tuple[str, str] | None:
-    """The one indentation prefix to add ("add") or remove ("cut") that maps every paired
-    `have` line onto its `want` line, or None when the shift is absent or not uniform."""
-    deltas = set()
+    """The indentation prefix to add ("add") or remove ("cut") that maps most paired `have`
+    lines onto their `want` lines, or None when there is no shift. Most, not all: a sketch
+    that wraps old lines in a new block re-indents exactly those lines on purpose."""
+    votes: dict[tuple[str, str], int] = {}
     for j, i in pairs:
         ours, theirs = _indent(have[j]), _indent(want[i])
         if theirs.endswith(ours):
-            deltas.add(("add", theirs[: len(theirs) - len(ours)]))
+            delta = ("add", theirs[: len(theirs) - len(ours)])
         elif ours.endswith(theirs):
-            deltas.add(("cut", ours[: len(ours) - len(theirs)]))
+            delta = ("cut", ours[: len(ours) - len(theirs)])
         else:
-            return None
-    if len(deltas) != 1:
+            continue
+        votes[delta] = votes.get(delta, 0) + 1
+    if not votes:
         return None
-    delta = deltas.pop()
+    ranked = sorted(votes.items(), key=lambda kv: -kv[1])
+    if len(ranked) > 1 and ranked[1][1] * 2 > ranked[0][1]:
+        return None  # no clear majority: leave the lines as written
+    delta = ranked[0][0]
     return delta if delta[1] else None
 
 
