@@ -99,7 +99,9 @@ class AgentConfig:
     keep_turns: int = 2  # most recent turns never compacted
     corrections: int = 2  # replies without a usable tool call that get a hint, not the end
     max_calls_per_turn: int = 8
-    required_steps: int = 1  # first turns (and the turn after a hint) must call a tool
+    # First turns must call a tool (tool_choice "required"). Off: codeplane serve enforces it
+    # with a llama.cpp grammar that cost 60-180 s per turn on a 1.5B model (docs/agent.md).
+    required_steps: int = 0
     read_before_edit: bool = True  # edit_file refuses files not read in this run
     preread: int = 4  # files named in the task the harness reads before the first turn
     toolset: str = "full"  # "full" (all tools) or "core" (7 tools, simpler schemas)
@@ -160,7 +162,7 @@ class Agent:
                    "environment": self.env.metadata(), "config": asdict(self.config),
                    "tools": self.tools, "messages": list(messages)})
         status, answer, error, steps, calls_made = "max_steps", "", None, 0, 0
-        corrections, seen, hinted = 0, {}, False
+        corrections, seen = 0, {}
         try:
             for steps in range(1, self.config.max_steps + 1):
                 if self.cancel.is_set():
@@ -169,13 +171,13 @@ class Agent:
                 if sum(self.usage.values()) >= self.config.token_budget:
                     status = "budget"
                     break
-                force = hinted or steps <= self.config.required_steps
+                force = steps <= self.config.required_steps
                 message = self._turn(steps, messages, "required" if force else "auto")
-                calls, hinted = message.get("tool_calls") or [], False
+                calls = message.get("tool_calls") or []
                 if not calls:
                     note = self._correction(message.get("content") or "", calls_made)
                     if note and corrections < self.config.corrections:
-                        corrections, hinted = corrections + 1, True
+                        corrections += 1
                         messages.append({"role": "user", "content": note})
                         self.emit({"type": "user_message", "step": steps, "content": note})
                         continue
