@@ -166,6 +166,23 @@ def test_code_or_fake_results_instead_of_calls_get_hints(scripted, repo) -> None
     assert [r["tool_choice"] for r in scripted.requests] == ["auto"] * 3
 
 
+def test_invented_tool_name_with_fitting_arguments_is_repaired(scripted, repo) -> None:
+    scripted.script = [
+        {"content": '{"name": "show_a", "arguments": {"path": "a.py", "start_line": 1}}'},
+        {"content": '{"name": "set_b", "arguments": {"path": "b.py", "content": "B = 3"}}'},
+        {"content": '{"name": "look", "arguments": {"path": "a.py"}}'},  # fits 4 tools
+        {"content": "done"}]
+    result = agent_for(scripted, repo).run("show A")
+    second = scripted.requests[1]["messages"]
+    assert second[-2]["tool_calls"][0]["function"]["name"] == "read_file"
+    assert second[-1]["content"] == "a.py (lines 1-1 of 1):\nA = 1"
+    overwrite = scripted.requests[2]["messages"][-1]["content"]
+    assert overwrite.startswith("error: b.py already exists; read it with read_file first")
+    assert (repo / "b.py").read_text() == "B = 2\n"
+    assert "look is not a tool" in scripted.requests[3]["messages"][-1]["content"]
+    assert result.tool_calls == 2 and result.answer == "done"
+
+
 def test_empty_reply_after_work_gets_a_hint(scripted, repo) -> None:
     scripted.script = [{"calls": [("list_dir", {})]}, {"content": ""}, {"content": "Listed."}]
     result = agent_for(scripted, repo).run("list the files")

@@ -173,7 +173,7 @@ class Agent:
                     break
                 force = steps <= self.config.required_steps
                 message = self._turn(steps, messages, "required" if force else "auto")
-                calls = message.get("tool_calls") or []
+                calls = message.get("tool_calls") or self._repair(steps, message)
                 if not calls:
                     note = self._correction(message.get("content") or "", calls_made)
                     if note and corrections < self.config.corrections:
@@ -265,6 +265,28 @@ class Agent:
         if changed:
             self.emit({"type": "compaction", "step": step, "messages_compacted": changed})
         return changed > 0
+
+    def _repair(self, step: int, message: dict) -> list[dict]:
+        """Calls to invented tool names whose arguments fit exactly one real tool, as calls
+        of that tool. code-small mostly names the tool after the task
+        (`{"name": "change_server_port", "arguments": {"path": ..., "start_line": 1}}`) and
+        repeats itself word for word after a hint; the history then shows the right name."""
+        content = message.get("content") or ""
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in self.tools}
+        repaired = []
+        for call in parse_tool_calls(content, _AnyName(params))[1]:
+            args = _arguments(call.arguments)
+            fits = [name for name, p in params.items() if isinstance(args, dict) and args
+                    and set(p["required"]) <= set(args) <= set(p["properties"])]
+            if call.name in params or len(fits) != 1:
+                return []
+            repaired.append({"id": call.id, "type": "function",
+                             "function": {"name": fits[0], "arguments": call.arguments}})
+        if repaired:
+            message.update(content="", tool_calls=repaired)
+            self.emit({"type": "call_repair", "step": step, "original": content,
+                       "tool_calls": repaired})
+        return repaired
 
     def _correction(self, content: str, calls_made: int) -> str | None:
         """A hint instead of ending the run, when a reply is not really a final answer: it

@@ -492,6 +492,9 @@ def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
     path = env.resolve(args["path"], write=True)
     if path.is_dir():
         raise ToolError(f"{args['path']} is a directory")
+    if ctx.read_before_edit and path.exists() and path not in ctx.seen:
+        raise ToolError(f"{env.relative(path)} already exists; read it with read_file first, "
+                        "then change it with edit_file (or overwrite it with create_file)")
     before = _text(path) if path.exists() else ""
     verb = "overwrote" if path.exists() else "created"
     path.parent.mkdir(parents=True, exist_ok=True)
