@@ -22,6 +22,7 @@ file's start, and cannot tell a unique placement from a coin toss.
 from __future__ import annotations
 
 import difflib
+import functools
 import itertools
 import re
 import zlib
@@ -30,12 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 
 INSERT, INSERT_KNOWN = 100, 120  # new line; "new" line that already exists in the file
-INSERT_EDGE = 600  # a segment's first/last line, next to a marker, taken as new though it exists
+INSERT_EDGE = 2000  # a segment's first/last line, next to a marker, taken as new though it exists
 INSERT_TRIVIAL = 40  # blank/punctuation lines: cheap either way, so they never steer placement
 DELETE_OPEN, DELETE_EXTEND = 100, 1
 SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 120, 0.5  # an original line edited in place
 SIG_WORDS = 8  # 512-bit token signature per line: a cheap filter for edited lines
-SIG_CANDIDATE, MAX_CANDIDATES = 0.2, 64  # lines the exact token comparison then looks at
+SIG_CANDIDATE, MAX_CANDIDATES = 0.2, 24  # lines the exact token comparison then looks at
 INF = 1 << 40
 TRIVIAL = re.compile(r"^(\W*|pass|else:|try:|finally:|return|break|continue|\w{1,2}\W*)$")
 
@@ -51,20 +52,44 @@ def trivial(text: str) -> bool:
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
-def signature(text: str) -> np.ndarray:
-    """Bloom-style bit set of a line's tokens, token pairs, character trigrams and tokens by
-    position from either end (so `a + b` and `a - b` still look alike). crc32, not hash():
-    str hashes change per process, and a merge must not depend on the run."""
-    sig = np.zeros(SIG_WORDS, dtype=np.uint64)
-    tokens = _TOKEN.findall(text)
-    trigrams = [text[i:i + 3] for i in range(max(0, len(text) - 2))]
-    placed = [f"{i}\0{t}" for i, t in enumerate(tokens)] + \
-        [f"-{i}\0{t}" for i, t in enumerate(reversed(tokens))]
-    for feature in (*tokens, *(" ".join(p) for p in itertools.pairwise(tokens)), *trigrams,
-                    *placed):
-        bit = zlib.crc32(feature.encode()) % (64 * SIG_WORDS)
-        sig[bit // 64] |= np.uint64(1 << (bit % 64))
-    return sig
+def signatures(texts: list[str]) -> np.ndarray:
+    """Bloom-style bit sets (one row of SIG_WORDS uint64 per text) of each line's tokens,
+    token pairs, tokens by position from either end (so `a + b` and `a - b` still look
+    alike) and byte trigrams. crc32 and a fixed multiplier, not hash(): str hashes change
+    per process, and a merge must not depend on the run. Trigrams are hashed with numpy
+    over all lines at once: they are most of the features."""
+    index, packed = _signature_table(frozenset(texts))
+    return packed[[index[t] for t in texts]].reshape(len(texts), SIG_WORDS)
+
+
+@functools.lru_cache(maxsize=4)  # the mirrored check and repeated applies ask again
+def _signature_table(texts: frozenset[str]) -> tuple[dict[str, int], np.ndarray]:
+    unique = sorted(texts)
+    bits = np.zeros((len(unique), 64 * SIG_WORDS), dtype=bool)
+    features: list[str] = []
+    counts = []
+    for text in unique:
+        tokens = _TOKEN.findall(text)
+        before = len(features)
+        features += tokens
+        features += map(" ".join, itertools.pairwise(tokens))
+        features += (f"{i}\0{t}" for i, t in enumerate(tokens))
+        features += (f"-{i}\0{t}" for i, t in enumerate(reversed(tokens)))
+        counts.append(len(features) - before)
+    hashes = np.fromiter(map(zlib.crc32, map(str.encode, features)), dtype=np.int64,
+                         count=len(features))
+    bits[np.repeat(np.arange(len(unique)), counts), hashes % (64 * SIG_WORDS)] = True
+    encoded = [text.encode() for text in unique]
+    data = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.uint64)
+    line = np.repeat(np.arange(len(unique)), [len(e) for e in encoded])
+    if len(data) > 2:
+        same = line[:-2] == line[2:]
+        codes = (data[:-2] << np.uint64(16)) | (data[1:-1] << np.uint64(8)) | data[2:]
+        hashed = ((codes * np.uint64(2654435761)) >> np.uint64(13)) % np.uint64(64 * SIG_WORDS)
+        bits[line[:-2][same], hashed[same].astype(np.int64)] = True
+    packed = np.packbits(bits, axis=1, bitorder="little").view(np.uint64)
+    packed.flags.writeable = False
+    return {text: row for row, text in enumerate(unique)}, packed
 
 
 def token_similarity(a: str, b: str) -> float:
@@ -102,7 +127,7 @@ class Aligner:
             if edge and self.icost[k] == INSERT_KNOWN:
                 self.icost[k] = INSERT_EDGE  # it is the context that says where the edit goes
         self.onorm = onorm
-        self.osig = np.array([signature(t) for t in onorm]).reshape(len(onorm), SIG_WORDS)
+        self.osig = signatures(onorm)
         self.otrivial = np.array([trivial(t) for t in onorm], dtype=bool)
         self.subcost = [self._sub_cost(it, code) for it, code in zip(items, self.icode)]
 
@@ -113,7 +138,7 @@ class Aligner:
         if item is None or code != -1 or trivial(norm(item)) or not len(self.osig):
             return None
         text = norm(item)
-        sig = signature(text)
+        sig = signatures([text])[0]
         common = np.bitwise_count(self.osig & sig).sum(axis=1)
         union = np.maximum(np.bitwise_count(self.osig | sig).sum(axis=1), 1)
         similarity = np.where(self.otrivial, 0.0, common / union)

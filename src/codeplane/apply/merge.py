@@ -86,6 +86,11 @@ def _align_and_build(original: list[str], sketch: Sketch) -> MergeOutcome:
             return MergeOutcome(None, reasons=[problem])
     regions = {}
     for number, segment in enumerate(sketch.segments):
+        problem = _open_end(original, items, owner, best, number,
+                            number + 1 < len(sketch.segments) or sketch.gap_after)
+        if problem:
+            return MergeOutcome(None, reasons=[f"segment {number + 1} ({_quote(segment)}) "
+                                               f"{problem}"])
         region = _narrowest(original, items, owner, best, number)
         if isinstance(region, str):
             return MergeOutcome(None, reasons=[f"segment {number + 1} ({_quote(segment)}) "
@@ -131,6 +136,28 @@ def _narrowest(original: list[str], items: list[str | None], owner: list[int],
                 new_end = q
                 break
     return None if (new_start, new_end) == (start, end) else (new_start, new_end)
+
+
+def _open_end(original: list[str], items: list[str | None], owner: list[int],
+              best: Alignment, number: int, marker_after: bool) -> str | None:
+    """A segment that ends in new lines right before a marker, where the file goes on
+    inside the block the segment was editing (deeper than its last context line), does not
+    say whether those old lines are replaced or kept: typically a rewritten body whose
+    closing context line was blank. Say so instead of keeping both versions."""
+    rows = [k for k, seg in enumerate(owner) if seg == number]
+    content = [k for k in rows if items[k].strip()]  # type: ignore[union-attr]
+    marker = best.ops[rows[-1] + 1]
+    if not content or best.ops[content[-1]][0] == "match" or not marker_after:
+        return None
+    matched = [best.ops[k][1] for k in content if best.ops[k][0] == "match"]
+    follow = next((line for line in original[marker[1]:marker[2]] if line.strip()), None)
+    if not matched or follow is None:
+        return None
+    base = _indent(original[matched[-1]])
+    if _indent(follow).startswith(base) and len(_indent(follow)) > len(base):
+        return (f"ends with new lines, and the file continues inside the same block "
+                f"({follow.strip()[:60]!r}): replaced or kept? ambiguous")
+    return None
 
 
 def _anchored_run(items: list[str | None], best: Alignment, rows: list[int], at: int,
