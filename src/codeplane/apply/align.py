@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 INSERT, INSERT_KNOWN = 100, 120  # new line; "new" line that already exists in the file
-INSERT_EDGE = 2000  # a segment's first/last line, next to a marker, taken as new though it exists
+INSERT_EDGE = 5000  # a segment's first/last line, next to a marker, taken as new though it exists
 INSERT_TRIVIAL = 40  # blank/punctuation lines: cheap either way, so they never steer placement
-DELETE_OPEN, DELETE_EXTEND = 100, 1
+DELETE_OPEN, DELETE_EXTEND = 100, 20
 SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 120, 0.5  # an original line edited in place
 SIG_WORDS = 8  # 512-bit token signature per line: a cheap filter for edited lines
 SIG_CANDIDATE, MAX_CANDIDATES = 0.2, 24  # lines the exact token comparison then looks at

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from codeplane.apply.align import Aligner, Alignment, norm, trivial
+from codeplane.apply.align import INSERT_EDGE, Aligner, Alignment, norm, trivial
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
 
 @dataclass
@@ -186,6 +186,11 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
                if best.ops[k][0] == "match"):
         return (f"{label} shares no distinctive line with the original: cannot tell where it "
                 f"goes")
+    for k in (rows[0], rows[-1]):  # a segment's edge lines are its context (see align.py)
+        if best.ops[k][0] == "insert" and aligner.icost[k] == INSERT_EDGE:
+            return (f"{label}: its {'first' if k == rows[0] else 'last'} line "
+                    f"{aligner.items[k].strip()[:60]!r} is in the file but does not fit as "
+                    f"context anywhere the rest of the segment does")
     mask = np.zeros(n, dtype=bool)
     mask[matched] = True
     rival = aligner.align({k: mask for k in rows})
@@ -214,7 +219,9 @@ def _build(original: list[str], sketch: Sketch, items: list[str | None], owner: 
             problem = _edge_problem(kept, edge)
             if problem:
                 return MergeOutcome(None, reasons=[problem])
-            if any(line.strip() for line in kept):
+            if not any(line.strip() for line in kept):
+                kept = []  # only blank lines: the sketch shows the file's very start or end
+            else:
                 notes.append(f"no marker at the edit's {edge}: the {len(kept)} line(s) "
                              f"{'above' if k == 0 else 'below'} it were kept")
         out.extend(kept)
@@ -230,7 +237,7 @@ def _edge_problem(kept: list[str], edge: str) -> str | None:
     as part of the block the sketch shows, and leaving them out may mean deleting them) is
     it declined instead of guessed."""
     touching = kept[-1] if edge == "start" else kept[0]
-    if not touching.strip() or not any(line.strip() for line in kept):
+    if not touching.strip():
         return None
     where = "above" if edge == "start" else "below"
     return (f"the edit has no elision marker at its {edge}, and the file continues right "
