@@ -105,15 +105,17 @@ def test_parallel_calls_results_in_call_order_and_transcript(scripted, repo, tmp
     assert tool_msgs[1]["content"] == "b.py:1:B = 2"
     assert tool_msgs[3]["content"].endswith("A = 10")  # ... and after it, as ordered
     assert scripted.requests[0]["tools"][0]["function"]["name"] == "read_file"
-    system = scripted.requests[0]["messages"][0]["content"]
-    assert system.endswith("Files in the repository:\na.py\nb.py")
+    first = scripted.requests[0]["messages"]
+    assert "{" not in first[0]["content"]  # the system prompt is static (KV-cache prefix)
+    assert first[1]["content"] == "set A to 10\n\nFiles in the repository:\na.py\nb.py"
     events = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     kinds = [e["type"] for e in events]
     assert kinds[0] == "run_start" and kinds[-1] == "run_end"
     assert kinds.count("tool_start") == 4 and kinds.count("tool_result") == 4
     start = events[0]
     assert start["environment"]["sandboxed"] and start["model"] == "scripted"
-    assert start["messages"][1] == {"role": "user", "content": "set A to 10"}
+    assert start["messages"][1]["content"].startswith("set A to 10\n\n")
+    assert start["task"] == "set A to 10"
     turn = next(e for e in events if e["type"] == "model_turn")
     assert turn["usage"]["prompt_tokens"] == 100 and turn["seconds"] >= 0
     edit = next(e for e in events if e["type"] == "tool_result" and e["name"] == "edit_file")

@@ -30,7 +30,8 @@ from codeplane.agent.prompts import (
     EMPTY,
     FAKE_RESULT,
     NUDGE,
-    system_prompt,
+    SYSTEM,
+    task_message,
 )
 from codeplane.agent.tools import (
     CORE,
@@ -154,8 +155,8 @@ class Agent:
     def run(self, task: str) -> RunResult:
         self._start = time.monotonic()
         files = list(list_files(self.env, self.env.root))
-        messages: list[dict] = [{"role": "system", "content": system_prompt(files)},
-                                {"role": "user", "content": task}]
+        messages: list[dict] = [{"role": "system", "content": SYSTEM},
+                                {"role": "user", "content": task_message(task, files)}]
         messages += self._preread(task, files)
         self.emit({"type": "run_start", "time": time.time(), "task": task,
                    "model": self.model.model, "base_url": self.model.base_url,

@@ -1,5 +1,10 @@
-"""The system prompt. Short on purpose: small local models (0.5B-1.5B) follow a few concrete
-rules better than a long policy, and every token here is prefilled on a CPU each run."""
+"""The system prompt and the harness's hints. Short on purpose: small local models (0.5B-1.5B)
+follow a few concrete rules better than a long policy.
+
+The system prompt is the same for every run and workspace: the chat template puts the tool
+schemas right after it, so together they form a ~1,400-token prefix the server's KV cache
+keeps from run to run (prefilling it costs ~60 s on code-medium here). Everything that varies
+- the task and the file listing - comes after it, in the user message."""
 
 from __future__ import annotations
 
@@ -18,10 +23,8 @@ pytest -q). If something fails, read the output and fix it.
 4. Answer: when the task is done, reply with one or two sentences saying what you changed, \
 and call no tool.
 
-Paths are relative to the repository root, written exactly as in this list.
-
-Files in the repository{more}:
-{files}"""
+Paths are relative to the repository root, written exactly as in the file list the user \
+gives you."""
 MAX_FILES = 40
 
 NUDGE = ("You have not used any tool yet, so nothing has changed. Call the tools needed to "
@@ -36,8 +39,9 @@ CODE_NOT_APPLIED = ("You showed code, but no file has changed: the user cannot a
                     "create_file now.")
 
 
-def system_prompt(files: list[str]) -> str:
-    """The rules plus the first files of the repository: small models otherwise guess names
+def task_message(task: str, files: list[str]) -> str:
+    """The task plus the first files of the repository: small models otherwise guess names
     (or copy an absolute root path wrongly) before they think of listing the directory."""
     more = f" (first {MAX_FILES} of {len(files)})" if len(files) > MAX_FILES else ""
-    return SYSTEM.format(files="\n".join(files[:MAX_FILES]) or "(none)", more=more)
+    listing = "\n".join(files[:MAX_FILES]) or "(none)"
+    return f"{task}\n\nFiles in the repository{more}:\n{listing}"
