@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from codeplane.apply.api import apply_edit
@@ -242,8 +243,9 @@ def _shares(kinds: list[str]) -> str:
                                                                        "declined"))
 
 
-def model_cases(cases: list[dict], count: int, max_window: int) -> list[dict]:
-    """Cases whose edit fits one model window of at most `max_window` lines, all buckets."""
+def model_cases(cases: list[dict], count: int, max_window: int) -> list[tuple[dict, int]]:
+    """`count` cases whose edit fits one model window of at most `max_window` lines (original
+    and edit), spread evenly over the window sizes, with their window size."""
     from codeplane.apply.formats import parse_edit
     from codeplane.apply.rewrite import pieces_of, plan_windows
 
@@ -251,44 +253,130 @@ def model_cases(cases: list[dict], count: int, max_window: int) -> list[dict]:
     for case in sorted(cases, key=lambda c: (c["commit"], c["path"])):
         lines = case["original"].split("\n")
         windows = plan_windows(lines, pieces_of(parse_edit(edit_for(case, "markers"), lines)))
-        if isinstance(windows, list) and len(windows) == 1 \
-                and windows[0].end - windows[0].start <= max_window:
-            picked.append(case)
-    step = max(1, len(picked) // count) if picked else 1
-    return picked[::step][:count]
+        if not isinstance(windows, list) or len(windows) != 1:
+            continue
+        size = max(windows[0].end - windows[0].start, sum(map(len, windows[0].pieces)))
+        if size <= max_window:
+            picked.append((case, windows[0].end - windows[0].start))
+    picked.sort(key=lambda p: p[1])
+    if len(picked) <= count:
+        return picked
+    return [picked[round(i * (len(picked) - 1) / (count - 1))] for i in range(count)] \
+        if count > 1 else picked[:1]
 
 
-def run_model(cases: list[dict], model: str, count: int, max_window: int) -> None:
+@dataclass
+class ModelRun:
+    """One case decoded three ways: speculative, the same loop one token per pass, and the
+    engine's own greedy decoding (`LocalModel.generate`, llama.cpp's eval loop)."""
+    path: str
+    window: int
+    exact: bool
+    ok: bool
+    why: str
+    tokens: int
+    prompt_seconds: float
+    seconds: dict[str, float]  # decode seconds for tokens 2..n, per method
+    passes: int
+    drafted: int
+    accepted: int
+    same: bool  # all three produced the same tokens
+    verify_seconds: float  # speculative: time inside forward passes
+
+
+def decode_rate(runs: list[ModelRun], method: str) -> float:
+    return sum(r.tokens - 1 for r in runs) / max(1e-9, sum(r.seconds[method] for r in runs))
+
+
+def run_case(engine, model: str, case: dict, window: int, repeats: int) -> ModelRun:
+    """Decode the case's window `repeats` times each way, interleaved, and keep each way's
+    fastest decode: other jobs on a shared 2-core box only ever add time."""
+    from codeplane.apply.formats import join_lines, parse_edit, split_lines
+    from codeplane.apply.rewrite import jobs, rewrite
+    from codeplane.apply.speculative import decode
+    from codeplane.models.engine import Sampling
+
+    lines, newline, final = split_lines(case["original"])
+    parsed = parse_edit(edit_for(case, "markers"), lines)
+    best: dict[str, float] = {}
+    prefill = None
+    for _ in range(repeats):
+        spec = engine.run_sync(model, lambda m: rewrite(m, lines, parsed, case["path"]))
+        prefill = prefill or sum(r.prompt_seconds for r in spec.runs)  # later ones are cached
+
+        def loop(m):  # the same prompts and token counts, one token per forward pass
+            return [decode(m, job.prompt, job.sources, run.output_tokens, speculative=False)
+                    for job, run in zip(jobs(m, lines, parsed, case["path"]), spec.runs)]
+
+        def native(m):  # the same again with the engine's normal greedy decoding
+            return [m.generate(job.prompt, Sampling(max_tokens=run.output_tokens))
+                    for job, run in zip(jobs(m, lines, parsed, case["path"]), spec.runs)]
+
+        plain = engine.run_sync(model, loop)
+        gens = engine.run_sync(model, native)
+        for method, seconds in (("spec", sum(r.decode_seconds for r in spec.runs)),
+                                ("loop", sum(r.decode_seconds for r in plain)),
+                                ("engine", sum(g.decode_seconds for g in gens))):
+            best[method] = min(best.get(method, seconds), seconds)
+        if best["spec"] == sum(r.decode_seconds for r in spec.runs):
+            verify = sum(t for r in spec.runs for _, _, t in r.trace)
+    merged = join_lines(spec.merged, newline, final) if spec.merged is not None else None
+    tokens = sum(r.output_tokens for r in spec.runs)
+    return ModelRun(
+        case["path"], window, merged == case["expected"], merged is not None,
+        "; ".join(spec.reasons), tokens, prefill, best,
+        sum(r.forward_passes for r in spec.runs), sum(r.drafted for r in spec.runs),
+        sum(r.accepted for r in spec.runs),
+        all(s.text == p.text and g.text.startswith(s.text)
+            for s, p, g in zip(spec.runs, plain, gens)), verify)
+
+
+def run_model(cases: list[dict], model: str, count: int, max_window: int,
+              repeats: int) -> None:
     from codeplane.config import load_settings
     from codeplane.models.engine import Engine
 
     engine = Engine(load_settings())
     engine.run_sync(model, lambda m: None)  # load outside the timings
-    rows = {True: [], False: []}
-    for case in model_cases(cases, count, max_window):
-        edit = edit_for(case, "markers")
-        for speculative in (True, False):
-            result = apply_edit(case["original"], edit, case["path"], engine, model,
-                                method="model", speculative=speculative)
-            exact = result.ok and result.merged == case["expected"]
-            rows[speculative].append((exact, result))
-            print(f"  {'spec ' if speculative else 'plain'} {case['path']:32s} "
-                  f"{len(case['original'].splitlines()):5d} lines  exact={exact!s:5s} "
-                  f"out={result.output_tokens:4d} tok  {result.tokens_per_second:6.1f} tok/s  "
-                  f"passes={result.stats.get('forward_passes')}  "
-                  f"prompt={result.stats.get('prompt_seconds', 0):.1f}s "
-                  f"{'' if result.ok else result.diagnostics[-1:]}", flush=True)
+    runs: list[ModelRun] = []
+    for case, window in model_cases(cases, count, max_window):
+        run = run_case(engine, model, case, window, repeats)
+        runs.append(run)
+        rate = {k: (run.tokens - 1) / max(v, 1e-9) for k, v in run.seconds.items()}
+        print(f"  {run.path:34s} window {run.window:3d} lines  exact={run.exact!s:5s} "
+              f"out={run.tokens:4d} tok  prefill {run.prompt_seconds:4.1f}s  tok/s spec "
+              f"{rate['spec']:5.1f} loop {rate['loop']:5.1f} engine {rate['engine']:5.1f}  "
+              f"passes={run.passes} accepted={run.accepted}/{run.drafted}"
+              f"{'' if run.ok else '  ' + run.why}", flush=True)
     engine.close()
-    spec, plain = rows[True], rows[False]
-    tps = lambda rs: sum(r.output_tokens for _, r in rs) / max(
-        1e-9, sum(r.stats.get("decode_seconds", 0) for _, r in rs))
-    print(f"model path ({model}, {len(spec)} cases, 'markers' sketches, forced):")
-    print(f"  exact match: speculative {sum(e for e, _ in spec)}/{len(spec)}, "
-          f"plain {sum(e for e, _ in plain)}/{len(plain)}")
-    print(f"  decode tokens/s: speculative {tps(spec):.1f}, plain {tps(plain):.1f}, "
-          f"speedup {tps(spec) / max(tps(plain), 1e-9):.2f}x")
-    same = sum(s.merged == p.merged for (_, s), (_, p) in zip(spec, plain))
-    print(f"  identical output spec vs plain: {same}/{len(spec)}")
+    print_model_summary(runs, model)
+
+
+def print_model_summary(runs: list[ModelRun], model: str) -> None:
+    spec, loop, native = (decode_rate(runs, m) for m in ("spec", "loop", "engine"))
+    tokens = sum(r.tokens for r in runs)
+    print(f"model path ({model}, {len(runs)} cases, one window of "
+          f"{min(r.window for r in runs)}-{max(r.window for r in runs)} lines, 'markers' "
+          f"sketches, forced):")
+    print(f"  exact match {sum(r.exact for r in runs)}/{len(runs)}, output accepted by the "
+          f"checks {sum(r.ok for r in runs)}/{len(runs)}")
+    print(f"  identical tokens spec = loop = engine: {sum(r.same for r in runs)}/{len(runs)}")
+    print(f"  decode tokens/s (all {tokens} tokens): speculative {spec:.1f}, plain loop "
+          f"{loop:.1f}, engine generate {native:.1f}; speedup {spec / loop:.2f}x over the "
+          f"loop, {spec / native:.2f}x over the engine")
+    for base in ("loop", "engine"):
+        ratios = sorted(r.seconds[base] / max(r.seconds["spec"], 1e-9) for r in runs
+                        if r.tokens > 1)
+        print(f"  per-case speedup over {base:6s}: mean {statistics.mean(ratios):.2f}x, "
+              f"median {statistics.median(ratios):.2f}x, min {ratios[0]:.2f}x, "
+              f"max {ratios[-1]:.2f}x")
+    verify = sum(r.verify_seconds for r in runs)
+    total = sum(r.seconds["spec"] for r in runs)
+    print(f"  speculative: {sum(r.passes for r in runs)} forward passes for {tokens} tokens, "
+          f"{sum(r.accepted for r in runs)}/{sum(r.drafted for r in runs)} draft tokens "
+          f"accepted, {100 * verify / max(total, 1e-9):.0f}% of decode time in forward passes")
+    print(f"  prefill (identical for all three): {sum(r.prompt_seconds for r in runs):.1f}s "
+          f"for the {len(runs)} prompts")
 
 
 def main() -> None:
@@ -301,6 +389,10 @@ def main() -> None:
     parser.add_argument("--model-cases", type=int, default=8)
     parser.add_argument("--max-window", type=int, default=80)
     parser.add_argument("--verbose", action="store_true", help="also list every decline")
+    parser.add_argument("--model-only", action="store_true",
+                        help="skip the deterministic run (with --model)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="model path: decode each case this often, keep the fastest")
     args = parser.parse_args()
     if args.command == "build":
         cases = build(args.repos, args.per_bucket)
@@ -311,11 +403,12 @@ def main() -> None:
         print(f"{len(cases)} cases -> {DATA} ({DATA.stat().st_size / 1e6:.2f} MB)")
         return
     cases = load()
-    start = time.perf_counter()
-    run_deterministic(cases, args.verbose)
-    print(f"  ({time.perf_counter() - start:.1f} s total)")
+    if not (args.model and args.model_only):
+        start = time.perf_counter()
+        run_deterministic(cases, args.verbose)
+        print(f"  ({time.perf_counter() - start:.1f} s total)")
     if args.model:
-        run_model(cases, args.model, args.model_cases, args.max_window)
+        run_model(cases, args.model, args.model_cases, args.max_window, args.repeats)
 
 
 if __name__ == "__main__":

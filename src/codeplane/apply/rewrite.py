@@ -98,31 +98,56 @@ def _densest(hits: list[int], size: int) -> list[int]:
     return best
 
 
+@dataclass
+class Job:
+    """One window's decoding task: the prompt, the drafts and the token budget."""
+    window: Window
+    region: list[str]
+    head: list[str]  # the window's unchanged first lines, pre-filled in the answer
+    prompt: list[int]
+    sources: list[list[int]]
+    budget: int
+
+
+def jobs(model: LocalModel, original: list[str], parsed: ParsedEdit, path: str
+         ) -> list[Job] | str:
+    """The decoding tasks for every window the edit touches, or why there are none."""
+    planned = plan_windows(original, pieces_of(parsed))
+    if isinstance(planned, str):
+        return planned
+    out = []
+    for window in planned:
+        region = original[window.start:window.end]
+        head = region[:window.inner_start - window.start]
+        # Drafts: the original window (the model closes its answer with a fence right after
+        # it), then each edit piece, which is what the output follows through changed lines.
+        sources = [model.tokenize("\n".join(region) + "\n```"),
+                   *(model.tokenize("\n".join(piece) + "\n") for piece in window.pieces)]
+        out.append(Job(window, region, head, _prompt(model, region, head, window.pieces, path),
+                       sources, _budget(model, region, window.pieces)))
+    return out
+
+
 def rewrite(model: LocalModel, original: list[str], parsed: ParsedEdit, path: str,
             speculative: bool = True) -> Rewrite:
-    planned = plan_windows(original, pieces_of(parsed))
+    planned = jobs(model, original, parsed, path)
     if isinstance(planned, str):
         return Rewrite(None, [planned])
     result = Rewrite(None)
     out: list[str] = []
     at = 0
-    for window in planned:
-        region = original[window.start:window.end]
-        head = region[:window.inner_start - window.start]
-        # Draft from the original window first, then from the edit (its new lines).
-        draft = model.tokenize("\n".join(region) + "\n" + "\n".join(
-            line for piece in window.pieces for line in piece))
-        run = decode(model, _prompt(model, region, head, window.pieces, path), draft,
-                     max_tokens=_budget(model, region, window.pieces), speculative=speculative)
+    for job in planned:
+        run = decode(model, job.prompt, job.sources, max_tokens=job.budget,
+                     speculative=speculative)
         result.runs.append(run)
-        new = head + (run.text.rstrip("\n").split("\n") if run.text.strip() else [])
-        new = _finish(region, new, run, window)
+        new = job.head + (run.text.rstrip("\n").split("\n") if run.text.strip() else [])
+        new = _finish(job.region, new, run, job.window)
         if isinstance(new, str):
             result.reasons.append(new)
             return result
-        out.extend(original[at:window.start])
+        out.extend(original[at:job.window.start])
         out.extend(new)
-        at = window.end
+        at = job.window.end
     out.extend(original[at:])
     result.merged = out
     return result

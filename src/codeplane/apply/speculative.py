@@ -1,14 +1,14 @@
 """Greedy decoding with the original text as the draft ("speculative edits").
 
 A rewrite of a code region is mostly a copy of that region, so the prompt itself is an
-excellent draft: find where the output currently is in the original (longest n-gram match,
-prompt-lookup style), propose the next K original tokens, and let one forward pass check them
-all. Every position of that batch needs logits, which `Llama.eval` only keeps with
-`logits_all=True` (the engine's models are created without it, and re-creating them would cost
-a second copy of the weights), so this module drives llama.cpp's batch API directly on the
-shared `Llama`: eval [last token, draft...] with logits on every row, keep the longest prefix
-the model agrees with, and drop the rest from the KV cache. With greedy verification the
-output is exactly what plain greedy decoding would produce; only the number of passes changes.
+excellent draft: find where the output currently is in the original (prompt-lookup style),
+propose the next K original tokens, and let one forward pass check them all. Every position of
+that batch needs logits, which `Llama.eval` only keeps with `logits_all=True` (the engine's
+models are created without it, and re-creating them would cost a second copy of the weights),
+so this module drives llama.cpp's batch API directly on the shared `Llama`: eval
+[last token, draft...] with logits on every row, keep the longest prefix the model agrees
+with, and drop the rest from the KV cache. With greedy verification the output is exactly
+what plain greedy decoding would produce; only the number of passes changes.
 
 The bookkeeping (`input_ids`, `n_tokens`) is kept the way `Llama.generate` expects, so the
 engine's automatic KV prefix reuse keeps working for whoever uses the model next.
@@ -19,14 +19,16 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from codeplane.models.engine import ContextOverflow, LocalModel
 
-NGRAM_MAX = 4
-DRAFT_MIN, DRAFT_MAX = 4, 48
+NGRAM_MAX = 4  # lookup keys: the output's last 1..4 tokens
+MATCH_CAP = 48  # how far back a candidate's agreement with the output is measured
+PIECE_TRUST = 6  # an edit piece followed from its start for this many tokens wins
+DRAFT_MIN, DRAFT_MAX = 4, 64
 _END = re.compile(r"(^|\n)[ \t]*```")
 
 
@@ -42,6 +44,7 @@ class Decoded:
     forward_passes: int
     drafted: int
     accepted: int
+    trace: list[tuple[int, int, float]] = field(default_factory=list)  # rows, agreed, s
 
     @property
     def tokens_per_second(self) -> float:
@@ -49,36 +52,66 @@ class Decoded:
 
 
 class Drafter:
-    """Prompt lookup over `source` tokens: continue from the last n-gram of the output."""
+    """Prompt lookup over several sources: the original region first, then the edit's
+    pieces. The output is the region with the pieces spliced in, so the source to follow is
+    the one that agrees with the output furthest back; a piece that the output has followed
+    from its first token is preferred over the region (that is how the drafts run through the
+    changed lines instead of missing at each). A draft never crosses a source's end."""
 
-    def __init__(self, source: list[int]) -> None:
-        self.source = source
+    def __init__(self, sources: list[list[int]]) -> None:
+        self.tokens: list[int] = []
+        self.starts: list[int] = []  # start of the source each position belongs to
+        self.piece: list[bool] = []
+        for number, source in enumerate(sources):
+            begin = len(self.tokens)
+            self.tokens += [*source, -1]  # -1 ends a source: no match or draft crosses it
+            self.starts += [begin] * (len(source) + 1)
+            self.piece += [number > 0] * (len(source) + 1)
         self.ends: dict[tuple[int, ...], list[int]] = defaultdict(list)
         for n in range(1, NGRAM_MAX + 1):
-            for end in range(n, len(source) + 1):
-                self.ends[tuple(source[end - n:end])].append(end)
-        self.expect = 0  # where in `source` the next output token probably comes from
+            for end in range(n, len(self.tokens) + 1):
+                key = tuple(self.tokens[end - n:end])
+                if -1 not in key:
+                    self.ends[key].append(end)
+        self.expect = 0  # where the next output token probably comes from
 
-    def propose(self, out: list[int], size: int) -> list[int]:
-        for n in range(min(NGRAM_MAX, len(out)), 0, -1):
-            ends = self.ends.get(tuple(out[-n:]))
-            if not ends:
-                continue
-            end = min(ends, key=lambda e: (e < self.expect, abs(e - self.expect)))
-            self.expect = end
-            # A single shared token is weak evidence: draft little on it.
-            return self.source[end:end + (size if n > 1 else min(size, DRAFT_MIN))]
-        return []
+    def propose(self, context: list[int], size: int) -> tuple[list[int], int]:
+        """Up to `size` draft tokens continuing `context`, and how many tokens of `context`
+        the chosen place agrees with (the evidence for the draft)."""
+        for n in range(min(NGRAM_MAX, len(context)), 0, -1):
+            ends = self.ends.get(tuple(context[-n:]))
+            if ends:
+                break
+        else:
+            return [], 0
+        end, agree = max(((e, self._agreement(context, e)) for e in ends),
+                         key=lambda c: (c[1], c[0] == self.expect, -abs(c[0] - self.expect)))
+        self.expect = end
+        draft = self.tokens[end:end + size]
+        if -1 in draft:
+            draft = draft[:draft.index(-1)]
+        return draft, min(agree, MATCH_CAP)
+
+    def _agreement(self, context: list[int], end: int) -> int:
+        """How many trailing tokens of `context` equal the source before `end`; a piece
+        followed from its very start counts as full agreement."""
+        k, limit = 0, min(MATCH_CAP, len(context), end - self.starts[end - 1])
+        while k < limit and self.tokens[end - 1 - k] == context[-1 - k]:
+            k += 1
+        if self.piece[end - 1] and k == end - self.starts[end - 1] and k >= PIECE_TRUST:
+            return MATCH_CAP + 1
+        return k
 
     def advance(self, accepted: int) -> None:
         self.expect += accepted + 1
 
 
-def decode(model: LocalModel, prompt: list[int], source: list[int], max_tokens: int,
+def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_tokens: int,
            speculative: bool = True) -> Decoded:
     """Greedy decode after `prompt` until a closing ``` fence, an end token or `max_tokens`.
-    `source` is the draft (the original region); `speculative=False` is the plain baseline
-    through the very same loop, one token per forward pass."""
+    `sources` are the drafts (the original region, then the edit's pieces);
+    `speculative=False` is the plain baseline through the very same loop, one token per
+    forward pass."""
     import llama_cpp
 
     llama = model.llama
@@ -92,10 +125,12 @@ def decode(model: LocalModel, prompt: list[int], source: list[int], max_tokens: 
                                    shape=(n_vocab,))
     pending = int(np.argmax(logits))
     prompt_done = time.perf_counter()
-    drafter = Drafter(source)
+    drafter = Drafter(sources)
+    history = prompt[-MATCH_CAP:]  # the pre-filled head lines are part of the copy
     size = DRAFT_MAX // 2
     out: list[int] = []
-    passes = drafted = accepted = 0
+    trace: list[tuple[int, int, float]] = []
+    drafted = accepted = 0
     finish = "length"
     while True:
         if pending in model.stop_ids:
@@ -106,11 +141,13 @@ def decode(model: LocalModel, prompt: list[int], source: list[int], max_tokens: 
             finish = "stop" if len(out) < budget else "length"
             break
         room = min(budget - len(out), model.n_ctx - llama.n_tokens - 1, llama.n_batch - 1)
-        draft = drafter.propose(out, min(size, room)) if speculative else []
+        draft = drafter.propose(history + out, min(size, room))[0] if speculative else []
+        began = time.perf_counter()
         preds = _verify(llama, [pending, *draft], n_vocab)
         agreed = _agreement(draft, preds, model.stop_ids)
         _commit(llama, [pending, *draft[:agreed]])
-        passes, drafted, accepted = passes + 1, drafted + len(draft), accepted + agreed
+        trace.append((len(draft) + 1, agreed, time.perf_counter() - began))
+        drafted, accepted = drafted + len(draft), accepted + agreed
         out.extend(draft[:agreed])
         drafter.advance(agreed)
         size = min(DRAFT_MAX, size * 2) if draft and agreed == len(draft) else \
@@ -126,7 +163,7 @@ def decode(model: LocalModel, prompt: list[int], source: list[int], max_tokens: 
         text = text[:fence.start() + len(fence.group(1))]
     end = time.perf_counter()
     return Decoded(text, finish, len(prompt), cached, len(out), prompt_done - start,
-                   end - prompt_done, passes, drafted, accepted)
+                   end - prompt_done, len(trace), drafted, accepted, trace)
 
 
 def _prefill(llama, prompt: list[int]) -> int:
