@@ -216,7 +216,7 @@ def test_equally_good_fits_are_declined() -> None:
 
 def test_edit_that_breaks_the_syntax_is_rejected() -> None:
     sketch = ("# ... existing code ...\ndef func_0150(value):\n    \"\"\"Scale value by 150.\"\"\"\n"
-              "    result = value * (150\n# ... existing code ...\n")
+              "    result = value * (150\n    if result > 100:\n# ... existing code ...\n")
     result = apply_edit(ORIGINAL, sketch, "gen.py")
     assert not result.ok
     assert any("no longer parses as python" in d for d in result.diagnostics)

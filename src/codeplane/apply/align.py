@@ -33,10 +33,11 @@ import numpy as np
 INSERT, INSERT_KNOWN = 100, 120  # new line; "new" line that already exists in the file
 INSERT_EDGE = 5000  # a segment's first/last line, next to a marker, taken as new though it exists
 INSERT_TRIVIAL = 40  # blank/punctuation lines: cheap either way, so they never steer placement
+DROP = 1  # an optional item (a blank line next to a marker) left out instead of matched
 DELETE_OPEN, DELETE_EXTEND = 100, 20
 SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 120, 0.5  # an original line edited in place
 SIG_WORDS = 8  # 512-bit token signature per line: a cheap filter for edited lines
-SIG_CANDIDATE, MAX_CANDIDATES = 0.2, 24  # lines the exact token comparison then looks at
+SIG_CANDIDATE, MAX_CANDIDATES = 0.2, 48  # lines the exact token comparison then looks at
 INF = 1 << 40
 TRIVIAL = re.compile(r"^(\W*|pass|else:|try:|finally:|return|break|continue|\w{1,2}\W*)$")
 
@@ -92,17 +93,26 @@ def _signature_table(texts: frozenset[str]) -> tuple[dict[str, int], np.ndarray]
     return {text: row for row, text in enumerate(unique)}, packed
 
 
+_DEFINES = re.compile(r"^(?:export\s+|pub\s+|async\s+)*(?:def|class|function|fn|func|struct|"
+                      r"interface|enum|trait|impl|type|module)\s+(\w+)")
+
+
 def token_similarity(a: str, b: str) -> float:
     """Share of tokens two lines have in common, in order (`return a + b` vs
     `return a - b`: 0.75). Short lines differ in few tokens, but each changed token
-    breaks several trigrams and pairs, so the signature alone underrates their likeness."""
+    breaks several trigrams and pairs, so the signature alone underrates their likeness.
+    Lines that define different names are different definitions (a new test next to a
+    similar old one), not an edit of one another: 0."""
+    defines_a, defines_b = _DEFINES.match(a), _DEFINES.match(b)
+    if defines_a and defines_b and defines_a.group(1) != defines_b.group(1):
+        return 0.0
     return difflib.SequenceMatcher(None, _TOKEN.findall(a), _TOKEN.findall(b),
                                    autojunk=False).ratio()
 
 
 @dataclass
 class Alignment:
-    """ops[k] for sketch item k: ("match", o) | ("sub", o) | ("insert", o) |
+    """ops[k] for sketch item k: ("match", o) | ("sub", o) | ("insert", o) | ("drop", o) |
     ("marker", o_from, o_to);
     `deleted` holds original lines removed inside segments."""
 
@@ -112,19 +122,23 @@ class Alignment:
 
 
 class Aligner:
-    def __init__(self, original: list[str], items: list[str | None]) -> None:
+    def __init__(self, original: list[str], items: list[str | None],
+                 optional: frozenset[int] = frozenset()) -> None:
         """`items`: sketch lines, with None for an elision marker (the caller adds markers
-        at both ends so a sketch may start and end anywhere)."""
+        at both ends so a sketch may start and end anywhere). `optional` items (blank lines
+        next to a marker: layout or context, nobody can tell) match a blank line or are
+        dropped, never inserted."""
         self.original = original
         self.items = items
+        self.optional = optional
         onorm = [norm(x) for x in original]
         ids: dict[str, int] = {}
         self.ocode = np.array([ids.setdefault(t, len(ids)) for t in onorm], dtype=np.int64)
         self.icode = [None if it is None else ids.get(norm(it), -1) for it in items]
-        self.icost = [0 if it is None else self._insert_cost(norm(it), ids) for it in items]
-        for k, item in enumerate(items):
-            edge = (k and items[k - 1] is None) or (k + 1 < len(items) and items[k + 1] is None)
-            if edge and self.icost[k] == INSERT_KNOWN:
+        self.icost = [0 if it is None else DROP if k in optional else
+                      self._insert_cost(norm(it), ids) for k, it in enumerate(items)]
+        for k in self.edges():
+            if self.icost[k] == INSERT_KNOWN:
                 self.icost[k] = INSERT_EDGE  # it is the context that says where the edit goes
         self.onorm = onorm
         self.osig = signatures(onorm)
@@ -145,10 +159,24 @@ class Aligner:
         candidates = np.flatnonzero(similarity >= SIG_CANDIDATE)
         if len(candidates) > MAX_CANDIDATES:
             candidates = candidates[np.argsort(-similarity[candidates])[:MAX_CANDIDATES]]
+        similarity = np.zeros(len(self.osig))
         for o in candidates:
-            similarity[o] = max(similarity[o], token_similarity(text, self.onorm[o]))
+            similarity[o] = token_similarity(text, self.onorm[o])
         cost = (SUB_BASE + SUB_SCALE * (1 - similarity)).astype(np.int64)
         return np.where(similarity >= SUB_MIN_SIMILARITY, cost, INF)
+
+    def edges(self) -> list[int]:
+        """The first and last non-optional item of every run between markers."""
+        out: list[int] = []
+        run: list[int] = []
+        for k, item in enumerate([*self.items, None]):
+            if item is not None:
+                if k not in self.optional:
+                    run.append(k)
+                continue
+            out += sorted({run[0], run[-1]}) if run else []
+            run = []
+        return out
 
     @staticmethod
     def _insert_cost(text: str, known: dict[str, int]) -> int:
@@ -223,5 +251,5 @@ class Aligner:
                 ops[k - 1] = ("sub", o - 1)
                 o -= 1
             else:
-                ops[k - 1] = ("insert", o)
+                ops[k - 1] = ("drop" if k - 1 in self.optional else "insert", o)
         return ops, deleted

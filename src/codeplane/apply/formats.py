@@ -44,6 +44,9 @@ class Sketch:
     gap_before: bool  # a marker precedes the first segment
     gap_after: bool  # a marker follows the last segment
     marker_free: bool = False  # no marker at all: a whole file or a bare fragment
+    # Blank lines trimmed off each segment's start and end where it touches a marker: the
+    # merge may still use them as context (they are layout or context, nobody can tell).
+    blank_edges: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -133,11 +136,19 @@ def _parse_sketch(lines: list[str], original_lines: list[str]) -> ParsedEdit:
                        default=-1)
     gap_before = any(_marker_at(lines, i, literal) for i in range(first_content))
     gap_after = any(_marker_at(lines, i, literal) for i in range(last_content + 1, len(lines)))
-    segments = [_trim_blank_edges(s, i == 0 and not gap_before,
-                                  i == len(segments) - 1 and not gap_after)
-                for i, s in enumerate(segments)]
-    sketch = Sketch([s for s in segments if s], gap_before, gap_after, marker_free=markers == 0)
+    trimmed = [_trim_blank_edges(s, i == 0 and not gap_before,
+                                 i == len(segments) - 1 and not gap_after)
+               for i, s in enumerate(segments)]
+    kept = [(t, s) for t, s in zip(trimmed, segments) if t]
+    sketch = Sketch([t for t, _ in kept], gap_before, gap_after, marker_free=markers == 0,
+                    blank_edges=[(_leading_blanks(s) - _leading_blanks(t),
+                                  _leading_blanks(s[::-1]) - _leading_blanks(t[::-1]))
+                                 for t, s in kept])
     return ParsedEdit("sketch" if markers else "whole", sketch=sketch)
+
+
+def _leading_blanks(lines: list[str]) -> int:
+    return next((i for i, line in enumerate(lines) if line.strip()), len(lines))
 
 
 def _marker_at(lines: list[str], i: int, literal: set[str]) -> bool:

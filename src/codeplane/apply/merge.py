@@ -9,6 +9,7 @@ their stated line numbers to choose, tolerating drift).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,9 +54,14 @@ def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
     # problem breaks them toward the other end; when the two results differ, the sketch
     # fits two ways equally well (typically blank lines or repeated lines around an insert).
     mirrored = Sketch([segment[::-1] for segment in reversed(sketch.segments)],
-                      sketch.gap_after, sketch.gap_before)
-    other = _align_and_build(original[::-1], mirrored).merged
-    if other is not None and other[::-1] != outcome.merged:
+                      sketch.gap_after, sketch.gap_before,
+                      blank_edges=[(b, a) for a, b in reversed(sketch.blank_edges)])
+    reverse = _align_and_build(original[::-1], mirrored)
+    if reverse.merged is None:  # the checks are one-sided (a segment's end): mirror them too
+        return MergeOutcome(None, reasons=[
+            _unmirror(r, len(original), len(sketch.segments)) for r in reverse.reasons])
+    other = reverse.merged
+    if other[::-1] != outcome.merged:
         at = next(i for i, (a, b) in enumerate(zip(outcome.merged, other[::-1])) if a != b) \
             if len(other) == len(outcome.merged) else None
         where = f" (from line {at + 1})" if at is not None else ""
@@ -65,18 +71,33 @@ def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
     return outcome
 
 
+def _unmirror(reason: str, lines: int, segments: int) -> str:
+    """A reason found on the mirrored sketch, in the sketch's own terms: line and segment
+    numbers counted from the other end, "ends" read as "starts"."""
+    reason = re.sub(r"(?<=line )\d+|(?<=lines )\d+|(?<=and )\d+",
+                    lambda m: str(lines - int(m[0]) + 1), reason)
+    reason = re.sub(r"(?<=segment )\d+", lambda m: str(segments - int(m[0]) + 1), reason)
+    return reason.replace("ends with new lines", "starts with new lines") \
+        .replace("ends without context", "starts without context")
+
+
 def _align_and_build(original: list[str], sketch: Sketch) -> MergeOutcome:
     items: list[str | None] = [None]
     owner: list[int] = [-1]  # segment number of each item, -1 for markers
-    for number, segment in enumerate(sketch.segments):
+    optional: set[int] = set()
+    edges = sketch.blank_edges or [(0, 0)] * len(sketch.segments)
+    for number, (segment, (before, after)) in enumerate(zip(sketch.segments, edges)):
         if number:
             items.append(None)
             owner.append(-1)
-        items.extend(segment)
-        owner.extend([number] * len(segment))
+        optional.update(range(len(items), len(items) + before))
+        optional.update(range(len(items) + before + len(segment),
+                              len(items) + before + len(segment) + after))
+        items.extend([""] * before + segment + [""] * after)
+        owner.extend([number] * (before + len(segment) + after))
     items.append(None)
     owner.append(-1)
-    aligner = Aligner(original, items)
+    aligner = Aligner(original, items, frozenset(optional))
     best = aligner.align()
     if best is None:
         return MergeOutcome(None, reasons=["sketch cannot be aligned with the file"])
@@ -110,6 +131,7 @@ def _narrowest(original: list[str], items: list[str | None], owner: list[int],
     says why)."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     start, end = best.ops[rows[0] - 1][2], best.ops[rows[-1] + 1][1]
+    rows = [k for k in rows if best.ops[k][0] != "drop"]
     head = _anchored_run(items, best, rows, start, 1, longest=True)
     tail = _anchored_run(items, best, rows[::-1], end - 1, -1, longest=True)
     head_min = _anchored_run(items, best, rows, start, 1, longest=False)
@@ -140,23 +162,33 @@ def _narrowest(original: list[str], items: list[str | None], owner: list[int],
 
 def _open_end(original: list[str], items: list[str | None], owner: list[int],
               best: Alignment, number: int, marker_after: bool) -> str | None:
-    """A segment that ends in new lines right before a marker, where the file goes on
-    inside the block the segment was editing (deeper than its last context line), does not
-    say whether those old lines are replaced or kept: typically a rewritten body whose
-    closing context line was blank. Say so instead of keeping both versions."""
+    """A segment that ends in new lines right before a marker has no closing context, so
+    it does not say how far its edit reaches. Two readings are then guesses, and declined:
+    deleting original lines (they may be kept), and keeping the block the segment was
+    editing when the file goes on inside it (deeper than its last context line, or as deep
+    with no blank line between: typically a rewritten body whose closing context line was
+    blank)."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     content = [k for k in rows if items[k].strip()]  # type: ignore[union-attr]
     marker = best.ops[rows[-1] + 1]
     if not content or best.ops[content[-1]][0] == "match" or not marker_after:
         return None
+    start = best.ops[rows[0] - 1][2]
+    gone = sorted(o for o in best.deleted if start <= o < marker[1] and original[o].strip())
+    if gone:
+        return (f"ends without context and would delete line {gone[0] + 1} "
+                f"({original[gone[0]].strip()[:60]!r}): replaced or kept? ambiguous")
     matched = [best.ops[k][1] for k in content if best.ops[k][0] == "match"]
-    follow = next((line for line in original[marker[1]:marker[2]] if line.strip()), None)
+    op = best.ops[content[-1]]
+    after = op[1] + (op[0] != "insert")  # the original line right after the segment's text
+    follow = next((o for o in range(after, marker[2]) if original[o].strip()), None)
     if not matched or follow is None:
         return None
-    base = _indent(original[matched[-1]])
-    if _indent(follow).startswith(base) and len(_indent(follow)) > len(base):
+    base, indent = _indent(original[matched[-1]]), _indent(original[follow])
+    touching = follow == after  # no blank line between
+    if indent.startswith(base) and (len(indent) > len(base) or touching):
         return (f"ends with new lines, and the file continues inside the same block "
-                f"({follow.strip()[:60]!r}): replaced or kept? ambiguous")
+                f"({original[follow].strip()[:60]!r}): replaced or kept? ambiguous")
     return None
 
 
@@ -186,9 +218,10 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
                if best.ops[k][0] == "match"):
         return (f"{label} shares no distinctive line with the original: cannot tell where it "
                 f"goes")
-    for k in (rows[0], rows[-1]):  # a segment's edge lines are its context (see align.py)
+    edges = [k for k in aligner.edges() if owner[k] == number]
+    for k in edges:  # a segment's edge lines are its context: see align.py
         if best.ops[k][0] == "insert" and aligner.icost[k] == INSERT_EDGE:
-            return (f"{label}: its {'first' if k == rows[0] else 'last'} line "
+            return (f"{label}: its {'first' if k == edges[0] else 'last'} line "
                     f"{aligner.items[k].strip()[:60]!r} is in the file but does not fit as "
                     f"context anywhere the rest of the segment does")
     mask = np.zeros(n, dtype=bool)
@@ -247,12 +280,12 @@ def _edge_problem(kept: list[str], edge: str) -> str | None:
 
 def _segment_lines(original: list[str], items: list[str | None], owner: list[int],
                    best: Alignment, number: int) -> list[str]:
-    rows = [k for k, seg in enumerate(owner) if seg == number]
+    rows = [k for k, seg in enumerate(owner) if seg == number and best.ops[k][0] != "drop"]
     lines = [items[k] or "" for k in rows]
-    pairs = [(i, best.ops[k][1]) for i, k in enumerate(rows)
-             if best.ops[k][0] == "match" and lines[i].strip()]
+    matched = [(i, best.ops[k][1]) for i, k in enumerate(rows) if best.ops[k][0] == "match"]
+    pairs = [(i, o) for i, o in matched if lines[i].strip()]
     lines = _shift(lines, _indent_delta(pairs, lines, original))
-    for i, o in pairs:
+    for i, o in matched:
         if lines[i] == lines[i].rstrip() and lines[i] == original[o].rstrip():
             lines[i] = original[o]  # sketches often drop trailing whitespace: keep the file's
     return lines
