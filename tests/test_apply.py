@@ -205,13 +205,58 @@ def test_edge_lines_touching_the_sketch_are_not_guessed() -> None:
     assert any("marker was forgotten" in d for d in result.diagnostics), result.diagnostics
 
 
-def test_equally_good_fits_are_declined() -> None:
-    """Two identical blank-separated blocks around an insert: where the new blank lines go
-    is a coin toss, so the merge declines instead of picking one."""
-    original = "x = 1\n\n\ny = 2\n"
-    sketch = "# ... existing code ...\n\nz = 3\n\n\ny = 2\n# ... existing code ...\n"
+def _test(name: str, arg: str, extra: str = "") -> str:
+    return (f"def {name}(runner):\n    result = runner.invoke(cli, ['{arg}'])\n{extra}"
+            "    assert result.exit_code == 0\n    assert 'Usage' in result.output\n")
+
+
+def test_new_function_copied_from_a_neighbour_is_added_not_rewritten() -> None:
+    """The sketch adds `test_b` after the similar `test_a`; its opening context line also
+    ends `test_0`. Rewriting `test_a` into `test_b` is cheaper for the aligner, but the
+    merge takes the reading that replaces the least code and keeps `test_a`."""
+    head = f"import cli\n\n\n{_test('test_0', '--x')}\n\n{_test('test_a', '--help')}\n\n"
+    test_b = _test("test_b", "--version", "    print(result.output)\n")
+    original = f"{head}def test_z():\n    pass\n"
+    sketch = (f"# ... existing code ...\n    assert 'Usage' in result.output\n\n\n{test_b}\n\n"
+              f"def test_z():\n# ... existing code ...\n")
     result = apply_edit(original, sketch, "t.py")
-    assert result.ok or any("ambiguous" in d for d in result.diagnostics)
+    assert result.ok, result.diagnostics
+    assert result.merged == f"{head}{test_b}\n\ndef test_z():\n    pass\n"
+
+
+def test_segment_without_closing_context_does_not_guess() -> None:
+    """New lines right before a marker, and the file goes on in the same block: replace or
+    keep the old lines? Declined on either side of the segment (found backwards, too)."""
+    original = "def f(x):\n    a = 1\n    b = 2\n    return a + b\n\n\ndef g():\n    pass\n"
+    for sketch, where in [
+            ("# ... existing code ...\ndef f(x):\n    a = 10\n    c = 3\n"
+             "# ... existing code ...\n", "ends with new lines"),
+            ("# ... existing code ...\n    a = 10\n    c = 3\n    return a + b\n"
+             "# ... existing code ...\n", "starts with new lines")]:
+        result = apply_edit(original, sketch, "f.py")
+        assert not result.ok and result.merged is None
+        assert any(where in d and "ambiguous" in d for d in result.diagnostics), \
+            result.diagnostics
+
+
+def test_equally_good_fits_with_different_results_are_declined() -> None:
+    """Insert `y` between two of three identical lines: which two is a coin toss that the
+    alignment would break silently toward one end of the file."""
+    original = "x = f(1)\nx = f(1)\nx = f(1)\n"
+    sketch = "# ... existing code ...\nx = f(1)\ny = g(2)\nx = f(1)\n# ... existing code ...\n"
+    result = apply_edit(original, sketch, "t.py")
+    assert not result.ok
+    assert any("two equally good ways" in d for d in result.diagnostics), result.diagnostics
+
+
+def test_edge_context_that_fits_nowhere_declines() -> None:
+    """A segment's first line is in the file but cannot be its context together with the
+    rest of the segment: the segment is not placed by its other lines alone."""
+    original = "def f():\n    return 1\n\n\ndef g():\n    return 2\n"
+    sketch = "# ... existing code ...\ndef g():\n    return 3\n\n\ndef f():\n" \
+             "    return 1\n# ... existing code ...\n"
+    result = apply_edit(original, sketch, "f.py")
+    assert not result.ok, result.merged
 
 
 def test_edit_that_breaks_the_syntax_is_rejected() -> None:
