@@ -105,6 +105,21 @@ import json
     assert result.merged == EXPECTED.replace(function(150, NEW_BODY), function(150))
 
 
+def test_search_blocks_in_file_order_pin_a_repeated_block() -> None:
+    """`return result` ends every function; alone it is ambiguous, but the block after it
+    (func_0003's docstring) pins it to func_0002 when the blocks are read in file order."""
+    first = "<<<<<<< SEARCH\n    return result\n=======\n    return result + 1\n>>>>>>> REPLACE\n"
+    second = ("<<<<<<< SEARCH\n    \"\"\"Scale value by 3.\"\"\"\n=======\n"
+              "    \"\"\"Scale value by three.\"\"\"\n>>>>>>> REPLACE\n")
+    original = HEADER + "".join(function(k) for k in range(2, 4))
+    alone = apply_edit(original, first, "gen.py")
+    assert not alone.ok and any("ambiguous" in d for d in alone.diagnostics)
+    result = apply_edit(original, first + second, "gen.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == HEADER + function(2).replace("return result", "return result + 1") \
+        + function(3).replace("by 3.", "by three.")
+
+
 def test_unified_diff_with_drifted_line_numbers() -> None:
     diff = "".join(difflib.unified_diff(ORIGINAL.splitlines(True), EXPECTED.splitlines(True),
                                        "a/gen.py", "b/gen.py"))

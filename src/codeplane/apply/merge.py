@@ -337,7 +337,15 @@ def _quote(segment: list[str]) -> str:
 
 def _merge_blocks(original: list[str], blocks: list[Block], ordered: bool) -> MergeOutcome:
     """Apply blocks one after another. Diff hunks are ordered and carry line hints; SEARCH
-    blocks may come in any order and must match exactly one place."""
+    blocks may come in any order and must match exactly one place, unless taking them in
+    file order leaves each exactly one place (see `_in_file_order`)."""
+    if not ordered and len(blocks) > 1:
+        placed = _in_file_order(original, blocks)
+        if placed is not None:
+            lines = list(original)
+            for start, end, new in reversed(placed):
+                lines[start:end] = new
+            return MergeOutcome(lines)
     lines = list(original)
     lo, shift = 0, 0
     for number, block in enumerate(blocks, start=1):
@@ -350,6 +358,44 @@ def _merge_blocks(original: list[str], blocks: list[Block], ordered: bool) -> Me
         shift += len(new) - (end - start)
         lo = start + len(new) if ordered else 0
     return MergeOutcome(lines)
+
+
+def _in_file_order(original: list[str], blocks: list[Block]
+                   ) -> list[tuple[int, int, list[str]]] | None:
+    """Place SEARCH blocks that each match somewhere in the original, assuming they come in
+    file order (models write them top to bottom): a block repeated elsewhere is then pinned
+    by its neighbours. None when some block is not in the original, the order cannot hold,
+    or a block still has two places: the block-by-block rules then decide (and explain)."""
+    found = []
+    for block in blocks:
+        variant = next(((old, new, exact) for old, new, exact in _variants(block)
+                        if _occurrences(original, old, 0, exact)), None)
+        if variant is None or not any(line.strip() for line in block.old):
+            return None
+        found.append((variant, _occurrences(original, variant[0], 0, variant[2])))
+    earliest, lo = [], 0
+    for (old, _, _), hits in found:
+        feasible = [h for h in hits if h >= lo]
+        if not feasible:
+            return None
+        earliest.append(feasible[0])
+        lo = feasible[0] + len(old)
+    latest, hi = [], len(original)
+    for (old, _, _), hits in reversed(found):
+        feasible = [h for h in hits if h + len(old) <= hi]
+        latest.insert(0, feasible[-1])
+        hi = feasible[-1]
+    placed = []
+    for ((old, new, exact), hits), lo, hi in zip(found, earliest, latest):
+        between = [h for h in hits if lo <= h <= hi]
+        if len(between) != 1:
+            return None
+        at = between[0]
+        if not exact:
+            pairs = [(k, k) for k in range(len(old)) if old[k].strip()]
+            new = _shift(new, _indent_delta(pairs, old, original[at:at + len(old)]))
+        placed.append((at, at + len(old), new))
+    return placed
 
 
 def _find_block(lines: list[str], block: Block, lo: int, hint: int | None, number: int
