@@ -297,19 +297,20 @@ def _indent(line: str) -> str:
 
 def _indent_delta(pairs: list[tuple[int, int]], have: list[str], want: list[str]
                   ) -> tuple[str, str] | None:
-    """The indentation prefix to add ("add") or remove ("cut") that maps most paired `have`
-    lines onto their `want` lines, or None when there is no shift. Most, not all: a sketch
-    that wraps old lines in a new block re-indents exactly those lines on purpose."""
+    """The indentation prefix to add ("add") or remove ("cut") that maps the paired `have`
+    lines onto their `want` lines, or None when there is no shift. The first and last pair
+    (a segment's context lines) decide when they agree; otherwise most pairs must agree.
+    Not all: a sketch that wraps old lines in a new block, or renames the call a hanging
+    indent aligns with, re-indents exactly those lines on purpose."""
+    deltas = [_delta(_indent(have[j]), _indent(want[i])) for j, i in pairs]
+    if not deltas:
+        return None
+    if deltas[0] is not None and deltas[0] == deltas[-1]:
+        return deltas[0] if deltas[0][1] else None
     votes: dict[tuple[str, str], int] = {}
-    for j, i in pairs:
-        ours, theirs = _indent(have[j]), _indent(want[i])
-        if theirs.endswith(ours):
-            delta = ("add", theirs[: len(theirs) - len(ours)])
-        elif ours.endswith(theirs):
-            delta = ("cut", ours[: len(ours) - len(theirs)])
-        else:
-            continue
-        votes[delta] = votes.get(delta, 0) + 1
+    for delta in deltas:
+        if delta is not None:
+            votes[delta] = votes.get(delta, 0) + 1
     if not votes:
         return None
     ranked = sorted(votes.items(), key=lambda kv: -kv[1])
@@ -317,6 +318,14 @@ def _indent_delta(pairs: list[tuple[int, int]], have: list[str], want: list[str]
         return None  # no clear majority: leave the lines as written
     delta = ranked[0][0]
     return delta if delta[1] else None
+
+
+def _delta(ours: str, theirs: str) -> tuple[str, str] | None:
+    if theirs.endswith(ours):
+        return ("add", theirs[: len(theirs) - len(ours)])
+    if ours.endswith(theirs):
+        return ("cut", ours[: len(ours) - len(theirs)])
+    return None
 
 
 def _shift(lines: list[str], delta: tuple[str, str] | None) -> list[str]:
