@@ -33,6 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from codeplane.apply.align import clear_cache
 from codeplane.apply.api import apply_edit
 from codeplane.apply.validate import first_error_line
 
@@ -200,6 +201,7 @@ def run_deterministic(cases: list[dict], verbose: bool = False) -> None:
         bucket = bucket_of(len(case["original"].splitlines()))
         half = 0 if case["repo"] in HALVES[0] else 1
         for style in STYLES:
+            clear_cache()  # time every apply cold, as a first apply is
             result = apply_edit(case["original"], edit_for(case, style), case["path"])
             exact = result.ok and result.merged == case["expected"]
             kind = "exact" if exact else "wrong" if result.ok else "declined"

@@ -63,6 +63,11 @@ def signatures(texts: list[str]) -> np.ndarray:
     return packed[[index[t] for t in texts]].reshape(len(texts), SIG_WORDS)
 
 
+def clear_cache() -> None:
+    """Forget cached line signatures (the benchmark times every apply cold)."""
+    _signature_table.cache_clear()
+
+
 @functools.lru_cache(maxsize=4)  # the mirrored check and repeated applies ask again
 def _signature_table(texts: frozenset[str]) -> tuple[dict[str, int], np.ndarray]:
     unique = sorted(texts)
