@@ -254,6 +254,22 @@ def test_segment_without_closing_context_does_not_guess() -> None:
             result.diagnostics
 
 
+@pytest.mark.parametrize(("sketch", "where"), [
+    ("# ... existing code ...\n\n    return content\n# ... existing code ...\n", "before"),
+    ("# ... existing code ...\ndef text(r):\n\n# ... existing code ...\n", "after"),
+])
+def test_blank_context_that_is_not_there_declines(sketch: str, where: str) -> None:
+    """With a blank line as the only context, the sketch may delete the code between it and
+    the next line (here the `if` block) or the blank line may be layout: not guessed."""
+    original = ("def text(r):\n    content = r.raw\n\n    if not content:\n"
+                "        content = ''\n    return content\n")
+    if where == "after":
+        original = original.replace("def text(r):\n", "def text(r):\n    # decode\n")
+    result = apply_edit(original, sketch, "t.py")
+    assert not result.ok
+    assert any(f"blank line {where}" in d for d in result.diagnostics), result.diagnostics
+
+
 def test_equally_good_fits_with_different_results_are_declined() -> None:
     """Insert `y` between two of three identical lines: which two is a coin toss that the
     alignment would break silently toward one end of the file."""

@@ -78,7 +78,8 @@ def _unmirror(reason: str, lines: int, segments: int) -> str:
                     lambda m: str(lines - int(m[0]) + 1), reason)
     reason = re.sub(r"(?<=segment )\d+", lambda m: str(segments - int(m[0]) + 1), reason)
     return reason.replace("ends with new lines", "starts with new lines") \
-        .replace("ends without context", "starts without context")
+        .replace("ends without context", "starts without context") \
+        .replace("shows a blank line before", "shows a blank line after")
 
 
 def _align_and_build(original: list[str], sketch: Sketch) -> MergeOutcome:
@@ -108,7 +109,8 @@ def _align_and_build(original: list[str], sketch: Sketch) -> MergeOutcome:
     regions = {}
     for number, segment in enumerate(sketch.segments):
         problem = _open_end(original, items, owner, best, number,
-                            number + 1 < len(sketch.segments) or sketch.gap_after)
+                            number + 1 < len(sketch.segments) or sketch.gap_after) \
+            or _missing_blank(original, items, owner, best, number)
         if problem:
             return MergeOutcome(None, reasons=[f"segment {number + 1} ({_quote(segment)}) "
                                                f"{problem}"])
@@ -158,6 +160,22 @@ def _narrowest(original: list[str], items: list[str | None], owner: list[int],
                 new_end = q
                 break
     return None if (new_start, new_end) == (start, end) else (new_start, new_end)
+
+
+def _missing_blank(original: list[str], items: list[str | None], owner: list[int],
+                   best: Alignment, number: int) -> str | None:
+    """The sketch shows a blank line between a marker and the segment, but the line before
+    the segment's first context line is code: that code may have been deleted (the blank
+    line was the only context) or the blank line may be layout. Not guessed."""
+    rows = [k for k, seg in enumerate(owner) if seg == number]
+    content = [k for k in rows if items[k].strip()]  # type: ignore[union-attr]
+    lead = rows[:rows.index(content[0])] if content else []
+    first = best.ops[content[0]] if content else None
+    if not lead or any(best.ops[k][0] != "drop" for k in lead) or first[0] != "match" \
+            or first[1] == 0 or not original[first[1] - 1].strip():
+        return None
+    return (f"shows a blank line before {items[content[0]].strip()[:60]!r}, where the file "
+            f"has {original[first[1] - 1].strip()[:60]!r}: deleted or kept? ambiguous")
 
 
 def _open_end(original: list[str], items: list[str | None], owner: list[int],
