@@ -185,6 +185,20 @@ def test_invented_tool_name_with_fitting_arguments_is_repaired(scripted, repo) -
     assert result.tool_calls == 2 and result.answer == "done"
 
 
+def test_code_block_for_a_read_file_is_applied_as_an_edit(scripted, repo) -> None:
+    (repo / "text.py").write_text('"""Text helpers."""\n\n\ndef rev(s):\n    return s[::-1]\n')
+    fixed = "def rev(s):\n    return ' '.join(s.split()[::-1])\n"
+    scripted.script = [{"content": f"Here is the fix:\n```python\n{fixed}```"},
+                       {"content": f"Again:\n```python\n{fixed}```"}, {"content": "Done."}]
+    result = agent_for(scripted, repo).run("rev in text.py should reverse the words")
+    assert (repo / "text.py").read_text() == '"""Text helpers."""\n\n\n' + fixed
+    edit = scripted.requests[1]["messages"][-2]["tool_calls"][0]["function"]
+    assert edit["name"] == "edit_file" and json.loads(edit["arguments"])["path"] == "text.py"
+    assert scripted.requests[1]["messages"][-1]["content"].startswith("edited text.py")
+    # once a file changed, code in a reply is an answer, not another edit
+    assert result.answer.startswith("Again:") and result.tool_calls == 1
+
+
 def test_empty_reply_after_work_gets_a_hint(scripted, repo) -> None:
     scripted.script = [{"calls": [("list_dir", {})]}, {"content": ""}, {"content": "Listed."}]
     result = agent_for(scripted, repo).run("list the files")

@@ -13,6 +13,7 @@ model in call order.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -283,11 +284,31 @@ class Agent:
                 return []
             repaired.append({"id": call.id, "type": "function",
                              "function": {"name": fits[0], "arguments": call.arguments}})
+        repaired = repaired or self._code_block_edit(content)
         if repaired:
             message.update(content="", tool_calls=repaired)
             self.emit({"type": "call_repair", "step": step, "original": content,
                        "tool_calls": repaired})
         return repaired
+
+    def _code_block_edit(self, content: str) -> list[dict]:
+        """A reply that shows new code instead of editing - what 1.5B models do most - as
+        `edit_file(code_edit=<the code>)` on the file it belongs to, merged by the apply
+        compartment (like an editor's Apply button on a chat code block). Only before any
+        file changed, with one Python-or-unlabelled code block, for a file this run has
+        read that defines one of the block's functions or classes."""
+        blocks = _FENCE.findall(content)
+        if self.ctx.wrote or len(blocks) != 1 or "edit_file" not in {
+                t["function"]["name"] for t in self.tools}:
+            return []
+        names = set(_DEFINES.findall(blocks[0]))
+        owners = sorted(self.env.relative(p) for p in self.ctx.seen if p.is_file()
+                        and names & set(_DEFINES.findall(p.read_text(errors="replace"))))
+        if len(owners) != 1:
+            return []
+        args = json.dumps({"path": owners[0], "code_edit": blocks[0]})
+        return [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                 "function": {"name": "edit_file", "arguments": args}}]
 
     def _correction(self, content: str, calls_made: int) -> str | None:
         """A hint instead of ending the run, when a reply is not really a final answer: it
@@ -393,6 +414,10 @@ def _arguments(raw: Any) -> dict | str:
     except ValueError:
         return str(raw)
     return value if isinstance(value, dict) else str(raw)
+
+
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_DEFINES = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.MULTILINE)
 
 
 class _AnyName(set):
