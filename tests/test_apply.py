@@ -144,6 +144,17 @@ def test_whole_file_and_line_endings_are_kept() -> None:
     assert result.merged == "a = 1\r\nb = 20\r\nc = 3"
 
 
+def test_long_marker_free_fragment_is_not_taken_as_the_whole_file() -> None:
+    """Three of five lines, no markers: not a whole file (it does not end like the file),
+    so the two lines below it are not dropped; they touch it, so the merge declines."""
+    original = "def f(x):\n    a = 1\n    b = 2\n    c = 3\n    return a + b + c\n"
+    result = apply_edit(original, "def f(x):\n    a = 10\n    b = 2\n", "f.py")
+    assert not result.ok and result.merged is None
+    assert any("marker was forgotten" in d for d in result.diagnostics), result.diagnostics
+    whole = apply_edit(original, original.replace("a + b + c", "a * b * c"), "f.py")
+    assert whole.ok and whole.merged == original.replace("a + b + c", "a * b * c")
+
+
 def test_ambiguous_placement_is_declined_with_reason() -> None:
     block = "    total = 0\n    for item in items:\n        total += item\n"
     original = f"def a(items):\n{block}    return total\n\n\ndef b(items):\n{block}" \

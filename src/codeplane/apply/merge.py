@@ -31,9 +31,19 @@ def merge(original: list[str], parsed: ParsedEdit) -> MergeOutcome:
         return _merge_blocks(original, parsed.blocks, ordered=parsed.kind == "unified_diff")
     assert parsed.sketch is not None
     sketch = parsed.sketch
-    if sketch.marker_free and (len(sketch.segments[0]) * 2 >= len(original)
-                               if sketch.segments else True):
-        return MergeOutcome(sketch.segments[0] if sketch.segments else [])
+    if not sketch.segments:
+        return MergeOutcome(None, reasons=["the edit has no content (an empty file is not "
+                                           "written by a sketch)"])
+    if sketch.marker_free and len(sketch.segments[0]) * 2 >= len(original):
+        if _same_ends(sketch.segments[0], original):
+            return MergeOutcome(sketch.segments[0])
+        # A long marker-free edit that does not start and end like the file may be a whole
+        # new file or a large fragment: align it, with the edge policy (nothing beyond its
+        # ends is deleted by accident).
+        outcome = _merge_sketch(original, Sketch(sketch.segments, False, False))
+        outcome.notes.append("edit has no elision markers and does not start and end like "
+                             "the file: aligned as a partial file")
+        return outcome
     if sketch.marker_free:
         sketch = Sketch(sketch.segments, True, True)
         note = "edit has no elision markers and is much shorter than the file: treated as a " \
@@ -45,6 +55,13 @@ def merge(original: list[str], parsed: ParsedEdit) -> MergeOutcome:
 
 
 # -- sketches --------------------------------------------------------------------------------
+
+def _same_ends(edit: list[str], original: list[str]) -> bool:
+    """A marker-free edit is a whole file when its first and last lines are the file's."""
+    ours = [norm(line) for line in edit if line.strip()]
+    theirs = [norm(line) for line in original if line.strip()]
+    return not theirs or bool(ours) and ours[0] == theirs[0] and ours[-1] == theirs[-1]
+
 
 def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
     outcome = _align_and_build(original, sketch)
