@@ -34,6 +34,7 @@ from codeplane.models.toolcalls import tools_system_note
 
 log = logging.getLogger("codeplane.engine")
 T = TypeVar("T")
+TOP_K = 40  # candidates kept when sampling with temperature
 
 # FIM dialects by token text; the first whose three tokens all exist in the vocab wins.
 FIM_DIALECTS = (
@@ -186,6 +187,9 @@ class LocalModel:
         if sampling.seed is not None:
             self.llama.set_seed(sampling.seed)
         capture = _LogitCapture() if sampling.logprobs else None
+        processors = [capture] if capture else []
+        if sampling.grammar:
+            processors.append(self._grammar_gate(sampling, len(tokens)))
         decoder = _StopDecoder(sampling.stop)
         out: list[int] = []
         logprobs: list[float] = []
@@ -193,10 +197,9 @@ class LocalModel:
         start = time.perf_counter()
         first_token_at = None
         for token in self.llama.generate(
-            tokens, temp=sampling.temperature, top_p=sampling.top_p, top_k=40 if
+            tokens, temp=sampling.temperature, top_p=sampling.top_p, top_k=TOP_K if
             sampling.temperature > 0 else 1, min_p=0.0, repeat_penalty=1.0,
-            logits_processor=[capture] if capture else None,
-            grammar=_grammar(sampling.grammar),
+            logits_processor=processors or None,
         ):
             first_token_at = first_token_at or time.perf_counter()
             if cancel is not None and cancel.is_set():
@@ -227,6 +230,13 @@ class LocalModel:
             token_logprobs=logprobs if capture else None,
             prompt_seconds=first_token_at - start, decode_seconds=end - first_token_at,
         )
+
+
+    def _grammar_gate(self, sampling: Sampling, prompt_tokens: int):
+        from codeplane.models.grammar import GrammarGate  # imports llama_cpp
+
+        top_k = 1 if sampling.temperature <= 0 else TOP_K
+        return GrammarGate(self.llama, sampling.grammar, prompt_tokens, top_k)
 
 
 class Engine:
@@ -344,14 +354,6 @@ def _overlap(text: str, stop: str) -> int:
         if text.endswith(stop[:size]):
             return size
     return 0
-
-
-def _grammar(gbnf: str | None):
-    if not gbnf:
-        return None
-    from llama_cpp import LlamaGrammar
-
-    return LlamaGrammar.from_string(gbnf, verbose=False)
 
 
 def _compile_template(source: str):
