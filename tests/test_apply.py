@@ -200,17 +200,17 @@ def test_changed_only_line_replaces_and_edges_are_kept(edit: str) -> None:
 
 
 @pytest.mark.parametrize(("path", "original", "edit", "expected"), [
-    ("m.js", "const x = 1;\n\nfunction add(a, b) {\n  return a - b;\n}\n\n"
-     "function mul(a, b) {\n  return a * b;\n}\n",
+    ("m.js", ("const x = 1;\n\nfunction add(a, b) {\n  return a - b;\n}\n\n"
+              "function mul(a, b) {\n  return a * b;\n}\n"),
      "function add(a, b) {\n  return a + b;\n}\n// ... rest unchanged ...\n", None),
-    ("m.go", "package m\n\nfunc Add(a, b int) int {\n\treturn a - b\n}\n\n"
-     "func Mul(a, b int) int {\n\treturn a * b\n}\n",
+    ("m.go", ("package m\n\nfunc Add(a, b int) int {\n\treturn a - b\n}\n\n"
+              "func Mul(a, b int) int {\n\treturn a * b\n}\n"),
      "// ... existing code ...\nfunc Add(a, b int) int {\n\treturn a + b\n}\n", None),
-    ("m.rs", "use std::io;\n\nfn add(a: i32, b: i32) -> i32 {\n    a - b\n}\n\n"
-     "fn mul(a: i32, b: i32) -> i32 {\n    a * b\n}\n",
+    ("m.rs", ("use std::io;\n\nfn add(a: i32, b: i32) -> i32 {\n    a - b\n}\n\n"
+              "fn mul(a: i32, b: i32) -> i32 {\n    a * b\n}\n"),
      "fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n/* ... */\n", None),
-    ("m.py", "class C:\n    def f(self):\n        return 1\n\n    def g(self):\n"
-     "        return 2\n",
+    ("m.py", ("class C:\n    def f(self):\n        return 1\n\n    def g(self):\n"
+              "        return 2\n"),
      "# ... existing code ...\n    def f(self):\n        return 10\n# ... existing code ...\n",
      "class C:\n    def f(self):\n        return 10\n\n    def g(self):\n        return 2\n"),
 ])
@@ -255,10 +255,10 @@ def test_segment_without_closing_context_does_not_guess() -> None:
     keep the old lines? Declined on either side of the segment (found backwards, too)."""
     original = "def f(x):\n    a = 1\n    b = 2\n    return a + b\n\n\ndef g():\n    pass\n"
     for sketch, where in [
-            ("# ... existing code ...\ndef f(x):\n    a = 10\n    c = 3\n"
-             "# ... existing code ...\n", "ends with new lines"),
-            ("# ... existing code ...\n    a = 10\n    c = 3\n    return a + b\n"
-             "# ... existing code ...\n", "starts with new lines")]:
+            (("# ... existing code ...\ndef f(x):\n    a = 10\n    c = 3\n"
+              "# ... existing code ...\n"), "ends with new lines"),
+            (("# ... existing code ...\n    a = 10\n    c = 3\n    return a + b\n"
+              "# ... existing code ...\n"), "starts with new lines")]:
         result = apply_edit(original, sketch, "f.py")
         assert not result.ok and result.merged is None
         assert any(where in d and "ambiguous" in d for d in result.diagnostics), \

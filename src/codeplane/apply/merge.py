@@ -17,6 +17,7 @@ import numpy as np
 from codeplane.apply.align import INSERT_EDGE, Aligner, Alignment, norm, trivial
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
 
+
 @dataclass
 class MergeOutcome:
     merged: list[str] | None
@@ -32,8 +33,8 @@ def merge(original: list[str], parsed: ParsedEdit) -> MergeOutcome:
     assert parsed.sketch is not None
     sketch = parsed.sketch
     if not sketch.segments:
-        return MergeOutcome(None, reasons=["the edit has no content (an empty file is not "
-                                           "written by a sketch)"])
+        return MergeOutcome(None, reasons=[("the edit has no content (an empty file is not "
+                                            "written by a sketch)")])
     if sketch.marker_free and len(sketch.segments[0]) * 2 >= len(original):
         if _same_ends(sketch.segments[0], original):
             return MergeOutcome(sketch.segments[0])
@@ -82,9 +83,9 @@ def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
         at = next(i for i, (a, b) in enumerate(zip(outcome.merged, other[::-1])) if a != b) \
             if len(other) == len(outcome.merged) else None
         where = f" (from line {at + 1})" if at is not None else ""
-        return MergeOutcome(None, reasons=[
-            f"the sketch fits the file in two equally good ways that give different "
-            f"results{where}: ambiguous"])
+        reason = (f"the sketch fits the file in two equally good ways that give different "
+                  f"results{where}: ambiguous")
+        return MergeOutcome(None, reasons=[reason])
     return outcome
 
 
@@ -129,12 +130,12 @@ def _align_and_build(original: list[str], sketch: Sketch) -> MergeOutcome:
                             number + 1 < len(sketch.segments) or sketch.gap_after) \
             or _missing_blank(original, items, owner, best, number)
         if problem:
-            return MergeOutcome(None, reasons=[f"segment {number + 1} ({_quote(segment)}) "
-                                               f"{problem}"])
+            return MergeOutcome(None, reasons=[(f"segment {number + 1} ({_quote(segment)}) "
+                                                f"{problem}")])
         region = _narrowest(original, items, owner, best, number)
         if isinstance(region, str):
-            return MergeOutcome(None, reasons=[f"segment {number + 1} ({_quote(segment)}) "
-                                               f"{region}: ambiguous"])
+            return MergeOutcome(None, reasons=[(f"segment {number + 1} ({_quote(segment)}) "
+                                                f"{region}: ambiguous")])
         if region is not None:
             regions[number] = region
     return _build(original, sketch, items, owner, best, regions)
