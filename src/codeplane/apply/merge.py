@@ -74,7 +74,7 @@ def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
     mirrored = Sketch([segment[::-1] for segment in reversed(sketch.segments)],
                       sketch.gap_after, sketch.gap_before,
                       blank_edges=[(b, a) for a, b in reversed(sketch.blank_edges)])
-    reverse = _align_and_build(original[::-1], mirrored)
+    reverse = _align_and_build(original[::-1], mirrored, sketch.segments[::-1])
     if reverse.merged is None:  # the checks are one-sided (a segment's end): mirror them too
         return MergeOutcome(None, reasons=[
             _unmirror(r, len(original), len(sketch.segments)) for r in reverse.reasons])
@@ -97,10 +97,16 @@ def _unmirror(reason: str, lines: int, segments: int) -> str:
     reason = re.sub(r"(?<=segment )\d+", lambda m: str(segments - int(m[0]) + 1), reason)
     return reason.replace("ends with new lines", "starts with new lines") \
         .replace("ends without context", "starts without context") \
-        .replace("shows a blank line before", "shows a blank line after")
+        .replace("shows a blank line before", "shows a blank line after") \
+        .replace("the file continues inside the same block", "the code above it is in the "
+                 "same block")
 
 
-def _align_and_build(original: list[str], sketch: Sketch) -> MergeOutcome:
+def _align_and_build(original: list[str], sketch: Sketch,
+                     shown: list[list[str]] | None = None) -> MergeOutcome:
+    """Align, check and build; `shown` are the segments as the user wrote them, for the
+    reasons (the mirrored sketch's segments are reversed)."""
+    shown = shown or sketch.segments
     items: list[str | None] = [None]
     owner: list[int] = [-1]  # segment number of each item, -1 for markers
     optional: set[int] = set()
@@ -120,22 +126,22 @@ def _align_and_build(original: list[str], sketch: Sketch) -> MergeOutcome:
     best = aligner.align()
     if best is None:
         return MergeOutcome(None, reasons=["sketch cannot be aligned with the file"])
-    for number, segment in enumerate(sketch.segments):
-        problem = _check_segment(aligner, best, owner, number, segment, len(original))
+    for number in range(len(sketch.segments)):
+        label = f"segment {number + 1} ({_quote(shown[number])})"
+        problem = _check_segment(aligner, best, owner, number, label, len(original))
         if problem:
             return MergeOutcome(None, reasons=[problem])
     regions = {}
-    for number, segment in enumerate(sketch.segments):
+    for number in range(len(sketch.segments)):
+        label = f"segment {number + 1} ({_quote(shown[number])})"
         problem = _open_end(original, items, owner, best, number,
                             number + 1 < len(sketch.segments) or sketch.gap_after) \
             or _missing_blank(original, items, owner, best, number)
         if problem:
-            return MergeOutcome(None, reasons=[(f"segment {number + 1} ({_quote(segment)}) "
-                                                f"{problem}")])
+            return MergeOutcome(None, reasons=[f"{label} {problem}"])
         region = _narrowest(original, items, owner, best, number)
         if isinstance(region, str):
-            return MergeOutcome(None, reasons=[(f"segment {number + 1} ({_quote(segment)}) "
-                                                f"{region}: ambiguous")])
+            return MergeOutcome(None, reasons=[f"{label} {region}: ambiguous"])
         if region is not None:
             regions[number] = region
     return _build(original, sketch, items, owner, best, regions)
@@ -245,11 +251,10 @@ def _anchored_run(items: list[str | None], best: Alignment, rows: list[int], at:
 
 
 def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: int,
-                   segment: list[str], n: int) -> str | None:
+                   label: str, n: int) -> str | None:
     """Decline a segment that anchors on nothing distinctive or fits elsewhere equally well."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     matched = [best.ops[k][1] for k in rows if best.ops[k][0] == "match"]
-    label = f"segment {number + 1} ({_quote(segment)})"
     if not any(not trivial(norm(aligner.items[k])) for k in rows  # type: ignore[arg-type]
                if best.ops[k][0] == "match"):
         return (f"{label} shares no distinctive line with the original: cannot tell where it "
