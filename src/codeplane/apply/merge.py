@@ -139,7 +139,7 @@ def _align_and_build(original: list[str], sketch: Sketch,
             or _missing_blank(original, items, owner, best, number)
         if problem:
             return MergeOutcome(None, reasons=[f"{label} {problem}"])
-        region = _narrowest(original, items, owner, best, number)
+        region = _narrowest(aligner.onorm, items, owner, best, number)
         if isinstance(region, str):
             return MergeOutcome(None, reasons=[f"{label} {region}: ambiguous"])
         if region is not None:
@@ -147,14 +147,14 @@ def _align_and_build(original: list[str], sketch: Sketch,
     return _build(original, sketch, items, owner, best, regions)
 
 
-def _narrowest(original: list[str], items: list[str | None], owner: list[int],
+def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
                best: Alignment, number: int) -> tuple[int, int] | str | None:
     """The smallest original region the segment can replace with the same opening and
     closing lines, when that is smaller than the alignment's: an alignment can save cost
     by rewriting an existing function into a new, similar one where the sketch adds the new
     one next to it, and keeping the most code is the safer reading. When the smaller reading
     would cut through lines the edit itself uses as context, neither is trusted (a string
-    says why)."""
+    says why). `keys`: the original's lines with whitespace collapsed."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     start, end = best.ops[rows[0] - 1][2], best.ops[rows[-1] + 1][1]
     rows = [k for k in rows if best.ops[k][0] != "drop"]
@@ -162,7 +162,6 @@ def _narrowest(original: list[str], items: list[str | None], owner: list[int],
     tail = _anchored_run(items, best, rows[::-1], end - 1, -1, longest=True)
     head_min = _anchored_run(items, best, rows, start, 1, longest=False)
     tail_min = _anchored_run(items, best, rows[::-1], end - 1, -1, longest=False)
-    keys = [norm(line) for line in original]
     interior = {best.ops[k][1] for k in rows[head:len(rows) - tail] if best.ops[k][0] == "match"}
     new_start, new_end = start, end
     if head:
