@@ -102,7 +102,8 @@ class AgentConfig:
     corrections: int = 2  # replies without a usable tool call that get a hint, not the end
     max_calls_per_turn: int = 8
     # First turns must call a tool (tool_choice "required"). Off: codeplane serve enforces it
-    # with a llama.cpp grammar that cost 60-180 s per turn on a 1.5B model (docs/agent.md).
+    # with a llama.cpp grammar that added ~2 s per generated token on code-medium here, and
+    # the forced calls were no better (docs/agent.md, "Measured").
     required_steps: int = 0
     read_before_edit: bool = True  # edit_file refuses files not read in this run
     preread: int = 4  # files named in the task the harness reads before the first turn
