@@ -1,0 +1,70 @@
+"""Cost of a forced tool call (`tool_choice: "required"`): lazy grammar gate vs llama.cpp's
+grammar sampler over the whole vocabulary, same prompt, greedy, KV prefix cached.
+
+    flock /tmp/codeplane-cpu.lock python bench/grammar.py [--model code-medium] [--max-tokens 48]
+
+The tools are the agent's 11 tool schemas, so the grammar is as large as real agent turns use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from llama_cpp import LlamaGrammar
+
+from codeplane.agent.tools import schemas
+from codeplane.config import load_settings
+from codeplane.models.engine import Engine, LocalModel, Sampling
+from codeplane.models.local_openai import tool_call_grammar
+
+MESSAGES = [{"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Read the file src/app.py and fix the bug in add()."}]
+
+
+def full_grammar(model: LocalModel, tokens: list[int], gbnf: str, limit: int) -> list[int]:
+    """llama-cpp-python's own path: the grammar sampler chained in front of greedy choice."""
+    out: list[int] = []
+    for token in model.llama.generate(tokens, temp=0.0, top_k=1, repeat_penalty=1.0,
+                                      grammar=LlamaGrammar.from_string(gbnf, verbose=False)):
+        if token in model.stop_ids or len(out) == limit:
+            break
+        out.append(token)
+    return out
+
+
+def measure(model: LocalModel, limit: int) -> None:
+    tools = schemas()
+    tokens = model.chat_tokens(MESSAGES, tools)
+    gbnf = tool_call_grammar(tools, "required")
+    model.generate(tokens, Sampling(max_tokens=1))  # cache the prompt for every variant
+    runs = {
+        "free (no grammar)": lambda: model.generate(tokens, Sampling(max_tokens=limit)).text,
+        "lazy grammar gate": lambda: model.generate(
+            tokens, Sampling(max_tokens=limit, grammar=gbnf)).text,
+        "full-vocab grammar": lambda: model.llama.detokenize(
+            full_grammar(model, tokens, gbnf, limit)).decode(),
+    }
+    texts = {}
+    for label, run in runs.items():
+        start = time.perf_counter()
+        texts[label] = run()
+        print(f"{label:20s} {time.perf_counter() - start:7.2f} s  {texts[label][:70]!r}")
+    print("gate output == full grammar output:",
+          texts["lazy grammar gate"] == texts["full-vocab grammar"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="code-medium")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args()
+    engine = Engine(load_settings(None))
+    try:
+        engine.run_sync(args.model, lambda m: measure(m, args.max_tokens))
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
