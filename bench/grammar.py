@@ -1,7 +1,7 @@
 """Cost of a forced tool call (`tool_choice: "required"`): lazy grammar gate vs llama.cpp's
 grammar sampler over the whole vocabulary, same prompt, greedy, KV prefix cached.
 
-    flock /tmp/codeplane-cpu.lock python bench/grammar.py [--model code-medium] [--max-tokens 48]
+    flock /tmp/codeplane-cpu.lock python bench/grammar.py [--model code-medium] [--task read|create] [--max-tokens 48]
 
 The tools are the agent's 11 tool schemas, so the grammar is as large as real agent turns use.
 """
@@ -18,8 +18,11 @@ from codeplane.config import load_settings
 from codeplane.models.engine import Engine, LocalModel, Sampling
 from codeplane.models.local_openai import tool_call_grammar
 
-MESSAGES = [{"role": "system", "content": "You are a coding agent."},
-            {"role": "user", "content": "Read the file src/app.py and fix the bug in add()."}]
+TASKS = {  # a short call, and one whose arguments are a long string (code)
+    "read": "Read the file src/app.py and fix the bug in add().",
+    "create": "Create the file src/stats.py with functions mean, median and mode, with "
+              "docstrings.",
+}
 
 
 def full_grammar(model: LocalModel, tokens: list[int], gbnf: str, limit: int) -> list[int]:
@@ -33,9 +36,11 @@ def full_grammar(model: LocalModel, tokens: list[int], gbnf: str, limit: int) ->
     return out
 
 
-def measure(model: LocalModel, limit: int) -> None:
+def measure(model: LocalModel, task: str, limit: int) -> None:
     tools = schemas()
-    tokens = model.chat_tokens(MESSAGES, tools)
+    messages = [{"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": task}]
+    tokens = model.chat_tokens(messages, tools)
     gbnf = tool_call_grammar(tools, "required")
     model.generate(tokens, Sampling(max_tokens=1))  # cache the prompt for every variant
     runs = {
@@ -58,10 +63,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="code-medium")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--task", choices=sorted(TASKS), default="read")
     args = parser.parse_args()
     engine = Engine(load_settings(None))
     try:
-        engine.run_sync(args.model, lambda m: measure(m, args.max_tokens))
+        engine.run_sync(args.model, lambda m: measure(m, TASKS[args.task], args.max_tokens))
     finally:
         engine.close()
 
