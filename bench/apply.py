@@ -306,11 +306,11 @@ def run_case(engine, model: str, case: dict, window: int, repeats: int) -> Model
         spec = engine.run_sync(model, lambda m: rewrite(m, lines, parsed, case["path"]))
         prefill = prefill or sum(r.prompt_seconds for r in spec.runs)  # later ones are cached
 
-        def loop(m):  # the same prompts and token counts, one token per forward pass
+        def loop(m, spec=spec):  # the same prompts and token counts, one token per pass
             return [decode(m, job.prompt, job.sources, run.output_tokens, speculative=False)
                     for job, run in zip(jobs(m, lines, parsed, case["path"]), spec.runs)]
 
-        def native(m):  # the same again with the engine's normal greedy decoding
+        def native(m, spec=spec):  # the same again with the engine's greedy decoding
             return [m.generate(job.prompt, Sampling(max_tokens=run.output_tokens))
                     for job, run in zip(jobs(m, lines, parsed, case["path"]), spec.runs)]
 
@@ -349,6 +349,7 @@ def run_model(cases: list[dict], model: str, count: int, max_window: int,
               f"out={run.tokens:4d} tok  prefill {run.prompt_seconds:4.1f}s  tok/s spec "
               f"{rate['spec']:5.1f} loop {rate['loop']:5.1f} engine {rate['engine']:5.1f}  "
               f"passes={run.passes} accepted={run.accepted}/{run.drafted}"
+              f"{'' if run.same else '  OUTPUTS DIFFER'}"
               f"{'' if run.ok else '  ' + run.why}", flush=True)
     engine.close()
     print_model_summary(runs, model)

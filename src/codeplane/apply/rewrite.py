@@ -118,7 +118,7 @@ def jobs(model: LocalModel, original: list[str], parsed: ParsedEdit, path: str
     out = []
     for window in planned:
         region = original[window.start:window.end]
-        head = region[:window.inner_start - window.start]
+        head = _head(region, window.inner_start - window.start, window.pieces[0])
         # Drafts: the original window (the model closes its answer with a fence right after
         # it), then each edit piece, which is what the output follows through changed lines.
         sources = [model.tokenize("\n".join(region) + "\n```"),
@@ -126,6 +126,21 @@ def jobs(model: LocalModel, original: list[str], parsed: ParsedEdit, path: str
         out.append(Job(window, region, head, _prompt(model, region, head, window.pieces, path),
                        sources, _budget(model, region, window.pieces)))
     return out
+
+
+def _head(region: list[str], before: int, piece: list[str]) -> list[str]:
+    """The window's first lines that are certain: the margin before the first anchor, and
+    beyond it the edit's leading context where it repeats the window verbatim. They are
+    pre-filled in the answer, so the model starts right where the edit changes something
+    (a small model otherwise tends to echo the edit, markers and all, before the original)."""
+    best = (0, before)
+    for at in range(len(region)):
+        same = 0
+        while same < min(len(piece) - 1, len(region) - at) and region[at + same] == piece[same]:
+            same += 1
+        if same and any(not trivial(norm(x)) for x in piece[:same]) and same > best[0]:
+            best = (same, at + same)
+    return region[:max(before, best[1])]
 
 
 def rewrite(model: LocalModel, original: list[str], parsed: ParsedEdit, path: str,
@@ -177,22 +192,43 @@ def _budget(model: LocalModel, region: list[str], pieces: list[list[str]]) -> in
 
 def _finish(region: list[str], new: list[str], run: Decoded, window: Window
             ) -> list[str] | str:
-    """The new window, or why the model's output cannot be trusted. The margins are
-    unchanged by construction: a model that stops right before the trailing margin gets it
-    appended, but its output must then end with the last anchor line (unchanged context), or
-    it was cut short."""
+    """The new window, or why the model's output cannot be trusted. The output must reach at
+    least the last anchor line (unchanged context after the edit) and must contain every line
+    the edit shows; where it stops in the trailing margin, the rest of the window (blank lines
+    included) is re-attached from the original."""
     where = f"lines {window.start + 1}-{window.end}"
     if run.finish_reason != "stop":
         return f"model output for {where} hit the token limit (truncated)"
-    tail = region[window.inner_end - window.start:]
-    got = [norm(x) for x in new if x.strip()]
-    want_tail = [norm(x) for x in tail if x.strip()]
-    if want_tail and got[-len(want_tail):] == want_tail:
-        return new
-    last_anchor = norm(region[window.inner_end - 1 - window.start])
-    if got and got[-1] == last_anchor:
-        while new and not new[-1].strip():
-            new = new[:-1]
-        return new + tail
-    return (f"model output for {where} does not end with the unchanged lines after the edit "
-            "(truncated or rewritten beyond the edit)")
+    while new and not new[-1].strip():
+        new = new[:-1]
+    written = {norm(x) for x in new}
+    missing = [x for piece in window.pieces for x in _shown(piece)
+               if not trivial(norm(x)) and norm(x) not in written]
+    if missing:
+        return f"model output for {where} lacks the edit's line {missing[0].strip()!r}"
+    end = _stop_line(region, new, window.inner_end - 1 - window.start)
+    if end is None:
+        return (f"model output for {where} does not end with the unchanged lines after the "
+                "edit (truncated or rewritten beyond the edit)")
+    return new + region[end:]
+
+
+def _stop_line(region: list[str], new: list[str], last_anchor: int) -> int | None:
+    """Where in the region the output stopped (index after its last line): the place at or
+    after the last anchor whose preceding lines agree longest with the output's end."""
+    best, where = 0, None
+    for end in range(last_anchor + 1, len(region) + 1):
+        same = 0
+        while same < min(len(new), end) and norm(new[-1 - same]) == norm(region[end - 1 - same]):
+            same += 1
+        if same > best:
+            best, where = same, end
+    return where
+
+
+def _shown(piece: list[str]) -> list[str]:
+    """The lines an edit piece says the result contains (a SEARCH/REPLACE block: its
+    replacement)."""
+    if piece and piece[0] == "<<<<<<< SEARCH":
+        return piece[piece.index("=======") + 1:-1]
+    return piece

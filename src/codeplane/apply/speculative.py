@@ -28,7 +28,11 @@ from codeplane.models.engine import ContextOverflow, LocalModel
 NGRAM_MAX = 4  # lookup keys: the output's last 1..4 tokens
 MATCH_CAP = 48  # how far back a candidate's agreement with the output is measured
 PIECE_TRUST = 6  # an edit piece followed from its start for this many tokens wins
-DRAFT_MIN, DRAFT_MAX = 4, 64
+# Draft length from the evidence: a pass costs about 30 ms plus 9 ms per row on 2 cores, so
+# a draft pays off only when most of it will be accepted. Below MIN_AGREE tokens of agreement
+# the output is new text (the model writes the edit): one token per pass, the cheapest.
+# After a rejected draft the next one starts at DRAFT_RETRY tokens and doubles with success.
+MIN_AGREE, DRAFT_PER_AGREE, DRAFT_RETRY, DRAFT_MAX = 3, 2, 16, 64
 _END = re.compile(r"(^|\n)[ \t]*```")
 
 
@@ -79,7 +83,8 @@ class Drafter:
         """Up to `size` draft tokens continuing `context`, and how many tokens of `context`
         the chosen place agrees with (the evidence for the draft)."""
         for n in range(min(NGRAM_MAX, len(context)), 0, -1):
-            ends = self.ends.get(tuple(context[-n:]))
+            # A place with nothing after it (a piece's end) proposes nothing: look further.
+            ends = [e for e in self.ends.get(tuple(context[-n:]), ()) if self.tokens[e] != -1]
             if ends:
                 break
         else:
@@ -127,7 +132,7 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
     prompt_done = time.perf_counter()
     drafter = Drafter(sources)
     history = prompt[-MATCH_CAP:]  # the pre-filled head lines are part of the copy
-    size = DRAFT_MAX // 2
+    cap = DRAFT_MAX
     out: list[int] = []
     trace: list[tuple[int, int, float]] = []
     drafted = accepted = 0
@@ -141,7 +146,7 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
             finish = "stop" if len(out) < budget else "length"
             break
         room = min(budget - len(out), model.n_ctx - llama.n_tokens - 1, llama.n_batch - 1)
-        draft = drafter.propose(history + out, min(size, room))[0] if speculative else []
+        draft = _draft(drafter, history + out, min(room, cap)) if speculative else []
         began = time.perf_counter()
         preds = _verify(llama, [pending, *draft], n_vocab)
         agreed = _agreement(draft, preds, model.stop_ids)
@@ -150,8 +155,8 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         drafted, accepted = drafted + len(draft), accepted + agreed
         out.extend(draft[:agreed])
         drafter.advance(agreed)
-        size = min(DRAFT_MAX, size * 2) if draft and agreed == len(draft) else \
-            max(DRAFT_MIN, agreed + 1)
+        if draft:
+            cap = min(DRAFT_MAX, cap * 2) if agreed == len(draft) else DRAFT_RETRY
         pending = int(preds[agreed])
         if agreed and _END.search(model.detokenize(out[-(agreed + 64):])):
             finish = "stop"
@@ -164,6 +169,14 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
     end = time.perf_counter()
     return Decoded(text, finish, len(prompt), cached, len(out), prompt_done - start,
                    end - prompt_done, len(trace), drafted, accepted, trace)
+
+
+def _draft(drafter: Drafter, context: list[int], room: int) -> list[int]:
+    """The longer the output has agreed with its source, the longer the draft."""
+    draft, agree = drafter.propose(context, min(room, DRAFT_MAX))
+    if agree < MIN_AGREE:
+        return []
+    return draft[:DRAFT_PER_AGREE * agree]
 
 
 def _prefill(llama, prompt: list[int]) -> int:
