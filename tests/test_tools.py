@@ -113,6 +113,17 @@ def test_edit_file_exact_unique_replacement(env) -> None:
     assert broken.ok and "syntax errors" in broken.output
 
 
+def test_edit_file_tolerates_switched_quotes_only_when_unique(env) -> None:
+    path = env.root / "pkg" / "greet.py"
+    path.write_text('NAME = "world"\nGREETING = "hello"\nOTHER = "hello"\n')
+    res = run(env, "edit_file", path="pkg/greet.py", old_string="NAME = 'world'",
+              new_string="NAME = 'there'")
+    assert res.ok and path.read_text().startswith("NAME = 'there'\nGREETING")
+    twice = run(env, "edit_file", path="pkg/greet.py", old_string="= 'hello'", new_string="x")
+    assert not twice.ok and "not found" in twice.output
+    assert path.read_text().count('"hello"') == 2
+
+
 def test_sketch_edits_without_apply_say_what_to_do(env, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "codeplane.apply.api", None)
     res = run(env, "edit_file", path="pkg/calc.py", code_edit="# ... existing code ...\n")

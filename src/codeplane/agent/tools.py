@@ -459,6 +459,8 @@ def _replace(text: str, old: str | None, new: str | None, replace_all: bool) -> 
     if old == new:
         raise ToolError("old_string and new_string are identical; nothing to change")
     count = text.count(old)
+    if count == 0 and (start := _unique_ignoring_quotes(text, old)) is not None:
+        return text[:start] + new + text[start + len(old):]
     if count == 0:
         hint = ""
         if " ".join(old.split()) in " ".join(text.split()):
@@ -469,6 +471,18 @@ def _replace(text: str, old: str | None, new: str | None, replace_all: bool) -> 
         raise ToolError(f"old_string occurs {count} times; include more surrounding lines to "
                         "make it unique, or set replace_all to true")
     return text.replace(old, new) if replace_all else text.replace(old, new, 1)
+
+
+def _unique_ignoring_quotes(text: str, old: str) -> int | None:
+    """Where `old` occurs once if ' and " are the same character (models often switch quote
+    style when copying, as Aider and Claude Code also tolerate). The mapping is one character
+    to one, so offsets in the normalised text are offsets in the file."""
+    table = str.maketrans("'", '"')
+    haystack, needle = text.translate(table), old.translate(table)
+    start = haystack.find(needle)
+    if start == -1 or haystack.find(needle, start + 1) != -1:
+        return None
+    return start
 
 
 def _apply_sketch(before: str, sketch: str, rel: str, ctx: ToolContext) -> str:
