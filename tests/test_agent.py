@@ -141,7 +141,7 @@ def test_named_files_preread_and_edits_need_a_read(scripted, repo) -> None:
                                                  "new_string": "A = 2"})]},
                        {"calls": [("read_file", {"path": "src/b.py"})]},
                        {"content": "done"}]
-    result = agent_for(scripted, repo, required_steps=1).run("In a.py set A to 2.")
+    result = agent_for(scripted, repo).run("In a.py set A to 2.")
     assert result.status == "completed"
     first = scripted.requests[0]["messages"]
     assert [m["role"] for m in first] == ["system", "user"]
@@ -165,7 +165,7 @@ def test_code_or_fake_results_instead_of_calls_get_hints(scripted, repo) -> None
     hints = [m["content"] for m in scripted.requests[2]["messages"] if m["role"] == "user"]
     assert "Do not write <tool_call> or <tool_response>" in hints[1]
     assert "You showed code, but no file has changed" in hints[2]
-    assert [r["tool_choice"] for r in scripted.requests] == ["auto"] * 3
+    assert [r["tool_choice"] for r in scripted.requests] == ["required", "auto", "auto"]
 
 
 def test_invented_tool_name_with_fitting_arguments_is_repaired(scripted, repo) -> None:

@@ -101,10 +101,10 @@ class AgentConfig:
     keep_turns: int = 2  # most recent turns never compacted
     corrections: int = 2  # replies without a usable tool call that get a hint, not the end
     max_calls_per_turn: int = 8
-    # First turns must call a tool (tool_choice "required"). Off: codeplane serve enforces it
-    # with a llama.cpp grammar that added ~2 s per generated token on code-medium here, and
-    # the forced calls were no better (docs/agent.md, "Measured").
-    required_steps: int = 0
+    # First turns must call a tool (tool_choice "required"): codeplane serve enforces it with
+    # a grammar, so the first call is well-formed JSON (code-medium 8/17 vs 4/17 without;
+    # docs/agent.md, "Measured"). OpenAI-compatible providers accept it too.
+    required_steps: int = 1
     read_before_edit: bool = True  # edit_file refuses files not read in this run
     preread: int = 4  # files named in the task the harness reads before the first turn
     toolset: str = "full"  # "full" (all tools) or "core" (7 tools, simpler schemas)
