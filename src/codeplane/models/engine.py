@@ -187,9 +187,12 @@ class LocalModel:
         if sampling.seed is not None:
             self.llama.set_seed(sampling.seed)
         capture = _LogitCapture() if sampling.logprobs else None
+        top_k = TOP_K if sampling.temperature > 0 else 1  # 1: greedy
         processors = [capture] if capture else []
         if sampling.grammar:
-            processors.append(self._grammar_gate(sampling, len(tokens)))
+            from codeplane.models.grammar import GrammarGate  # imports llama_cpp
+
+            processors.append(GrammarGate(self.llama, sampling.grammar, len(tokens), top_k))
         decoder = _StopDecoder(sampling.stop)
         out: list[int] = []
         logprobs: list[float] = []
@@ -197,8 +200,8 @@ class LocalModel:
         start = time.perf_counter()
         first_token_at = None
         for token in self.llama.generate(
-            tokens, temp=sampling.temperature, top_p=sampling.top_p, top_k=TOP_K if
-            sampling.temperature > 0 else 1, min_p=0.0, repeat_penalty=1.0,
+            tokens, temp=sampling.temperature, top_p=sampling.top_p, top_k=top_k, min_p=0.0,
+            repeat_penalty=1.0,
             logits_processor=processors or None,
         ):
             first_token_at = first_token_at or time.perf_counter()
@@ -230,13 +233,6 @@ class LocalModel:
             token_logprobs=logprobs if capture else None,
             prompt_seconds=first_token_at - start, decode_seconds=end - first_token_at,
         )
-
-
-    def _grammar_gate(self, sampling: Sampling, prompt_tokens: int):
-        from codeplane.models.grammar import GrammarGate  # imports llama_cpp
-
-        top_k = 1 if sampling.temperature <= 0 else TOP_K
-        return GrammarGate(self.llama, sampling.grammar, prompt_tokens, top_k)
 
 
 class Engine:
