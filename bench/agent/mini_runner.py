@@ -32,6 +32,13 @@ from minisweagent.models.litellm_model import LitellmModel
 from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 
 
+def forced_call(config: str) -> dict:
+    """mini.yaml demands a bash call in every reply, which is what `tool_choice: required`
+    asks the server to enforce; without it the small models describe the call in prose and the
+    run ends in RepeatedFormatError before any command runs (measured on code-medium)."""
+    return {"tool_choice": "required"} if config == "toolcall" else {}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     for flag in ("--task", "--cwd", "--model", "--base-url", "--out"):
@@ -47,7 +54,8 @@ def main() -> None:
     agent_cfg.pop("mode", None)
     model = model_class(model_name=f"openai/{args.model}", cost_tracking="ignore_errors",
                          model_kwargs={"api_base": args.base_url, "api_key": "unused",
-                                       "temperature": 0.0, "max_tokens": 512},
+                                       "temperature": 0.0, "max_tokens": 512,
+                                       **forced_call(args.config)},
                          **{k: v for k, v in config["model"].items()
                             if k not in ("model_name", "model_kwargs")})
     prefix = str(Path(sys.base_prefix).resolve())  # pytest lives in the host's Python
