@@ -128,7 +128,7 @@ def test_invented_tool_and_no_tool_replies_get_hints(scripted, repo) -> None:
     scripted.script = [{"content": '{"name": "fix_bug", "arguments": {"path": "a.py"}}'},
                        {"content": "I would edit a.py."},
                        {"content": "Nothing to do."}]
-    result = agent_for(scripted, repo).run("fix it")
+    result = agent_for(scripted, repo, corrections=2).run("fix it")
     assert result.status == "completed" and result.steps == 3
     hints = [m["content"] for m in scripted.requests[2]["messages"] if m["role"] == "user"]
     assert "fix_bug is not a tool" in hints[1] and "not used any tool" in hints[2]
@@ -160,7 +160,7 @@ def test_code_or_fake_results_instead_of_calls_get_hints(scripted, repo) -> None
     scripted.script = [{"content": "<tool_response>\nA = 1\n</tool_response>"},
                        {"content": "Fixed:\n```python\nA = 2\n```"},
                        {"content": "Fixed."}]
-    result = agent_for(scripted, repo).run("set A to 2")
+    result = agent_for(scripted, repo, corrections=2).run("set A to 2")
     assert result.status == "completed" and result.steps == 3
     hints = [m["content"] for m in scripted.requests[2]["messages"] if m["role"] == "user"]
     assert "Do not write <tool_call> or <tool_response>" in hints[1]
@@ -204,6 +204,38 @@ def test_empty_reply_after_work_gets_a_hint(scripted, repo) -> None:
     result = agent_for(scripted, repo).run("list the files")
     assert result.status == "completed" and result.answer == "Listed."
     assert scripted.requests[2]["messages"][-1]["content"].startswith("Your reply was empty")
+
+
+def test_claimed_change_without_one_gets_a_forced_hint(scripted, repo) -> None:
+    bad = ("edit_file", {"path": "a.py", "old_string": "A = 9", "new_string": "A = 2"})
+    scripted.script = [{"calls": [bad]}, {"content": "I changed A to 2 in a.py."},
+                       {"calls": [("edit_file", {"path": "a.py", "old_string": "A = 1",
+                                                 "new_string": "A = 2"})]},
+                       {"content": "I changed A to 2 in a.py."}]
+    result = agent_for(scripted, repo).run("In a.py set A to 2.")
+    hint = scripted.requests[2]["messages"][-1]["content"]
+    assert hint.startswith("No file has changed in this run: every edit you tried failed")
+    assert [r["tool_choice"] for r in scripted.requests] == \
+        ["required", "auto", "required", "auto"]
+    assert result.answer == "I changed A to 2 in a.py." and result.steps == 4
+
+
+def test_answer_checks_syntax_then_asks_for_tests_once(scripted, repo) -> None:
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_a.py").write_text("from a import A\n")
+    broken = ("edit_file", {"path": "a.py", "old_string": "A = 1", "new_string": "A = (2"})
+    fixed = ("edit_file", {"path": "a.py", "old_string": "A = (2", "new_string": "A = 2"})
+    scripted.script = [{"calls": [broken]}, {"content": "Done."}, {"calls": [fixed]},
+                       {"content": "Done."}, {"calls": [("run_terminal_cmd",
+                                                         {"command": "true"})]},
+                       {"content": "Done, tests pass."}]
+    result = agent_for(scripted, repo).run("In a.py set A to 2.")
+    hints = [m["content"] for m in scripted.requests[-1]["messages"] if m["role"] == "user"]
+    assert hints[1].startswith("Your change left syntax errors:\na.py:1:")
+    assert hints[2].startswith("Before you finish, check your change: run the tests")
+    assert result.answer == "Done, tests pass." and result.status == "completed"
+    assert [r["tool_choice"] for r in scripted.requests] == \
+        ["required", "auto", "required", "auto", "required", "auto"]
 
 
 def test_core_toolset_is_smaller(scripted, repo) -> None:

@@ -154,6 +154,25 @@ def test_grep_ripgrep_and_python_fallback_agree(env, monkeypatch) -> None:
     assert "invalid regular expression" in run(env, "grep", pattern="(").output
 
 
+@pytest.mark.parametrize("engine", ["rg", "python"])
+def test_grep_code_pasted_as_pattern_matches_literally(env, monkeypatch, engine) -> None:
+    if engine == "python":
+        real_which = T.shutil.which
+        monkeypatch.setattr(T.shutil, "which", lambda n: None if n == "rg" else real_which(n))
+    res = run(env, "grep", pattern="add(a, b)")  # a regex group: matches "adda, b" only
+    assert res.output == ("[no regex matches; matched as a literal string]\n"
+                          "pkg/calc.py:1:def add(a, b):")
+    assert run(env, "grep", pattern="mul(a,").output.startswith(
+        "[invalid regular expression; matched as a literal string]\npkg/calc.py:5:")
+    assert run(env, "grep", pattern="zz(").output == \
+        "no matches for 'zz(' (invalid regular expression; no literal match either)"
+    assert run(env, "grep", pattern="ad+ and").output == "README.md:2:add and mul"  # a regex
+    miss = run(env, "grep", pattern="pkg/calc.py")
+    assert miss.output == "no matches for 'pkg/calc.py'; pkg/calc.py is a file: read it " \
+        "with read_file"
+    assert "is a file" not in run(env, "grep", pattern="/etc/passwd").output
+
+
 def test_file_search_glob_and_fuzzy(env) -> None:
     assert run(env, "file_search", query="*.py").output.splitlines() == [
         "pkg/__init__.py", "pkg/calc.py"]

@@ -19,7 +19,8 @@ turn; they run in parallel.
 edit it; copy old_string exactly from the read_file output, including indentation. Use \
 create_file for new files and delete_file to remove one.
 3. Check: run the tests or the program with run_terminal_cmd (for Python tests: python -m \
-pytest -q). If something fails, read the output and fix it.
+pytest -q). If something fails, read the output and fix it. Fix the code, not the tests, \
+unless the task asks you to change tests.
 4. Answer: when the task is done, reply with one or two sentences saying what you changed, \
 and call no tool.
 
@@ -34,6 +35,13 @@ FAKE_RESULT = ("Do not write <tool_call> or <tool_response> text yourself: call 
                "sentences if the task is done.")
 EMPTY = ("Your reply was empty. If the task is done, say in one or two sentences what you "
          "changed; otherwise call the next tool.")
+NOTHING_CHANGED = ("No file has changed in this run: {why}. If the task needs a change, "
+                   "make it now with edit_file (old_string copied exactly from read_file "
+                   "output) or create_file.")
+BROKEN = ("Your change left syntax errors:\n{errors}\nRead the file again and fix them with "
+          "edit_file.")
+VERIFY = ("Before you finish, check your change: run the tests with run_terminal_cmd "
+          "(python -m pytest -q) and fix what fails.")
 CODE_NOT_APPLIED = ("You showed code, but no file has changed: the user cannot apply it. Make "
                     "the change with edit_file (old_string copied from read_file output) or "
                     "create_file now.")

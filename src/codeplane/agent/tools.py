@@ -49,7 +49,12 @@ class ToolContext:
     cancel: threading.Event | None = None
     read_before_edit: bool = False
     seen: set[Path] = field(default_factory=set)  # files read or written in this run
-    wrote: bool = False
+    written: set[Path] = field(default_factory=set)  # files created, changed or deleted
+    checked: bool = False  # a command ran after the last write (tests, a script)
+
+    def changed(self, path: Path) -> None:
+        self.written.add(path)
+        self.checked = False
 
 
 @dataclass
@@ -327,21 +332,50 @@ def grep(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     pattern, include = args["pattern"], args.get("include")
     sensitive = args.get("case_sensitive", True)
     rg = shutil.which("rg")
-    hits = (_rg(env, rg, pattern, base, include, sensitive) if rg
-            else _pygrep(env, pattern, base, include, sensitive))
+    engine = "rg" if rg else "python"
+
+    def search(literal: bool) -> list[str]:
+        return (_rg(env, rg, pattern, base, include, sensitive, literal) if rg
+                else _pygrep(env, pattern, base, include, sensitive, literal))
+
+    special = bool(_REGEX_SYNTAX.search(pattern))
+    try:
+        hits, note = search(literal=False), ""
+    except ToolError:
+        if not special:
+            raise
+        hits, note = [], "invalid regular expression"
+    if not hits and special:
+        # Models often paste code (`add(2, 3)`) as the pattern; as a regex its parentheses
+        # are a group and it matches nothing. Searching it literally is what they meant.
+        hits = search(literal=True)
+        note = f"{note or 'no regex matches'}; matched as a literal string" if hits else note
     if not hits:
-        return f"no matches for {pattern!r}", {"count": 0, "engine": "rg" if rg else "python"}
+        tip = f"; {pattern} is a file: read it with read_file" if _is_file(env, pattern) else ""
+        tip += f" ({note}; no literal match either)" if note else ""
+        return f"no matches for {pattern!r}{tip}", {"count": 0, "engine": engine}
     more = f"\n[{len(hits) - MAX_HITS} more matches not shown; narrow the search]" \
         if len(hits) > MAX_HITS else ""
-    return "\n".join(hits[:MAX_HITS]) + more, {"count": len(hits),
-                                                "engine": "rg" if rg else "python"}
+    head = f"[{note}]\n" if note else ""
+    return head + "\n".join(hits[:MAX_HITS]) + more, {"count": len(hits), "engine": engine}
+
+
+def _is_file(env: Environment, rel: str) -> bool:
+    try:
+        return env.resolve(rel).is_file()
+    except (ToolError, ValueError, OSError):  # outside the workspace, or not a path at all
+        return False
+
+
+_REGEX_SYNTAX = re.compile(r"[.^$*+?()\[\]{}|\\]")
 
 
 def _rg(env: Environment, rg: str, pattern: str, base: Path, include: str | None,
-        sensitive: bool) -> list[str]:
+        sensitive: bool, literal: bool) -> list[str]:
     argv = [rg, "--line-number", "--no-heading", "--color=never", "--max-columns=300",
             "--max-columns-preview", "--max-count=50", "--threads=1"]
     argv += [] if sensitive else ["--ignore-case"]
+    argv += ["--fixed-strings"] if literal else []
     argv += ["--glob", include] if include else []
     argv += ["--regexp", pattern, "--", env.relative(base)]
     proc = subprocess.run(argv, cwd=env.root, capture_output=True, text=True, timeout=60, check=False)
@@ -355,10 +389,11 @@ def _strip_dot(line: str) -> str:
 
 
 def _pygrep(env: Environment, pattern: str, base: Path, include: str | None,
-            sensitive: bool) -> list[str]:
+            sensitive: bool, literal: bool) -> list[str]:
     """Fallback when ripgrep is absent: Python `re`, skipping binary and ignored dirs."""
     try:
-        regex = re.compile(pattern, 0 if sensitive else re.IGNORECASE)
+        regex = re.compile(re.escape(pattern) if literal else pattern,
+                           0 if sensitive else re.IGNORECASE)
     except re.error as exc:
         raise ToolError(f"invalid regular expression: {exc}") from None
     hits: list[str] = []
@@ -447,7 +482,7 @@ def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
         after = _replace(before, args.get("old_string"), args.get("new_string"),
                          bool(args.get("replace_all")))
     path.write_text(after)
-    ctx.wrote = True
+    ctx.changed(path)
     return _change_report(env, path, before, after, "edited")
 
 
@@ -514,7 +549,7 @@ def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(args["content"])
     ctx.seen.add(path)
-    ctx.wrote = True
+    ctx.changed(path)
     return _change_report(env, path, before, args["content"], verb)
 
 
@@ -527,7 +562,7 @@ def delete_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
         raise ToolError(f"{args['path']} does not exist")
     before = _text(path)
     path.unlink()
-    ctx.wrote = True
+    ctx.changed(path)
     diff = _diff(env.relative(path), before, "")
     return f"deleted {env.relative(path)}", {"diff": diff, "path": env.relative(path)}
 
@@ -539,7 +574,7 @@ def _change_report(env: Environment, path: Path, before: str, after: str,
     added = sum(1 for ln in diff.splitlines() if ln[:1] == "+" and ln[:3] != "+++")
     removed = sum(1 for ln in diff.splitlines() if ln[:1] == "-" and ln[:3] != "---")
     text = f"{verb} {rel} (+{added} -{removed} lines)"
-    errors = _syntax_errors(path, after)
+    errors = syntax_errors(path, after)
     if errors:
         text += "\nwarning: the file now has syntax errors:\n" + "\n".join(errors[:5])
     return text, {"diff": diff, "path": rel, "syntax_errors": errors}
@@ -563,7 +598,7 @@ def read_lints(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dic
     problems = _ruff(env, py) if py else []
     for rel in files:
         if Path(rel).suffix in _TS_LANGS:
-            problems += _syntax_errors(env.root / rel, None, rel)
+            problems += syntax_errors(env.root / rel, None, rel)
     if not problems:
         return f"no lint errors in {len(files)} file(s)", {"count": 0, "files": len(files)}
     return "\n".join(problems), {"count": len(problems), "files": len(files)}
@@ -582,7 +617,7 @@ def _ruff(env: Environment, files: list[str]) -> list[str]:
             for d in found]
 
 
-def _syntax_errors(path: Path, text: str | None, rel: str | None = None) -> list[str]:
+def syntax_errors(path: Path, text: str | None, rel: str | None = None) -> list[str]:
     """Syntax errors via tree-sitter (Python: the compiler), as 'path:line:col: message'."""
     rel = rel or path.name
     try:
@@ -626,6 +661,7 @@ def run_terminal_cmd(env: Environment, args: dict, ctx: ToolContext) -> tuple[st
     if not command:
         raise ToolError("command is empty")
     res = env.run(command, args.get("timeout"), ctx.cancel)
+    ctx.checked = True
     status = (f"killed: {res.killed}" + (f" after {res.seconds:.0f}s" if res.killed == "timeout"
                                          else "")) if res.killed else f"exit code {res.exit_code}"
     text = f"$ {command}\n{res.output.rstrip()}\n[{status}]"
