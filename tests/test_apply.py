@@ -398,3 +398,38 @@ def test_http_apply(live_server) -> None:
     missing = httpx.post(f"{live_server.url}/v1/apply", timeout=30,
                          json={"path": "gen.py", "original": "x = 1\n"})
     assert missing.status_code == 400 and "edit" in missing.json()["error"]["message"]
+
+
+# -- wrong merges found by the benchmark (bench/apply.py), reduced -------------------------------
+
+def test_blank_line_shown_after_new_code_is_kept() -> None:
+    """The sketch shows a blank line between its new method and the marker. Matching the
+    blank line above the new method to the file's one and dropping the shown one is
+    cheapest, but glues the new method to the next one; the shown blank line is kept."""
+    original = ("class T:\n    def test_a(self):\n        assert a\n\n"
+                "    def test_c(self):\n        pass\n")
+    sketch = ("    # ... existing code ...\n        assert a\n\n    def test_b(self):\n"
+              "        assert b\n\n    # ... existing code ...\n")
+    result = apply_edit(original, sketch, "t.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original.replace(
+        "    def test_c", "    def test_b(self):\n        assert b\n\n    def test_c")
+
+
+@pytest.mark.parametrize("mirrored", [False, True])
+def test_new_code_does_not_split_a_run_of_blank_lines(mirrored: bool) -> None:
+    """A new function between `x = 1` and `g`, shown with one blank line after it (as a
+    diff's context line): it goes before the file's two blank lines, so `g` keeps its
+    separation, rather than between them. Same at a segment's start (mirrored)."""
+    new = "def f():\n    return 2\n"
+    if mirrored:
+        original = "x = 1\n\n\ndef g():\n    pass\n"
+        sketch = f"# ... existing code ...\n\n{new}\n\ndef g():\n    pass\n"
+        expected = f"x = 1\n\n\n{new}\n\ndef g():\n    pass\n"
+    else:
+        original = "x = 1\n\n\ndef g():\n    pass\n"
+        sketch = f"x = 1\n\n\n{new}\n# ... existing code ...\n"
+        expected = f"x = 1\n\n\n{new}\n\ndef g():\n    pass\n"
+    result = apply_edit(original, sketch, "t.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == expected

@@ -33,7 +33,10 @@ import numpy as np
 INSERT, INSERT_KNOWN = 100, 120  # new line; "new" line that already exists in the file
 INSERT_EDGE = 5000  # a segment's first/last line, next to a marker, taken as new though it exists
 INSERT_TRIVIAL = 40  # blank/punctuation lines: cheap either way, so they never steer placement
-DROP = 1  # an optional item (a blank line next to a marker) left out instead of matched
+# An optional item (a blank line next to a marker) left out instead of matched. Dearer than
+# a new blank line: leaving out a blank line the sketch shows between new code and a marker
+# glues the new code to the elided code, so it is done only where no blank line is there.
+DROP = 100
 DELETE_OPEN, DELETE_EXTEND = 100, 20
 SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 120, 0.5  # an original line edited in place
 SIG_WORDS = 8  # 512-bit token signature per line: a cheap filter for edited lines

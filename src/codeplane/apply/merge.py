@@ -144,7 +144,60 @@ def _align_and_build(original: list[str], sketch: Sketch,
             return MergeOutcome(None, reasons=[f"{label} {region}: ambiguous"])
         if region is not None:
             regions[number] = region
+    for number in range(len(sketch.segments)):
+        for step in (-1, 1):
+            _new_lines_before_blank_run(original, items, owner, best, number, step)
     return _build(original, sketch, items, owner, best, regions)
+
+
+def _new_lines_before_blank_run(original: list[str], items: list[str | None],
+                                owner: list[int], best: Alignment, number: int,
+                                step: int) -> None:
+    """A segment that ends (step -1; starts: +1) with new lines and then blank lines before
+    its marker, placed inside a run of the file's blank lines: the cheapest alignment
+    splits the run (some of it before the new lines, some after), so the code after the
+    marker loses part of its separation. The new lines go to the run's edge instead and the
+    run stays whole next to the elided code: the blank lines shown between the context and
+    the new lines are new, and those at the marker are the run's (the sketch's last line
+    is the file's line after the insertion, as in a diff). Rewrites `best.ops` in place."""
+    rows = [k for k, seg in enumerate(owner) if seg == number]
+    seq = rows[::-1] if step == -1 else rows  # from the marker inward
+    blank = [not items[k].strip() for k in seq]  # type: ignore[union-attr]
+    i = next((j for j, b in enumerate(blank) if not b), len(seq))
+    edge = seq[:i]
+    new_end = next((j for j in range(i, len(seq)) if best.ops[seq[j]][0] != "insert"), len(seq))
+    inner_end = next((j for j in range(new_end, len(seq))
+                      if not blank[j] or best.ops[seq[j]][0] != "match"), len(seq))
+    new, inner = seq[i:new_end], seq[new_end:inner_end]
+    if not edge or not inner or all(blank[j] for j in range(i, new_end)) \
+            or any(best.ops[k][0] not in ("match", "drop") for k in edge):
+        return
+    lines = [best.ops[k][1] for k in inner]  # from the new lines outward into the run
+    if lines != [lines[0] + step * j for j in range(len(lines))]:
+        return
+    shown = sorted(best.ops[k][1] for k in edge if best.ops[k][0] == "match")
+    near = lines[0]  # the run's line next to the new lines
+    if shown != list(range(near + 1, near + 1 + len(shown)) if step == -1
+                     else range(near - len(shown), near)):
+        return
+    far = lines[-1]  # where the new lines go: before (after) the whole run
+    if best.deleted & set(range(min(far, near), max(far, near) + 1)):
+        return
+    order = edge[::-1]  # the edge rows, from the new lines toward the marker
+    at, taken = far, 0
+    for k in order:
+        if 0 <= at < len(original) and not original[at].strip():
+            best.ops[k] = ("match", at)
+            at, taken = at - step, taken + 1
+        else:
+            best.ops[k] = ("drop", at)
+    slot = far if step == -1 else far + 1
+    for k in inner + new:
+        best.ops[k] = ("insert", slot)
+    marker = seq[0] - step  # the marker row next to the segment's edge
+    op = best.ops[marker]
+    best.ops[marker] = ("marker", far + taken, op[2]) if step == -1 else \
+        ("marker", op[1], far + 1 - taken)
 
 
 def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
