@@ -433,3 +433,15 @@ def test_new_code_does_not_split_a_run_of_blank_lines(mirrored: bool) -> None:
     result = apply_edit(original, sketch, "t.py")
     assert result.ok, result.diagnostics
     assert result.merged == expected
+
+
+def test_edit_that_only_strips_trailing_whitespace_is_taken_as_written() -> None:
+    """Matched lines keep the file's trailing whitespace (models drop it), but an edit that
+    would then change nothing is a whitespace edit: its lines are taken as written."""
+    original = "from x import (\n    Dict,\n    List,    \n    Set,\n)\nz = 1\n"
+    sketch = "# ... existing code ...\n    Dict,\n    List,\n    Set,\n# ... existing code ...\n"
+    result = apply_edit(original, sketch, "t.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original.replace("List,    ", "List,")
+    edit = sketch.replace("Dict,", "Dict, Any,")  # a real change: the file's whitespace stays
+    assert apply_edit(original, edit, "t.py").merged == original.replace("Dict,", "Dict, Any,")

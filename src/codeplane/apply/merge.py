@@ -86,6 +86,15 @@ def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
         reason = (f"the sketch fits the file in two equally good ways that give different "
                   f"results{where}: ambiguous")
         return MergeOutcome(None, reasons=[reason])
+    if outcome.merged == original:
+        # Read with the file's trailing whitespace kept (models drop it), the edit changes
+        # nothing; an edit is meant to change something, so its whitespace is the change
+        # (a commit that strips trailing whitespace).
+        literal = _align_and_build(original, sketch, keep_whitespace=False)
+        if literal.merged is not None and literal.merged != original:
+            literal.notes.append("the edit differs from the file only in trailing "
+                                 "whitespace: taken as written")
+            return literal
     return outcome
 
 
@@ -103,9 +112,11 @@ def _unmirror(reason: str, lines: int, segments: int) -> str:
 
 
 def _align_and_build(original: list[str], sketch: Sketch,
-                     shown: list[list[str]] | None = None) -> MergeOutcome:
+                     shown: list[list[str]] | None = None,
+                     keep_whitespace: bool = True) -> MergeOutcome:
     """Align, check and build; `shown` are the segments as the user wrote them, for the
-    reasons (the mirrored sketch's segments are reversed)."""
+    reasons (the mirrored sketch's segments are reversed). `keep_whitespace`: a matched
+    line the sketch shows without trailing whitespace keeps the file's."""
     shown = shown or sketch.segments
     items: list[str | None] = [None]
     owner: list[int] = [-1]  # segment number of each item, -1 for markers
@@ -147,7 +158,7 @@ def _align_and_build(original: list[str], sketch: Sketch,
     for number in range(len(sketch.segments)):
         for step in (-1, 1):
             _new_lines_before_blank_run(original, items, owner, best, number, step)
-    return _build(original, sketch, items, owner, best, regions)
+    return _build(original, sketch, items, owner, best, regions, keep_whitespace)
 
 
 def _new_lines_before_blank_run(original: list[str], items: list[str | None],
@@ -329,7 +340,8 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
 
 
 def _build(original: list[str], sketch: Sketch, items: list[str | None], owner: list[int],
-           best: Alignment, regions: dict[int, tuple[int, int]]) -> MergeOutcome:
+           best: Alignment, regions: dict[int, tuple[int, int]],
+           keep_whitespace: bool = True) -> MergeOutcome:
     """Kept original ranges between the segments; `regions` narrows what a segment replaces."""
     out: list[str] = []
     notes: list[str] = []
@@ -352,7 +364,8 @@ def _build(original: list[str], sketch: Sketch, items: list[str | None], owner: 
                              f"{'above' if k == 0 else 'below'} it were kept")
         out.extend(kept)
         if k < last:
-            out.extend(_segment_lines(original, items, owner, best, owner[k + 1]))
+            out.extend(_segment_lines(original, items, owner, best, owner[k + 1],
+                                      keep_whitespace))
     return MergeOutcome(out, notes=notes)
 
 
@@ -372,13 +385,13 @@ def _edge_problem(kept: list[str], edge: str) -> str | None:
 
 
 def _segment_lines(original: list[str], items: list[str | None], owner: list[int],
-                   best: Alignment, number: int) -> list[str]:
+                   best: Alignment, number: int, keep_whitespace: bool = True) -> list[str]:
     rows = [k for k, seg in enumerate(owner) if seg == number and best.ops[k][0] != "drop"]
     lines = [items[k] or "" for k in rows]
     matched = [(i, best.ops[k][1]) for i, k in enumerate(rows) if best.ops[k][0] == "match"]
     pairs = [(i, o) for i, o in matched if lines[i].strip()]
     lines = _shift(lines, _indent_delta(pairs, lines, original))
-    for i, o in matched:
+    for i, o in matched if keep_whitespace else []:
         if lines[i] == lines[i].rstrip() and lines[i] == original[o].rstrip():
             lines[i] = original[o]  # sketches often drop trailing whitespace: keep the file's
     return lines
