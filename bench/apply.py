@@ -149,17 +149,23 @@ def search_replace(old: list[str], new: list[str]) -> str:
     return "\n".join(out)
 
 
-def udiff(old: list[str], new: list[str], drift: int = 7) -> str:
+def udiff(old: list[str], new: list[str], drift: int = 7, old_final: bool = True,
+          new_final: bool = True) -> str:
+    """As `diff -u` writes it, `\\ No newline at end of file` included."""
     out = ["--- a/file.py", "+++ b/file.py"]
+    eof = "\\ No newline at end of file"
     for group in hunks(old, new, 3):
         i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
         out.append(f"@@ -{i1 + 1 + drift},{i2 - i1} +{j1 + 1 + drift},{j2 - j1} @@")
         for tag, a1, a2, b1, b2 in group:
-            if tag == "equal":
+            if tag == "equal" and (a2 < len(old) or old_final == new_final):
                 out += [" " + x for x in old[a1:a2]]
+                out += [eof] if a2 == len(old) and not old_final else []
                 continue
             out += ["-" + x for x in old[a1:a2]]
+            out += [eof] if a2 == len(old) and a2 > a1 and not old_final else []
             out += ["+" + x for x in new[b1:b2]]
+            out += [eof] if b2 == len(new) and b2 > b1 and not new_final else []
     return "\n".join(out) + "\n"
 
 
@@ -174,7 +180,8 @@ def edit_for(case: dict, style: str) -> str:
         "tight": lambda: sketch(old, new, 1),
         "dedented": lambda: sketch(old, new, 3, dedent=True),
         "search": lambda: search_replace(old, new),
-        "udiff": lambda: udiff(old, new),
+        "udiff": lambda: udiff(old, new, old_final=case["original"].endswith("\n"),
+                               new_final=case["expected"].endswith("\n")),
     }[style]()
 
 

@@ -445,3 +445,12 @@ def test_edit_that_only_strips_trailing_whitespace_is_taken_as_written() -> None
     assert result.merged == original.replace("List,    ", "List,")
     edit = sketch.replace("Dict,", "Dict, Any,")  # a real change: the file's whitespace stays
     assert apply_edit(original, edit, "t.py").merged == original.replace("Dict,", "Dict, Any,")
+
+
+def test_unified_diff_says_whether_the_file_ends_with_a_newline() -> None:
+    original = "a = 1\nb = 2\n"
+    diff = ("--- a/v.py\n+++ b/v.py\n@@ -1,2 +1,3 @@\n a = 1\n b = 2\n+c = 3\n"
+            "\\ No newline at end of file\n")
+    assert apply_edit(original, diff, "v.py").merged == "a = 1\nb = 2\nc = 3"
+    back = "--- a/v.py\n+++ b/v.py\n@@ -1,2 +1,2 @@\n a = 1\n-b = 2\n\\ No newline at end of file\n+b = 3\n"
+    assert apply_edit("a = 1\nb = 2", back, "v.py").merged == "a = 1\nb = 3\n"

@@ -49,6 +49,8 @@ def apply_edit(original: str, edit: str, path: str, engine: Engine | None = None
     start = time.perf_counter()
     lines, newline, final = split_lines(original)
     parsed = parse_edit(edit, lines)
+    if parsed.final_newline is not None:
+        final = parsed.final_newline
     result = ApplyResult(False, None, "deterministic", format=parsed.kind)
     if method != "model":
         outcome = merge(lines, parsed)

@@ -55,6 +55,9 @@ class ParsedEdit:
     sketch: Sketch | None = None
     blocks: list[Block] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # Whether the result ends with a newline, when the edit says so (a diff's
+    # `\ No newline at end of file`); None keeps the original's.
+    final_newline: bool | None = None
 
 
 def split_lines(text: str) -> tuple[list[str], str, bool]:
@@ -191,6 +194,7 @@ def _parse_search_replace(lines: list[str]) -> ParsedEdit:
 def _parse_unified_diff(lines: list[str]) -> ParsedEdit:
     parsed = ParsedEdit("unified_diff")
     block: Block | None = None
+    previous = ""
     while lines and lines[-1] == "":
         lines = lines[:-1]
     for line in lines:
@@ -201,7 +205,9 @@ def _parse_unified_diff(lines: list[str]) -> ParsedEdit:
         elif block is None or line.startswith(("--- ", "+++ ", "diff ", "index ")):
             continue
         elif line.startswith("\\"):
-            continue  # "\ No newline at end of file"
+            # "\ No newline at end of file" after the file's last line: of the new file
+            # (after a "+" or context line) or only of the old one (after a "-" line).
+            parsed.final_newline = previous.startswith("-")
         elif line.startswith("-"):
             block.old.append(line[1:])
         elif line.startswith("+"):
@@ -210,6 +216,7 @@ def _parse_unified_diff(lines: list[str]) -> ParsedEdit:
             text = line.removeprefix(" ")
             block.old.append(text)
             block.new.append(text)
+        previous = line
     if not parsed.blocks:
         parsed.problems.append("unified diff has no hunks")
     return parsed
