@@ -14,7 +14,7 @@ import httpx
 import pytest
 from conftest import LiveServer, free_port
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from codeplane.agent import routes
 from codeplane.agent.env import local_environment
@@ -22,12 +22,15 @@ from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Transcript
 
 
 class Provider:
-    """Replies with scripted assistant messages and records every request body."""
+    """Replies with scripted assistant messages, streamed (SSE) when asked as real providers
+    do, and records every request body and every stream the client left early."""
 
     def __init__(self) -> None:
         self.script: list[dict] = []
         self.requests: list[dict] = []
         self.delay = 0.0
+        self.chunk_delay = 0.0
+        self.abandoned = 0
         app = FastAPI()
         app.state.settings = None
         app.include_router(routes.router)  # server agent runs then talk to this script
@@ -46,12 +49,42 @@ class Provider:
                     {"id": f"call_{i}", "type": "function",
                      "function": {"name": n, "arguments": json.dumps(a)}}
                     for i, (n, a) in enumerate(step["calls"])]
-            return {"choices": [{"index": 0, "message": message,
-                                 "finish_reason": "tool_calls" if step.get("calls") else "stop"}],
-                    "usage": {"prompt_tokens": step.get("prompt_tokens", 100),
-                              "completion_tokens": 10, "total_tokens": 110}}
+            finish = "tool_calls" if step.get("calls") else "stop"
+            usage = {"prompt_tokens": step.get("prompt_tokens", 100), "completion_tokens": 10,
+                     "total_tokens": 110}
+            if not body.get("stream"):
+                return {"choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                        "usage": usage}
+            return StreamingResponse(self._sse(message, finish, usage),
+                                     media_type="text/event-stream")
 
         self.server = LiveServer(app, free_port())
+
+    async def _sse(self, message: dict, finish: str, usage: dict):
+        """Content in 4-character pieces, each tool call's arguments in two halves."""
+        text = message.get("content") or ""
+        deltas = [{"role": "assistant"}] + [{"content": text[i:i + 4]}
+                                            for i in range(0, len(text), 4)]
+        for index, call in enumerate(message.get("tool_calls") or []):
+            args = call["function"]["arguments"]
+            half = len(args) // 2
+            deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"],
+                                                        "arguments": args[:half]}}]})
+            deltas.append({"tool_calls": [{"index": index,
+                                           "function": {"arguments": args[half:]}}]})
+        chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+                  for d in deltas]
+        chunks += [{"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+                   {"choices": [], "usage": usage}]
+        try:
+            for chunk in chunks:
+                await asyncio.sleep(self.chunk_delay)
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: [DONE]\n\n"
+        except asyncio.CancelledError:
+            self.abandoned += 1
+            raise
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +99,8 @@ def provider():
 def scripted(provider: Provider):
     provider.script.clear()
     provider.requests.clear()
-    provider.delay = 0.0
+    provider.delay = provider.chunk_delay = 0.0
+    provider.abandoned = 0
     return provider
 
 
@@ -290,7 +324,18 @@ def test_cancellation_and_model_errors(scripted, repo) -> None:
     threading.Timer(0.5, agent.cancel.set).start()
     result = agent.run("loop forever")
     assert result.status == "cancelled" and result.steps < 5
-    scripted.delay = 0.0
+    scripted.delay, scripted.chunk_delay = 0.0, 0.1
+    scripted.script = [{"content": "a long answer " * 40}]  # 140 chunks, 14 s
+    agent = agent_for(scripted, repo)
+    threading.Timer(0.5, agent.cancel.set).start()
+    start = time.monotonic()
+    result = agent.run("answer at length")
+    assert result.status == "cancelled" and time.monotonic() - start < 3
+    deadline = time.monotonic() + 5
+    while scripted.abandoned == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scripted.abandoned == 1  # the connection closed: a real server stops generating
+    scripted.chunk_delay = 0.0
     scripted.script = [{"error": {"message": "model 'x' does not exist"}, "status": 404}]
     err = agent_for(scripted, repo).run("hi")
     assert err.status == "error" and "404" in err.error and "does not exist" in err.error

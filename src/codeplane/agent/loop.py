@@ -17,7 +17,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,6 +60,54 @@ class ModelError(RuntimeError):
         self.code = code
 
 
+class Cancelled(Exception):
+    """The run was cancelled while a model reply was streaming."""
+
+
+def _http_error(resp: httpx.Response) -> ModelError:
+    try:
+        err = resp.json()["error"]
+        message, code = err.get("message"), err.get("code")
+    except (ValueError, KeyError, TypeError):
+        message, code = resp.text[:500], None
+    return ModelError(f"model server returned {resp.status_code}: {message}", code)
+
+
+def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> dict[str, Any]:
+    """Fold an OpenAI chat-completion SSE stream into one message (content, tool calls
+    accumulated by index, finish reason, usage); an in-band error raises ModelError."""
+    content, calls, finish, usage = [], {}, None, {}
+    for line in lines:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            err = chunk["error"] or {}
+            raise ModelError(f"model stream failed: {err.get('message')}", err.get("code"))
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            content.append(delta.get("content") or "")
+            for part in delta.get("tool_calls") or []:
+                call = calls.setdefault(part.get("index", len(calls)), {
+                    "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                call["id"] = part.get("id") or call["id"]
+                fn = part.get("function") or {}
+                call["function"]["name"] += fn.get("name") or ""
+                call["function"]["arguments"] += fn.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return {"choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": usage}
+
+
 class ChatModel:
     """Chat completions with tools from an OpenAI-compatible endpoint (`codeplane serve`)."""
 
@@ -70,24 +118,26 @@ class ChatModel:
         self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def complete(self, messages: list[dict], tools: list[dict], max_tokens: int,
-                 temperature: float, tool_choice: str = "auto") -> dict[str, Any]:
+                 temperature: float, tool_choice: str = "auto",
+                 cancel: threading.Event | None = None) -> dict[str, Any]:
+        """One chat completion, streamed so that `cancel` can end it between chunks: leaving
+        the stream closes the connection, and the server stops generating (a run cancelled
+        mid-reply no longer keeps the CPU busy until the reply is complete). Returns the
+        non-streaming response shape."""
         body = {"model": self.model, "messages": messages, "tools": tools,
                 "tool_choice": tool_choice, "max_tokens": max_tokens,
-                "temperature": temperature}
+                "temperature": temperature, "stream": True,
+                "stream_options": {"include_usage": True}}
         try:
-            resp = self.http.post("/chat/completions", json=body)
+            with self.http.stream("POST", "/chat/completions", json=body) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _http_error(resp)
+                return _assemble(resp.iter_lines(), cancel)
         except httpx.TransportError as exc:
             raise ModelError(f"cannot reach the model server at {self.base_url} ({exc}); "
                              "start it with `codeplane serve` or pass --base-url",
                              "unreachable") from None
-        if resp.status_code >= 400:
-            try:
-                err = resp.json()["error"]
-                message, code = err.get("message"), err.get("code")
-            except (ValueError, KeyError, TypeError):
-                message, code = resp.text[:500], None
-            raise ModelError(f"model server returned {resp.status_code}: {message}", code)
-        return resp.json()
 
     def close(self) -> None:
         self.http.close()
@@ -203,6 +253,8 @@ class Agent:
                 status = "cancelled"
         except ModelError as exc:
             status, error = "error", str(exc)
+        except Cancelled:
+            status = "cancelled"
         finally:
             if self._pool is not None:
                 self._pool.shutdown()
@@ -230,7 +282,8 @@ class Agent:
     def _turn(self, step: int, messages: list[dict], tool_choice: str = "auto") -> dict:
         """One model call; on context overflow compact harder and retry once."""
         start = time.monotonic()
-        args = (self.tools, self.config.max_tokens, self.config.temperature, tool_choice)
+        args = (self.tools, self.config.max_tokens, self.config.temperature, tool_choice,
+                self.cancel)
         try:
             reply = self.model.complete(messages, *args)
         except ModelError as exc:
