@@ -454,3 +454,14 @@ def test_unified_diff_says_whether_the_file_ends_with_a_newline() -> None:
     assert apply_edit(original, diff, "v.py").merged == "a = 1\nb = 2\nc = 3"
     back = "--- a/v.py\n+++ b/v.py\n@@ -1,2 +1,2 @@\n a = 1\n-b = 2\n\\ No newline at end of file\n+b = 3\n"
     assert apply_edit("a = 1\nb = 2", back, "v.py").merged == "a = 1\nb = 3\n"
+
+
+def test_segment_that_changes_nothing_next_to_a_blank_line_declines() -> None:
+    """`return list(it)` and a blank line, shown alone: with one line of context that is
+    how a diff deletes `helper` (up to the next blank line), or it is a no-op. Not guessed."""
+    original = ("def batch(it):\n    return list(it)\n\n\ndef helper():\n    pass\n\n\n"
+                "class A:\n    def f(self):\n        return 1\n")
+    sketch = "# ... existing code ...\n    return list(it)\n\n# ... existing code ...\n"
+    result = apply_edit(original, sketch, "b.py")
+    assert not result.ok
+    assert any("changes nothing" in d for d in result.diagnostics), result.diagnostics

@@ -147,7 +147,8 @@ def _align_and_build(original: list[str], sketch: Sketch,
         label = f"segment {number + 1} ({_quote(shown[number])})"
         problem = _open_end(original, items, owner, best, number,
                             number + 1 < len(sketch.segments) or sketch.gap_after) \
-            or _missing_blank(original, items, owner, best, number)
+            or _missing_blank(original, items, owner, best, number) \
+            or _blank_context_only(original, items, owner, best, number, aligner.optional)
         if problem:
             return MergeOutcome(None, reasons=[f"{label} {problem}"])
         region = _narrowest(aligner.onorm, items, owner, best, number)
@@ -263,6 +264,27 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
         return None
     return (f"shows a blank line before {items[content[0]].strip()[:60]!r}, where the file "
             f"has {original[first[1] - 1].strip()[:60]!r}: deleted or kept? ambiguous")
+
+
+def _blank_context_only(original: list[str], items: list[str | None], owner: list[int],
+                        best: Alignment, number: int, optional: frozenset[int]) -> str | None:
+    """A segment that changes nothing, with a blank line as its context next to a marker
+    (that blank line is the file's): it may mean to delete the lines between that blank
+    line and the blank line before (after) the next code it shows, as a diff with one
+    line of context does. Declined rather than read as a no-op."""
+    rows = [k for k, seg in enumerate(owner) if seg == number]
+    if any(best.ops[k][0] not in ("match", "drop") for k in rows):
+        return None
+    lines = [best.ops[k][1] for k in rows if best.ops[k][0] == "match"]
+    if lines != list(range(lines[0], lines[0] + len(lines))) if lines else True:
+        return None
+    if any(items[k].lstrip() != original[best.ops[k][1]].lstrip()  # type: ignore[union-attr]
+           for k in rows if best.ops[k][0] == "match"):
+        return None  # it changes trailing whitespace
+    if not any(k in optional and best.ops[k][0] == "match" for k in (rows[0], rows[-1])):
+        return None
+    return (f"changes nothing, and its only context next to a marker is a blank line: "
+            f"are lines after it deleted? ambiguous")
 
 
 def _open_end(original: list[str], items: list[str | None], owner: list[int],
