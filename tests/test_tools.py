@@ -113,6 +113,18 @@ def test_edit_file_exact_unique_replacement(env) -> None:
     assert broken.ok and "syntax errors" in broken.output
 
 
+def test_edit_file_names_the_read_file_that_has_old_string(env) -> None:
+    (env.root / "tests").mkdir()
+    (env.root / "tests" / "test_calc.py").write_text("from pkg.calc import add\n")
+    ctx = T.ToolContext()
+    for rel in ("pkg/calc.py", "tests/test_calc.py"):
+        T.execute(env, "read_file", {"path": rel}, ctx)
+    res = T.execute(env, "edit_file", {"path": "tests/test_calc.py", "old_string":
+                                       "return a - b", "new_string": "return a + b"}, ctx)
+    assert not res.ok and res.output.endswith(
+        "copy the text exactly (it does occur in pkg/calc.py: edit that file)")
+
+
 def test_edit_file_tolerates_switched_quotes_only_when_unique(env) -> None:
     path = env.root / "pkg" / "greet.py"
     path.write_text('NAME = "world"\nGREETING = "hello"\nOTHER = "hello"\n')

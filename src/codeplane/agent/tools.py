@@ -479,8 +479,11 @@ def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
     if args.get("code_edit") is not None and args.get("old_string") is None:
         after = _apply_sketch(before, args["code_edit"], env.relative(path), ctx)
     else:
-        after = _replace(before, args.get("old_string"), args.get("new_string"),
-                         bool(args.get("replace_all")))
+        old = args.get("old_string")
+        try:
+            after = _replace(before, old, args.get("new_string"), bool(args.get("replace_all")))
+        except ToolError as exc:
+            raise ToolError(f"{exc}{_found_elsewhere(env, ctx, path, old)}") from None
     path.write_text(after)
     ctx.changed(path)
     return _change_report(env, path, before, after, "edited")
@@ -506,6 +509,18 @@ def _replace(text: str, old: str | None, new: str | None, replace_all: bool) -> 
         raise ToolError(f"old_string occurs {count} times; include more surrounding lines to "
                         "make it unique, or set replace_all to true")
     return text.replace(old, new) if replace_all else text.replace(old, new, 1)
+
+
+def _found_elsewhere(env: Environment, ctx: ToolContext, path: Path, old: str | None) -> str:
+    """Small models often edit the test file with a line from the code it imports (or the
+    reverse); if old_string is missing here but in exactly one other file this run read,
+    say which."""
+    if not old or old in _text(path):
+        return ""
+    others = [p for p in sorted(ctx.seen) if p != path and p.is_file()
+              and old in p.read_text(errors="replace")]
+    return f" (it does occur in {env.relative(others[0])}: edit that file)" \
+        if len(others) == 1 else ""
 
 
 def _unique_ignoring_quotes(text: str, old: str) -> int | None:
