@@ -242,7 +242,7 @@ def test_empty_reply_after_work_gets_a_hint(scripted, repo) -> None:
 
 def test_claimed_change_without_one_gets_a_forced_hint(scripted, repo) -> None:
     bad = ("edit_file", {"path": "a.py", "old_string": "A = 9", "new_string": "A = 2"})
-    scripted.script = [{"calls": [bad]}, {"content": "I changed A to 2 in a.py."},
+    scripted.script = [{"calls": [bad]}, {"content": "I found the bug and fixed it."},
                        {"calls": [("edit_file", {"path": "a.py", "old_string": "A = 1",
                                                  "new_string": "A = 2"})]},
                        {"content": "I changed A to 2 in a.py."}]

@@ -496,9 +496,8 @@ def _arguments(raw: Any) -> dict | str:
 
 
 _TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$)")
-# A final answer that reports a change ("I changed ...", "has been fixed").
-_CLAIM = re.compile(r"\b(?:I(?:'ve| have)?|has been|have been|was|were)\s+(?:\w+\s+)?"
-                    r"(?:changed|updated|fixed|modified|renamed|added|removed|replaced|"
+# A final answer that reports a change: "I changed ...", "... and fixed it", "has been added".
+_CLAIM = re.compile(r"\b(?:changed|updated|fixed|modified|renamed|added|removed|replaced|"
                     r"implemented|created|deleted|edited|corrected)\b", re.IGNORECASE)
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _DEFINES = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.MULTILINE)
