@@ -465,3 +465,36 @@ def test_segment_that_changes_nothing_next_to_a_blank_line_declines() -> None:
     result = apply_edit(original, sketch, "b.py")
     assert not result.ok
     assert any("changes nothing" in d for d in result.diagnostics), result.diagnostics
+
+
+def test_blank_line_before_new_lines_where_the_file_has_code_declines() -> None:
+    """The sketch shows a blank line, then a new signature, then the old body. Placed
+    without the blank line, the new signature lands under the old one (kept); with it, the
+    old one is deleted. A blank line as the only context does not say: declined."""
+    original = ("class T:\n    def __enter__(self):\n        return self\n\n"
+                "    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:\n"
+                "        self.done.set()\n")
+    sketch = ("    # ... existing code ...\n\n    def __exit__(\n        self,\n        exc_type,\n"
+              "    ) -> None:\n        self.done.set()\n    # ... existing code ...\n")
+    result = apply_edit(original, sketch, "t.py")
+    assert not result.ok
+    assert any("shows a blank line before" in d for d in result.diagnostics), \
+        result.diagnostics
+
+
+def test_open_end_does_not_rewrite_a_merely_similar_line() -> None:
+    """New lines end the segment (`],` is too common to be context); its `"attrs[tests]",`
+    resembles the file's `"dev"` entry, but rewriting that entry would lose it: declined.
+    A line that is clearly the same one (a continuation added) is still rewritten."""
+    original = ('EXTRAS = {\n    "tests": [\n        "zope.interface",\n    ],\n'
+                '    "dev": ["attrs[tests,docs]"],\n}\nx = 1\n')
+    sketch = ('# ... existing code ...\n        "zope.interface",\n    ],\n    "cov": [\n'
+              '        "attrs[tests]",\n        "coverage",\n    ],\n# ... existing code ...\n')
+    result = apply_edit(original, sketch, "s.py")
+    assert not result.ok
+    assert any("would rewrite line 5" in d for d in result.diagnostics), result.diagnostics
+    original = "from m import a, \\\n    b, c\n\n\nx = 1\n"
+    sketch = "from m import a, \\\n    b, c, \\\n    d\n# ... existing code ...\n"
+    result = apply_edit(original, sketch, "s.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == "from m import a, \\\n    b, c, \\\n    d\n\n\nx = 1\n"

@@ -14,8 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from codeplane.apply.align import INSERT_EDGE, Aligner, Alignment, norm, trivial
+from codeplane.apply.align import (INSERT_EDGE, Aligner, Alignment, norm, token_similarity,
+                                   trivial)
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
+
+
+# A line a segment rewrites right before its new lines, with no context after them, must be
+# at least this similar to the file's (token_similarity; the aligner itself takes 0.5).
+OPEN_SUB_MIN = 0.7
 
 
 @dataclass
@@ -148,6 +154,8 @@ def _align_and_build(original: list[str], sketch: Sketch,
         problem = _open_end(original, items, owner, best, number,
                             number + 1 < len(sketch.segments) or sketch.gap_after) \
             or _missing_blank(original, items, owner, best, number) \
+            or _open_rewrite(original, items, owner, best, number,
+                             number + 1 < len(sketch.segments) or sketch.gap_after) \
             or _blank_context_only(original, items, owner, best, number, aligner.optional)
         if problem:
             return MergeOutcome(None, reasons=[f"{label} {problem}"])
@@ -253,13 +261,13 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
 def _missing_blank(original: list[str], items: list[str | None], owner: list[int],
                    best: Alignment, number: int) -> str | None:
     """The sketch shows a blank line between a marker and the segment, but the line before
-    the segment's first context line is code: that code may have been deleted (the blank
+    the segment's first line is code: that code may have been deleted (the blank
     line was the only context) or the blank line may be layout. Not guessed."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     content = [k for k in rows if items[k].strip()]  # type: ignore[union-attr]
     lead = rows[:rows.index(content[0])] if content else []
     first = best.ops[content[0]] if content else None
-    if not lead or any(best.ops[k][0] != "drop" for k in lead) or first[0] != "match" \
+    if not lead or any(best.ops[k][0] != "drop" for k in lead) \
             or first[1] == 0 or not original[first[1] - 1].strip():
         return None
     return (f"shows a blank line before {items[content[0]].strip()[:60]!r}, where the file "
@@ -316,6 +324,28 @@ def _open_end(original: list[str], items: list[str | None], owner: list[int],
     if indent.startswith(base) and (len(indent) > len(base) or touching):
         return (f"ends with new lines, and the file continues inside the same block "
                 f"({original[follow].strip()[:60]!r}): replaced or kept? ambiguous")
+    return None
+
+
+def _open_rewrite(original: list[str], items: list[str | None], owner: list[int],
+                  best: Alignment, number: int, marker_after: bool) -> str | None:
+    """A segment that ends with an edited line followed by new lines, with no context after
+    them: unless it is clearly the same line (OPEN_SUB_MIN), the new lines may as well come
+    before the original line, unedited (a new block whose first line resembles it)."""
+    rows = [k for k, seg in enumerate(owner) if seg == number]
+    content = [k for k in rows if items[k].strip()]  # type: ignore[union-attr]
+    if not content or best.ops[content[-1]][0] == "match" or not marker_after:
+        return None
+    tail = content[max((i + 1 for i, k in enumerate(content) if best.ops[k][0] == "match"),
+                       default=0):]
+    kinds = [best.ops[k][0] for k in tail]
+    if "sub" in kinds and "insert" in kinds[kinds.index("sub"):] and token_similarity(
+            norm(items[tail[kinds.index("sub")]]),  # type: ignore[arg-type]
+            norm(original[best.ops[tail[kinds.index("sub")]][1]])) < OPEN_SUB_MIN:
+        o = best.ops[tail[kinds.index("sub")]][1]
+        return (f"ends without context and would rewrite line {o + 1} "
+                f"({original[o].strip()[:60]!r}) before its new lines: replaced or kept? "
+                f"ambiguous")
     return None
 
 
