@@ -498,3 +498,22 @@ def test_open_end_does_not_rewrite_a_merely_similar_line() -> None:
     result = apply_edit(original, sketch, "s.py")
     assert result.ok, result.diagnostics
     assert result.merged == "from m import a, \\\n    b, c, \\\n    d\n\n\nx = 1\n"
+
+
+def test_placement_decided_only_by_edit_similarity_declines() -> None:
+    """Both `self.fail(` calls have the same context lines; the edited message resembles
+    the first call's more (it differs from it by one word), but the commit edits the
+    second. Similarity of an edited line does not decide where a segment goes."""
+    call = ("        self.fail(\n            _(\"{{name}} {msg} is a {what}.\").format(\n"
+            "                name=self.name,\n            ),\n        )\n")
+    original = ("def check(self, st):\n    if not self.file_okay and is_file(st):\n"
+                + call.format(msg="{filename!r}", what="file")
+                + "    if not self.dir_okay and is_dir(st):\n"
+                + call.format(msg="'{filename}'", what="directory"))
+    sketch = ("# ... existing code ...\n        self.fail(\n"
+              "            _(\"{name} {filename!r} is a directory.\").format(\n"
+              "                name=self.name,\n# ... existing code ...\n")
+    result = apply_edit(original, sketch, "c.py")
+    assert not result.ok, result.merged
+    assert any("fits the original equally well" in d for d in result.diagnostics), \
+        result.diagnostics

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from codeplane.apply.align import (INSERT_EDGE, Aligner, Alignment, norm, token_similarity,
-                                   trivial)
+from codeplane.apply.align import (INSERT_EDGE, SUB_BASE, SUB_MIN_SIMILARITY, SUB_SCALE,
+                                   Aligner, Alignment, norm, token_similarity, trivial)
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
 
 
 # A line a segment rewrites right before its new lines, with no context after them, must be
 # at least this similar to the file's (token_similarity; the aligner itself takes 0.5).
 OPEN_SUB_MIN = 0.7
+SUB_WEAKEST = int(SUB_BASE + SUB_SCALE * (1 - SUB_MIN_SIMILARITY))  # an edit's highest cost
 
 
 @dataclass
@@ -383,7 +384,12 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
     mask = np.zeros(n, dtype=bool)
     mask[matched] = True
     rival = aligner.align({k: mask for k in rows})
-    if rival is not None and rival.cost <= best.cost:
+    # How similar an edited line is to the line it replaces is weak evidence for where a
+    # segment goes: a rival place is as good if it is with the edits counted as barely
+    # similar (a changed message that resembles a neighbouring copy more than its own).
+    slack = sum(SUB_WEAKEST - int(aligner.subcost[k][best.ops[k][1]])  # type: ignore[index]
+                for k in rows if best.ops[k][0] == "sub")
+    if rival is not None and rival.cost <= best.cost + slack:
         elsewhere = [rival.ops[k][1] for k in rows if rival.ops[k][0] == "match"]
         where = f"lines {matched[0] + 1} and {elsewhere[0] + 1}" if elsewhere else \
             f"line {matched[0] + 1} or as new code"
