@@ -517,3 +517,20 @@ def test_placement_decided_only_by_edit_similarity_declines() -> None:
     assert not result.ok, result.merged
     assert any("fits the original equally well" in d for d in result.diagnostics), \
         result.diagnostics
+
+
+def test_segment_that_only_edits_two_similar_blocks_merges() -> None:
+    """The segment joins two similar two-line dict entries; its closing context also
+    closes the first block. A narrower reading (keep the second block, add copies) exists
+    only for segments that add lines: one that only edits is read as aligned."""
+    block = ("    heads = {{\n        '{key}':\n            'Mozilla/5.0'\n    }}\n"
+             "    r = get(heads)\n    check(heads['{key}'])\n")
+    joined = "    heads = {{\n        '{key}': 'Mozilla/5.0'\n    }}\n    r = get(heads)\n"
+    original = ("def test_ua():\n" + block.format(key="User-agent")
+                + block.format(key="user-agent") + "\n\ndef test_other():\n    pass\n")
+    sketch = ("def test_ua():\n" + joined.format(key="User-agent")
+              + "    check(heads['User-agent'])\n" + joined.format(key="user-agent")
+              + "# ... existing code ...\n")
+    result = apply_edit(original, sketch, "t.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original.replace("':\n            'Mozilla", "': 'Mozilla")

@@ -228,7 +228,8 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
     by rewriting an existing function into a new, similar one where the sketch adds the new
     one next to it, and keeping the most code is the safer reading. When the smaller reading
     would cut through lines the edit itself uses as context, neither is trusted (a string
-    says why). `keys`: the original's lines with whitespace collapsed."""
+    says why), unless the segment adds no line: then the alignment's reading stands.
+    `keys`: the original's lines with whitespace collapsed."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     start, end = best.ops[rows[0] - 1][2], best.ops[rows[-1] + 1][1]
     rows = [k for k in rows if best.ops[k][0] != "drop"]
@@ -237,12 +238,17 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
     head_min = _anchored_run(items, best, rows, start, 1, longest=False)
     tail_min = _anchored_run(items, best, rows[::-1], end - 1, -1, longest=False)
     interior = {best.ops[k][1] for k in rows[head:len(rows) - tail] if best.ops[k][0] == "match"}
+    # A segment that adds no line (it only edits and deletes) cannot be a new block next to
+    # a similar one; the smaller reading would take its own context lines as new copies.
+    edits_only = all(best.ops[k][0] != "insert" for k in rows)
     new_start, new_end = start, end
     if head:
         want = keys[start:start + head]
         for p in range(end - tail_min - head, start, -1):
             if keys[p:p + head] == want:
                 if not interior.isdisjoint(range(p, p + head)):
+                    if edits_only:
+                        break
                     return (f"opens like lines {start + 1} and {p + 1}, and the second "
                             f"reading would keep code the first replaces")
                 new_start = p
@@ -252,6 +258,8 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
         for q in range(new_start + head_min + tail, end):
             if keys[q - tail:q] == want:
                 if not interior.isdisjoint(range(q - tail, q)):
+                    if edits_only:
+                        break
                     return (f"closes like lines {q} and {end}, and the first reading would "
                             f"keep code the second replaces")
                 new_end = q
