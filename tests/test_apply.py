@@ -483,13 +483,13 @@ def test_blank_line_before_new_lines_where_the_file_has_code_declines() -> None:
 
 
 def test_open_end_does_not_rewrite_a_merely_similar_line() -> None:
-    """New lines end the segment (`],` is too common to be context); its `"attrs[tests]",`
-    resembles the file's `"dev"` entry, but rewriting that entry would lose it: declined.
-    A line that is clearly the same one (a continuation added) is still rewritten."""
+    """New lines end the segment; its `"attrs[tests]",` resembles the file's `"dev"`
+    entry, but rewriting that entry would lose it: declined. A line that is clearly the
+    same one (a continuation added) is still rewritten."""
     original = ('EXTRAS = {\n    "tests": [\n        "zope.interface",\n    ],\n'
                 '    "dev": ["attrs[tests,docs]"],\n}\nx = 1\n')
     sketch = ('# ... existing code ...\n        "zope.interface",\n    ],\n    "cov": [\n'
-              '        "attrs[tests]",\n        "coverage",\n    ],\n# ... existing code ...\n')
+              '        "attrs[tests]",\n        "coverage",\n# ... existing code ...\n')
     result = apply_edit(original, sketch, "s.py")
     assert not result.ok
     assert any("would rewrite line 5" in d for d in result.diagnostics), result.diagnostics
@@ -534,3 +534,17 @@ def test_segment_that_only_edits_two_similar_blocks_merges() -> None:
     result = apply_edit(original, sketch, "t.py")
     assert result.ok, result.diagnostics
     assert result.merged == original.replace("':\n            'Mozilla", "': 'Mozilla")
+
+
+def test_common_line_at_a_segment_edge_is_not_silently_added() -> None:
+    """`pass` opens the segment: it is the file's `pass` (and `if not cr:` is replaced)
+    or a new one (and `if not cr:` is kept). Too common to be trusted as context, it
+    no longer counts as a cheap new line, so the two readings tie and the merge declines
+    instead of adding a second `pass`."""
+    original = ("def size():\n    try:\n        cr = ioctl()\n    except Exception:\n"
+                "        pass\n    if not cr:\n        cr = (25, 80)\n    return cr\n")
+    sketch = ("# ... existing code ...\n        pass\n    if not cr or not cr[0] or not cr[1]:\n"
+              "        cr = (25, 80)\n# ... existing code ...\n")
+    result = apply_edit(original, sketch, "s.py")
+    assert not result.ok, result.merged
+    assert any("two equally good ways" in d for d in result.diagnostics), result.diagnostics

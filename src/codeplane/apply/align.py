@@ -148,6 +148,11 @@ class Aligner:
         for k in self.edges():
             if self.icost[k] == INSERT_KNOWN:
                 self.icost[k] = INSERT_EDGE  # it is the context that says where the edit goes
+            elif self.icost[k] == INSERT_TRIVIAL and self.icode[k] >= 0 and items[k].strip():
+                # `else:`, `pass`, `)` at a segment's edge: likely context too, but too common
+                # to steer placement; as dear as deleting a line, so a reading that keeps
+                # it as context ties with one that adds it, and ties decline.
+                self.icost[k] = INSERT_KNOWN
         self.onorm = onorm
         self.osig = signatures(onorm)
         self.otrivial = np.array([trivial(t) for t in onorm], dtype=bool)
