@@ -548,3 +548,13 @@ def test_common_line_at_a_segment_edge_is_not_silently_added() -> None:
     result = apply_edit(original, sketch, "s.py")
     assert not result.ok, result.merged
     assert any("two equally good ways" in d for d in result.diagnostics), result.diagnostics
+
+
+def test_segment_at_the_files_end_is_anchored_by_it() -> None:
+    """`]` and blank lines are not distinctive, but with no marker after it the segment
+    ends where the file ends: that places it."""
+    original = '__all__ = [\n    "main",\n]\n\n\n__version__ = "4.0"\n'
+    sketch = '# ... existing code ...\n]\n\n\n__version__ = "5.0-dev"\n'
+    result = apply_edit(original, sketch, "v.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original.replace("4.0", "5.0-dev")

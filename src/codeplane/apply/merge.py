@@ -146,7 +146,8 @@ def _align_and_build(original: list[str], sketch: Sketch,
         return MergeOutcome(None, reasons=["sketch cannot be aligned with the file"])
     for number in range(len(sketch.segments)):
         label = f"segment {number + 1} ({_quote(shown[number])})"
-        problem = _check_segment(aligner, best, owner, number, label, len(original))
+        problem = _check_segment(aligner, best, owner, number, label, len(original),
+                                 _at_file_edge(original, sketch, best, number))
         if problem:
             return MergeOutcome(None, reasons=[problem])
     regions = {}
@@ -374,12 +375,26 @@ def _anchored_run(items: list[str | None], best: Alignment, rows: list[int], at:
     return count if distinctive else 0
 
 
+def _at_file_edge(original: list[str], sketch: Sketch, best: Alignment, number: int) -> bool:
+    """The segment is the sketch's first (last) with no marker before (after) it and is
+    placed at the file's start (end), blank lines aside: the file's edge anchors it."""
+    if number == 0 and not sketch.gap_before:
+        first = best.ops[0]
+        if not any(line.strip() for line in original[first[1]:first[2]]):
+            return True
+    if number == len(sketch.segments) - 1 and not sketch.gap_after:
+        last = best.ops[-1]
+        return not any(line.strip() for line in original[last[1]:last[2]])
+    return False
+
+
 def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: int,
-                   label: str, n: int) -> str | None:
-    """Decline a segment that anchors on nothing distinctive or fits elsewhere equally well."""
+                   label: str, n: int, at_edge: bool = False) -> str | None:
+    """Decline a segment that anchors on nothing distinctive (unless the file's start or
+    end anchors it) or fits elsewhere equally well."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     matched = [best.ops[k][1] for k in rows if best.ops[k][0] == "match"]
-    if not any(not trivial(norm(aligner.items[k])) for k in rows  # type: ignore[arg-type]
+    if not at_edge and not any(not trivial(norm(aligner.items[k])) for k in rows  # type: ignore[arg-type]
                if best.ops[k][0] == "match"):
         return (f"{label} shares no distinctive line with the original: cannot tell where it "
                 f"goes")
@@ -389,6 +404,8 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
             return (f"{label}: its {'first' if k == edges[0] else 'last'} line "
                     f"{aligner.items[k].strip()[:60]!r} is in the file but does not fit as "
                     f"context anywhere the rest of the segment does")
+    if not matched:
+        return None  # at the file's edge, by its edited lines alone (nothing to forbid)
     mask = np.zeros(n, dtype=bool)
     mask[matched] = True
     rival = aligner.align({k: mask for k in rows})
