@@ -536,18 +536,17 @@ def test_segment_that_only_edits_two_similar_blocks_merges() -> None:
     assert result.merged == original.replace("':\n            'Mozilla", "': 'Mozilla")
 
 
-def test_common_line_at_a_segment_edge_is_not_silently_added() -> None:
-    """`pass` opens the segment: it is the file's `pass` (and `if not cr:` is replaced)
-    or a new one (and `if not cr:` is kept). Too common to be trusted as context, it
-    no longer counts as a cheap new line, so the two readings tie and the merge declines
-    instead of adding a second `pass`."""
+def test_common_line_at_a_segment_edge_is_context() -> None:
+    """`pass` opens the segment: the file's `pass` (so `if not cr:` is replaced), not a
+    second `pass` added below the old condition. Common lines do not steer placement, but
+    at a segment's edge a new copy costs a little more than deleting one line."""
     original = ("def size():\n    try:\n        cr = ioctl()\n    except Exception:\n"
                 "        pass\n    if not cr:\n        cr = (25, 80)\n    return cr\n")
     sketch = ("# ... existing code ...\n        pass\n    if not cr or not cr[0] or not cr[1]:\n"
               "        cr = (25, 80)\n# ... existing code ...\n")
     result = apply_edit(original, sketch, "s.py")
-    assert not result.ok, result.merged
-    assert any("two equally good ways" in d for d in result.diagnostics), result.diagnostics
+    assert result.ok, result.diagnostics
+    assert result.merged == original.replace("if not cr:", "if not cr or not cr[0] or not cr[1]:")
 
 
 def test_segment_at_the_files_end_is_anchored_by_it() -> None:
@@ -558,3 +557,21 @@ def test_segment_at_the_files_end_is_anchored_by_it() -> None:
     result = apply_edit(original, sketch, "v.py")
     assert result.ok, result.diagnostics
     assert result.merged == original.replace("4.0", "5.0-dev")
+
+
+def test_repeated_edge_line_after_blank_context_does_not_delete() -> None:
+    """Only a blank line is shown before `.. versionadded:: 0.9`, a line the file has
+    twice: it may be context (and the old note below it deleted) or the first line of a
+    new note added after the blank line. Not guessed."""
+    doc = ('def {name}(endpoint):\n    """Build a URL.\n\n    .. versionadded:: 0.9\n'
+           '       The `{arg}` parameter was added.\n\n    :param endpoint: the endpoint\n'
+           '    """\n    return endpoint\n')
+    original = doc.format(name="url_for", arg="_anchor") + "\n\n" + \
+        doc.format(name="url_to", arg="_x")
+    sketch = ("# ... existing code ...\n\n    .. versionadded:: 0.9\n"
+              "       Calls the error handler.\n\n    :param endpoint: the endpoint\n"
+              "    \"\"\"\n    return endpoint\n\n\ndef url_to(endpoint):\n"
+              "# ... existing code ...\n")
+    result = apply_edit(original, sketch, "h.py")
+    assert not result.ok, result.merged
+    assert any("occurs several times" in d for d in result.diagnostics), result.diagnostics

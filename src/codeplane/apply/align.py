@@ -38,6 +38,7 @@ INSERT_TRIVIAL = 40  # blank/punctuation lines: cheap either way, so they never 
 # glues the new code to the elided code, so it is done only where no blank line is there.
 DROP = 100
 DELETE_OPEN, DELETE_EXTEND = 100, 20
+EDGE_TRIVIAL = DELETE_OPEN + DELETE_EXTEND + 1  # a common line at a segment's edge, taken as new
 SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 120, 0.5  # an original line edited in place
 SIG_WORDS = 8  # 512-bit token signature per line: a cheap filter for edited lines
 SIG_CANDIDATE, MAX_CANDIDATES = 0.2, 48  # lines the exact token comparison then looks at
@@ -150,9 +151,10 @@ class Aligner:
                 self.icost[k] = INSERT_EDGE  # it is the context that says where the edit goes
             elif self.icost[k] == INSERT_TRIVIAL and self.icode[k] >= 0 and items[k].strip():
                 # `else:`, `pass`, `)` at a segment's edge: likely context too, but too common
-                # to steer placement; as dear as deleting a line, so a reading that keeps
-                # it as context ties with one that adds it, and ties decline.
-                self.icost[k] = INSERT_KNOWN
+                # to steer placement. Taken as new it costs a little more than deleting one
+                # line, so the file's copy right there is its context (and a line between
+                # them deleted) rather than a second copy added next to it.
+                self.icost[k] = EDGE_TRIVIAL
         self.onorm = onorm
         self.osig = signatures(onorm)
         self.otrivial = np.array([trivial(t) for t in onorm], dtype=bool)

@@ -400,10 +400,21 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
                 f"goes")
     edges = [k for k in aligner.edges() if owner[k] == number]
     for k in edges:  # a segment's edge lines are its context: see align.py
+        which = "first" if k == edges[0] else "last"
         if best.ops[k][0] == "insert" and aligner.icost[k] == INSERT_EDGE:
-            return (f"{label}: its {'first' if k == edges[0] else 'last'} line "
-                    f"{aligner.items[k].strip()[:60]!r} is in the file but does not fit as "
-                    f"context anywhere the rest of the segment does")
+            return (f"{label}: its {which} line {aligner.items[k].strip()[:60]!r} is in the "
+                    f"file but does not fit as context anywhere the rest of the segment does")
+        # Forced to be context, a line the file has several times may be a new copy when
+        # the segment shows blank lines before it at the marker (those may be the context):
+        # when taking it as context means deleting the lines next to it, it is not trusted.
+        inward = best.ops[k][1] + (1 if which == "first" else -1)
+        outward = k - 1 if which == "first" else k + 1
+        if best.ops[k][0] == "match" and aligner.icost[k] == INSERT_EDGE \
+                and outward in aligner.optional and inward in best.deleted and len(edges) > 1 \
+                and np.count_nonzero(aligner.ocode == aligner.icode[k]) > 1:
+            return (f"{label}: its {which} line {aligner.items[k].strip()[:60]!r} occurs "
+                    f"several times in the file, and as context here it would delete line "
+                    f"{inward + 1} ({aligner.original[inward].strip()[:60]!r}): ambiguous")
     if not matched:
         return None  # at the file's edge, by its edited lines alone (nothing to forbid)
     mask = np.zeros(n, dtype=bool)
