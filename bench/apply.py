@@ -298,8 +298,10 @@ def decode_rate(runs: list[ModelRun], method: str) -> float:
 
 
 def run_case(engine, model: str, case: dict, window: int, repeats: int) -> ModelRun:
-    """Decode the case's window `repeats` times each way, interleaved, and keep each way's
-    fastest decode: other jobs on a shared 2-core box only ever add time."""
+    """Exactness from the product's model path (guided decoding, as `apply_edit` runs it);
+    speed from unguided greedy decoding of the same windows, `repeats` times each way,
+    interleaved, keeping each way's fastest decode (other jobs on a shared 2-core box only
+    ever add time). Unguided, so all three ways must give the very same tokens."""
     from codeplane.apply.formats import join_lines, parse_edit, split_lines
     from codeplane.apply.rewrite import jobs, rewrite
     from codeplane.apply.speculative import decode
@@ -307,37 +309,37 @@ def run_case(engine, model: str, case: dict, window: int, repeats: int) -> Model
 
     lines, newline, final = split_lines(case["original"])
     parsed = parse_edit(edit_for(case, "markers"), lines)
+    product = engine.run_sync(model, lambda m: rewrite(m, lines, parsed, case["path"]))
+    prefill = sum(r.prompt_seconds for r in product.runs)  # the uncached prefill
+
+    def ways(m):
+        planned = jobs(m, lines, parsed, case["path"])
+        spec = [decode(m, job.prompt, job.sources, job.budget) for job in planned]
+        # The same prompts and token counts, one token per pass, then the engine's own.
+        plain = [decode(m, job.prompt, job.sources, run.output_tokens, speculative=False)
+                 for job, run in zip(planned, spec)]
+        gens = [m.generate(job.prompt, Sampling(max_tokens=run.output_tokens))
+                for job, run in zip(planned, spec)]
+        return spec, plain, gens
+
     best: dict[str, float] = {}
-    prefill = None
     for _ in range(repeats):
-        spec = engine.run_sync(model, lambda m: rewrite(m, lines, parsed, case["path"]))
-        prefill = prefill or sum(r.prompt_seconds for r in spec.runs)  # later ones are cached
-
-        def loop(m, spec=spec):  # the same prompts and token counts, one token per pass
-            return [decode(m, job.prompt, job.sources, run.output_tokens, speculative=False)
-                    for job, run in zip(jobs(m, lines, parsed, case["path"]), spec.runs)]
-
-        def native(m, spec=spec):  # the same again with the engine's greedy decoding
-            return [m.generate(job.prompt, Sampling(max_tokens=run.output_tokens))
-                    for job, run in zip(jobs(m, lines, parsed, case["path"]), spec.runs)]
-
-        plain = engine.run_sync(model, loop)
-        gens = engine.run_sync(model, native)
-        for method, seconds in (("spec", sum(r.decode_seconds for r in spec.runs)),
+        spec, plain, gens = engine.run_sync(model, ways)
+        for method, seconds in (("spec", sum(r.decode_seconds for r in spec)),
                                 ("loop", sum(r.decode_seconds for r in plain)),
                                 ("engine", sum(g.decode_seconds for g in gens))):
             best[method] = min(best.get(method, seconds), seconds)
-        if best["spec"] == sum(r.decode_seconds for r in spec.runs):
-            verify = sum(t for r in spec.runs for _, _, t in r.trace)
-    merged = join_lines(spec.merged, newline, final) if spec.merged is not None else None
-    tokens = sum(r.output_tokens for r in spec.runs)
+        if best["spec"] == sum(r.decode_seconds for r in spec):
+            verify = sum(t for r in spec for _, _, t in r.trace)
+    merged = join_lines(product.merged, newline, final) if product.merged is not None \
+        else None
     return ModelRun(
         case["path"], window, merged == case["expected"], merged is not None,
-        "; ".join(spec.reasons), tokens, prefill, best,
-        sum(r.forward_passes for r in spec.runs), sum(r.drafted for r in spec.runs),
-        sum(r.accepted for r in spec.runs),
+        "; ".join(product.reasons), sum(r.output_tokens for r in spec), prefill, best,
+        sum(r.forward_passes for r in spec), sum(r.drafted for r in spec),
+        sum(r.accepted for r in spec),
         all(s.text == p.text and g.text.startswith(s.text)
-            for s, p, g in zip(spec.runs, plain, gens)), verify)
+            for s, p, g in zip(spec, plain, gens)), verify)
 
 
 def run_model(cases: list[dict], model: str, count: int, max_window: int,
@@ -389,6 +391,129 @@ def print_model_summary(runs: list[ModelRun], model: str) -> None:
           f"for the {len(runs)} prompts")
 
 
+RESCUE_STYLES = ("markers", "tight", "dedented", "search", "udiff")
+
+
+def deterministic_outcomes(cases: list[dict]) -> dict[tuple[int, str], str]:
+    """(case index, style) -> exact | wrong | declined for the deterministic path, cached in
+    /tmp by the content of the deterministic code and the data set (it takes a minute)."""
+    import hashlib
+
+    source = Path(__file__).parents[1] / "src" / "codeplane" / "apply"
+    key = hashlib.sha256(DATA.read_bytes())
+    for name in ("align.py", "merge.py", "formats.py", "validate.py", "api.py"):
+        key.update((source / name).read_bytes())
+    cache = Path(f"/tmp/codeplane-apply-det-{key.hexdigest()[:16]}.json")
+    if cache.exists():
+        return {(int(k.split(":")[0]), k.split(":")[1]): v
+                for k, v in json.loads(cache.read_text()).items()}
+    out = {}
+    for index, case in enumerate(cases):
+        for style in RESCUE_STYLES:
+            result = apply_edit(case["original"], edit_for(case, style), case["path"])
+            out[index, style] = ("exact" if result.ok and result.merged == case["expected"]
+                                 else "wrong" if result.ok else "declined")
+    cache.write_text(json.dumps({f"{i}:{s}": v for (i, s), v in out.items()}))
+    return out
+
+
+def rescue_cases(cases: list[dict], outcomes: dict[tuple[int, str], str], count: int,
+                 max_window: int) -> tuple[list[tuple[int, str, int]], dict[str, int]]:
+    """`count` (case, style, window lines) the deterministic path declines and whose windows
+    (all of them) total at most `max_window` lines, taken round-robin over the styles and
+    evenly spaced over the window sizes within a style; plus how many declines fit, per
+    style."""
+    from codeplane.apply.formats import parse_edit
+    from codeplane.apply.rewrite import pieces_of, plan_windows
+
+    fitting: dict[str, list[tuple[int, str, int]]] = defaultdict(list)
+    for (index, style), kind in sorted(outcomes.items()):
+        if kind != "declined":
+            continue
+        case = cases[index]
+        lines = case["original"].split("\n")
+        parsed = parse_edit(edit_for(case, style), lines)
+        windows = plan_windows(lines, pieces_of(parsed)) if not parsed.problems else "bad"
+        if isinstance(windows, list):
+            size = sum(w.end - w.start for w in windows)
+            if size <= max_window:
+                fitting[style].append((index, style, size))
+    pools = {style: sorted(found, key=lambda f: (f[2], f[0])) for style, found in
+             fitting.items()}
+    share = dict.fromkeys(pools, 0)
+    for _ in range(count):
+        open_styles = [s for s in RESCUE_STYLES if share.get(s, 0) < len(pools.get(s, ()))]
+        if not open_styles:
+            break
+        share[min(open_styles, key=lambda s: share[s])] += 1
+    picked = []
+    for style, pool in pools.items():
+        n = share[style]
+        picked += [pool[round(i * (len(pool) - 1) / max(1, n - 1))] for i in range(n)] \
+            if n > 1 else pool[len(pool) // 2:len(pool) // 2 + n]
+    return picked, {style: len(pool) for style, pool in pools.items()}
+
+
+def run_rescue(cases: list[dict], model: str, count: int, max_window: int) -> None:
+    """The real pipeline on what the deterministic path declines: `apply_edit` with the
+    engine (deterministic first, then the model path), as the product runs it."""
+    from codeplane.config import load_settings
+    from codeplane.models.engine import Engine
+
+    start = time.perf_counter()
+    outcomes = deterministic_outcomes(cases)
+    picked, fits = rescue_cases(cases, outcomes, count, max_window)
+    print(f"rescue ({model}): deterministic outcomes in {time.perf_counter() - start:.0f} s; "
+          f"{len(picked)} declined cases whose windows total <= {max_window} lines", flush=True)
+    engine = Engine(load_settings())
+    engine.run_sync(model, lambda m: None)  # load outside the timings
+    kinds: dict[str, list[str]] = defaultdict(list)
+    seconds: dict[str, list[float]] = defaultdict(list)
+    for index, style, size in picked:
+        case = cases[index]
+        result = apply_edit(case["original"], edit_for(case, style), case["path"], engine,
+                            model)
+        kind = ("exact" if result.ok and result.merged == case["expected"]
+                else "wrong" if result.ok else "rejected")
+        kinds[style].append(kind)
+        seconds[style].append(result.seconds)
+        why = "" if result.ok else result.diagnostics[-1][:100]
+        print(f"  {style:8s} {case['repo'][:16]:16s} {case['path'][-30:]:30s} window {size:3d} "
+              f"{kind:8s} {result.seconds:5.1f}s out={result.output_tokens:4d} {why}",
+              flush=True)
+    engine.close()
+    print_rescue_summary(cases, outcomes, kinds, seconds, fits)
+
+
+def print_rescue_summary(cases: list[dict], outcomes: dict[tuple[int, str], str],
+                         kinds: dict[str, list[str]], seconds: dict[str, list[float]],
+                         fits: dict[str, int]) -> None:
+    """Per style: what the model path did with the sample, and the pipeline estimate
+    (deterministic exact + declined share x fitting share x rescue rate)."""
+    print(f"  {'style':9s} {'n':>3s} {'exact':>5s} {'rejected':>8s} {'wrong':>5s} "
+          f"{'s/case':>6s} | deterministic exact/wrong/declined (windows fit) | "
+          f"pipeline exact / wrong (estimate)")
+    for style in RESCUE_STYLES:
+        det = [v for (_, s), v in outcomes.items() if s == style]
+        declined = det.count("declined")
+        got = kinds.get(style, [])
+        if not got:
+            continue
+        rate = {k: got.count(k) / len(got) for k in ("exact", "rejected", "wrong")}
+        fit = fits.get(style, 0) / max(1, declined)
+        pct = {k: 100 * det.count(k) / len(det) for k in ("exact", "wrong", "declined")}
+        exact = pct["exact"] + pct["declined"] * fit * rate["exact"]
+        wrong = pct["wrong"] + pct["declined"] * fit * rate["wrong"]
+        print(f"  {style:9s} {len(got):3d} {got.count('exact'):5d} {got.count('rejected'):8d} "
+              f"{got.count('wrong'):5d} {statistics.mean(seconds[style]):6.1f} | "
+              f"{pct['exact']:5.1f}% / {pct['wrong']:4.1f}% / {pct['declined']:4.1f}% "
+              f"({100 * fit:3.0f}%) | {exact:5.1f}% / {wrong:4.1f}%")
+    every = [k for v in kinds.values() for k in v]
+    print(f"  all {len(every)}: exact {every.count('exact')}, rejected "
+          f"{every.count('rejected')}, wrong {every.count('wrong')}; "
+          f"{statistics.mean([t for v in seconds.values() for t in v]):.1f} s per case")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command")
@@ -403,6 +528,9 @@ def main() -> None:
                         help="skip the deterministic run (with --model)")
     parser.add_argument("--repeats", type=int, default=2,
                         help="model path: decode each case this often, keep the fastest")
+    parser.add_argument("--rescue", type=int, default=0, metavar="N",
+                        help="with --model: run the pipeline on N cases the deterministic "
+                             "path declines (windows total <= --max-window lines)")
     args = parser.parse_args()
     if args.command == "build":
         cases = build(args.repos, args.per_bucket)
@@ -417,7 +545,9 @@ def main() -> None:
         start = time.perf_counter()
         run_deterministic(cases, args.verbose)
         print(f"  ({time.perf_counter() - start:.1f} s total)")
-    if args.model:
+    if args.model and args.rescue:
+        run_rescue(cases, args.model, args.rescue, args.max_window)
+    elif args.model:
         run_model(cases, args.model, args.model_cases, args.max_window, args.repeats)
 
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from codeplane.apply.api import apply_edit
-from codeplane.apply.rewrite import _head, _stop_line
+from codeplane.apply.rewrite import Watch, _head, _stop_line, reshape
 from codeplane.apply.speculative import MIN_AGREE, Drafter, _draft
 
 ORIGINAL = '''"""Text helpers."""
@@ -95,6 +95,65 @@ def test_output_stopping_in_the_margin_gets_the_rest_of_the_window() -> None:
     assert _stop_line(region, ["def f():", "    y = 2", "    return x"], 2) == 3
     assert _stop_line(region, ["def f():", "    return x", "", "def g():"], 2) == 6
     assert _stop_line(region, ["def f():", "    y = 2"], 2) is None  # stopped before the end
+
+
+def test_reshape_accepts_only_the_original_with_pieces_spliced_in() -> None:
+    region = ["def f():", "    x = 1", "    return x", "", "", "def g():", "    pass"]
+    piece = ["def f():", "    x = 2", "    return x"]
+    good = ["def f():", "    x = 2", "    return x", "", "", "def g():", "    pass"]
+    assert reshape(region, good, [piece]) == good
+    # A line in neither the original nor the edit (the model made it up): rejected.
+    assert reshape(region, good[:2] + ["    y = 3"] + good[2:], [piece]) is None
+    # The piece not kept whole, or an original line kept inside it: rejected.
+    assert reshape(region, region, [piece]) is None
+    assert reshape(region, good[:1] + ["    x = 1"] + good[1:], [piece]) is None
+    # Pieces out of order: rejected.
+    two = [["def f():", "    x = 2"], ["def g():", "    return 0"]]
+    merged = ["def f():", "    x = 2", "    return x", "", "", "def g():", "    return 0"]
+    assert reshape(region, merged, two) == merged
+    assert reshape(region, merged[4:] + merged[:4], two) is None
+    # An empty piece (a deleting SEARCH/REPLACE block) removes original lines anywhere.
+    assert reshape(region, good[:1] + good[2:], [[]]) == region[:1] + region[2:]
+
+
+def test_reshape_takes_original_bytes_and_puts_a_dedented_piece_back() -> None:
+    region = ["class A:", "    def f(self):  ", "        return 1", "", "    x = 0"]
+    piece = ["def f(self):", "    return 2"]  # written at column 0
+    out = ["class A:", "    def f(self):", "        return 2", "", " x = 0"]
+    # Original lines keep their bytes (trailing spaces, indentation the model dropped); the
+    # piece gets the indentation the model gave it.
+    assert reshape(region, out, [piece]) == ["class A:", "    def f(self):",
+                                             "        return 2", "", "    x = 0"]
+    # A line the model alone indented differently keeps the piece's relative indentation.
+    odd = ["class A:", "    def f(self):", "      return 2", "", "    x = 0"]
+    assert reshape(region, odd, [piece + ["", "x = 0"]])[:3] == out[:3]
+
+
+def test_watch_stops_bad_lines_and_forces_the_rest_of_a_started_piece() -> None:
+    region = ["def f():", "    x = 1", "    return x", "", "def g():", "    pass"]
+    piece = ["    x = 1", "    y = 2", "    z = 3", "    return x"]
+    watch = Watch(region, [piece], ["def f():"])
+    assert watch.feed("    x = 1") and watch.force(False) is None  # still a plain copy?
+    assert watch.feed("    y = 2")  # now inside the piece, for certain
+    assert watch.force(False) == "    z = 3\n    return x\n"
+    assert not Watch(region, [piece], ["def f():"]).feed("    w = 0")  # in neither
+    # The model wants to stop after the piece's first (context) line: the rest must follow.
+    tail = ["    return x", "", "", "def chain():", "    pass"]
+    ends = Watch(region[:3], [tail], region[:3])
+    assert ends.force(True) == "\n\ndef chain():\n    pass\n"
+    assert ends.force(False) is None  # not stopping: the copy may go on
+    # A refused line is replaced by what it resembles: the rest of the piece the output is
+    # in, or the original's next lines (a marker where the model means "unchanged").
+    drift = Watch(region, [piece], ["def f():"])
+    assert drift.feed("    x = 1") and not drift.feed("    y = 22")
+    assert drift.repair("    y = 22") == "    y = 2\n    z = 3\n    return x\n"
+    later = Watch(region, [["def g():", "    return 0"]], ["def f():"])
+    assert not later.feed("    # ... existing code ...")
+    assert later.repair("    # ... existing code ...") == "    x = 1\n"
+    # A piece written at column 0 is forced at the indentation the model gave it.
+    flat = Watch(region, [["x = 1", "y = 2", "return x"]], ["def f():"])
+    assert flat.feed("    x = 1") and flat.feed("    y = 2")
+    assert flat.force(False) == "    return x\n"
 
 
 @pytest.mark.model

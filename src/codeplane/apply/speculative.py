@@ -20,6 +20,7 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -39,7 +40,7 @@ _END = re.compile(r"(^|\n)[ \t]*```")
 @dataclass
 class Decoded:
     text: str  # output up to (not including) the closing fence
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "rejected" (the guide refused a line)
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
@@ -48,6 +49,7 @@ class Decoded:
     forward_passes: int
     drafted: int
     accepted: int
+    forced: int  # output tokens the guide forced (evaluated, not chosen by the model)
     trace: list[tuple[int, int, float]] = field(default_factory=list)  # rows, agreed, s
 
     @property
@@ -111,12 +113,33 @@ class Drafter:
         self.expect += accepted + 1
 
 
+class Guide(Protocol):
+    """What `decode` asks about the output, line by line (see `rewrite.Watch`)."""
+
+    def feed(self, line: str) -> bool:
+        """Take one completed output line; False: the output can no longer be used."""
+
+    def force(self, stopping: bool) -> str | None:
+        """Lines that must come next (ending in a newline), or None to let the model go on;
+        `stopping`: the model is about to end its answer."""
+
+    def repair(self, line: str) -> str | None:
+        """Lines that replace a refused `line` and the pending blank lines before it, or
+        None: the output can no longer be used."""
+
+    @property
+    def blanks(self) -> list[str]:
+        """Blank lines read but not yet taken (they wait for the next line)."""
+
+
 def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_tokens: int,
-           speculative: bool = True) -> Decoded:
+           speculative: bool = True, guide: Guide | None = None) -> Decoded:
     """Greedy decode after `prompt` until a closing ``` fence, an end token or `max_tokens`.
     `sources` are the drafts (the original region, then the edit's pieces);
     `speculative=False` is the plain baseline through the very same loop, one token per
-    forward pass."""
+    forward pass. A `guide` sees every completed line and may stop the decode (an output
+    that can no longer be used costs no more tokens) or force the next lines, which are
+    then evaluated as one batch like an accepted draft."""
     import llama_cpp
 
     llama = model.llama
@@ -135,15 +158,38 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
     cap = DRAFT_MAX
     out: list[int] = []
     trace: list[tuple[int, int, float]] = []
-    drafted = accepted = 0
+    drafted = accepted = forced = 0
+    lines = _Lines(model, guide)
     finish = "length"
+    fresh = 1  # tokens added since the last look at the output
     while True:
-        if pending in model.stop_ids:
-            finish = "stop"
+        committed = len(out)  # `pending` is not in the KV cache yet
+        stopping = pending in model.stop_ids
+        if not stopping:
+            out.append(pending)
+            stopping = bool(_END.search(model.detokenize(out[-(fresh + 64):])))
+        verdict = lines.check(out, stopping)
+        if verdict is False:
+            finish = "rejected"
             break
-        out.append(pending)
-        if _END.search(model.detokenize(out[-64:])) or len(out) >= budget:
-            finish = "stop" if len(out) < budget else "length"
+        if verdict is not True:  # forced lines replace everything after out[:keep]
+            keep, tokens = verdict
+            base = min(keep, committed)
+            if keep + len(tokens) >= budget or keep - base + len(tokens) >= llama.n_batch:
+                break  # no room for the forced lines: truncated ("length")
+            began = time.perf_counter()
+            llama.n_tokens -= committed - base
+            llama._ctx.kv_cache_seq_rm(-1, llama.n_tokens, -1)
+            batch = out[base:keep] + tokens
+            preds = _verify(llama, batch, n_vocab)
+            _commit(llama, batch)
+            trace.append((len(batch), len(batch) - 1, time.perf_counter() - began))
+            out = out[:keep] + tokens
+            forced += len(tokens)
+            pending, fresh = int(preds[-1]), len(tokens) + 1
+            continue
+        if stopping or len(out) >= budget:
+            finish = "stop" if stopping else "length"
             break
         room = min(budget - len(out), model.n_ctx - llama.n_tokens - 1, llama.n_batch - 1)
         draft = _draft(drafter, history + out, min(room, cap)) if speculative else []
@@ -157,10 +203,7 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         drafter.advance(agreed)
         if draft:
             cap = min(DRAFT_MAX, cap * 2) if agreed == len(draft) else DRAFT_RETRY
-        pending = int(preds[agreed])
-        if agreed and _END.search(model.detokenize(out[-(agreed + 64):])):
-            finish = "stop"
-            break
+        pending, fresh = int(preds[agreed]), agreed + 1
     llama._requires_eval = True  # logits now belong to our last batch, not to `n_tokens`
     text = model.detokenize(out)
     fence = _END.search(text)
@@ -168,7 +211,48 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         text = text[:fence.start() + len(fence.group(1))]
     end = time.perf_counter()
     return Decoded(text, finish, len(prompt), cached, len(out), prompt_done - start,
-                   end - prompt_done, len(trace), drafted, accepted, trace)
+                   end - prompt_done, len(trace), drafted, accepted, forced, trace)
+
+
+class _Lines:
+    """Hands each newly completed output line to the guide, once, and turns the lines it
+    forces into tokens."""
+
+    def __init__(self, model: LocalModel, guide: Guide | None) -> None:
+        self.model, self.guide, self.fed, self.tokens = model, guide, 0, 0
+
+    def check(self, out: list[int], stopping: bool) -> bool | tuple[int, list[int]]:
+        """True: go on; False: the guide refused a line; (keep, tokens): replace the output
+        after out[:keep] by these forced tokens."""
+        if self.guide is None or not stopping and b"\n" not in self.model.llama.detokenize(
+                out[self.tokens:]):
+            return True
+        text = self.model.detokenize(out)
+        if stopping:
+            fence = _END.search(text)
+            text = text[:fence.start() + len(fence.group(1))] if fence else text + "\n"
+        complete = text.split("\n")[:-1]
+        self.tokens = len(out)
+        more = None
+        for line in complete[self.fed:]:
+            if not self.guide.feed(line):
+                blanks = len(self.guide.blanks)
+                more = self.guide.repair(line)
+                if more is None:
+                    return False
+                complete = complete[:self.fed - blanks]
+                self.fed -= blanks
+                break
+            self.fed += 1
+        more = more if more is not None else self.guide.force(stopping)
+        if more is None:
+            return True
+        done = "".join(line + "\n" for line in complete)
+        keep = len(out)
+        while keep and not done.startswith(self.model.detokenize(out[:keep])):
+            keep -= 1
+        self.tokens = keep
+        return keep, self.model.tokenize(done[len(self.model.detokenize(out[:keep])):] + more)
 
 
 def _draft(drafter: Drafter, context: list[int], room: int) -> list[int]:
