@@ -575,3 +575,28 @@ def test_repeated_edge_line_after_blank_context_does_not_delete() -> None:
     result = apply_edit(original, sketch, "h.py")
     assert not result.ok, result.merged
     assert any("occurs several times" in d for d in result.diagnostics), result.diagnostics
+
+
+def _bench_case(commit: str, style: str) -> tuple[dict, str]:
+    """A real case of bench/apply.py's data set and its derived edit."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "apply_bench", Path(__file__).parents[1] / "bench" / "apply.py")
+    bench = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["apply_bench"] = bench  # its dataclasses look their module up
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    case = next(c for c in bench.load() if c["commit"].startswith(commit))
+    return case, bench.edit_for(case, style)
+
+
+def test_code_appended_at_the_end_that_copies_tests_above() -> None:
+    """attrs 7c9b31ea7b appends `class TestOr` (a copy of the tests above it) at the end of
+    a 1,263-line file; the sketch has no marker after it. Aligned freely, its lines fit the
+    similar tests above better than its own context fits the file's end; read as reaching
+    the file's end (nothing deleted, cheaper), it appends exactly."""
+    case, edit = _bench_case("7c9b31ea7b", "markers")
+    assert not edit.rstrip().endswith("existing code ...")
+    result = apply_edit(case["original"], edit, case["path"])
+    assert result.ok, result.diagnostics
+    assert result.merged == case["expected"]

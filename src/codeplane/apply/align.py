@@ -146,6 +146,7 @@ class Aligner:
         self.icode = [None if it is None else ids.get(norm(it), -1) for it in items]
         self.icost = [0 if it is None else DROP if k in optional else
                       self._insert_cost(norm(it), ids) for k, it in enumerate(items)]
+        self._plain_cost = list(self.icost)
         for k in self.edges():
             if self.icost[k] == INSERT_KNOWN:
                 self.icost[k] = INSERT_EDGE  # it is the context that says where the edit goes
@@ -155,6 +156,10 @@ class Aligner:
                 # line, so the file's copy right there is its context (and a line between
                 # them deleted) rather than a second copy added next to it.
                 self.icost[k] = EDGE_TRIVIAL
+        self._edge_cost = list(self.icost)
+        # Whether the first (last) marker, which the caller adds, may skip only blank lines:
+        # the sketch shows the file's start (end). Set by the merge when it reads it so.
+        self.anchored = (False, False)
         self.onorm = onorm
         self.osig = signatures(onorm)
         self.otrivial = np.array([trivial(t) for t in onorm], dtype=bool)
@@ -199,6 +204,34 @@ class Aligner:
             return INSERT_TRIVIAL
         return INSERT_KNOWN if text in known else INSERT
 
+    def anchor(self, start: bool, end: bool) -> None:
+        """Read the sketch as reaching the file's start (end). The first (last) line is
+        then next to the file's edge, not to a marker, so it need not be context."""
+        self.anchored = (start, end)
+        edges = self.edges()
+        for k, flag in ((edges[0], start), (edges[-1], end)) if edges else ():
+            self.icost[k] = self._plain_cost[k] if flag else self._edge_cost[k]
+
+    def unplaced_context(self, alignment: Alignment) -> list[int]:
+        """Segment edge lines that exist in the file but were taken as new."""
+        return [k for k in self.edges() if alignment.ops[k][0] == "insert"
+                and self._edge_cost[k] == INSERT_EDGE]
+
+    def _skip(self, prev: np.ndarray, k: int) -> np.ndarray:
+        """An elision marker's row: any number of original lines skipped for free, except
+        at an anchored edge, where only blank lines are."""
+        row = np.minimum.accumulate(prev)
+        blank = np.array([not line.strip() for line in self.original] + [True])
+        if k == 0 and self.anchored[0]:
+            lead = int(np.argmin(blank)) if not blank.all() else len(self.original)
+            row = np.where(np.arange(len(prev)) <= lead, row, INF)
+        elif k == len(self.items) - 1 and self.anchored[1]:
+            tail = len(self.original) - int(np.argmin(blank[:-1][::-1])) \
+                if not blank.all() else 0
+            row = prev.copy()
+            row[-1] = prev[tail:].min()
+        return row
+
     def align(self, forbid: dict[int, np.ndarray] | None = None) -> Alignment | None:
         """Optimal alignment; `forbid[k]` masks original lines item k may not match."""
         n = len(self.original)
@@ -209,7 +242,7 @@ class Aligner:
         bests = [prev]
         for k, item in enumerate(self.items):
             if item is None:
-                row = np.minimum.accumulate(prev)
+                row = self._skip(prev, k)
                 best = row
             else:
                 best = prev + self.icost[k]

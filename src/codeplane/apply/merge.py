@@ -144,6 +144,19 @@ def _align_and_build(original: list[str], sketch: Sketch,
     best = aligner.align()
     if best is None:
         return MergeOutcome(None, reasons=["sketch cannot be aligned with the file"])
+    if not (sketch.gap_before and sketch.gap_after):
+        # No marker at an end: the sketch may show the file's start (end), or a marker was
+        # forgotten. Read it as reaching the file's edge (where its last line need not be
+        # context) when that deletes no line the free alignment keeps, and it fits at least
+        # as well or every segment's edge lines still fit as context (a forgotten marker
+        # would delete the code beyond, or leave its first line unplaced).
+        aligner.anchor(not sketch.gap_before, not sketch.gap_after)
+        anchored = aligner.align()
+        if anchored is not None and anchored.deleted <= best.deleted and (
+                anchored.cost <= best.cost or not aligner.unplaced_context(anchored)):
+            best = anchored
+        else:
+            aligner.anchor(False, False)
     for number in range(len(sketch.segments)):
         label = f"segment {number + 1} ({_quote(shown[number])})"
         problem = _check_segment(aligner, best, owner, number, label, len(original),
