@@ -14,10 +14,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from codeplane.apply.align import (INSERT_EDGE, SUB_BASE, SUB_MIN_SIMILARITY, SUB_SCALE,
-                                   Aligner, Alignment, norm, token_similarity, trivial)
+from codeplane.apply.align import (
+    INSERT_EDGE,
+    SUB_BASE,
+    SUB_MIN_SIMILARITY,
+    SUB_SCALE,
+    Aligner,
+    Alignment,
+    norm,
+    token_similarity,
+    trivial,
+)
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
-
 
 # A line a segment rewrites right before its new lines, with no context after them, must be
 # at least this similar to the file's (token_similarity; the aligner itself takes 0.5).
@@ -314,8 +322,8 @@ def _blank_context_only(original: list[str], items: list[str | None], owner: lis
         return None  # it changes trailing whitespace
     if not any(k in optional and best.ops[k][0] == "match" for k in (rows[0], rows[-1])):
         return None
-    return (f"changes nothing, and its only context next to a marker is a blank line: "
-            f"are lines after it deleted? ambiguous")
+    return ("changes nothing, and its only context next to a marker is a blank line: "
+            "are lines after it deleted? ambiguous")
 
 
 def _open_end(original: list[str], items: list[str | None], owner: list[int],
