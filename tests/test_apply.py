@@ -402,6 +402,17 @@ def test_http_apply(live_server) -> None:
 
 # -- wrong merges found by the benchmark (bench/apply.py), reduced -------------------------------
 
+def assert_merges(original: str, sketch: str, expected: str, path: str) -> None:
+    result = apply_edit(original, sketch, path)
+    assert result.ok, result.diagnostics
+    assert result.merged == expected
+
+
+def assert_declines(original: str, sketch: str, reason: str, path: str) -> None:
+    result = apply_edit(original, sketch, path)
+    assert not result.ok and result.merged is None, result.merged
+    assert any(reason in d for d in result.diagnostics), result.diagnostics
+
 def test_blank_line_shown_after_new_code_is_kept() -> None:
     """The sketch shows a blank line between its new method and the marker. Matching the
     blank line above the new method to the file's one and dropping the shown one is
@@ -410,10 +421,8 @@ def test_blank_line_shown_after_new_code_is_kept() -> None:
                 "    def test_c(self):\n        pass\n")
     sketch = ("    # ... existing code ...\n        assert a\n\n    def test_b(self):\n"
               "        assert b\n\n    # ... existing code ...\n")
-    result = apply_edit(original, sketch, "t.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original.replace(
-        "    def test_c", "    def test_b(self):\n        assert b\n\n    def test_c")
+    assert_merges(original, sketch, original.replace(
+        "    def test_c", "    def test_b(self):\n        assert b\n\n    def test_c"), "t.py")
 
 
 @pytest.mark.parametrize("mirrored", [False, True])
@@ -430,9 +439,7 @@ def test_new_code_does_not_split_a_run_of_blank_lines(mirrored: bool) -> None:
         original = "x = 1\n\n\ndef g():\n    pass\n"
         sketch = f"x = 1\n\n\n{new}\n# ... existing code ...\n"
         expected = f"x = 1\n\n\n{new}\n\ndef g():\n    pass\n"
-    result = apply_edit(original, sketch, "t.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == expected
+    assert_merges(original, sketch, expected, "t.py")
 
 
 def test_edit_that_only_strips_trailing_whitespace_is_taken_as_written() -> None:
@@ -440,9 +447,7 @@ def test_edit_that_only_strips_trailing_whitespace_is_taken_as_written() -> None
     would then change nothing is a whitespace edit: its lines are taken as written."""
     original = "from x import (\n    Dict,\n    List,    \n    Set,\n)\nz = 1\n"
     sketch = "# ... existing code ...\n    Dict,\n    List,\n    Set,\n# ... existing code ...\n"
-    result = apply_edit(original, sketch, "t.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original.replace("List,    ", "List,")
+    assert_merges(original, sketch, original.replace("List,    ", "List,"), "t.py")
     edit = sketch.replace("Dict,", "Dict, Any,")  # a real change: the file's whitespace stays
     assert apply_edit(original, edit, "t.py").merged == original.replace("Dict,", "Dict, Any,")
 
@@ -452,7 +457,8 @@ def test_unified_diff_says_whether_the_file_ends_with_a_newline() -> None:
     diff = ("--- a/v.py\n+++ b/v.py\n@@ -1,2 +1,3 @@\n a = 1\n b = 2\n+c = 3\n"
             "\\ No newline at end of file\n")
     assert apply_edit(original, diff, "v.py").merged == "a = 1\nb = 2\nc = 3"
-    back = "--- a/v.py\n+++ b/v.py\n@@ -1,2 +1,2 @@\n a = 1\n-b = 2\n\\ No newline at end of file\n+b = 3\n"
+    back = ("--- a/v.py\n+++ b/v.py\n@@ -1,2 +1,2 @@\n a = 1\n-b = 2\n"
+            "\\ No newline at end of file\n+b = 3\n")
     assert apply_edit("a = 1\nb = 2", back, "v.py").merged == "a = 1\nb = 3\n"
 
 
@@ -462,9 +468,7 @@ def test_segment_that_changes_nothing_next_to_a_blank_line_declines() -> None:
     original = ("def batch(it):\n    return list(it)\n\n\ndef helper():\n    pass\n\n\n"
                 "class A:\n    def f(self):\n        return 1\n")
     sketch = "# ... existing code ...\n    return list(it)\n\n# ... existing code ...\n"
-    result = apply_edit(original, sketch, "b.py")
-    assert not result.ok
-    assert any("changes nothing" in d for d in result.diagnostics), result.diagnostics
+    assert_declines(original, sketch, "changes nothing", "b.py")
 
 
 def test_blank_line_before_new_lines_where_the_file_has_code_declines() -> None:
@@ -476,10 +480,7 @@ def test_blank_line_before_new_lines_where_the_file_has_code_declines() -> None:
                 "        self.done.set()\n")
     sketch = ("    # ... existing code ...\n\n    def __exit__(\n        self,\n        exc_type,\n"
               "    ) -> None:\n        self.done.set()\n    # ... existing code ...\n")
-    result = apply_edit(original, sketch, "t.py")
-    assert not result.ok
-    assert any("shows a blank line before" in d for d in result.diagnostics), \
-        result.diagnostics
+    assert_declines(original, sketch, "shows a blank line before", "t.py")
 
 
 def test_open_end_does_not_rewrite_a_merely_similar_line() -> None:
@@ -490,14 +491,10 @@ def test_open_end_does_not_rewrite_a_merely_similar_line() -> None:
                 '    "dev": ["attrs[tests,docs]"],\n}\nx = 1\n')
     sketch = ('# ... existing code ...\n        "zope.interface",\n    ],\n    "cov": [\n'
               '        "attrs[tests]",\n        "coverage",\n# ... existing code ...\n')
-    result = apply_edit(original, sketch, "s.py")
-    assert not result.ok
-    assert any("would rewrite line 5" in d for d in result.diagnostics), result.diagnostics
+    assert_declines(original, sketch, "would rewrite line 5", "s.py")
     original = "from m import a, \\\n    b, c\n\n\nx = 1\n"
     sketch = "from m import a, \\\n    b, c, \\\n    d\n# ... existing code ...\n"
-    result = apply_edit(original, sketch, "s.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == "from m import a, \\\n    b, c, \\\n    d\n\n\nx = 1\n"
+    assert_merges(original, sketch, "from m import a, \\\n    b, c, \\\n    d\n\n\nx = 1\n", "s.py")
 
 
 def test_placement_decided_only_by_edit_similarity_declines() -> None:
@@ -513,10 +510,7 @@ def test_placement_decided_only_by_edit_similarity_declines() -> None:
     sketch = ("# ... existing code ...\n        self.fail(\n"
               "            _(\"{name} {filename!r} is a directory.\").format(\n"
               "                name=self.name,\n# ... existing code ...\n")
-    result = apply_edit(original, sketch, "c.py")
-    assert not result.ok, result.merged
-    assert any("fits the original equally well" in d for d in result.diagnostics), \
-        result.diagnostics
+    assert_declines(original, sketch, "fits the original equally well", "c.py")
 
 
 def test_segment_that_only_edits_two_similar_blocks_merges() -> None:
@@ -531,9 +525,8 @@ def test_segment_that_only_edits_two_similar_blocks_merges() -> None:
     sketch = ("def test_ua():\n" + joined.format(key="User-agent")
               + "    check(heads['User-agent'])\n" + joined.format(key="user-agent")
               + "# ... existing code ...\n")
-    result = apply_edit(original, sketch, "t.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original.replace("':\n            'Mozilla", "': 'Mozilla")
+    expected = original.replace("':\n            'Mozilla", "': 'Mozilla")
+    assert_merges(original, sketch, expected, "t.py")
 
 
 def test_common_line_at_a_segment_edge_is_context() -> None:
@@ -544,9 +537,8 @@ def test_common_line_at_a_segment_edge_is_context() -> None:
                 "        pass\n    if not cr:\n        cr = (25, 80)\n    return cr\n")
     sketch = ("# ... existing code ...\n        pass\n    if not cr or not cr[0] or not cr[1]:\n"
               "        cr = (25, 80)\n# ... existing code ...\n")
-    result = apply_edit(original, sketch, "s.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original.replace("if not cr:", "if not cr or not cr[0] or not cr[1]:")
+    expected = original.replace("if not cr:", "if not cr or not cr[0] or not cr[1]:")
+    assert_merges(original, sketch, expected, "s.py")
 
 
 def test_segment_at_the_files_end_is_anchored_by_it() -> None:
@@ -554,9 +546,7 @@ def test_segment_at_the_files_end_is_anchored_by_it() -> None:
     ends where the file ends: that places it."""
     original = '__all__ = [\n    "main",\n]\n\n\n__version__ = "4.0"\n'
     sketch = '# ... existing code ...\n]\n\n\n__version__ = "5.0-dev"\n'
-    result = apply_edit(original, sketch, "v.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original.replace("4.0", "5.0-dev")
+    assert_merges(original, sketch, original.replace("4.0", "5.0-dev"), "v.py")
 
 
 def test_repeated_edge_line_after_blank_context_does_not_delete() -> None:
@@ -572,9 +562,7 @@ def test_repeated_edge_line_after_blank_context_does_not_delete() -> None:
               "       Calls the error handler.\n\n    :param endpoint: the endpoint\n"
               "    \"\"\"\n    return endpoint\n\n\ndef url_to(endpoint):\n"
               "# ... existing code ...\n")
-    result = apply_edit(original, sketch, "h.py")
-    assert not result.ok, result.merged
-    assert any("occurs several times" in d for d in result.diagnostics), result.diagnostics
+    assert_declines(original, sketch, "occurs several times", "h.py")
 
 
 def _bench_case(commit: str, style: str) -> tuple[dict, str]:

@@ -415,8 +415,9 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
     end anchors it) or fits elsewhere equally well."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     matched = [best.ops[k][1] for k in rows if best.ops[k][0] == "match"]
-    if not at_edge and not any(not trivial(norm(aligner.items[k])) for k in rows  # type: ignore[arg-type]
-               if best.ops[k][0] == "match"):
+    if not at_edge and not any(
+            not trivial(norm(aligner.items[k]))  # type: ignore[arg-type]
+            for k in rows if best.ops[k][0] == "match"):
         return (f"{label} shares no distinctive line with the original: cannot tell where it "
                 f"goes")
     edges = [k for k in aligner.edges() if owner[k] == number]
