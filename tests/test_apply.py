@@ -565,7 +565,7 @@ def test_repeated_edge_line_after_blank_context_does_not_delete() -> None:
     assert_declines(original, sketch, "occurs several times", "h.py")
 
 
-def _bench_case(commit: str, style: str) -> tuple[dict, str]:
+def _bench_case(commit: str, style: str, path: str = "") -> tuple[dict, str]:
     """A real case of bench/apply.py's data set and its derived edit."""
     import importlib.util
 
@@ -574,7 +574,8 @@ def _bench_case(commit: str, style: str) -> tuple[dict, str]:
     bench = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules["apply_bench"] = bench  # its dataclasses look their module up
     spec.loader.exec_module(bench)  # type: ignore[union-attr]
-    case = next(c for c in bench.load() if c["commit"].startswith(commit))
+    case = next(c for c in bench.load()
+                if c["commit"].startswith(commit) and c["path"].endswith(path))
     return case, bench.edit_for(case, style)
 
 
@@ -588,3 +589,15 @@ def test_code_appended_at_the_end_that_copies_tests_above() -> None:
     result = apply_edit(case["original"], edit, case["path"])
     assert result.ok, result.diagnostics
     assert result.merged == case["expected"]
+
+
+def test_new_lines_closing_a_deeper_context_line_do_not_keep_the_old_ones() -> None:
+    """requests f8bec2f7ca with one line of context: a new `assert (...)` ends the segment
+    with `)`, shallower than its context line, and the old assertion follows at that depth
+    with no blank line between: the new one replaces it or is added before it. Not guessed
+    (the old one was kept, duplicated)."""
+    case, edit = _bench_case("f8bec2f7ca", "tight", "tests/test_requests.py")
+    result = apply_edit(case["original"], edit, case["path"])
+    assert not result.ok, result.merged
+    assert any("continues inside the same block" in d for d in result.diagnostics), \
+        result.diagnostics

@@ -351,6 +351,12 @@ def _open_end(original: list[str], items: list[str | None], owner: list[int],
     if not matched or follow is None:
         return None
     base, indent = _indent(original[matched[-1]]), _indent(original[follow])
+    # The block is the shallower of the last context line's and the last new line's (a
+    # new statement that closes a deeper context line, like `)` after an argument).
+    last_match = [k for k in content if best.ops[k][0] == "match"][-1]
+    out = len(_indent(items[last_match]))  # type: ignore[arg-type]
+    out -= len(_indent(items[content[-1]]))  # type: ignore[arg-type]
+    base = base[:max(0, len(base) - out)] if out > 0 else base
     touching = follow == after  # no blank line between
     if indent.startswith(base) and (len(indent) > len(base) or touching):
         return (f"ends with new lines, and the file continues inside the same block "
