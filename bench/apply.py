@@ -256,13 +256,14 @@ def model_cases(cases: list[dict], count: int, max_window: int) -> list[tuple[di
     """`count` cases whose edit fits one model window of at most `max_window` lines (original
     and edit), spread evenly over the window sizes, with their window size."""
     from codeplane.apply.formats import parse_edit
-    from codeplane.apply.rewrite import pieces_of, plan_windows
+    from codeplane.apply.rewrite import open_edge, pieces_of, plan_windows
 
     picked = []
     for case in sorted(cases, key=lambda c: (c["commit"], c["path"])):
         lines = case["original"].split("\n")
-        windows = plan_windows(lines, pieces_of(parse_edit(edit_for(case, "markers"), lines)))
-        if not isinstance(windows, list) or len(windows) != 1:
+        parsed = parse_edit(edit_for(case, "markers"), lines)
+        windows = plan_windows(lines, pieces_of(parsed))
+        if not isinstance(windows, list) or len(windows) != 1 or open_edge(lines, parsed):
             continue
         size = max(windows[0].end - windows[0].start, sum(map(len, windows[0].pieces)))
         if size <= max_window:

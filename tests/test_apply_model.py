@@ -149,7 +149,7 @@ def test_watch_stops_bad_lines_and_forces_the_rest_of_a_started_piece() -> None:
     assert drift.repair("    y = 22") == "    y = 2\n    z = 3\n    return x\n"
     later = Watch(region, [["def g():", "    return 0"]], ["def f():"])
     assert not later.feed("    # ... existing code ...")
-    assert later.repair("    # ... existing code ...") == "    x = 1\n"
+    assert later.repair("    # ... existing code ...") == "    x = 1\n    return x\n\n"
     # A piece written at column 0 is forced at the indentation the model gave it.
     flat = Watch(region, [["x = 1", "y = 2", "return x"]], ["def f():"])
     assert flat.feed("    x = 1") and flat.feed("    y = 2")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 from codeplane.apply.align import norm, trivial
-from codeplane.apply.formats import ParsedEdit
+from codeplane.apply.formats import ParsedEdit, is_marker
 from codeplane.apply.speculative import Decoded, decode
 from codeplane.apply.validate import language_for
 from codeplane.models.engine import LocalModel
@@ -120,7 +120,7 @@ class Job:
 def jobs(model: LocalModel, original: list[str], parsed: ParsedEdit, path: str
          ) -> list[Job] | str:
     """The decoding tasks for every window the edit touches, or why there are none."""
-    edge = _open_edge(original, parsed)
+    edge = open_edge(original, parsed)
     if edge:
         return edge
     planned = plan_windows(original, pieces_of(parsed))
@@ -139,7 +139,7 @@ def jobs(model: LocalModel, original: list[str], parsed: ParsedEdit, path: str
     return out
 
 
-def _open_edge(original: list[str], parsed: ParsedEdit) -> str | None:
+def open_edge(original: list[str], parsed: ParsedEdit) -> str | None:
     """A sketch without a marker before its first line (or after its last) says the file
     starts (ends) there; if the file does not, the lines beyond are either deleted or the
     marker was forgotten. Nobody can tell, the model neither (its window's margin would
@@ -384,6 +384,12 @@ class Watch:
             options.append((self.pieces[done][j], self.force(False, anyway=True)))
         if len(copying) == 1 and (i := copying.pop()) < len(self.shape.keys):
             k = next((k for k in range(i, len(self.region)) if self.region[k].strip()), i)
+            if is_marker(line):  # "unchanged up to the next piece": copy up to its start
+                options = []
+                done = min(done for done, _, _, j in states if j < 0)
+                starts = self.shape.occurs.get(self.shape.shown[done][0], []) \
+                    if done < len(self.pieces) and self.pieces[done] else []
+                k = max(k, next((b - 1 for b in starts if b > i), k))
             options.append((self.region[k], "".join(x + "\n" for x in self.region[i:k + 1])))
         if self.repairs > MAX_REPAIRS or not options:
             return None
