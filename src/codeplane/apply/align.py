@@ -11,7 +11,8 @@ Costs, in integer units so ties are exact:
 - a sketch line that is an edited version of an original line (token-signature similarity
   at least SUB_MIN_SIMILARITY) may replace it for SUB_BASE plus up to SUB_SCALE, much less
   than delete + insert; this is the fuzzy part that tolerates small drift;
-- an elision marker skips any number of original lines for free.
+- an elision marker skips any number of original lines for free (the caller's markers at
+  the sketch's ends skip only blank lines once the merge anchors that end: `anchor`).
 
 The alignment is exact-optimal; a segment is *ambiguous* when forbidding every original line
 it matched still yields the same optimal cost, i.e. an equally good placement exists elsewhere.
