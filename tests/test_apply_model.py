@@ -124,6 +124,12 @@ def test_reshape_takes_original_bytes_and_puts_a_dedented_piece_back() -> None:
     # piece gets the indentation the model gave it.
     assert reshape(region, out, [piece]) == ["class A:", "    def f(self):",
                                              "        return 2", "", "    x = 0"]
+    # Blank lines between a piece's edge and the original, which a segment does not show
+    # and the model dropped, are the original's and stay.
+    blank = ["    T = 1", "", "    @runtime", "    class P:"]
+    assert reshape(blank, ["    U = 0", "    T = 1", "    @runtime", "    class P:"],
+                   [["    U = 0", "    T = 1"]]) == ["    U = 0", "    T = 1", "",
+                                                     "    @runtime", "    class P:"]
     # A line the model alone indented differently keeps the piece's relative indentation.
     odd = ["class A:", "    def f(self):", "      return 2", "", "    x = 0"]
     assert reshape(region, odd, [piece + ["", "x = 0"]])[:3] == out[:3]

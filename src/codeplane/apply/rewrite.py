@@ -198,8 +198,33 @@ def rewrite(model: LocalModel, original: list[str], parsed: ParsedEdit, path: st
         out.extend(new)
         at = job.window.end
     out.extend(original[at:])
-    result.merged = out
+    result.merged = _sketch_edges(out, parsed)
     return result
+
+
+def _sketch_edges(lines: list[str], parsed: ParsedEdit) -> list[str]:
+    """A sketch without a marker at its start (end) shows the file's very start (end): the
+    blank lines there are the sketch's, as the deterministic path has it (`open_edge`
+    already declined when the code there differs)."""
+    sketch = parsed.sketch
+    if sketch is None or sketch.marker_free or not sketch.segments:
+        return lines
+    if not sketch.gap_after:
+        ends = sketch.segments[-1]
+        tail = len(ends) - len(_strip_blank_end(ends))
+        lines = _strip_blank_end(lines) + ends[len(ends) - tail:]
+    if not sketch.gap_before:
+        starts = sketch.segments[0]
+        head = len(starts) - len(_strip_blank_end(starts[::-1]))
+        lines = starts[:head] + _strip_blank_end(lines[::-1])[::-1]
+    return lines
+
+
+def _strip_blank_end(lines: list[str]) -> list[str]:
+    end = len(lines)
+    while end and not lines[end - 1].strip():
+        end -= 1
+    return lines[:end]
 
 
 def _prompt(model: LocalModel, region: list[str], head: list[str], pieces: list[list[str]],
@@ -419,13 +444,33 @@ def _render(region: list[str], out: list[str], pieces: list[list[str]], path: tu
     relative indentation)."""
     shifts = [_shift_of(out, pieces[p], [(k, j) for k, (q, j) in enumerate(path) if q == p])
               for p in range(len(pieces))]
-    result = []
-    for k, (p, j) in enumerate(path):
+    result: list[str] = []
+    last = (-1, -1)
+    for p, j in path:
         if p < 0:
+            if last[0] >= 0 and last[1] == len(pieces[last[0]]) - 1:
+                result.extend(_blanks_between(region, pieces[last[0]][-1], j, -1))
             result.append(region[j])
-            continue
-        result.append(_shifted(pieces[p][j], *shifts[p]))
+        else:
+            if j == 0 and last[0] < 0 <= last[1]:
+                result.extend(_blanks_between(region, pieces[p][0], last[1], 1))
+            result.append(_shifted(pieces[p][j], *shifts[p]))
+        last = (p, j)
     return result
+
+
+def _blanks_between(region: list[str], edge: str, at: int, step: int) -> list[str]:
+    """The original's blank lines the model dropped where a piece meets the original: going
+    from region line `at` by `step` over blank lines, is the next line the piece's edge
+    line (its context)? Then those blank lines separate the two and stay (a sketch's
+    segment does not show the blank lines next to its markers; the 0.5B model then often
+    leaves them out)."""
+    k = at + step
+    while 0 <= k < len(region) and not region[k].strip():
+        k += step
+    if k == at + step or not 0 <= k < len(region) or norm(region[k]) != norm(edge):
+        return []
+    return region[min(k, at) + 1:max(k, at)]
 
 
 def _shifted(line: str, delta: int, prefix: str) -> str:
