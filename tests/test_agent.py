@@ -254,6 +254,20 @@ def test_claimed_change_without_one_gets_a_forced_hint(scripted, repo) -> None:
     assert result.answer == "I changed A to 2 in a.py." and result.steps == 4
 
 
+def test_change_task_ending_without_a_change_gets_a_hint_a_question_does_not(
+        scripted, repo) -> None:
+    read = {"calls": [("read_file", {"path": "a.py"})]}
+    scripted.script = [read, {"content": "Implement C = 3 in a.py."}, read, {"content": "Ok."}]
+    agent_for(scripted, repo).run("Add a constant C = 3 to a.py.")
+    assert scripted.requests[2]["messages"][-1]["content"].startswith(
+        "No file has changed in this run: you have not edited any file.")
+    assert scripted.requests[2]["tool_choice"] == "required"
+    scripted.requests.clear()
+    scripted.script = [read, {"content": "A is 1."}]
+    result = agent_for(scripted, repo).run("What is the value of A in a.py?")
+    assert result.answer == "A is 1." and len(scripted.requests) == 2
+
+
 def test_answer_checks_syntax_then_asks_for_tests_once(scripted, repo) -> None:
     (repo / "tests").mkdir()
     (repo / "tests" / "test_a.py").write_text("from a import A\n")

@@ -199,7 +199,7 @@ class Agent:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._failed_writes = 0
-        self._has_tests = self._verified = False
+        self._has_tests = self._verified = self._change_task = False
         self._start = time.monotonic()
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
 
@@ -214,6 +214,7 @@ class Agent:
         self._start = time.monotonic()
         files = list(list_files(self.env, self.env.root))
         self._has_tests = any(_TEST_FILE.search(f) for f in files)
+        self._change_task = bool(_CHANGE.search(task))
         user = task_message(task, files) + self._preread(task, files)
         messages: list[dict] = [{"role": "system", "content": SYSTEM},
                                 {"role": "user", "content": user}]
@@ -371,9 +372,10 @@ class Agent:
 
         Before the answer: it names a tool that does not exist (small models invent them),
         imitates a tool result, shows code instead of editing, or nothing was done at all.
-        At the answer, what a reviewer would check first: it claims a change no file shows
-        (code-medium said "I changed ..." after failed edits in 5 of 17 tasks), the changed
-        files no longer parse, or tests exist and were never run after the last change."""
+        At the answer, what a reviewer would check first: the task asks for a change (or the
+        answer claims one) but no file changed (code-medium said "I changed ..." after failed
+        edits in 5 of 17 tasks, or restated the task), the changed files no longer parse, or
+        tests exist and were never run after the last change."""
         names = {t["function"]["name"] for t in self.tools}
         bogus = {c.name for c in parse_tool_calls(content, _AnyName(names))[1]} - names
         if bogus:
@@ -385,7 +387,7 @@ class Agent:
             return CODE_NOT_APPLIED, False
         if calls_made == 0:
             return NUDGE, False
-        if not self.ctx.written and _CLAIM.search(content):
+        if not self.ctx.written and (self._change_task or _CLAIM.search(content)):
             why = ("every edit you tried failed" if self._failed_writes
                    else "you have not edited any file")
             return NOTHING_CHANGED.format(why=why), True
@@ -496,6 +498,9 @@ def _arguments(raw: Any) -> dict | str:
 
 
 _TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$)")
+# A task that asks for a change ("Fix ...", "rename ...", "should also include ...").
+_CHANGE = re.compile(r"\b(?:fix|implement|rename|add|change|create|delete|remove|update|"
+                     r"replace|refactor|move|edit|include|make)\b", re.IGNORECASE)
 # A final answer that reports a change: "I changed ...", "... and fixed it", "has been added".
 _CLAIM = re.compile(r"\b(?:changed|updated|fixed|modified|renamed|added|removed|replaced|"
                     r"implemented|created|deleted|edited|corrected)\b", re.IGNORECASE)
