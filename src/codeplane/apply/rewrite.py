@@ -4,6 +4,8 @@ Each edit piece (sketch segment, SEARCH block, diff hunk) is located by its dist
 the window is that place plus a few unchanged lines on each side. The model sees the window and
 the pieces and writes the new window, decoded speculatively with the window as the draft. The
 unchanged margin lines must come back unchanged: that catches truncated or wandering output.
+The output must also have a merge's only possible shape (`Shape`: original lines in order
+with each piece spliced in whole), which `Watch` enforces line by line while decoding.
 """
 
 from __future__ import annotations
