@@ -199,7 +199,7 @@ def test_code_or_fake_results_instead_of_calls_get_hints(scripted, repo) -> None
     hints = [m["content"] for m in scripted.requests[2]["messages"] if m["role"] == "user"]
     assert "Do not write <tool_call> or <tool_response>" in hints[1]
     assert "You showed code, but no file has changed" in hints[2]
-    assert [r["tool_choice"] for r in scripted.requests] == ["required", "auto", "auto"]
+    assert [r["tool_choice"] for r in scripted.requests] == ["required", "auto", "required"]
 
 
 def test_invented_tool_name_with_fitting_arguments_is_repaired(scripted, repo) -> None:
@@ -231,6 +231,19 @@ def test_code_block_for_a_read_file_is_applied_as_an_edit(scripted, repo) -> Non
     assert scripted.requests[1]["messages"][-1]["content"].startswith("edited text.py")
     # once a file changed, code in a reply is an answer, not another edit
     assert result.answer.startswith("Again:") and result.tool_calls == 1
+
+
+def test_javascript_code_block_for_a_named_file_is_applied(scripted, repo) -> None:
+    broken = "function total(xs) {\n  let s = 0;\n  for (const x of xs) {\n    s += x;\n" \
+             "\n  return s;\n}\n\nmodule.exports = { total };\n"
+    (repo / "index.js").write_text(broken)
+    fixed = broken.replace("    s += x;\n\n", "    s += x;\n  }\n")
+    scripted.script = [{"calls": [("read_lints", {"paths": ["index.js"]})]},
+                       {"content": f"Add the brace:\n```javascript\n{fixed}```"},
+                       {"content": "Added the missing brace."}]
+    result = agent_for(scripted, repo).run("index.js has a syntax error. Fix it.")
+    assert (repo / "index.js").read_text() == fixed
+    assert result.answer == "Added the missing brace." and result.tool_calls == 2
 
 
 def test_empty_reply_after_work_gets_a_hint(scripted, repo) -> None:

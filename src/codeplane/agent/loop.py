@@ -351,8 +351,8 @@ class Agent:
         """A reply that shows new code instead of editing - what 1.5B models do most - as
         `edit_file(code_edit=<the code>)` on the file it belongs to, merged by the apply
         compartment (like an editor's Apply button on a chat code block). Only before any
-        file changed, with one Python-or-unlabelled code block, for a file this run has
-        read that defines one of the block's functions or classes."""
+        file changed, with one code block, for the one file this run has read that defines
+        one of the block's functions or classes (Python, JavaScript, TypeScript)."""
         blocks = _FENCE.findall(content)
         if self.ctx.written or len(blocks) != 1 or "edit_file" not in {
                 t["function"]["name"] for t in self.tools}:
@@ -384,7 +384,7 @@ class Agent:
         if "<tool_response>" in content or "<tool_call>" in content:
             return FAKE_RESULT, False
         if "```" in content and not self.ctx.written:
-            return CODE_NOT_APPLIED, False
+            return CODE_NOT_APPLIED, True
         if calls_made == 0:
             return NUDGE, False
         if not self.ctx.written and (self._change_task or _CLAIM.search(content)):
@@ -504,8 +504,10 @@ _CHANGE = re.compile(r"\b(?:fix|implement|rename|add|change|create|delete|remove
 # A final answer that reports a change: "I changed ...", "... and fixed it", "has been added".
 _CLAIM = re.compile(r"\b(?:changed|updated|fixed|modified|renamed|added|removed|replaced|"
                     r"implemented|created|deleted|edited|corrected)\b", re.IGNORECASE)
-_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
-_DEFINES = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.MULTILINE)
+_FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
+# Definitions that tie a code block to a file: Python `def`/`class`, JS/TS `function`/`class`.
+_DEFINES = re.compile(r"^[ \t]*(?:export[ \t]+)?(?:async[ \t]+)?(?:def|class|function)"
+                      r"[ \t]+(\w+)", re.MULTILINE)
 
 
 class _AnyName(set):
