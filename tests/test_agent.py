@@ -43,6 +43,8 @@ class Provider:
             step = self.script.pop(0) if self.script else {"content": "done"}
             if "error" in step:
                 return JSONResponse({"error": step["error"]}, status_code=step["status"])
+            if "raw" in step:  # a broken or failing stream, sent as given
+                return StreamingResponse(iter(step["raw"]), media_type="text/event-stream")
             message = {"role": "assistant", "content": step.get("content")}
             if step.get("calls"):
                 message["tool_calls"] = [
@@ -366,6 +368,13 @@ def test_cancellation_and_model_errors(scripted, repo) -> None:
     scripted.script = [{"error": {"message": "model 'x' does not exist"}, "status": 404}]
     err = agent_for(scripted, repo).run("hi")
     assert err.status == "error" and "404" in err.error and "does not exist" in err.error
+    start = 'data: {"choices": [{"index": 0, "delta": {"content": "I"}}]}\n\n'
+    cut = 'data: {"error": {"message": "upstream cut", "code": "stream_interrupted"}}\n\n'
+    for raw, expected in (('data: {"choices": [\n\n', "malformed chunk"),
+                          (cut, "upstream cut")):
+        scripted.script = [{"raw": [start, raw]}]
+        broken = agent_for(scripted, repo).run("hi")
+        assert broken.status == "error" and expected in broken.error
     dead = Agent(ChatModel("http://127.0.0.1:9/v1", "m"), local_environment(repo)).run("hi")
     assert dead.status == "error" and "cannot reach the model server" in dead.error
 

@@ -85,7 +85,11 @@ def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> dict[str,
         data = line[5:].strip()
         if data == "[DONE]":
             break
-        chunk = json.loads(data)
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ModelError(f"model stream sent a malformed chunk: {data[:200]}",
+                             "bad_stream") from None
         if "error" in chunk:
             err = chunk["error"] or {}
             raise ModelError(f"model stream failed: {err.get('message')}", err.get("code"))
