@@ -371,7 +371,8 @@ def test_cancellation_and_model_errors(scripted, repo) -> None:
     start = 'data: {"choices": [{"index": 0, "delta": {"content": "I"}}]}\n\n'
     cut = 'data: {"error": {"message": "upstream cut", "code": "stream_interrupted"}}\n\n'
     for raw, expected in (('data: {"choices": [\n\n', "malformed chunk"),
-                          (cut, "upstream cut")):
+                          ("data: 5\n\n", "malformed chunk"), (cut, "upstream cut"),
+                          (": keep-alive\n\n", "ended without [DONE]")):
         scripted.script = [{"raw": [start, raw]}]
         broken = agent_for(scripted, repo).run("hi")
         assert broken.status == "error" and expected in broken.error

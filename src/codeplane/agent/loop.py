@@ -75,7 +75,12 @@ def _http_error(resp: httpx.Response) -> ModelError:
 
 def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> dict[str, Any]:
     """Fold an OpenAI chat-completion SSE stream into one message (content, tool calls
-    accumulated by index, finish reason, usage); an in-band error raises ModelError."""
+    accumulated by index, finish reason, usage). An in-band error, a malformed chunk or a
+    stream that ends before `[DONE]` raises ModelError: a cut reply is not an answer.
+
+    The gateway's `providers/openai._sse_chunks` reads the same format, but async and with
+    the gateway's retryable errors; the agent is a client of any provider and stays
+    independent of the server's internals."""
     content, calls, finish, usage = [], {}, None, {}
     for line in lines:
         if cancel is not None and cancel.is_set():
@@ -88,8 +93,10 @@ def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> dict[str,
         try:
             chunk = json.loads(data)
         except ValueError:
+            chunk = None
+        if not isinstance(chunk, dict):
             raise ModelError(f"model stream sent a malformed chunk: {data[:200]}",
-                             "bad_stream") from None
+                             "bad_stream")
         if "error" in chunk:
             err = chunk["error"] or {}
             raise ModelError(f"model stream failed: {err.get('message')}", err.get("code"))
@@ -105,6 +112,8 @@ def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> dict[str,
                 call["function"]["name"] += fn.get("name") or ""
                 call["function"]["arguments"] += fn.get("arguments") or ""
             finish = choice.get("finish_reason") or finish
+    else:
+        raise ModelError("model stream ended without [DONE] (connection cut)", "bad_stream")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
