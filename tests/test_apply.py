@@ -601,3 +601,21 @@ def test_new_lines_closing_a_deeper_context_line_do_not_keep_the_old_ones() -> N
     assert not result.ok, result.merged
     assert any("continues inside the same block" in d for d in result.diagnostics), \
         result.diagnostics
+
+
+def test_short_edge_line_is_context_when_reading_it_as_new_breaks_the_syntax() -> None:
+    """`]` above new code is the file's `]`: the class between it and the changed function
+    is deleted. Read as a new `]` (the first reading, as `]` is too common to place by) the
+    result would not parse, so the merge takes the other reading instead of declining."""
+    head = 'import attrs\n\n\nmarks = [\n    "slow",\n]\n\n\n'
+    tail = ("\n\ndef parse(out):\n    found = run(out)\n    return {%s for d in found}\n\n\n"
+            "def main():\n    print(parse(1))\n")
+    original = head + "@attrs.frozen\nclass Diag:\n    severity: str\n" + tail % "Diag(d)"
+    sketch = ("# ... existing code ...\n]\n\n\ndef parse(out):\n    found = run(out)\n"
+              "    return {d for d in found}\n\n\ndef main():\n# ... existing code ...\n")
+    result = apply_edit(original, sketch, "t.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == head.removesuffix("\n\n") + tail % "d"
+    assert any("break the syntax" in note for note in result.diagnostics)
+    # Without a grammar nothing tells the readings apart: declined, not guessed.
+    assert not apply_edit(original, sketch, "t.txt").ok

@@ -133,11 +133,12 @@ class Alignment:
 
 class Aligner:
     def __init__(self, original: list[str], items: list[str | None],
-                 optional: frozenset[int] = frozenset()) -> None:
+                 optional: frozenset[int] = frozenset(), trivial_edges: bool = False) -> None:
         """`items`: sketch lines, with None for an elision marker (the caller adds markers
         at both ends so a sketch may start and end anywhere). `optional` items (blank lines
         next to a marker: layout or context, nobody can tell) match a blank line or are
-        dropped, never inserted."""
+        dropped, never inserted. `trivial_edges`: a segment's `)`, `]`, `pass`... at a
+        marker is its context like any other edge line (the merge's second reading)."""
         self.original = original
         self.items = items
         self.optional = optional
@@ -156,7 +157,7 @@ class Aligner:
                 # to steer placement. Taken as new it costs a little more than deleting one
                 # line, so the file's copy right there is its context (and a line between
                 # them deleted) rather than a second copy added next to it.
-                self.icost[k] = EDGE_TRIVIAL
+                self.icost[k] = INSERT_EDGE if trivial_edges else EDGE_TRIVIAL
         self._edge_cost = list(self.icost)
         # Whether the first (last) marker, which the caller adds, may skip only blank lines:
         # the sketch shows the file's start (end). Set by the merge when it reads it so.

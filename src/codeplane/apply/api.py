@@ -6,13 +6,15 @@ and an engine is given. Every result is validated before it is called ok.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from codeplane.apply.formats import join_lines, parse_edit, split_lines
 from codeplane.apply.merge import merge
-from codeplane.apply.validate import validate
+from codeplane.apply.validate import first_error_line, language_for, validate
 from codeplane.models.engine import ContextOverflow
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ def apply_edit(original: str, edit: str, path: str, engine: Engine | None = None
         final = parsed.final_newline
     result = ApplyResult(False, None, "deterministic", format=parsed.kind)
     if method != "model":
-        outcome = merge(lines, parsed)
+        outcome = merge(lines, parsed, _breaks(original, path, newline, final))
         result.diagnostics.extend(outcome.notes)
         if outcome.merged is not None:
             _accept(result, original, join_lines(outcome.merged, newline, final), path)
@@ -65,6 +67,18 @@ def apply_edit(original: str, edit: str, path: str, engine: Engine | None = None
                     lambda merged: join_lines(merged, newline, final), original)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _breaks(original: str, path: str, newline: str, final: bool
+            ) -> Callable[[list[str]], bool] | None:
+    """Whether merged lines no longer parse while the original did; None for languages
+    without a grammar. Lazy: only a declined sketch asks, so most applies parse nothing."""
+    language = language_for(path)
+    if language is None:
+        return None
+    parsed_before = functools.cache(lambda: first_error_line(original, language) is None)
+    return lambda merged: parsed_before() and first_error_line(
+        join_lines(merged, newline, final), language) is not None
 
 
 def _accept(result: ApplyResult, original: str, merged: str, path: str) -> None:

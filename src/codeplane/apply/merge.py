@@ -10,6 +10,7 @@ their stated line numbers to choose, tolerating drift).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,7 +41,13 @@ class MergeOutcome:
     notes: list[str] = field(default_factory=list)  # assumptions made while merging
 
 
-def merge(original: list[str], parsed: ParsedEdit) -> MergeOutcome:
+Breaks = Callable[[list[str]], bool]  # whether a merged file fails to parse (the original did)
+
+
+def merge(original: list[str], parsed: ParsedEdit, breaks: Breaks | None = None
+          ) -> MergeOutcome:
+    """`breaks`, when the caller can parse the file's language, lets a sketch's declined
+    reading that breaks the syntax give way to the one other reading (`_merge_sketch`)."""
     if parsed.problems:
         return MergeOutcome(None, reasons=list(parsed.problems))
     if parsed.kind in ("search_replace", "unified_diff"):
@@ -56,7 +63,7 @@ def merge(original: list[str], parsed: ParsedEdit) -> MergeOutcome:
         # A long marker-free edit that does not start and end like the file may be a whole
         # new file or a large fragment: align it, with the edge policy (nothing beyond its
         # ends is deleted by accident).
-        outcome = _merge_sketch(original, Sketch(sketch.segments, False, False))
+        outcome = _merge_sketch(original, Sketch(sketch.segments, False, False), breaks)
         outcome.notes.append("edit has no elision markers and does not start and end like "
                              "the file: aligned as a partial file")
         return outcome
@@ -64,10 +71,10 @@ def merge(original: list[str], parsed: ParsedEdit) -> MergeOutcome:
         sketch = Sketch(sketch.segments, True, True)
         note = "edit has no elision markers and is much shorter than the file: treated as a " \
                "fragment, code above and below it kept"
-        outcome = _merge_sketch(original, sketch)
+        outcome = _merge_sketch(original, sketch, breaks)
         outcome.notes.append(note)
         return outcome
-    return _merge_sketch(original, sketch)
+    return _merge_sketch(original, sketch, breaks)
 
 
 # -- sketches --------------------------------------------------------------------------------
@@ -79,8 +86,40 @@ def _same_ends(edit: list[str], original: list[str]) -> bool:
     return not theirs or bool(ours) and ours[0] == theirs[0] and ours[-1] == theirs[-1]
 
 
-def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
-    outcome = _align_and_build(original, sketch)
+def _merge_sketch(original: list[str], sketch: Sketch, breaks: Breaks | None = None
+                  ) -> MergeOutcome:
+    """Merge; when that declines, a segment's edge is a short line like `]` or `pass` that
+    the file has, and the declined reading does not even parse (`breaks`), merge again
+    reading such lines as context too. The first reading lets them be new (they are too
+    common to place a segment by), which can leave the edit's own deletion unexplained:
+    `]` shown above new code is the file's `]`, and the lines between are deleted, while a
+    new `]` there would be a syntax error. The second reading must pass every check and
+    parse; a second reading that merely parses is not enough (new code that resembles old
+    code then reads as a rewrite of it)."""
+    outcome = _merge_both_ways(original, sketch, trivial_edges=False)
+    if outcome.merged is not None or breaks is None \
+            or not _has_trivial_edges(original, sketch):
+        return outcome
+    first = _align_and_build(original, sketch, checked=False)
+    if first.merged is None or not breaks(first.merged):
+        return outcome
+    second = _merge_both_ways(original, sketch, trivial_edges=True)
+    if second.merged is None or breaks(second.merged):
+        return outcome  # the first reading's reason is the one to show
+    second.notes.append("short edge lines (like ']' or 'pass') read as context, as a "
+                        "segment's other edge lines are: read as new, they break the syntax")
+    return second
+
+
+def _has_trivial_edges(original: list[str], sketch: Sketch) -> bool:
+    known = {norm(line) for line in original}
+    return any(line.strip() and trivial(norm(line)) and norm(line) in known
+               for segment in sketch.segments if segment for line in (segment[0], segment[-1]))
+
+
+def _merge_both_ways(original: list[str], sketch: Sketch, trivial_edges: bool
+                     ) -> MergeOutcome:
+    outcome = _align_and_build(original, sketch, trivial_edges=trivial_edges)
     if outcome.merged is None:
         return outcome
     # Ties: the alignment breaks them toward one end of the file. Aligning the mirrored
@@ -89,7 +128,8 @@ def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
     mirrored = Sketch([segment[::-1] for segment in reversed(sketch.segments)],
                       sketch.gap_after, sketch.gap_before,
                       blank_edges=[(b, a) for a, b in reversed(sketch.blank_edges)])
-    reverse = _align_and_build(original[::-1], mirrored, sketch.segments[::-1])
+    reverse = _align_and_build(original[::-1], mirrored, sketch.segments[::-1],
+                               trivial_edges=trivial_edges)
     if reverse.merged is None:  # the checks are one-sided (a segment's end): mirror them too
         return MergeOutcome(None, reasons=[
             _unmirror(r, len(original), len(sketch.segments)) for r in reverse.reasons])
@@ -105,7 +145,8 @@ def _merge_sketch(original: list[str], sketch: Sketch) -> MergeOutcome:
         # Read with the file's trailing whitespace kept (models drop it), the edit changes
         # nothing; an edit is meant to change something, so its whitespace is the change
         # (a commit that strips trailing whitespace).
-        literal = _align_and_build(original, sketch, keep_whitespace=False)
+        literal = _align_and_build(original, sketch, keep_whitespace=False,
+                                   trivial_edges=trivial_edges)
         if literal.merged is not None and literal.merged != original:
             literal.notes.append("the edit differs from the file only in trailing "
                                  "whitespace: taken as written")
@@ -128,7 +169,8 @@ def _unmirror(reason: str, lines: int, segments: int) -> str:
 
 def _align_and_build(original: list[str], sketch: Sketch,
                      shown: list[list[str]] | None = None,
-                     keep_whitespace: bool = True) -> MergeOutcome:
+                     keep_whitespace: bool = True, trivial_edges: bool = False,
+                     checked: bool = True) -> MergeOutcome:
     """Align, check and build; `shown` are the segments as the user wrote them, for the
     reasons (the mirrored sketch's segments are reversed). `keep_whitespace`: a matched
     line the sketch shows without trailing whitespace keeps the file's."""
@@ -148,7 +190,7 @@ def _align_and_build(original: list[str], sketch: Sketch,
         owner.extend([number] * (before + len(segment) + after))
     items.append(None)
     owner.append(-1)
-    aligner = Aligner(original, items, frozenset(optional))
+    aligner = Aligner(original, items, frozenset(optional), trivial_edges)
     best = aligner.align()
     if best is None:
         return MergeOutcome(None, reasons=["sketch cannot be aligned with the file"])
@@ -165,13 +207,27 @@ def _align_and_build(original: list[str], sketch: Sketch,
             best = anchored
         else:
             aligner.anchor(False, False)
+    regions = _check_all(original, sketch, aligner, best, items, owner, shown) if checked \
+        else {}
+    if isinstance(regions, str):
+        return MergeOutcome(None, reasons=[regions])
+    for number in range(len(sketch.segments)):
+        for step in (-1, 1):
+            _new_lines_before_blank_run(original, items, owner, best, number, step)
+    return _build(original, sketch, items, owner, best, regions, keep_whitespace)
+
+
+def _check_all(original: list[str], sketch: Sketch, aligner: Aligner, best: Alignment,
+               items: list[str | None], owner: list[int], shown: list[list[str]]
+               ) -> dict[int, tuple[int, int]] | str:
+    """Every segment's checks: the narrowed regions it replaces, or why the merge declines."""
     for number in range(len(sketch.segments)):
         label = f"segment {number + 1} ({_quote(shown[number])})"
         problem = _check_segment(aligner, best, owner, number, label, len(original),
                                  _at_file_edge(original, sketch, best, number))
         if problem:
-            return MergeOutcome(None, reasons=[problem])
-    regions = {}
+            return problem
+    regions: dict[int, tuple[int, int]] = {}
     for number in range(len(sketch.segments)):
         label = f"segment {number + 1} ({_quote(shown[number])})"
         problem = _open_end(original, items, owner, best, number,
@@ -181,16 +237,13 @@ def _align_and_build(original: list[str], sketch: Sketch,
                              number + 1 < len(sketch.segments) or sketch.gap_after) \
             or _blank_context_only(original, items, owner, best, number, aligner.optional)
         if problem:
-            return MergeOutcome(None, reasons=[f"{label} {problem}"])
+            return f"{label} {problem}"
         region = _narrowest(aligner.onorm, items, owner, best, number)
         if isinstance(region, str):
-            return MergeOutcome(None, reasons=[f"{label} {region}: ambiguous"])
+            return f"{label} {region}: ambiguous"
         if region is not None:
             regions[number] = region
-    for number in range(len(sketch.segments)):
-        for step in (-1, 1):
-            _new_lines_before_blank_run(original, items, owner, best, number, step)
-    return _build(original, sketch, items, owner, best, regions, keep_whitespace)
+    return regions
 
 
 def _new_lines_before_blank_run(original: list[str], items: list[str | None],
