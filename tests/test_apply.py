@@ -619,3 +619,23 @@ def test_short_edge_line_is_context_when_reading_it_as_new_breaks_the_syntax() -
     assert any("break the syntax" in note for note in result.diagnostics)
     # Without a grammar nothing tells the readings apart: declined, not guessed.
     assert not apply_edit(original, sketch, "t.txt").ok
+
+
+def test_new_lines_that_exist_further_down_do_not_pull_a_long_deletion() -> None:
+    """A new docstring whose `Args:` lines also appear in a later class: read as that
+    class's lines, the segment would delete every field in between (and the later class's
+    opening line) for a few matches. Deleting runs of lines costs enough that this loses to
+    taking the lines as new; with its closing context missing, the edit then declines."""
+    fields = "".join(f"    field_{i}: int = {i}\n" for i in range(12))
+    args = "    Args:\n        title: The title.\n        caption: The caption.\n"
+    original = (f'class Column:\n    """Short doc."""\n\n{fields}\n\nclass Table:\n'
+                f'    """Long doc.\n\n{args}    """\n\n    rows: int = 0\n')
+    sketch = (f'# ... existing code ...\nclass Column:\n    """Column doc.\n\n{args}    """\n\n'
+              f'# ... existing code ...\n')
+    result = apply_edit(original, sketch, "c.py")
+    assert not result.ok and result.merged is None, result.merged
+    assert any("continues inside the same block" in d for d in result.diagnostics)
+    with_context = sketch.replace("\n\n# ...", "\n\n    field_0: int = 0\n# ...")
+    fixed = apply_edit(original, with_context, "c.py")
+    assert fixed.ok and fixed.merged == original.replace(
+        '    """Short doc."""\n', f'    """Column doc.\n\n{args}    """\n')

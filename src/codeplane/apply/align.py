@@ -38,7 +38,12 @@ INSERT_TRIVIAL = 40  # blank/punctuation lines: cheap either way, so they never 
 # a new blank line: leaving out a blank line the sketch shows between new code and a marker
 # glues the new code to the elided code, so it is done only where no blank line is there.
 DROP = 100
-DELETE_OPEN, DELETE_EXTEND = 100, 20
+# Per deleted line 40, not 20: at 20 a segment could reach over 100 lines of code to match
+# lines it shows as new that also exist far below (a docstring copying another class's
+# `Args:`), deleting all between. A deletion the sketch means is pinned by its context
+# lines (INSERT_EDGE), which cost far more than any run. Benchmark: +2 exact in the
+# realistic styles, the one 113-line wrong merge gone (docs/apply.md).
+DELETE_OPEN, DELETE_EXTEND = 100, 40
 EDGE_TRIVIAL = DELETE_OPEN + DELETE_EXTEND + 1  # a common line at a segment's edge, taken as new
 SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 120, 0.5  # an original line edited in place
 SIG_WORDS = 8  # 512-bit token signature per line: a cheap filter for edited lines

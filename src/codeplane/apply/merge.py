@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from codeplane.apply.align import (
+    DELETE_EXTEND,
     INSERT_EDGE,
     SUB_BASE,
     SUB_MIN_SIMILARITY,
@@ -506,7 +507,9 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
     # similar (a changed message that resembles a neighbouring copy more than its own).
     slack = sum(SUB_WEAKEST - int(aligner.subcost[k][best.ops[k][1]])  # type: ignore[index]
                 for k in rows if best.ops[k][0] == "sub")
-    if rival is not None and rival.cost <= best.cost + slack:
+    # And a rival within one deleted line's cost is a tie: deleting two comment lines in
+    # one block vs editing a line in its near-copy is not something costs can settle.
+    if rival is not None and rival.cost <= best.cost + slack + DELETE_EXTEND:
         elsewhere = [rival.ops[k][1] for k in rows if rival.ops[k][0] == "match"]
         where = f"lines {matched[0] + 1} and {elsewhere[0] + 1}" if elsewhere else \
             f"line {matched[0] + 1} or as new code"
