@@ -228,6 +228,8 @@ def run_deterministic(cases: list[dict], verbose: bool = False) -> None:
         a, b = (_pct(outcome[style, h], "exact") for h in (0, 1))
         print(f"  {style:9s} {_pct(kinds, 'exact'):6.1f}% {_pct(kinds, 'wrong'):5.1f}% "
               f"{_pct(kinds, 'declined'):7.1f}%   {a:5.1f}% / {b:5.1f}%  ({len(kinds)})")
+    realistic = [k for (style, _), v in outcome.items() if style != "tight" for k in v]
+    print(f"  realistic styles (all but tight), {len(realistic)} applies: {_shares(realistic)}")
     for half in (0, 1):
         kinds = [k for (_, h), v in outcome.items() if h == half for k in v]
         print(f"  half {'AB'[half]}: {_shares(kinds)}")
