@@ -78,8 +78,8 @@ def make_llama(path: Path, settings, knobs: dict):
     from llama_cpp import Llama
 
     threads = settings.engine.n_threads or 2
-    args = dict(n_ctx=settings.engine.n_ctx, n_batch=settings.engine.n_batch,
-                n_threads=threads, n_threads_batch=threads, verbose=False)
+    args = {"n_ctx": settings.engine.n_ctx, "n_batch": settings.engine.n_batch,
+            "n_threads": threads, "n_threads_batch": threads, "verbose": False}
     return Llama(model_path=str(path), **{**args, **knobs})
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from codeplane.apply.api import apply_edit
 from codeplane.apply.rewrite import Watch, _head, _stop_line, reshape
-from codeplane.apply.speculative import MIN_AGREE, Drafter, _draft
+from codeplane.apply.speculative import DECAY, MIN_AGREE, Drafter, _Acceptance, _draft
 
 ORIGINAL = '''"""Text helpers."""
 
@@ -74,12 +74,25 @@ def test_drafter_follows_the_edit_piece_through_changed_tokens() -> None:
     assert drafter.propose([50, 51, 6, 7], 3)[0] == [8, 9, 10]
 
 
-def test_no_draft_without_evidence() -> None:
+def test_draft_length_from_evidence_acceptance_and_row_tiles() -> None:
     drafter = Drafter([REGION, PIECE])
     assert _draft(drafter, [99, 98, 12], 64) == []  # one shared token: write, don't copy
-    long = _draft(drafter, list(range(1, 9)), 64)
-    assert long == [9, 10, 11, 12] and MIN_AGREE <= 8
-    assert _draft(drafter, [77, 1, 2, 3], 64) == [4, 5, 6, 7, 8, 9]  # 2 per agreed token
+    # 4 tokens left in the region, but a 5-row pass pays a whole extra pass for its last row.
+    assert _draft(drafter, list(range(1, 9)), 64) == [9, 10, 11] and MIN_AGREE <= 8
+    source = Drafter([list(range(1, 200))])
+    assert _draft(source, [77, 1, 2, 3], 64) == [4, 5, 6]  # <= 2 per agreed token, 4 rows
+    # Length from the recent acceptance: long drafts only where they are mostly accepted.
+    assert len(_draft(source, list(range(1, 60)), 100, accept=0.999)) == 63
+    assert len(_draft(source, list(range(1, 60)), 100, accept=0.9)) == 7
+    assert _draft(source, list(range(1, 60)), 100, accept=0.5) == []  # a 1-row pass is cheaper
+    assert len(_draft(source, list(range(1, 60)), 20, accept=0.999)) == 15  # room: tiles
+    acceptance = _Acceptance()
+    start = acceptance.rate
+    acceptance.add(16, 16)
+    assert acceptance.rate > start
+    tries = acceptance.tries
+    acceptance.add(16, 2)  # 2 accepted, the 3rd rejected; the other 13 were never tested
+    assert acceptance.rate < start and acceptance.tries == pytest.approx(tries * DECAY + 3)
 
 
 def test_head_prefills_the_edits_leading_context() -> None:

@@ -29,11 +29,18 @@ from codeplane.models.engine import ContextOverflow, LocalModel
 NGRAM_MAX = 4  # lookup keys: the output's last 1..4 tokens
 MATCH_CAP = 48  # how far back a candidate's agreement with the output is measured
 PIECE_TRUST = 6  # an edit piece followed from its start for this many tokens wins
-# Draft length from the evidence: a pass costs about 30 ms plus 9 ms per row on 2 cores, so
-# a draft pays off only when most of it will be accepted. Below MIN_AGREE tokens of agreement
-# the output is new text (the model writes the edit): one token per pass, the cheapest.
-# After a rejected draft the next one starts at DRAFT_RETRY tokens and doubles with success.
-MIN_AGREE, DRAFT_PER_AGREE, DRAFT_RETRY, DRAFT_MAX = 3, 2, 16, 64
+# Below MIN_AGREE tokens of agreement the output is new text (the model writes the edit): one
+# token per pass, the cheapest. Otherwise at most DRAFT_PER_AGREE draft tokens per agreed one.
+MIN_AGREE, DRAFT_PER_AGREE = 3, 2
+# Cost of one forward pass by its rows (logits on every row), in one-row passes, measured
+# with bench/spec_ceiling.py (code-small; code-medium's curve is alike). llama.cpp's CPU
+# kernels take rows in tiles of 4: a 4k+1-row pass pays a whole one-row pass for its last
+# row, so drafts are sized to fill tiles (3, 7, 11, ... tokens).
+PASS_COST = {1: 1.0, 2: 1.7, 3: 2.15, 4: 2.45, 8: 4.0, 12: 5.2, 16: 6.1, 24: 8.6, 32: 10.6,
+             48: 15.2, 64: 20.0}
+# Draft acceptance is estimated per decode from recent drafts (older ones weigh DECAY times
+# less per draft), starting from PRIOR_ACCEPT worth PRIOR_WEIGHT draft tokens.
+PRIOR_ACCEPT, PRIOR_WEIGHT, DECAY = 0.97, 10.0, 0.9
 _END = re.compile(r"(^|\n)[ \t]*```")
 
 
@@ -155,7 +162,7 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
     prompt_done = time.perf_counter()
     drafter = Drafter(sources)
     history = prompt[-MATCH_CAP:]  # the pre-filled head lines are part of the copy
-    cap = DRAFT_MAX
+    acceptance = _Acceptance()
     out: list[int] = []
     trace: list[tuple[int, int, float]] = []
     drafted = accepted = forced = 0
@@ -192,7 +199,7 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
             finish = "stop" if stopping else "length"
             break
         room = min(budget - len(out), model.n_ctx - llama.n_tokens - 1, llama.n_batch - 1)
-        draft = _draft(drafter, history + out, min(room, cap)) if speculative else []
+        draft = _draft(drafter, history + out, room, acceptance.rate) if speculative else []
         began = time.perf_counter()
         preds = _verify(llama, [pending, *draft], n_vocab)
         agreed = _agreement(draft, preds, model.stop_ids)
@@ -201,8 +208,7 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         drafted, accepted = drafted + len(draft), accepted + agreed
         out.extend(draft[:agreed])
         drafter.advance(agreed)
-        if draft:
-            cap = min(DRAFT_MAX, cap * 2) if agreed == len(draft) else DRAFT_RETRY
+        acceptance.add(len(draft), agreed)
         pending, fresh = int(preds[agreed]), agreed + 1
     llama._requires_eval = True  # logits now belong to our last batch, not to `n_tokens`
     text = model.detokenize(out)
@@ -255,12 +261,41 @@ class _Lines:
         return keep, self.model.tokenize(done[len(self.model.detokenize(out[:keep])):] + more)
 
 
-def _draft(drafter: Drafter, context: list[int], room: int) -> list[int]:
-    """The longer the output has agreed with its source, the longer the draft."""
-    draft, agree = drafter.propose(context, min(room, DRAFT_MAX))
+def _draft(drafter: Drafter, context: list[int], room: int, accept: float = PRIOR_ACCEPT
+           ) -> list[int]:
+    """The draft worth its pass: the longer the output has agreed with its source, the
+    longer it may be; its length maximises the expected tokens per unit of pass cost when
+    each draft token is accepted with probability `accept` (a draft stops at its first
+    rejected token)."""
+    draft, agree = drafter.propose(context, min(room, max(PASS_COST) - 1))
     if agree < MIN_AGREE:
         return []
-    return draft[:DRAFT_PER_AGREE * agree]
+    draft = draft[:DRAFT_PER_AGREE * agree]
+    best, size = 1.0, 0
+    for rows, cost in PASS_COST.items():
+        if rows - 1 > len(draft):
+            break
+        expected = sum(accept ** i for i in range(rows))  # 1 + p + ... + p^(rows-1)
+        if expected / cost > best:
+            best, size = expected / cost, rows - 1
+    return draft[:size]
+
+
+class _Acceptance:
+    """Recent share of draft tokens the model accepted (a draft's tokens after its first
+    rejected one are not counted: they were never tested)."""
+
+    def __init__(self) -> None:
+        self.hits, self.tries = PRIOR_ACCEPT * PRIOR_WEIGHT, PRIOR_WEIGHT
+
+    def add(self, drafted: int, agreed: int) -> None:
+        if drafted:
+            self.hits = self.hits * DECAY + agreed
+            self.tries = self.tries * DECAY + agreed + (agreed < drafted)
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.tries
 
 
 def _prefill(llama, prompt: list[int]) -> int:
