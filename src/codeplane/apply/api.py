@@ -62,6 +62,9 @@ def apply_edit(original: str, edit: str, path: str, engine: Engine | None = None
         else:
             result.diagnostics.extend(f"deterministic merge declined: {r}"
                                       for r in outcome.reasons)
+            if len(outcome.readings) == 2 and engine is not None and method != "deterministic":
+                _pick_reading(result, engine, model, outcome.readings, path,
+                              lambda merged: join_lines(merged, newline, final), original)
     if not result.ok and engine is not None and method != "deterministic":
         _model_path(result, engine, model, lines, parsed, path, speculative,
                     lambda merged: join_lines(merged, newline, final), original)
@@ -89,6 +92,31 @@ def _accept(result: ApplyResult, original: str, merged: str, path: str) -> None:
     result.ok, result.merged = True, merged
 
 
+def _pick_reading(result: ApplyResult, engine: Engine, model: str, readings: list[list[str]],
+                  path: str, join, original: str) -> None:
+    """A tie between two placements: the model scores both (no decoding) and the likelier
+    one is taken when it is clearly likelier (`rank.MIN_MARGIN`)."""
+    from codeplane.apply.rank import MIN_MARGIN, rank
+
+    try:
+        ranking = engine.run_sync(model, lambda m: rank(m, readings[0], readings[1]))
+    except ContextOverflow as exc:
+        result.diagnostics.append(f"model ranking of the two readings skipped: {exc}")
+        return
+    result.stats["ranking"] = {"model": model, "scores": list(ranking.scores),
+                               "tokens": ranking.tokens, "seconds": ranking.seconds}
+    if ranking.margin < MIN_MARGIN:
+        result.diagnostics.append(
+            f"model ranking of the two readings is too close to call ({model}: "
+            f"{ranking.margin:.1f} nats, needs {MIN_MARGIN})")
+        return
+    result.method = "model"
+    result.diagnostics.append(
+        f"the two readings were ranked by {model}: reading {ranking.best + 1} is "
+        f"{ranking.margin:.1f} nats likelier ({ranking.tokens} tokens scored)")
+    _accept(result, original, join(readings[ranking.best]), path)
+
+
 def _model_path(result: ApplyResult, engine: Engine, model: str, lines: list[str], parsed,
                 path: str, speculative: bool, join, original: str) -> None:
     from codeplane.apply.rewrite import rewrite
@@ -102,7 +130,7 @@ def _model_path(result: ApplyResult, engine: Engine, model: str, lines: list[str
     decode_seconds = sum(r.decode_seconds for r in done.runs)
     result.output_tokens = sum(r.output_tokens for r in done.runs)
     result.tokens_per_second = result.output_tokens / decode_seconds if decode_seconds else 0.0
-    result.stats = {
+    result.stats |= {
         "model": model, "speculative": speculative, "windows": len(done.runs),
         "prompt_tokens": sum(r.prompt_tokens for r in done.runs),
         "cached_tokens": sum(r.cached_tokens for r in done.runs),

@@ -40,6 +40,18 @@ class MergeOutcome:
     merged: list[str] | None
     reasons: list[str] = field(default_factory=list)  # why it declined
     notes: list[str] = field(default_factory=list)  # assumptions made while merging
+    # A tie declined: the two complete files it stands between, each passing every other
+    # check (the caller may let a model pick one: `rank.py`). Empty for other declines.
+    readings: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class _Tie:
+    """A segment that fits another place about as well: the decline, and that other place."""
+
+    reason: str
+    number: int
+    rival: Alignment
 
 
 Breaks = Callable[[list[str]], bool]  # whether a merged file fails to parse (the original did)
@@ -133,7 +145,8 @@ def _merge_both_ways(original: list[str], sketch: Sketch, trivial_edges: bool
                                trivial_edges=trivial_edges)
     if reverse.merged is None:  # the checks are one-sided (a segment's end): mirror them too
         return MergeOutcome(None, reasons=[
-            _unmirror(r, len(original), len(sketch.segments)) for r in reverse.reasons])
+            _unmirror(r, len(original), len(sketch.segments)) for r in reverse.reasons],
+            readings=[reading[::-1] for reading in reverse.readings])
     other = reverse.merged
     if other[::-1] != outcome.merged:
         at = next(i for i, (a, b) in enumerate(zip(outcome.merged, other[::-1])) if a != b) \
@@ -141,7 +154,7 @@ def _merge_both_ways(original: list[str], sketch: Sketch, trivial_edges: bool
         where = f" (from line {at + 1})" if at is not None else ""
         reason = (f"the sketch fits the file in two equally good ways that give different "
                   f"results{where}: ambiguous")
-        return MergeOutcome(None, reasons=[reason])
+        return MergeOutcome(None, reasons=[reason], readings=[outcome.merged, other[::-1]])
     if outcome.merged == original:
         # Read with the file's trailing whitespace kept (models drop it), the edit changes
         # nothing; an edit is meant to change something, so its whitespace is the change
@@ -210,22 +223,59 @@ def _align_and_build(original: list[str], sketch: Sketch,
             aligner.anchor(False, False)
     regions = _check_all(original, sketch, aligner, best, items, owner, shown) if checked \
         else {}
+    if isinstance(regions, _Tie):
+        return MergeOutcome(None, reasons=[regions.reason], readings=_readings(
+            original, sketch, aligner, items, owner, shown, best, regions, keep_whitespace))
     if isinstance(regions, str):
         return MergeOutcome(None, reasons=[regions])
+    return _finish(original, sketch, items, owner, best, regions, keep_whitespace)
+
+
+def _finish(original: list[str], sketch: Sketch, items: list[str | None], owner: list[int],
+            best: Alignment, regions: dict[int, tuple[int, int]], keep_whitespace: bool
+            ) -> MergeOutcome:
     for number in range(len(sketch.segments)):
         for step in (-1, 1):
             _new_lines_before_blank_run(original, items, owner, best, number, step)
     return _build(original, sketch, items, owner, best, regions, keep_whitespace)
 
 
+def _readings(original: list[str], sketch: Sketch, aligner: Aligner, items: list[str | None],
+              owner: list[int], shown: list[list[str]], best: Alignment, tie: _Tie,
+              keep_whitespace: bool) -> list[list[str]]:
+    """The tie's two files, when they differ only in where the tied segment goes (every
+    other segment is placed alike), each passes every other check and builds, and no third
+    place ties too (a model would then choose between two of three or more)."""
+    rows = [k for k, seg in enumerate(owner) if seg == tie.number]
+    others = [k for k, seg in enumerate(owner) if seg not in (-1, tie.number)]
+    if any(best.ops[k] != tie.rival.ops[k] for k in others):
+        return []
+    taken = [a.ops[k][1] for a in (best, tie.rival) for k in rows if a.ops[k][0] == "match"]
+    if _rival(aligner, best, rows, taken) is not None:
+        return []
+    out = []
+    for alignment in (best, tie.rival):
+        regions = _check_all(original, sketch, aligner, alignment, items, owner, shown,
+                             tie_ok=tie.number)
+        if not isinstance(regions, dict):
+            return []
+        built = _finish(original, sketch, items, owner, alignment, regions, keep_whitespace)
+        if built.merged is None:
+            return []
+        out.append(built.merged)
+    return out if out[0] != out[1] else []
+
+
 def _check_all(original: list[str], sketch: Sketch, aligner: Aligner, best: Alignment,
-               items: list[str | None], owner: list[int], shown: list[list[str]]
-               ) -> dict[int, tuple[int, int]] | str:
-    """Every segment's checks: the narrowed regions it replaces, or why the merge declines."""
+               items: list[str | None], owner: list[int], shown: list[list[str]],
+               tie_ok: int | None = None) -> dict[int, tuple[int, int]] | str | _Tie:
+    """Every segment's checks: the narrowed regions it replaces, or why the merge declines.
+    `tie_ok`: a segment whose tie is known (its readings are being built)."""
     for number in range(len(sketch.segments)):
         label = f"segment {number + 1} ({_quote(shown[number])})"
         problem = _check_segment(aligner, best, owner, number, label, len(original),
-                                 _at_file_edge(original, sketch, best, number))
+                                 _at_file_edge(original, sketch, best, number),
+                                 tie_ok=number == tie_ok)
         if problem:
             return problem
     regions: dict[int, tuple[int, int]] = {}
@@ -470,9 +520,10 @@ def _at_file_edge(original: list[str], sketch: Sketch, best: Alignment, number: 
 
 
 def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: int,
-                   label: str, n: int, at_edge: bool = False) -> str | None:
+                   label: str, n: int, at_edge: bool = False, tie_ok: bool = False
+                   ) -> str | _Tie | None:
     """Decline a segment that anchors on nothing distinctive (unless the file's start or
-    end anchors it) or fits elsewhere equally well."""
+    end anchors it) or fits elsewhere equally well (a `_Tie`, unless `tie_ok`)."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     matched = [best.ops[k][1] for k in rows if best.ops[k][0] == "match"]
     if not at_edge and not any(
@@ -499,8 +550,22 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
                     f"{inward + 1} ({aligner.original[inward].strip()[:60]!r}): ambiguous")
     if not matched:
         return None  # at the file's edge, by its edited lines alone (nothing to forbid)
-    mask = np.zeros(n, dtype=bool)
-    mask[matched] = True
+    rival = _rival(aligner, best, rows, matched)
+    if rival is not None and not tie_ok:
+        elsewhere = [rival.ops[k][1] for k in rows if rival.ops[k][0] == "match"]
+        where = f"lines {matched[0] + 1} and {elsewhere[0] + 1}" if elsewhere else \
+            f"line {matched[0] + 1} or as new code"
+        return _Tie(f"{label} fits the original equally well at {where}: ambiguous", number,
+                    rival)
+    return None
+
+
+def _rival(aligner: Aligner, best: Alignment, rows: list[int], taken: list[int]
+           ) -> Alignment | None:
+    """The best alignment whose `rows` match none of the `taken` lines, when it is about as
+    good as `best` (a tie), else None."""
+    mask = np.zeros(len(aligner.original), dtype=bool)
+    mask[taken] = True
     rival = aligner.align({k: mask for k in rows})
     # How similar an edited line is to the line it replaces is weak evidence for where a
     # segment goes: a rival place is as good if it is with the edits counted as barely
@@ -509,12 +574,8 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
                 for k in rows if best.ops[k][0] == "sub")
     # And a rival within one deleted line's cost is a tie: deleting two comment lines in
     # one block vs editing a line in its near-copy is not something costs can settle.
-    if rival is not None and rival.cost <= best.cost + slack + DELETE_EXTEND:
-        elsewhere = [rival.ops[k][1] for k in rows if rival.ops[k][0] == "match"]
-        where = f"lines {matched[0] + 1} and {elsewhere[0] + 1}" if elsewhere else \
-            f"line {matched[0] + 1} or as new code"
-        return f"{label} fits the original equally well at {where}: ambiguous"
-    return None
+    return rival if rival is not None and rival.cost <= best.cost + slack + DELETE_EXTEND \
+        else None
 
 
 def _build(original: list[str], sketch: Sketch, items: list[str | None], owner: list[int],
