@@ -517,6 +517,58 @@ def print_rescue_summary(cases: list[dict], outcomes: dict[tuple[int, str], str]
           f"{statistics.mean([t for v in seconds.values() for t in v]):.1f} s per case")
 
 
+def run_ties(cases: list[dict], model: str) -> None:
+    """The product pipeline (`apply_edit` with the engine) on every deterministic decline that
+    is a two-place tie: the model ranks the two readings (`apply/rank.py`); when that is too
+    close to call, the model path runs as usual. Then the pipeline's exact rate per style."""
+    from codeplane.apply.formats import parse_edit, split_lines
+    from codeplane.apply.merge import merge
+    from codeplane.config import load_settings
+    from codeplane.models.engine import Engine
+
+    outcomes = deterministic_outcomes(cases)
+    ties = []
+    for (index, style), kind in sorted(outcomes.items()):
+        lines = split_lines(cases[index]["original"])[0]
+        if kind == "declined" and len(merge(lines, parse_edit(
+                edit_for(cases[index], style), lines)).readings) == 2:
+            ties.append((index, style))
+    print(f"ties ({model}): {len(ties)} of {list(outcomes.values()).count('declined')} "
+          f"deterministic declines are two-place ties", flush=True)
+    engine = Engine(load_settings())
+    engine.run_sync(model, lambda m: None)  # load outside the timings
+    gained: dict[str, list[str]] = defaultdict(list)
+    for index, style in ties:
+        case = cases[index]
+        result = apply_edit(case["original"], edit_for(case, style), case["path"], engine,
+                            model)
+        kind = ("exact" if result.ok and result.merged == case["expected"]
+                else "wrong" if result.ok else "declined")
+        gained[style].append(kind)
+        ranking = result.stats.get("ranking", {})
+        margin = abs(ranking["scores"][0] - ranking["scores"][1]) if ranking else 0.0
+        print(f"  {style:8s} {case['repo'][:16]:16s} {case['commit'][:10]} "
+              f"{case['path'][-30:]:30s} {kind:8s} margin {margin:5.1f} nats, "
+              f"{ranking.get('tokens', 0):4d} tokens scored in {ranking.get('seconds', 0):4.1f} s"
+              f" (apply {result.seconds:4.1f} s)", flush=True)
+    engine.close()
+    print(f"  {'style':9s} deterministic exact/wrong -> with the ranking exact/wrong")
+    for style in RESCUE_STYLES:
+        det = [v for (_, s), v in outcomes.items() if s == style]
+        exact, wrong = det.count("exact"), det.count("wrong")
+        more = gained.get(style, [])
+        print(f"  {style:9s} {100 * exact / len(det):5.1f}% / {100 * wrong / len(det):3.1f}% -> "
+              f"{100 * (exact + more.count('exact')) / len(det):5.1f}% / "
+              f"{100 * (wrong + more.count('wrong')) / len(det):3.1f}%")
+    for label, keep in (("realistic styles (all but tight)", lambda s: s != "tight"),
+                        ("all styles", lambda s: True)):
+        det = [v for (_, s), v in outcomes.items() if keep(s)]
+        more = [k for s, v in gained.items() if keep(s) for k in v]
+        print(f"  {label}: {100 * (det.count('exact') + more.count('exact')) / len(det):.1f}% "
+              f"exact, {100 * (det.count('wrong') + more.count('wrong')) / len(det):.1f}% "
+              f"wrong ({len(det)} applies)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command")
@@ -534,6 +586,9 @@ def main() -> None:
     parser.add_argument("--rescue", type=int, default=0, metavar="N",
                         help="with --model: run the pipeline on N cases the deterministic "
                              "path declines (windows total <= --max-window lines)")
+    parser.add_argument("--ties", action="store_true",
+                        help="with --model: the pipeline on every deterministic decline that "
+                             "is a two-place tie (the model ranks the two readings)")
     args = parser.parse_args()
     if args.command == "build":
         cases = build(args.repos, args.per_bucket)
@@ -548,7 +603,9 @@ def main() -> None:
         start = time.perf_counter()
         run_deterministic(cases, args.verbose)
         print(f"  ({time.perf_counter() - start:.1f} s total)")
-    if args.model and args.rescue:
+    if args.model and args.ties:
+        run_ties(cases, args.model)
+    elif args.model and args.rescue:
         run_rescue(cases, args.model, args.rescue, args.max_window)
     elif args.model:
         run_model(cases, args.model, args.model_cases, args.max_window, args.repeats)
