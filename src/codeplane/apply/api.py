@@ -1,7 +1,8 @@
 """`apply_edit`: the one entry point for CLI, HTTP route and the agent's `edit_file` tool.
 
 Deterministic merge first (exact, fast, explainable); the local model only when that declines
-and an engine is given. Every result is validated before it is called ok.
+and an engine is given: to rank the two readings of a tie (`rank.py`, scoring only), else to
+rewrite the affected windows (`rewrite.py`). Every result is validated before it is called ok.
 """
 
 from __future__ import annotations
