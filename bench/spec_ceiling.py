@@ -137,7 +137,7 @@ def mismatch(path: Path, settings, jobs: list, knobs: str, length: int,
     print(f"\n[{knobs}] {len(jobs)} prompts x {length} greedy tokens; single = one token "
           f"per pass, batch B = B rows per pass with logits on every row")
     stats = {b: {"rows": 0, "flips": 0, "maxdiff": 0.0, "diffs": [], "flip_margins": [],
-                 "near": 0} for b in batches}
+                 "near": 0, "far_flips": 0} for b in batches}
     repeat_same = 0
     for _, job in jobs:
         prompt = job.prompt
@@ -170,6 +170,7 @@ def mismatch(path: Path, settings, jobs: list, knobs: str, length: int,
             s["diffs"].append(diff)
             s["flip_margins"] += [float(m) for m in margin[flips]]
             s["near"] += int((margin < 2 * diff).sum())
+            s["far_flips"] += int((flips & (margin >= 2 * diff)).sum())
     print(f"  single-token run repeated: bit-identical logits in {repeat_same}/{len(jobs)} "
           f"prompts")
     for b, s in stats.items():
@@ -178,7 +179,8 @@ def mismatch(path: Path, settings, jobs: list, knobs: str, length: int,
               f"{np.median(diffs):.4f}, rows with any diff {100 * (diffs > 0).mean():.0f}%); "
               f"argmax differs in {s['flips']}/{s['rows']} rows; top-2 margin < 2x that row's "
               f"diff in {s['near']} rows; margins where it flipped: "
-              f"{[round(m, 4) for m in s['flip_margins']]}")
+              f"{[round(m, 4) for m in s['flip_margins']]}; flips where the margin was "
+              f">= 2x the diff (not a near-tie): {s['far_flips']}")
     llama.close()
 
 
