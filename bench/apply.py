@@ -379,6 +379,13 @@ def print_model_summary(runs: list[ModelRun], model: str) -> None:
     print(f"  decode tokens/s (all {tokens} tokens): speculative {spec:.1f}, plain loop "
           f"{loop:.1f}, engine generate {native:.1f}; speedup {spec / loop:.2f}x over the "
           f"loop, {spec / native:.2f}x over the engine")
+    same = [r for r in runs if r.same]
+    if same:  # where the ways' tokens differ (near-ties, see docs), their times are not alike
+        rate = {m: decode_rate(same, m) for m in ("spec", "loop", "engine")}
+        print(f"  on the {len(same)} cases with identical tokens: speculative "
+              f"{rate['spec']:.1f}, loop {rate['loop']:.1f}, engine {rate['engine']:.1f} "
+              f"tokens/s; speedup {rate['spec'] / rate['loop']:.2f}x over the loop, "
+              f"{rate['spec'] / rate['engine']:.2f}x over the engine")
     for base in ("loop", "engine"):
         ratios = sorted(r.seconds[base] / max(r.seconds["spec"], 1e-9) for r in runs
                         if r.tokens > 1)
