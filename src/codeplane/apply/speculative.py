@@ -31,7 +31,7 @@ MATCH_CAP = 48  # how far back a candidate's agreement with the output is measur
 PIECE_TRUST = 6  # an edit piece followed from its start for this many tokens wins
 # Below MIN_AGREE tokens of agreement the output is new text (the model writes the edit): one
 # token per pass, the cheapest. Otherwise at most DRAFT_PER_AGREE draft tokens per agreed one.
-MIN_AGREE, DRAFT_PER_AGREE = 3, 2
+MIN_AGREE, DRAFT_PER_AGREE = 3, 4
 # Cost of one forward pass by its rows (logits on every row), in one-row passes, measured
 # with bench/spec_ceiling.py on code-small (code-medium's rows cost relatively more: 25
 # one-row passes for 64 rows, so for it the table favours long drafts a little). llama.cpp's
