@@ -60,3 +60,4 @@ def test_a_close_ranking_is_not_taken(engine, monkeypatch) -> None:
                         speculative=False)
     assert any("too close to call" in d for d in result.diagnostics), result.diagnostics
     assert "ranking" in result.stats
+

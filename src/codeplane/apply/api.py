@@ -144,4 +144,11 @@ def _model_path(result: ApplyResult, engine: Engine, model: str, lines: list[str
     if done.merged is None:
         result.diagnostics.extend(f"model path declined: {r}" for r in done.reasons)
         return
+    if done.merged == lines:
+        # The deterministic path merges an edit that changes nothing by itself; one that
+        # reached the model differs from the file somewhere (a re-indent the alignment,
+        # which collapses whitespace, cannot place), so an unchanged file is a failure.
+        result.diagnostics.append("model result rejected: it is the original file "
+                                  "unchanged, but the edit differs from it")
+        return
     _accept(result, original, join(done.merged), path)
