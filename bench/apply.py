@@ -196,6 +196,13 @@ HALVES = ({"pallets+click", "psf+requests", "pallets+flask"},
           {"python+typing_extensions", "python-attrs+attrs", "Textualize+rich"})
 
 
+def kind_of(result, case: dict, failed: str = "declined") -> str:
+    """exact, wrong (reported ok but not the commit's file: the worst outcome), or `failed`."""
+    if not result.ok:
+        return failed
+    return "exact" if result.merged == case["expected"] else "wrong"
+
+
 def run_deterministic(cases: list[dict], verbose: bool = False) -> None:
     """Every case in every style: exact, wrong but reported ok (the worst outcome: a wrong
     file the user may write), or declined. Thresholds were tuned on all cases, so the
@@ -210,8 +217,8 @@ def run_deterministic(cases: list[dict], verbose: bool = False) -> None:
         for style in STYLES:
             clear_cache()  # time every apply cold, as a first apply is
             result = apply_edit(case["original"], edit_for(case, style), case["path"])
-            exact = result.ok and result.merged == case["expected"]
-            kind = "exact" if exact else "wrong" if result.ok else "declined"
+            kind = kind_of(result, case)
+            exact = kind == "exact"
             outcome[style, half].append(kind)
             by_bucket[bucket].append(exact)
             times[bucket].append(result.seconds)
@@ -421,8 +428,7 @@ def deterministic_outcomes(cases: list[dict]) -> dict[tuple[int, str], str]:
     for index, case in enumerate(cases):
         for style in RESCUE_STYLES:
             result = apply_edit(case["original"], edit_for(case, style), case["path"])
-            out[index, style] = ("exact" if result.ok and result.merged == case["expected"]
-                                 else "wrong" if result.ok else "declined")
+            out[index, style] = kind_of(result, case)
     cache.write_text(json.dumps({f"{i}:{s}": v for (i, s), v in out.items()}))
     return out
 
@@ -483,8 +489,7 @@ def run_rescue(cases: list[dict], model: str, count: int, max_window: int) -> No
         case = cases[index]
         result = apply_edit(case["original"], edit_for(case, style), case["path"], engine,
                             model)
-        kind = ("exact" if result.ok and result.merged == case["expected"]
-                else "wrong" if result.ok else "rejected")
+        kind = kind_of(result, case, failed="rejected")
         kinds[style].append(kind)
         seconds[style].append(result.seconds)
         why = "" if result.ok else result.diagnostics[-1][:100]
@@ -549,8 +554,7 @@ def run_ties(cases: list[dict], model: str) -> None:
         case = cases[index]
         result = apply_edit(case["original"], edit_for(case, style), case["path"], engine,
                             model)
-        kind = ("exact" if result.ok and result.merged == case["expected"]
-                else "wrong" if result.ok else "declined")
+        kind = kind_of(result, case)
         gained[style].append(kind)
         ranking = result.stats.get("ranking", {})
         margin = abs(ranking["scores"][0] - ranking["scores"][1]) if ranking else 0.0
