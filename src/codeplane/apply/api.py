@@ -55,25 +55,27 @@ def apply_edit(original: str, edit: str, path: str, engine: Engine | None = None
     if parsed.final_newline is not None:
         final = parsed.final_newline
     result = ApplyResult(False, None, "deterministic", format=parsed.kind)
+
+    def join(merged: list[str]) -> str:
+        return join_lines(merged, newline, final)
+
     if method != "model":
-        outcome = merge(lines, parsed, _breaks(original, path, newline, final))
+        outcome = merge(lines, parsed, _breaks(original, path, join))
         result.diagnostics.extend(outcome.notes)
         if outcome.merged is not None:
-            _accept(result, original, join_lines(outcome.merged, newline, final), path)
+            _accept(result, original, join(outcome.merged), path)
         else:
             result.diagnostics.extend(f"deterministic merge declined: {r}"
                                       for r in outcome.reasons)
             if len(outcome.readings) == 2 and engine is not None and method != "deterministic":
-                _pick_reading(result, engine, model, outcome.readings, path,
-                              lambda merged: join_lines(merged, newline, final), original)
+                _pick_reading(result, engine, model, outcome.readings, path, join, original)
     if not result.ok and engine is not None and method != "deterministic":
-        _model_path(result, engine, model, lines, parsed, path, speculative,
-                    lambda merged: join_lines(merged, newline, final), original)
+        _model_path(result, engine, model, lines, parsed, path, speculative, join, original)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _breaks(original: str, path: str, newline: str, final: bool
+def _breaks(original: str, path: str, join: Callable[[list[str]], str]
             ) -> Callable[[list[str]], bool] | None:
     """Whether merged lines no longer parse while the original did; None for languages
     without a grammar. Lazy: only a declined sketch asks, so most applies parse nothing."""
@@ -81,8 +83,8 @@ def _breaks(original: str, path: str, newline: str, final: bool
     if language is None:
         return None
     parsed_before = functools.cache(lambda: first_error_line(original, language) is None)
-    return lambda merged: parsed_before() and first_error_line(
-        join_lines(merged, newline, final), language) is not None
+    return lambda merged: parsed_before() and first_error_line(join(merged), language) \
+        is not None
 
 
 def _accept(result: ApplyResult, original: str, merged: str, path: str) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from codeplane.apply.speculative import commit
 from codeplane.models.engine import ContextOverflow, LocalModel
 
 CONTEXT = 24  # lines shared before (and scored after) each difference
@@ -85,7 +86,7 @@ def _log_likelihood(model: LocalModel, prefix: list[int], tokens: list[int]) -> 
         chunk = sequence[at:at + llama.n_batch]
         # Row r predicts sequence[at + r + 1]; only the rows predicting `tokens` need logits
         # (the vocabulary projection is a large share of a row's cost).
-        wanted = [r for r in range(len(chunk)) if len(prefix) <= at + r + 1 < len(sequence)]
+        wanted = range(max(0, len(prefix) - 1 - at), min(len(chunk), len(sequence) - 1 - at))
         llama._batch.set_batch(batch=chunk, n_past=at, logits_all=False)
         for r in range(len(chunk)):
             llama._batch.batch.logits[r] = r in wanted
@@ -95,6 +96,5 @@ def _log_likelihood(model: LocalModel, prefix: list[int], tokens: list[int]) -> 
                                         shape=(n_vocab,)).astype(np.float64)
             peak = row.max()
             total += float(row[sequence[at + r + 1]] - peak - np.log(np.exp(row - peak).sum()))
-        llama.input_ids[at:at + len(chunk)] = chunk
-        llama.n_tokens = at + len(chunk)
+        commit(llama, chunk)
     return total

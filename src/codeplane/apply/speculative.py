@@ -190,7 +190,7 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
             llama._ctx.kv_cache_seq_rm(-1, llama.n_tokens, -1)
             batch = out[base:keep] + tokens
             preds = _verify(llama, batch, n_vocab)
-            _commit(llama, batch)
+            commit(llama, batch)
             trace.append((len(batch), len(batch) - 1, time.perf_counter() - began))
             out = out[:keep] + tokens
             forced += len(tokens)
@@ -204,7 +204,7 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         began = time.perf_counter()
         preds = _verify(llama, [pending, *draft], n_vocab)
         agreed = _agreement(draft, preds, model.stop_ids)
-        _commit(llama, [pending, *draft[:agreed]])
+        commit(llama, [pending, *draft[:agreed]])
         trace.append((len(draft) + 1, agreed, time.perf_counter() - began))
         drafted, accepted = drafted + len(draft), accepted + agreed
         out.extend(draft[:agreed])
@@ -311,7 +311,7 @@ def _prefill(llama, prompt: list[int]) -> int:
 
 def _verify(llama, batch: list[int], n_vocab: int) -> np.ndarray:
     """One forward pass over `batch` (appended after `n_tokens`) with logits for every row;
-    returns each row's argmax. `_commit` then keeps only the agreed part."""
+    returns each row's argmax. `commit` then keeps only the agreed part."""
     import llama_cpp
 
     llama._batch.set_batch(batch=batch, n_past=llama.n_tokens, logits_all=True)
@@ -321,8 +321,9 @@ def _verify(llama, batch: list[int], n_vocab: int) -> np.ndarray:
     return rows.argmax(axis=1)
 
 
-def _commit(llama, tokens: list[int]) -> None:
-    """Record `tokens` as evaluated and drop the rejected draft rows from the KV cache."""
+def commit(llama, tokens: list[int]) -> None:
+    """Record `tokens` as evaluated (the engine's prefix reuse reads `input_ids`) and drop
+    any rows after them (a rejected draft) from the KV cache."""
     n_past = llama.n_tokens
     llama.input_ids[n_past:n_past + len(tokens)] = tokens
     llama.n_tokens = n_past + len(tokens)
