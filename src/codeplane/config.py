@@ -32,11 +32,24 @@ class ConfigError(Exception):
 
 
 class ServeSettings(BaseModel):
-    """Where `codeplane serve` listens."""
+    """Where `codeplane serve` listens, and what requests may ask of it (server policy: a
+    request can never widen these)."""
 
     model_config = {"extra": "forbid"}
     host: str = "127.0.0.1"
     port: int = Field(8300, ge=1, le=65535)
+    workspace_roots: list[Path] = Field(
+        default_factory=list,
+        description="directories under which agent runs and sandboxes may work; empty: none "
+                    "(server-side runs refused until an operator names a root)")
+    allow_unsandboxed: bool = Field(False, description="may a request ask for sandbox=false")
+    allow_network: bool = Field(False, description="may a request ask for network=true")
+    max_runs_per_tenant: int = Field(4, ge=1, description="concurrent agent runs per tenant")
+    max_body_bytes: int = Field(32 << 20, ge=1024, description="larger request bodies get 413")
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses of reverse proxies whose X-Forwarded-For is believed; a request "
+                    "relayed by any other proxy counts as remote")
 
 
 class EngineSettings(BaseModel):

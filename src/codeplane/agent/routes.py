@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from codeplane.agent.env import ToolError, local_environment
 from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Event, RunResult
 from codeplane.sandbox import SandboxUnavailable
-from codeplane.server.errors import APIError, not_found
+from codeplane.core.errors import APIError, not_found
 
 router = APIRouter()
 MAX_RUNS = 100  # finished runs kept for GET; the oldest are forgotten

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from codeplane.apply.api import apply_edit
 from codeplane.models.registry import UnknownModel
-from codeplane.server.errors import not_found
+from codeplane.core.errors import not_found
 
 router = APIRouter()
 

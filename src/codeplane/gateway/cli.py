@@ -119,7 +119,7 @@ def check_config(cfg: Settings) -> None:
     invalid: a clear message naming key and line, exit code 2, no traceback."""
     from codeplane.gateway.router import Gateway
     from codeplane.models.engine import Engine
-    from codeplane.server.metrics import Metrics
+    from codeplane.core.metrics import Metrics
 
     try:
         Gateway(cfg, Engine(cfg), Metrics())

@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from codeplane.gateway.deployment import OPEN, Deployment
-from codeplane.server.metrics import LATENCY_BUCKETS
+from codeplane.core.metrics import LATENCY_BUCKETS
 
 FAST_BUCKETS = (0.0005, 0.001, 0.0025, *LATENCY_BUCKETS)
 

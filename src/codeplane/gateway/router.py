@@ -32,7 +32,7 @@ from codeplane.gateway.providers.local import EmbedderProvider, LocalProvider
 from codeplane.gateway.providers.openai import OpenAIProvider
 from codeplane.models.engine import Engine
 from codeplane.models.registry import UnknownModel
-from codeplane.server.metrics import Metrics
+from codeplane.core.metrics import Metrics
 
 log = logging.getLogger("codeplane.gateway")
 DEFAULT_LATENCY_S = 0.05

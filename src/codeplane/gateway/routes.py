@@ -23,9 +23,9 @@ from codeplane.gateway.admission import Shed
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.providers.base import Call, UpstreamError
 from codeplane.gateway.router import EMBEDDER, Client, Gateway
-from codeplane.models.schemas import ChatCompletionRequest, CompletionRequest
+from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest
 from codeplane.net import is_loopback
-from codeplane.server.errors import APIError, not_found
+from codeplane.core.errors import APIError, not_found
 
 log = logging.getLogger("codeplane.gateway")
 PRIORITY_HEADER = "x-codeplane-priority"

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from codeplane.search.embed import EmbedderUnavailable
 from codeplane.search.service import CacheMiss, SearchError, SearchService, service_for
-from codeplane.server.errors import APIError, unavailable
+from codeplane.core.errors import APIError, unavailable
 
 router = APIRouter()
 KeyHeader = Annotated[str, Header(alias="X-Codeplane-Key", min_length=16, max_length=128)]

@@ -18,7 +18,7 @@ from codeplane.config import Settings
 from codeplane.gateway import routes as gateway_routes
 from codeplane.models.engine import Engine
 from codeplane.search import routes as search_routes
-from codeplane.server import errors, metrics
+from codeplane.core import errors, metrics
 from codeplane.tab import routes as tab_routes
 
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from codeplane.models.engine import ContextOverflow, Engine, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
-from codeplane.server.errors import APIError, not_found, unavailable
+from codeplane.core.errors import APIError, not_found, unavailable
 from codeplane.tab.service import TabRequest, TabService, TabSettings
 
 router = APIRouter()

@@ -18,7 +18,7 @@ from codeplane.gateway.providers.base import Call, UpstreamError
 from codeplane.models import local_openai
 from codeplane.models.engine import ContextOverflow, Engine, Generation, LocalModel, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
-from codeplane.server.metrics import Metrics
+from codeplane.core.metrics import Metrics
 
 CAPABILITY = {"chat": "chat", "completions": "completion", "embeddings": "embeddings"}
 Work = Callable[[LocalModel, threading.Event, Callable[[dict], None] | None],
