@@ -10,7 +10,7 @@ import typer
 from codeplane import __version__
 from codeplane.agent.cli import agent_cmd, tool_cmd
 from codeplane.apply.cli import apply_command
-from codeplane.clikit import ConfigOption, err_console, settings
+from codeplane.clikit import ConfigOption, err_console, fail, settings
 from codeplane.config import ConfigError
 from codeplane.gateway.cli import gateway_app, keys_app
 from codeplane.indexing import cli as index_cli
@@ -56,13 +56,17 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     config: ConfigOption = None,
 ) -> None:
-    """Run the HTTP server (OpenAI-compatible API plus every compartment's endpoints)."""
-    from codeplane.gateway.cli import check_config
+    """Run the HTTP server (OpenAI-compatible API plus every compartment's endpoints).
+
+    Any address other than loopback needs an API key first (`codeplane keys create NAME
+    --tenant T`): without one the server refuses to start."""
     from codeplane.server.app import serve as run
 
     cfg = settings(config)
-    check_config(cfg)
-    run(cfg, host or cfg.serve.host, port or cfg.serve.port, log_level)
+    try:
+        run(cfg, host or cfg.serve.host, port or cfg.serve.port, log_level)
+    except ConfigError as exc:  # bad [[models]]/[router]/[gateway]/[tab], or an unsafe bind
+        fail(str(exc))
 
 
 @app.command()

@@ -10,13 +10,14 @@ The TOML file is `$CODEPLANE_HOME/codeplane.toml` unless a command names another
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -48,8 +49,20 @@ class ServeSettings(BaseModel):
     max_body_bytes: int = Field(32 << 20, ge=1024, description="larger request bodies get 413")
     trusted_proxies: list[str] = Field(
         default_factory=list,
-        description="addresses of reverse proxies whose X-Forwarded-For is believed; a request "
-                    "relayed by any other proxy counts as remote")
+        description="addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For "
+                    "is believed; a request relayed by any other proxy counts as remote")
+    public_metrics: bool = Field(False, description="serve /metrics without an API key (for a "
+                                                    "Prometheus scraper); otherwise it is gated")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network") from None
+        return value
 
 
 class EngineSettings(BaseModel):

@@ -27,9 +27,9 @@ class Shed(Exception):
 
 
 class TokenBucket:
-    """`rate` units per minute with a burst of one minute's worth. Charges may overdraw
-    (token counts are known only after a response); an overdrawn bucket refuses until it
-    has refilled above zero."""
+    """`rate` units per minute with a burst of one minute's worth. Calls reserve their
+    estimate first and settle the difference after, which may overdraw a bucket; an
+    overdrawn bucket refuses until it has refilled above zero."""
 
     __slots__ = ("capacity", "level", "per_s", "stamp")
 
@@ -53,8 +53,9 @@ class TokenBucket:
         return (need - self.level) / self.per_s
 
     def take(self, amount: float) -> None:
+        """Spend `amount` (negative: give back an over-reservation, up to the burst)."""
         self._refill()
-        self.level -= amount
+        self.level = min(self.capacity, self.level - amount)
 
     @property
     def full(self) -> bool:

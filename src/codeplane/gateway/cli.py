@@ -19,7 +19,6 @@ from codeplane.clikit import (
     server_url,
     settings,
 )
-from codeplane.config import ConfigError, Settings
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.keys import KeyStore
 
@@ -30,7 +29,10 @@ gateway_app = typer.Typer(help="Inspect the model gateway.", no_args_is_help=Tru
 
 @keys_app.command("create")
 def create(
-    name: Annotated[str, typer.Option("--name", help="Who or what uses the key.")],
+    name: Annotated[str, typer.Argument(help="Who or what uses the key.")],
+    tenant: Annotated[str | None, typer.Option(
+        help="Tenant the key belongs to: keys of one tenant see the same workspaces and "
+             "agent runs. Default: the key's name (a tenant of its own).")] = None,
     rpm: Annotated[int | None, typer.Option(min=1, help="Requests per minute.")] = None,
     tpm: Annotated[int | None, typer.Option(min=1, help="Tokens per minute.")] = None,
     budget_tokens: Annotated[int | None, typer.Option(
@@ -43,13 +45,14 @@ def create(
     """Create a key. It is printed once; the server stores only its hash."""
     store = KeyStore(settings(config).server_dir)
     try:
-        key, secret = store.create(name, rpm, tpm, budget_tokens, priority)
+        key, secret = store.create(name, rpm, tpm, budget_tokens, priority, tenant)
     except ValueError as exc:
         fail(str(exc))
     if json_:
-        print_json({"id": key.id, "name": key.name, "key": secret})
+        print_json({"id": key.id, "name": key.name, "tenant": key.tenant, "key": secret})
         return
-    console.print(f"[green]✓[/] key {key.name} ({key.id}) - shown once, store it now:")
+    console.print(f"[green]✓[/] key {key.name} ({key.id}, tenant {key.tenant}) - shown once, "
+                  "store it now:")
     console.print(secret, highlight=False, soft_wrap=True)
 
 
@@ -57,7 +60,8 @@ def create(
 def list_(json_: JsonOption = False, config: ConfigOption = None) -> None:
     """List keys (hint, limits, tokens used); never the keys themselves."""
     store = KeyStore(settings(config).server_dir)
-    rows = [{"id": k.id, "name": k.name, "hint": k.hint + "...", "priority": k.priority,
+    rows = [{"id": k.id, "name": k.name, "tenant": k.tenant, "hint": k.hint + "...",
+             "priority": k.priority,
              "rpm": k.rpm, "tpm": k.tpm, "budget_tokens": k.budget_tokens,
              "used_tokens": store.used(k), "revoked": k.revoked,
              "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(k.created))}
@@ -112,16 +116,3 @@ def status(
                           str(d["cooldown_s"]), str(d["ramp"]), str(d["outstanding"]),
                           str(d["latency_ms"] or "-"), d["last_error"][:60])
     console.print(table)
-
-
-def check_config(cfg: Settings) -> None:
-    """Stop `codeplane serve` before it binds if `[[models]]`, `[router]` or `[gateway]` is
-    invalid: a clear message naming key and line, exit code 2, no traceback."""
-    from codeplane.gateway.router import Gateway
-    from codeplane.models.engine import Engine
-    from codeplane.core.metrics import Metrics
-
-    try:
-        Gateway(cfg, Engine(cfg), Metrics())
-    except ConfigError as exc:
-        fail(str(exc))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass
@@ -20,6 +21,8 @@ from pathlib import Path
 from codeplane.gateway.config import PRIORITIES
 
 PREFIX = "cp-"
+# Tenants name what a key may see (workspaces, runs); compartments may use them in file names.
+TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @dataclass
@@ -34,6 +37,10 @@ class ApiKey:
     budget_tokens: int | None = None
     priority: str = "agent"
     revoked: bool = False
+    tenant: str = ""  # empty in keys.json written before tenants: the key's own name
+
+    def __post_init__(self) -> None:
+        self.tenant = self.tenant or self.name
 
 
 def digest(secret: str) -> str:
@@ -48,21 +55,29 @@ class KeyStore:
         self._mtime: float | None = None
         self._checked = 0.0
         self.usage: dict[str, int] = self._read(self.usage_file)
+        self.held: dict[str, int] = {}  # tokens reserved by calls in flight, by key id
         self._dirty = False
         self._flushed = time.monotonic()
 
     # -- CLI side ------------------------------------------------------------------------
 
     def create(self, name: str, rpm: int | None = None, tpm: int | None = None,
-               budget_tokens: int | None = None, priority: str = "agent") -> tuple[ApiKey, str]:
+               budget_tokens: int | None = None, priority: str = "agent",
+               tenant: str | None = None) -> tuple[ApiKey, str]:
+        """A new key; its tenant defaults to its name, so keys share nothing unless the
+        operator puts them in one tenant on purpose."""
         if priority not in PRIORITIES:
             raise ValueError(f"unknown priority {priority!r}; use {', '.join(PRIORITIES)}")
+        tenant = tenant or name
+        if not TENANT.match(tenant):
+            raise ValueError(f"tenant {tenant!r} must be 1-64 letters, digits, '.', '_' or "
+                             "'-', starting with a letter or digit")
         if any(k.name == name and not k.revoked for k in self.all()):
             raise ValueError(f"an active key named {name!r} exists; revoke it first")
         secret = PREFIX + secrets.token_urlsafe(32)
         key = ApiKey(id=secrets.token_hex(4), name=name, hash=digest(secret),
                      hint=secret[:7], created=time.time(), rpm=rpm, tpm=tpm,
-                     budget_tokens=budget_tokens, priority=priority)
+                     budget_tokens=budget_tokens, priority=priority, tenant=tenant)
         self._save([*self.all(), key])
         return key, secret
 
@@ -78,6 +93,9 @@ class KeyStore:
     def all(self) -> list[ApiKey]:
         return [ApiKey(**entry) for entry in self._read(self.file).get("keys", [])]
 
+    def active(self) -> list[ApiKey]:
+        return [k for k in self.all() if not k.revoked]
+
     def _save(self, keys: list[ApiKey]) -> None:
         _write(self.file, {"keys": [asdict(k) for k in keys]})
 
@@ -87,6 +105,11 @@ class KeyStore:
         self._reload()
         key = self._keys.get(digest(secret))
         return key if key and not key.revoked else None
+
+    def by_id(self, key_id: str) -> ApiKey | None:
+        """The active key with this id (the auth gate's principal names keys by id)."""
+        self._reload()
+        return next((k for k in self._keys.values() if k.id == key_id and not k.revoked), None)
 
     def _reload(self) -> None:
         now = time.monotonic()
@@ -103,6 +126,25 @@ class KeyStore:
 
     def used(self, key: ApiKey) -> int:
         return self.usage.get(key.id, 0)
+
+    def reserve(self, key: ApiKey, tokens: int) -> bool:
+        """Hold `tokens` of the key's budget for a call about to start; False (nothing held)
+        if used + held + tokens would pass the budget. Holding before the call is what stops
+        N concurrent requests from each seeing the same unspent budget."""
+        if key.budget_tokens is not None and (
+                self.used(key) + self.held.get(key.id, 0) + tokens > key.budget_tokens):
+            return False
+        self.held[key.id] = self.held.get(key.id, 0) + tokens
+        return True
+
+    def settle(self, key: ApiKey, held: int, used: int) -> None:
+        """Replace a reservation by what the call really used."""
+        left = self.held.get(key.id, 0) - held
+        if left > 0:
+            self.held[key.id] = left
+        else:
+            self.held.pop(key.id, None)
+        self.charge(key, used)
 
     def charge(self, key: ApiKey, tokens: int) -> None:
         if tokens:

@@ -11,6 +11,7 @@ the client has seen a token, so no output is duplicated.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import random
@@ -92,7 +93,7 @@ class Group:
 
 class Gateway:
     def __init__(self, settings: Settings, engine: Engine, metrics: Metrics,
-                 cfg: Config | None = None) -> None:
+                 cfg: Config | None = None, keys: KeyStore | None = None) -> None:
         self.settings, self.engine = settings, engine
         self.cfg = cfg or gwconfig.load(settings)
         self.local_metrics = metrics
@@ -105,7 +106,7 @@ class Gateway:
             self._add_local(EMBEDDER)
         self._check_fallbacks()
         self.metrics = GatewayMetrics(metrics.registry, self.deployments)
-        self.keys = KeyStore(settings.server_dir)
+        self.keys = keys or KeyStore(settings.server_dir)
         self.ip_rpm: dict[str, TokenBucket] = {}
         self.ip_tpm: dict[str, TokenBucket] = {}
         self._pruned = time.monotonic()
@@ -167,21 +168,53 @@ class Gateway:
     # -- admission -----------------------------------------------------------------------
 
     def admit(self, client: Client) -> None:
-        """Per-key and per-IP limits; raise Shed (429) naming when to retry."""
+        """Per-key and per-IP request rates; raise Shed (429) naming when to retry. Tokens
+        are reserved later, per call (`_reserve`), when the call's size is known."""
         key = client.key
         if key is not None:
-            if key.budget_tokens is not None and self.keys.used(key) >= key.budget_tokens:
-                raise Shed(f"key {key.name!r} has used its budget of {key.budget_tokens} "
-                           "tokens", 0, code="budget_exhausted", status=403)
             self._check(self._bucket(self.ip_rpm, f"k:{key.id}", key.rpm), 1,
                         f"key {key.name!r} is over {key.rpm} requests/min", client)
-            self._check(self._bucket(self.ip_tpm, f"k:{key.id}", key.tpm), 0,
-                        f"key {key.name!r} is over {key.tpm} tokens/min", client)
         gw = self.cfg.gateway
         self._check(self._bucket(self.ip_rpm, client.ip, gw.ip_rpm), 1,
                     f"client {client.ip} is over {gw.ip_rpm} requests/min", client)
-        self._check(self._bucket(self.ip_tpm, client.ip, gw.ip_tpm), 0,
-                    f"client {client.ip} is over {gw.ip_tpm} tokens/min", client)
+
+    def _reserve(self, call: Call, client: Client) -> None:
+        """Hold the call's most likely cost (prompt estimate + max_tokens) against the key's
+        budget and the tokens-per-minute buckets before it starts; `_settle` swaps in the real
+        count. Runs on the event loop with no await, so concurrent calls queue up here and
+        N of them can never each spend the same remaining budget."""
+        tokens = estimate_tokens(call)
+        key, gw = client.key, self.cfg.gateway
+        buckets = [(self._bucket(self.ip_tpm, client.ip, gw.ip_tpm),
+                    f"client {client.ip} is over {gw.ip_tpm} tokens/min")]
+        if key is not None:
+            buckets.insert(0, (self._bucket(self.ip_tpm, f"k:{key.id}", key.tpm),
+                               f"key {key.name!r} is over {key.tpm} tokens/min"))
+        for bucket, message in buckets:
+            if bucket is not None and (wait := bucket.wait_s(tokens)) > 0:
+                self.metrics.shed.labels(client.priority, "rate_limit").inc()
+                raise Shed(message, wait)
+        if key is not None and not self.keys.reserve(key, tokens):
+            raise Shed(f"key {key.name!r} has {key.budget_tokens - self.keys.used(key)} of its "
+                       f"{key.budget_tokens} budget tokens left (some may be held by calls in "
+                       f"flight); this call may need {tokens}", 0, code="budget_exhausted",
+                       status=403)
+        for bucket, _ in buckets:
+            if bucket is not None:
+                bucket.take(tokens)
+        call.reserved = tokens
+
+    def _settle(self, call: Call, client: Client, used: int) -> None:
+        """Replace the call's reservation by the tokens it used; a second call is a no-op."""
+        held, call.reserved = call.reserved, None
+        if held is None:
+            return
+        if client.key is not None:
+            self.keys.settle(client.key, held, used)
+        for name in ([f"k:{client.key.id}"] if client.key else []) + [client.ip]:
+            bucket = self.ip_tpm.get(name)
+            if bucket:
+                bucket.take(used - held)
 
     def _check(self, bucket: TokenBucket | None, cost: int, message: str,
                client: Client) -> None:
@@ -214,19 +247,6 @@ class Gateway:
             for name in [n for n, b in table.items() if b.full]:
                 del table[name]
 
-    def charge(self, client: Client, usage: dict | None) -> None:
-        tokens = int((usage or {}).get("total_tokens") or 0)
-        if not tokens:
-            return
-        if client.key is not None:
-            self.keys.charge(client.key, tokens)
-            bucket = self.ip_tpm.get(f"k:{client.key.id}")
-            if bucket:
-                bucket.take(tokens)
-        bucket = self.ip_tpm.get(client.ip)
-        if bucket:
-            bucket.take(tokens)
-
     # -- routing -------------------------------------------------------------------------
 
     def chain(self, model: str) -> list[Group]:
@@ -247,6 +267,14 @@ class Gateway:
         return await self._route(call, client)
 
     async def _route(self, call: Call, client: Client):
+        self._reserve(call, client)
+        try:
+            return await self._route_groups(call, client)
+        except BaseException:
+            self._settle(call, client, 0)  # nothing reached the client: nothing to charge
+            raise
+
+    async def _route_groups(self, call: Call, client: Client):
         errors: list[UpstreamError] = []
         unavailable: list[Unavailable] = []
         for group in self.chain(call.raw["model"]):
@@ -338,7 +366,7 @@ class Gateway:
             self.metrics.tokens.labels(dep.id, "in").inc(prompt)
         if completion:
             self.metrics.tokens.labels(dep.id, "out").inc(completion)
-        self.charge(client, usage)
+        self._settle(call, client, _total(usage) or prompt + completion)
         log.info("request_id=%s model=%s deployment=%s kind=%s stream=%s priority=%s "
                  "tokens=%s seconds=%.4f", client.request_id, call.raw.get("model"), dep.id,
                  call.kind, call.stream, client.priority, prompt + completion, seconds)
@@ -376,6 +404,9 @@ class Gateway:
             group.gate.release(client.priority, time.monotonic() - held)
             if ok:
                 self._done(dep, client, usage, call, time.monotonic() - held)
+            else:  # cut short after tokens reached the client: keep what was held, unless
+                # the upstream said what it used
+                self._settle(call, client, _total(usage) or call.reserved or 0)
 
     # -- status --------------------------------------------------------------------------
 
@@ -385,6 +416,33 @@ class Gateway:
                             "deployments": [d.status(now) for d in g.deployments]}
                            for g in self.groups.values()],
                 "fallbacks": self.cfg.router.fallbacks}
+
+
+def _total(usage: dict | None) -> int:
+    return int((usage or {}).get("total_tokens") or 0)
+
+
+DEFAULT_RESERVE = 1024  # completion tokens held for a request that names no max_tokens
+BYTES_PER_TOKEN = 3  # a cautious guess (English ~4, code ~3): reservations err high
+
+
+def estimate_tokens(call: Call) -> int:
+    """Upper-bound guess of a call's tokens before it runs: prompt bytes / 3 plus the
+    completion budget it asks for (`max_completion_tokens`, `max_tokens`, else a default;
+    times the number of prompts for /v1/completions). Embeddings generate nothing."""
+    parsed = call.parsed
+    if call.kind == "embeddings":
+        return 1 + len(json.dumps(call.raw.get("input"))) // BYTES_PER_TOKEN
+    if call.kind == "completions":
+        prompt, outputs = parsed.prompts(), len(parsed.prompts())
+    else:
+        prompt, outputs = parsed.messages_json(), 1
+        if parsed.tools:
+            prompt = [prompt, parsed.tools]
+    asked = (getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens
+             or DEFAULT_RESERVE)
+    size = len(json.dumps(prompt, ensure_ascii=False).encode("utf-8", "replace"))
+    return 1 + size // BYTES_PER_TOKEN + asked * outputs
 
 
 async def _first_chunk(dep: Deployment, call: Call) -> tuple[dict, AsyncIterator[dict]]:

@@ -1,8 +1,9 @@
 """HTTP face of the gateway: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
 `/v1/models` and `/v1/gateway/status`, mounted by `codeplane.server.app`.
 
-Handlers stay thin: authenticate, classify (priority, client address, request id), admit,
-then hand the raw body to the Gateway and relay JSON or server-sent events.
+Handlers stay thin: the auth gate (`server/auth.py`) has already resolved the caller; they
+classify (priority, client address, request id), admit, then hand the body to the Gateway
+and relay JSON or server-sent events.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
@@ -24,8 +24,8 @@ from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.providers.base import Call, UpstreamError
 from codeplane.gateway.router import EMBEDDER, Client, Gateway
 from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest
-from codeplane.net import is_loopback
 from codeplane.core.errors import APIError, not_found
+from codeplane.core.principal import principal_of
 
 log = logging.getLogger("codeplane.gateway")
 PRIORITY_HEADER = "x-codeplane-priority"
@@ -37,29 +37,17 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str] | list[int] | list[list[int]]
 
 
-@asynccontextmanager
-async def lifespan(app: FastAPI):
-    """Build the gateway at start-up so a bad `[[models]]`/`[router]` fails the server
-    before it takes traffic; flush key usage and close upstream connections at shutdown."""
-    gateway = gateway_of(app)
-    yield
-    await gateway.aclose()
+router = APIRouter()
 
 
-router = APIRouter(lifespan=lifespan)
-
-
-def gateway_of(app: FastAPI) -> Gateway:
-    gateway = getattr(app.state, "gateway", None)
-    if gateway is None:
-        gateway = app.state.gateway = Gateway(app.state.settings, app.state.engine,
-                                              app.state.metrics)
-    return gateway
+def gateway_of(request: Request) -> Gateway:
+    """The app's one Gateway, built by the composition root (`server/services.py`)."""
+    return request.app.state.services.gateway
 
 
 @router.get("/v1/models")
 def list_models(request: Request) -> dict:
-    gateway = gateway_of(request.app)
+    gateway = gateway_of(request)
     local = {s.name: list(s.capabilities) for s in request.app.state.engine.registry.all()}
     local[EMBEDDER] = ["embeddings"]
     by_provider = {"anthropic": ["chat", "tools"],
@@ -74,8 +62,7 @@ def list_models(request: Request) -> dict:
 
 @router.get("/v1/gateway/status")
 def status(request: Request) -> dict:
-    _client(request, gateway_of(request.app))  # same auth as the model endpoints
-    return gateway_of(request.app).status()
+    return gateway_of(request).status()
 
 
 @router.post("/v1/chat/completions")
@@ -96,7 +83,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
 
 
 async def _serve(request: Request, kind: str, body: Any, stream: bool, include_usage: bool):
-    gateway = gateway_of(request.app)
+    gateway = gateway_of(request)
     client = _client(request, gateway)
     headers = {"x-request-id": client.request_id}
     if gateway.group(body.model) is None:
@@ -152,16 +139,12 @@ async def _until_disconnect(request: Request, coro):
 
 
 def _client(request: Request, gateway: Gateway) -> Client:
-    """Resolve key, priority class, address and request id; enforce auth when it is on."""
+    """Priority class, address and request id for the caller the auth gate resolved; its key
+    (if any) carries the priority cap and the rpm/tpm/budget limits."""
     headers = request.headers
     request_id = headers.get("x-request-id") or uuid.uuid4().hex[:16]
-    secret = headers.get("x-api-key") or headers.get("authorization", "").removeprefix(
-        "Bearer ").strip()
-    key = gateway.keys.lookup(secret) if secret else None
-    if key is None and _auth_required(request, gateway):
-        raise APIError(401, "a valid API key is required (create one with `codeplane keys "
-                            "create`; send it as `Authorization: Bearer <key>`)",
-                       code="invalid_api_key", headers={"x-request-id": request_id})
+    principal = principal_of(request)
+    key = gateway.keys.by_id(principal.key_id) if principal.key_id else None
     default = key.priority if key else gateway.cfg.gateway.default_priority
     wanted = headers.get(PRIORITY_HEADER, default)
     if wanted not in PRIORITIES:
@@ -171,12 +154,3 @@ def _client(request: Request, gateway: Gateway) -> Client:
         wanted = key.priority  # a key may lower its class, never raise it
     ip = request.client.host if request.client else "unknown"
     return Client(priority=wanted, ip=ip, key=key, request_id=request_id)
-
-
-def _auth_required(request: Request, gateway: Gateway) -> bool:
-    mode = gateway.cfg.gateway.auth
-    if mode != "auto":
-        return mode == "on"
-    server = request.scope.get("server")
-    bound = [gateway.settings.serve.host, server[0] if server else "127.0.0.1"]
-    return not all(is_loopback(host) for host in bound)

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from codeplane.search.embed import EmbedderUnavailable
-from codeplane.search.service import CacheMiss, SearchError, SearchService, service_for
+from codeplane.search.service import CacheMiss, SearchError, SearchService
 from codeplane.core.errors import APIError, unavailable
 
 router = APIRouter()
@@ -48,7 +48,7 @@ class SearchRequest(BaseModel):
 
 
 def _service(request: Request) -> SearchService:
-    return service_for(request.app.state, request.app.state.settings)
+    return request.app.state.services.search
 
 
 def _call(fn, *args):

@@ -1,7 +1,8 @@
-"""The one HTTP process: `create_app(settings)` wires compartments' routers onto FastAPI.
+"""The one HTTP process: `create_app(settings)` builds the services once, puts the trust
+boundary (auth gate, body limit) in front of everything, and mounts compartments' routers.
 
-Compartments own their routes (`APIRouter`s in their own packages); this module only mounts
-them and holds shared state (`settings`, `engine`, `metrics`) on `app.state`.
+Compartments own their routes (`APIRouter`s in their own packages) and reach services through
+`request.app.state.services`; this module composes, it holds no logic of its own.
 """
 
 from __future__ import annotations
@@ -15,30 +16,40 @@ from codeplane import __version__
 from codeplane.agent import routes as agent_routes
 from codeplane.apply import routes as apply_routes
 from codeplane.config import Settings
+from codeplane.core import errors, metrics
+from codeplane.gateway import config as gwconfig
 from codeplane.gateway import routes as gateway_routes
+from codeplane.gateway.keys import KeyStore
 from codeplane.models.engine import Engine
 from codeplane.search import routes as search_routes
-from codeplane.core import errors, metrics
+from codeplane.server.auth import AuthGate, BodyLimit, check_exposure
+from codeplane.server.services import build_services
 from codeplane.tab import routes as tab_routes
+
+# Open without a key: liveness only. /docs and /openapi.json stay behind the gate (deny by
+# default; fetch them with a key, or freely on a loopback `auth = "auto"` laptop).
+OPEN_PATHS = frozenset({"/healthz"})
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
-    owns_engine = engine is None
-    engine = engine or Engine(settings)
+    services = build_services(settings, engine)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         settings.server_dir.mkdir(parents=True, exist_ok=True)
         yield
-        if owns_engine:  # a shared engine (tests, embedding callers) outlives this app
-            engine.close()
+        await services.aclose()
 
     app = FastAPI(title="codeplane", version=__version__, lifespan=lifespan)
-    app.state.settings = settings
-    app.state.engine = engine
-    app.state.metrics = metrics.Metrics()
+    app.state.services = services
+    app.state.settings = settings  # read by compartments that need only settings or the
+    app.state.engine = services.engine  # engine
     errors.install(app)
-    metrics.install(app, app.state.metrics)
+    # Starlette runs the last-added middleware first: metrics, then the gate, then the limit.
+    app.add_middleware(BodyLimit, limit=settings.serve.max_body_bytes)
+    app.add_middleware(AuthGate, keys=services.keys, mode=services.gateway.cfg.gateway.auth,
+                       serve=settings.serve, open_paths=open_paths(settings))
+    metrics.install(app, services.metrics)
     app.include_router(gateway_routes.router)  # /v1/chat/completions, completions, ...
     app.include_router(agent_routes.router)
     app.include_router(search_routes.router)
@@ -53,10 +64,22 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     return app
 
 
+def open_paths(settings: Settings) -> frozenset[str]:
+    """Paths the gate lets through without a key: /healthz, and /metrics if the operator
+    opened it for a scraper (`serve.public_metrics`)."""
+    return OPEN_PATHS | ({"/metrics"} if settings.serve.public_metrics else set())
+
+
 def serve(settings: Settings, host: str, port: int, log_level: str = "info") -> None:
+    """Build the app (a bad config fails here, before binding), refuse a non-loopback bind
+    that could not authenticate anyone, then run uvicorn."""
     import uvicorn
 
+    settings = settings.model_copy(update={"serve": settings.serve.model_copy(
+        update={"host": host, "port": port})})  # the gate decides "loopback" by the real bind
+    check_exposure(settings.serve, host, gwconfig.load(settings).gateway.auth,
+                   KeyStore(settings.server_dir))
+    app = create_app(settings)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

@@ -8,27 +8,18 @@ cache and typed-ahead answers come back in a few milliseconds, so checking them 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
-
 from codeplane.models.engine import ContextOverflow, Engine, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
 from codeplane.core.errors import APIError, not_found, unavailable
-from codeplane.tab.service import TabRequest, TabService, TabSettings
+from codeplane.tab.service import TabRequest, TabService
 
 router = APIRouter()
 
 
 def service(request: Request) -> TabService:
-    """One service per app, created on first use from the `[tab]` settings."""
-    state = request.app.state
-    if getattr(state, "tab_service", None) is None:
-        try:
-            tab_settings = TabSettings(**state.settings.tab)
-        except ValidationError as exc:
-            raise APIError(500, f"invalid [tab] settings: {exc}", type="server_error") from None
-        state.tab_service = TabService(state.engine, tab_settings)
-    return state.tab_service
+    """The app's one TabService, built by the composition root (`server/services.py`)."""
+    return request.app.state.services.tab
 
 
 @router.post("/v1/tab")

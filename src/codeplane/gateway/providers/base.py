@@ -41,6 +41,7 @@ class Call:
     include_usage: bool = False
     request_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    reserved: int | None = None  # tokens the gateway holds for this call until it settles
 
 
 class Provider(Protocol):

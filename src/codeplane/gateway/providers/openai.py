@@ -1,7 +1,9 @@
 """OpenAI-compatible upstreams (OpenAI, vLLM, llama.cpp server, LiteLLM, ...) over httpx.
 
-Bodies pass through unchanged except `model` (the upstream's name) and, for streams, usage
-reporting switched on so token limits see real counts. A stream must end with `[DONE]`;
+Only known request fields pass (`FORWARDED`): a field a paid upstream bills for or acts on
+(`n`, `best_of`, `service_tier`, `store`, tools the upstream runs itself, ...) never reaches it
+because a client typed it. `model` becomes the upstream's name and, for streams, usage
+reporting is switched on so token limits see real counts. A stream must end with `[DONE]`;
 a cut connection, a malformed chunk or an in-band error becomes an UpstreamError, which the
 router turns into an explicit error event instead of a silent truncation.
 """
@@ -20,6 +22,14 @@ from codeplane.gateway.config import DeploymentConfig
 from codeplane.gateway.providers.base import Call, UpstreamError, status_error
 
 PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
+_SAMPLING = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "stop",
+             "seed", "presence_penalty", "frequency_penalty"}
+FORWARDED = {
+    "chat": _SAMPLING | {"messages", "tools", "tool_choice", "parallel_tool_calls",
+                         "max_completion_tokens", "response_format"},
+    "completions": _SAMPLING | {"prompt", "suffix", "logprobs", "echo"},
+    "embeddings": {"model", "input", "encoding_format", "dimensions"},
+}
 
 
 def http_client(dep: DeploymentConfig) -> httpx.AsyncClient:
@@ -43,7 +53,9 @@ class OpenAIProvider:
         self.headers = {"authorization": f"Bearer {key}"} if key else {}
 
     def _body(self, call: Call) -> dict[str, Any]:
-        body = {**call.raw, "model": self.dep.upstream_model}
+        allowed = FORWARDED[call.kind]
+        body = {k: v for k, v in call.raw.items() if k in allowed}
+        body["model"] = self.dep.upstream_model
         if call.stream and call.kind != "embeddings":
             body["stream_options"] = {**(body.get("stream_options") or {}),
                                       "include_usage": True}

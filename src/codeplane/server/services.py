@@ -1,0 +1,80 @@
+"""The composition root's product: every long-lived service of one server, built once.
+
+Routes reach a service through `request.app.state.services` (one typed attribute each), so
+there is one place that builds them, one that closes them, and no route creates state on
+first use.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from codeplane.config import ConfigError, Settings
+from codeplane.core.metrics import Metrics
+from codeplane.gateway.keys import KeyStore
+from codeplane.gateway.router import Gateway
+from codeplane.models.engine import Engine
+from codeplane.tab.service import TabService, TabSettings
+
+if TYPE_CHECKING:
+    from codeplane.search.service import SearchService
+
+
+@dataclass
+class Services:
+    settings: Settings
+    engine: Engine
+    metrics: Metrics
+    keys: KeyStore  # the one key store: the auth gate and the gateway's limits share it
+    gateway: Gateway
+    tab: TabService
+    owns_engine: bool = True  # a shared engine (tests, embedding callers) outlives the app
+    # Agent runs: the agent compartment's run service (tenant-scoped runs, caps, run_end
+    # guarantees) goes here; its routes read `request.app.state.services.runs`.
+    runs: Any = None
+    _search: SearchService | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def search(self) -> SearchService:
+        """Private search, built on first use: opening LanceDB costs about 2 s, and most
+        servers (and tests) never index. Built once, under a lock (sync routes run on a
+        thread pool), and closed with the rest."""
+        with self._lock:
+            if self._search is None:
+                from codeplane.search.service import SearchService
+
+                self._search = SearchService(self.settings)
+            return self._search
+
+    async def aclose(self) -> None:
+        await self.gateway.aclose()
+        close_runs = getattr(self.runs, "close", None)
+        if close_runs is not None:
+            close_runs()
+        with self._lock:
+            if self._search is not None:
+                self._search.close()
+                self._search = None
+        if self.owns_engine:
+            self.engine.close()
+
+
+def build_services(settings: Settings, engine: Engine | None = None) -> Services:
+    """Everything a server needs; a bad `[[models]]`, `[router]`, `[gateway]` or `[tab]`
+    section raises ConfigError here, before the server takes traffic."""
+    owns_engine = engine is None
+    engine = engine or Engine(settings)
+    metrics = Metrics()
+    keys = KeyStore(settings.server_dir)
+    try:
+        tab = TabService(engine, TabSettings(**settings.tab))
+    except ValidationError as exc:
+        raise ConfigError(f"invalid [tab] settings: {exc}") from None
+    return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
+                    gateway=Gateway(settings, engine, metrics, keys=keys), tab=tab,
+                    owns_engine=owns_engine)
