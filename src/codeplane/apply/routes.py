@@ -5,21 +5,23 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from codeplane.apply.api import apply_edit
 from codeplane.models.registry import UnknownModel
 from codeplane.core.errors import not_found
+from codeplane.core.schemas import WireModel
 
 router = APIRouter()
 
 
-class ApplyRequest(BaseModel):
+class ApplyRequest(WireModel):
     model_config = {"extra": "forbid"}
-    path: str = Field(..., description="File path; its suffix picks the syntax check")
-    original: str
-    edit: str
-    model: str = "code-small"
+    path: str = Field(..., max_length=4096,
+                      description="File path; its suffix picks the syntax check")
+    original: str = Field(max_length=4_000_000)
+    edit: str = Field(max_length=1_000_000)
+    model: str = Field("code-small", max_length=256)
     method: Literal["auto", "deterministic", "model"] = "auto"
 
 

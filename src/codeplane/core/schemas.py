@@ -1,13 +1,47 @@
-"""OpenAI request bodies. Unknown fields are ignored, as OpenAI-compatible servers do."""
+"""OpenAI request bodies. Unknown fields are ignored, as OpenAI-compatible servers do.
+
+Every field is bounded, and `WireModel` refuses lone UTF-16 surrogates anywhere in a body:
+JSON may carry them (`"\\ud800"`), but they have no UTF-8 form, so the first `.encode()`
+deep in a handler would turn a client's bad input into a 500.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_TOKENS = 1 << 20  # more than any context window; bounds what a client can ask for
+INT64 = 2**63 - 1
 
 
-class _Request(BaseModel):
+def _surrogate_free(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_surrogate_free(k) and _surrogate_free(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(map(_surrogate_free, value))
+    return True
+
+
+class WireModel(BaseModel):
+    """Base of request bodies: a 400 for text that cannot be encoded, before any handler."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable(cls, data: Any) -> Any:
+        if not _surrogate_free(data):
+            raise ValueError("text holds a lone UTF-16 surrogate (an unpaired \\ud800-"
+                             "\\udfff escape), which is not valid Unicode")
+        return data
+
+
+class _Request(WireModel):
     model_config = ConfigDict(extra="ignore")
 
 
@@ -15,9 +49,20 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(None, max_length=128)
+    tool_call_id: str | None = Field(None, max_length=512)
+    name: str | None = Field(None, max_length=512)
+
+    @field_validator("content")
+    @classmethod
+    def _parts(cls, value: str | list[dict[str, Any]] | None):
+        """Content parts are read as `{"type": "text", "text": str}` downstream."""
+        if isinstance(value, list):
+            if len(value) > 1024:
+                raise ValueError("at most 1024 content parts")
+            if any(not isinstance(p.get("text", ""), str) for p in value):
+                raise ValueError("a content part's text must be a string")
+        return value
 
 
 class StreamOptions(BaseModel):
@@ -26,17 +71,17 @@ class StreamOptions(BaseModel):
 
 class ChatCompletionRequest(_Request):
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage] = Field(min_length=1, max_length=10_000)
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
     tool_choice: str | dict[str, Any] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     temperature: float = Field(0.7, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | list[str] | None = Field(None, max_length=16)
+    seed: int | None = Field(None, ge=-INT64, le=INT64)
 
     @field_validator("tool_choice")
     @classmethod
@@ -55,13 +100,20 @@ class CompletionRequest(_Request):
     suffix: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)
     temperature: float = Field(0.7, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, max_length=16)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-INT64, le=INT64)
+
+    @field_validator("prompt")
+    @classmethod
+    def _some_prompts(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not 1 <= len(value) <= 2048:
+            raise ValueError("a list of prompts must hold 1-2048 strings")
+        return value
 
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)

@@ -106,6 +106,11 @@ class KeyStore:
         key = self._keys.get(digest(secret))
         return key if key and not key.revoked else None
 
+    def has_active(self) -> bool:
+        """Any unrevoked key (cheap: re-reads the file at most once a second)."""
+        self._reload()
+        return any(not k.revoked for k in self._keys.values())
+
     def by_id(self, key_id: str) -> ApiKey | None:
         """The active key with this id (the auth gate's principal names keys by id)."""
         self._reload()

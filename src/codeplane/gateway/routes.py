@@ -17,13 +17,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict, Field
 
 from codeplane.gateway.admission import Shed
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.providers.base import Call, UpstreamError
 from codeplane.gateway.router import EMBEDDER, Client, Gateway
-from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest
+from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest, WireModel
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
 
@@ -31,10 +31,10 @@ log = logging.getLogger("codeplane.gateway")
 PRIORITY_HEADER = "x-codeplane-priority"
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(WireModel):
     model_config = ConfigDict(extra="ignore")
-    model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    model: str = Field(max_length=256)
+    input: str | list[str] | list[int] | list[list[int]] = Field(max_length=2048)
 
 
 router = APIRouter()

@@ -13,7 +13,10 @@ Who needs a key (`[gateway] auth`):
   relayed by a proxy and counts as remote, unless the peer is in `serve.trusted_proxies`;
   then the address the proxy reports decides.
 - `"off"`: none (loopback binds only: `check_exposure` refuses it on any other address).
-A key that is sent is always checked: unknown and revoked keys get 401 in every mode.
+A key that is sent is always checked: unknown and revoked keys get 401 in every mode. The one
+exception is a server that has no active key at all, on a request it would serve without one:
+OpenAI SDKs insist on sending some placeholder key, and refusing it on a keyless laptop would
+protect nothing.
 """
 
 from __future__ import annotations
@@ -83,12 +86,13 @@ class AuthGate:
     def principal(self, scope: Scope) -> Principal | None:
         headers = Headers(scope=scope)
         secret = _secret(headers)
-        if secret:
-            key = self.keys.lookup(secret)
-            return Principal(key.tenant, key.id, key.name) if key else None
-        if self.mode == "off" or (self.mode == "auto" and self._local(scope, headers)):
-            return Principal(LOCAL_TENANT)
-        return None
+        key = self.keys.lookup(secret) if secret else None
+        if key is not None:
+            return Principal(key.tenant, key.id, key.name)
+        anonymous = self.mode == "off" or (self.mode == "auto" and self._local(scope, headers))
+        if secret and not (anonymous and not self.keys.has_active()):
+            return None  # a wrong or revoked key is refused, not downgraded to anonymous
+        return Principal(LOCAL_TENANT) if anonymous else None
 
     def _local(self, scope: Scope, headers: Headers) -> bool:
         """A loopback-bound server, a loopback peer, and no proxy speaking for someone else.
