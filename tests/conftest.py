@@ -50,7 +50,8 @@ class LiveServer:
         self.app, self.port = app, port
         self.url = f"http://127.0.0.1:{port}"
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                     log_level="warning"))
+                                                     log_level="warning",
+                                                     proxy_headers=False))  # as `serve` runs
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     def start(self) -> LiveServer:

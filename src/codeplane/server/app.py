@@ -82,4 +82,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str = "info") -> 
     app = create_app(settings)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    # proxy_headers=False: uvicorn would otherwise rewrite the peer address from
+    # X-Forwarded-For for any loopback peer; the gate alone decides whom to believe.
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+                proxy_headers=False)

@@ -74,6 +74,7 @@ class AuthGate:
             await self.app(scope, receive, send)
             return
         principal = self.principal(scope)
+        self._believe_proxy(scope)
         if principal is None:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
@@ -107,6 +108,15 @@ class AuthGate:
         if not self._trusted(peer):
             return False  # relayed by a proxy we were not told to believe: remote
         return is_loopback(_forwarded_client(headers))
+
+    def _believe_proxy(self, scope: Scope) -> None:
+        """Behind a trusted proxy, the client is who the proxy says (per-IP limits, logs)."""
+        peer = (scope.get("client") or ("",))[0]
+        headers = Headers(scope=scope)
+        if self._trusted(peer) and any(name in headers for name in FORWARDED):
+            client = _forwarded_client(headers)
+            if client:
+                scope["client"] = (client, 0)
 
     def _trusted(self, peer: str) -> bool:
         try:
