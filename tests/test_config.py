@@ -52,3 +52,28 @@ def test_unknown_key_and_bad_toml_are_reported(tmp_path):
     path.write_text("[engine\n")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_settings(path, home=Path(tmp_path))
+
+
+def test_server_policy_settings_are_validated(tmp_path, monkeypatch):
+    monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path))
+    (tmp_path / "codeplane.toml").write_text(
+        '[serve]\ntrusted_proxies = ["10.0.0.0/8", "::1"]\nmax_body_bytes = 65536\n'
+        'public_metrics = true\n')
+    cfg = load_settings()
+    assert cfg.serve.trusted_proxies == ["10.0.0.0/8", "::1"]
+    assert (cfg.serve.max_body_bytes, cfg.serve.public_metrics) == (65536, True)
+    (tmp_path / "codeplane.toml").write_text('[serve]\ntrusted_proxies = ["proxy.lan"]\n')
+    with pytest.raises(ConfigError, match="proxy.lan"):
+        load_settings()
+    (tmp_path / "codeplane.toml").write_text('[serve]\nmax_body_bytes = 10\n')
+    with pytest.raises(ConfigError, match="max_body_bytes"):
+        load_settings()
+
+
+def test_the_composition_root_rejects_bad_sections_before_serving(tmp_path):
+    from codeplane.server.app import create_app
+
+    with pytest.raises(ConfigError, match=r"\[tab\]"):
+        create_app(load_settings(home=tmp_path, tab={"max_tokens": 0}))
+    with pytest.raises(ConfigError, match="gateway"):
+        create_app(load_settings(home=tmp_path, gateway={"auth": "maybe"}))

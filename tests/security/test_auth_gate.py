@@ -209,3 +209,19 @@ def test_tenants_default_to_the_key_name_and_old_key_files_load(tmp_path):
                         "created": 0.0, "priority": "agent", "revoked": False}]}
     (tmp_path / "keys.json").write_text(json.dumps(legacy))
     assert [(k.name, k.tenant) for k in KeyStore(tmp_path).all()] == [("legacy", "legacy")]
+
+
+def test_metrics_are_gated_unless_made_public(tmp_path, engine):
+    gated, keys = serve(tmp_path / "gated", engine, auth="on")
+    settings = make_settings(tmp_path / "public", gateway={"auth": "on"},
+                             serve={"public_metrics": True})
+    public = LiveServer(create_app(settings, engine=engine), free_port()).start()
+    try:
+        assert httpx.get(f"{gated.url}/metrics").status_code == 401
+        assert httpx.get(f"{gated.url}/metrics",
+                         headers={"x-api-key": keys["good"]}).status_code == 200
+        assert httpx.get(f"{public.url}/metrics").status_code == 200
+        assert httpx.get(f"{public.url}/v1/models").status_code == 401
+    finally:
+        gated.stop()
+        public.stop()
