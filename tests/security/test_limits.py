@@ -151,12 +151,12 @@ def test_bodies_over_the_limit_get_413_declared_or_chunked(small_limit, path):
 BAD_BODIES = {
     "/v1/chat/completions": [
         '{"model": "code-small", "messages": [{"role": "user", "content": "\\ud800"}]}',
-        '{"model": "code-small", "messages": [{"role": "user", "content": [{"type": "text", '
-        '"text": 5}]}], "max_tokens": 1}',
-        '{"model": "code-small", "messages": [{"role": "user", "content": "hi"}], '
-        '"max_tokens": 100000000000000000000000000}',
-        '{"model": "code-small", "messages": [{"role": "user", "content": "hi"}], '
-        '"max_tokens": 1, "seed": 1e400}',
+        ('{"model": "code-small", "messages": [{"role": "user", "content": [{"type": "text", '
+         '"text": 5}]}], "max_tokens": 1}'),
+        ('{"model": "code-small", "messages": [{"role": "user", "content": "hi"}], '
+         '"max_tokens": 100000000000000000000000000}'),
+        ('{"model": "code-small", "messages": [{"role": "user", "content": "hi"}], '
+         '"max_tokens": 1, "seed": 1e400}'),
         '{"model": "code-small", "messages": []}', '{"model": ["x"]}', "[]", '"x"', "null",
         '{"model": "code-small\\u0000", "messages": [{"role": "user", "content": "hi"}]}',
     ],

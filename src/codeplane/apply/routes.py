@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Request
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from codeplane.apply.api import apply_edit
-from codeplane.models.registry import UnknownModel
 from codeplane.core.errors import not_found
 from codeplane.core.schemas import WireModel
+from codeplane.models.registry import UnknownModel
 
 router = APIRouter()
 
 
 class ApplyRequest(WireModel):
-    model_config = {"extra": "forbid"}
+    model_config = ConfigDict(extra="forbid")
     path: str = Field(..., max_length=4096,
                       description="File path; its suffix picks the syntax check")
     original: str = Field(max_length=4_000_000)

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from codeplane.gateway.deployment import OPEN, Deployment
 from codeplane.core.metrics import LATENCY_BUCKETS
+from codeplane.gateway.deployment import OPEN, Deployment
 
 FAST_BUCKETS = (0.0005, 0.001, 0.0025, *LATENCY_BUCKETS)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codeplane.config import ConfigError, Settings
+from codeplane.core.metrics import Metrics
 from codeplane.gateway import config as gwconfig
 from codeplane.gateway.admission import PriorityGate, Shed, TokenBucket
 from codeplane.gateway.config import Config, DeploymentConfig
@@ -33,7 +34,6 @@ from codeplane.gateway.providers.local import EmbedderProvider, LocalProvider
 from codeplane.gateway.providers.openai import OpenAIProvider
 from codeplane.models.engine import Engine
 from codeplane.models.registry import UnknownModel
-from codeplane.core.metrics import Metrics
 
 log = logging.getLogger("codeplane.gateway")
 DEFAULT_LATENCY_S = 0.05

@@ -19,13 +19,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ConfigDict, Field
 
+from codeplane.core.errors import APIError, not_found
+from codeplane.core.principal import principal_of
+from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest, WireModel
 from codeplane.gateway.admission import Shed
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.providers.base import Call, UpstreamError
 from codeplane.gateway.router import EMBEDDER, Client, Gateway
-from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest, WireModel
-from codeplane.core.errors import APIError, not_found
-from codeplane.core.principal import principal_of
 
 log = logging.getLogger("codeplane.gateway")
 PRIORITY_HEADER = "x-codeplane-priority"

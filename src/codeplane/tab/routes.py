@@ -8,10 +8,11 @@ cache and typed-ahead answers come back in a few milliseconds, so checking them 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+
+from codeplane.core.errors import APIError, not_found, unavailable
 from codeplane.models.engine import ContextOverflow, Engine, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
-from codeplane.core.errors import APIError, not_found, unavailable
 from codeplane.tab.service import TabRequest, TabService
 
 router = APIRouter()

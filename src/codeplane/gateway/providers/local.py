@@ -14,11 +14,11 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from codeplane.core.metrics import Metrics
 from codeplane.gateway.providers.base import Call, UpstreamError
 from codeplane.models import local_openai
 from codeplane.models.engine import ContextOverflow, Engine, Generation, LocalModel, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
-from codeplane.core.metrics import Metrics
 
 CAPABILITY = {"chat": "chat", "completions": "completion", "embeddings": "embeddings"}
 Work = Callable[[LocalModel, threading.Event, Callable[[dict], None] | None],
