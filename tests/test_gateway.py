@@ -267,8 +267,8 @@ def test_keys_auth_rate_and_budget_limits(tmp_path, upstreams):
         assert "'ci'" in codes[2].json()["error"]["message"]
         codes = [httpx.post(url, json=CHAT, headers=_bearer(budget)).status_code
                  for _ in range(3)]
-        # Each call holds ~20 tokens (prompt estimate + max_tokens 8) and uses 12: the third
-        # finds 24 used + 20 held > 40.
+        # Each call holds ~23 tokens (prompt estimate + max_tokens 8) and uses 12: the third
+        # finds 24 used + 23 held > 40.
         assert codes == [200, 200, 403]
         assert "secret" not in (tmp_path / "home" / "server" / "keys.json").read_text()
         assert limited not in (tmp_path / "home" / "server" / "keys.json").read_text()

@@ -76,7 +76,7 @@ def _burst(url: str, headers: dict, up: HeldUpstream, n: int) -> list[int]:
 
 @pytest.mark.parametrize("limit", ["budget_tokens", "tpm"])
 def test_concurrent_requests_cannot_overrun_a_token_limit(tmp_path, upstream, limit):
-    """Each call holds ~42 tokens (prompt estimate + max_tokens 30) before it starts: with
+    """Each call holds ~45 tokens (prompt estimate + max_tokens 30) before it starts: with
     100 tokens, 2 of 10 simultaneous calls go through. Charged after the call, as before,
     all 10 would have seen an unspent budget."""
     server = start(tmp_path, upstream.url)
@@ -91,7 +91,7 @@ def test_concurrent_requests_cannot_overrun_a_token_limit(tmp_path, upstream, li
         if limit == "budget_tokens":
             assert keys.used(key) == 24  # settled at the real 12 tokens per call
             assert keys.held == {}  # nothing stays reserved
-            # 76 left >= 42 held: the released reservations make room again
+            # 76 left >= 45 held: the released reservations make room again
             assert httpx.post(url, json=CHAT, headers=bearer(secret)).status_code == 200
     finally:
         server.stop()

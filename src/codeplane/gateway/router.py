@@ -366,7 +366,8 @@ class Gateway:
             self.metrics.tokens.labels(dep.id, "in").inc(prompt)
         if completion:
             self.metrics.tokens.labels(dep.id, "out").inc(completion)
-        self._settle(call, client, _total(usage) or prompt + completion)
+        # An upstream that reports no usage is charged what was held (an upper bound).
+        self._settle(call, client, _total(usage) or prompt + completion or call.reserved or 0)
         log.info("request_id=%s model=%s deployment=%s kind=%s stream=%s priority=%s "
                  "tokens=%s seconds=%.4f", client.request_id, call.raw.get("model"), dep.id,
                  call.kind, call.stream, client.priority, prompt + completion, seconds)
@@ -422,27 +423,31 @@ def _total(usage: dict | None) -> int:
     return int((usage or {}).get("total_tokens") or 0)
 
 
-DEFAULT_RESERVE = 1024  # completion tokens held for a request that names no max_tokens
+DEFAULT_RESERVE = 1024  # completion tokens held for a chat request that names no max_tokens
+COMPLETIONS_DEFAULT = 16  # /v1/completions' own default max_tokens (OpenAI's, and ours)
 BYTES_PER_TOKEN = 3  # a cautious guess (English ~4, code ~3): reservations err high
 
 
 def estimate_tokens(call: Call) -> int:
     """Upper-bound guess of a call's tokens before it runs: prompt bytes / 3 plus the
-    completion budget it asks for (`max_completion_tokens`, `max_tokens`, else a default;
-    times the number of prompts for /v1/completions). Embeddings generate nothing."""
-    parsed = call.parsed
+    completion it may produce (`max_completion_tokens`, `max_tokens`, else a default; times
+    the number of prompts for /v1/completions). Embeddings generate nothing. Reads only the
+    raw body, so in-process callers need no parsed request."""
+    raw = call.raw
     if call.kind == "embeddings":
-        return 1 + len(json.dumps(call.raw.get("input"))) // BYTES_PER_TOKEN
+        return 1 + _size(raw.get("input")) // BYTES_PER_TOKEN
     if call.kind == "completions":
-        prompt, outputs = parsed.prompts(), len(parsed.prompts())
+        prompt = raw.get("prompt")
+        outputs = len(prompt) if isinstance(prompt, list) and prompt else 1
+        default = COMPLETIONS_DEFAULT
     else:
-        prompt, outputs = parsed.messages_json(), 1
-        if parsed.tools:
-            prompt = [prompt, parsed.tools]
-    asked = (getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens
-             or DEFAULT_RESERVE)
-    size = len(json.dumps(prompt, ensure_ascii=False).encode("utf-8", "replace"))
-    return 1 + size // BYTES_PER_TOKEN + asked * outputs
+        prompt, outputs, default = [raw.get("messages"), raw.get("tools")], 1, DEFAULT_RESERVE
+    asked = raw.get("max_completion_tokens") or raw.get("max_tokens") or default
+    return 1 + _size(prompt) // BYTES_PER_TOKEN + int(asked) * outputs
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
 
 
 async def _first_chunk(dep: Deployment, call: Call) -> tuple[dict, AsyncIterator[dict]]:
