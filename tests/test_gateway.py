@@ -452,3 +452,19 @@ def test_clients_that_hang_up_early_never_leak_a_slot(tmp_path, upstreams):
                           timeout=10).status_code == 200
     finally:
         server.stop()
+
+
+def test_shutdown_closes_the_services_the_app_built(tmp_path, upstreams):
+    """The composition root closes what it built: the gateway flushes key usage (kept in
+    memory for up to 10 s while running) when the server stops."""
+    server = start(tmp_path, [dep("chat", upstreams[0].url)], gateway={"auth": "on"})
+    store = KeyStore(server.app.state.settings.server_dir)
+    key, secret = store.create("ci")
+    try:
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
+                           headers=_bearer(secret))
+        assert reply.status_code == 200
+        assert not store.usage_file.exists()  # charged in memory only so far
+    finally:
+        server.stop()
+    assert json.loads(store.usage_file.read_text()) == {key.id: 12}
