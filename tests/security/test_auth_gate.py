@@ -225,3 +225,19 @@ def test_metrics_are_gated_unless_made_public(tmp_path, engine):
     finally:
         gated.stop()
         public.stop()
+
+
+def test_a_broken_key_file_fails_closed_not_500(tmp_path, engine, monkeypatch):
+    server, keys = serve(tmp_path, engine, auth="on")
+    key_file = server.app.state.settings.server_dir / "keys.json"
+    try:
+        key_file.write_text("{not json")  # before the gate's first look at the file
+        reply = httpx.get(f"{server.url}/v1/models", headers={"x-api-key": keys["good"]})
+        assert reply.status_code == 401  # every key refused, the server still answers
+    finally:
+        server.stop()
+    monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path / "home"))
+    from codeplane.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--port", str(free_port())])
+    assert result.exit_code == 2 and "keys.json is not valid JSON" in result.output

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -18,7 +19,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from codeplane.config import ConfigError
 from codeplane.gateway.config import PRIORITIES
+
+log = logging.getLogger("codeplane.gateway")
 
 PREFIX = "cp-"
 # Tenants name what a key may see (workspaces, runs); compartments may use them in file names.
@@ -91,7 +95,10 @@ class KeyStore:
         raise KeyError(name_or_id)
 
     def all(self) -> list[ApiKey]:
-        return [ApiKey(**entry) for entry in self._read(self.file).get("keys", [])]
+        try:
+            return [ApiKey(**entry) for entry in self._read(self.file).get("keys", [])]
+        except (TypeError, AttributeError) as exc:
+            raise ConfigError(f"{self.file}: not a key list ({exc})") from None
 
     def active(self) -> list[ApiKey]:
         return [k for k in self.all() if not k.revoked]
@@ -127,7 +134,11 @@ class KeyStore:
             mtime = None
         if mtime != self._mtime:
             self._mtime = mtime
-            self._keys = {k.hash: k for k in self.all()}
+            try:
+                self._keys = {k.hash: k for k in self.all()}
+            except ConfigError as exc:  # hand-edited and broken: fail closed, keep serving
+                log.error("%s; every API key is refused until it is fixed", exc)
+                self._keys = {}
 
     def used(self, key: ApiKey) -> int:
         return self.usage.get(key.id, 0)
@@ -167,9 +178,14 @@ class KeyStore:
     @staticmethod
     def _read(path: Path) -> dict:
         try:
-            return json.loads(path.read_text())
+            data = json.loads(path.read_text())
         except FileNotFoundError:
             return {}
+        except ValueError as exc:
+            raise ConfigError(f"{path} is not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} does not hold a JSON object")
+        return data
 
 
 def _write(path: Path, data: dict) -> None:
