@@ -176,6 +176,20 @@ def test_git_created_inside_the_sandbox_runs_nothing_on_the_host(tmp_path: Path,
     assert status.returncode == 0  # the monorepo's own git still works in the folder
 
 
+@pytest.mark.parametrize("sub", [".", "lib"])
+def test_bare_repository_made_inside_the_sandbox_is_not_a_repository_on_the_host(
+        ws: Path, tmp_path: Path, sub: str) -> None:
+    marker = tmp_path / "hook-ran"
+    # a directory git takes for a repository (HEAD, objects/, refs/) that names itself as
+    # its own work tree: `git status` there runs its fsmonitor
+    res = BwrapRunner(ws).run(f"mkdir -p {sub} && cd {sub} && git init -q --bare . && "
+                              "git config core.bare false && git config core.worktree \"$PWD\" "
+                              f"&& git config core.fsmonitor 'touch {marker}'", ws, Limits())
+    _git(ws / sub, "status")
+    assert not marker.exists(), res.output
+    assert "renamed aside" in res.output, res.output
+
+
 def test_git_file_and_its_gitdir_are_read_only(ws: Path, tmp_path: Path) -> None:
     real = ws / ".realgit"
     assert _git(ws, "init", "-q", "--separate-git-dir", str(real)).returncode == 0
