@@ -83,16 +83,19 @@ def _git_entries(workspace: Path) -> dict[Path, tuple[int, ...]]:
     """Every `.git` entry and bare-shaped directory (keyed by its HEAD) under workspace ->
     its identity: (device, inode), plus the config file's inode for a bare-shaped one."""
     found: dict[Path, tuple[int, ...]] = {}
-    for dirpath, dirnames, filenames in os.walk(workspace):  # never follows symlinks
-        here = Path(dirpath)
-        if all(n in dirnames or n in filenames for n in _BARE):
-            config = here / "config"
-            found[here / "HEAD"] = (*_ident(here / "HEAD"),
-                                    _ident(config)[1] if os.path.lexists(config) else 0)
-        names = set(dirnames) | set(filenames)
-        if ".git" in names or (here / ".git").is_symlink():
-            found[here / ".git"] = _ident(here / ".git")
-        dirnames[:] = [d for d in dirnames if d != ".git"]
+    # os.walk never follows symlinks; a symlink named .git is listed in dirnames or filenames
+    for dirpath, dirnames, filenames in os.walk(workspace):
+        if "HEAD" in filenames or "HEAD" in dirnames:
+            names = set(dirnames) | set(filenames)
+            if all(n in names for n in _BARE):
+                here = Path(dirpath)
+                config = here / "config"
+                found[here / "HEAD"] = (*_ident(here / "HEAD"),
+                                        _ident(config)[1] if os.path.lexists(config) else 0)
+        if ".git" in dirnames or ".git" in filenames:
+            found[Path(dirpath, ".git")] = _ident(Path(dirpath, ".git"))
+            if ".git" in dirnames:
+                dirnames.remove(".git")
     return found
 
 
