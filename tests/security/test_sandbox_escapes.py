@@ -110,6 +110,17 @@ def test_private_tmp_is_bounded(ws: Path) -> None:
     assert int(res.output.split()[-2]) <= 32
 
 
+def test_no_other_unbounded_tmpfs(ws: Path) -> None:
+    """bwrap builds / and /dev on tmpfs mounts of its own, as large as half the RAM."""
+    res = BwrapRunner(ws).run(
+        "for p in /x /dev/x /dev/shm/x; do dd if=/dev/zero of=$p bs=1M count=48 "
+        "status=none && echo wrote $p; done; echo ok > /dev/null && echo null-ok", ws,
+        Limits(tmp_bytes=32 << 20))
+    assert "wrote" not in res.output and "null-ok" in res.output, res.output
+    assert res.output.count("Read-only file system") == 2
+    assert "No space left on device" in res.output
+
+
 def test_workspace_writes_are_bounded(ws: Path) -> None:
     cmd = ("for i in 1 2 3 4 5 6 7 8; do dd if=/dev/zero of=f$i bs=1M count=64 "
            "status=none; sync; done; echo FINISHED")

@@ -23,6 +23,8 @@ import os
 import stat
 from pathlib import Path
 
+from codeplane.sandbox.files import Refused, read_bytes
+
 _QUARANTINE = ".codeplane-quarantine"
 _BARE = ("HEAD", "objects", "refs")
 _BARE_PARTS = (*_BARE, "config", "hooks", "info", "packed-refs")
@@ -110,13 +112,14 @@ def _gitdir_target(workspace: Path, entry: Path) -> Path | None:
         if entry.is_symlink():
             target = Path(os.path.realpath(entry))
         elif entry.is_file():
-            line = entry.read_text(errors="replace").partition("\n")[0]
+            data = read_bytes(workspace, entry, 4096)  # the resolver: no FIFO, no huge file
+            line = data.decode(errors="replace").partition("\n")[0]
             if not line.startswith("gitdir:"):
                 return None
             target = Path(os.path.realpath(entry.parent / line[len("gitdir:"):].strip()))
         else:
             return None
-    except OSError:
+    except (OSError, Refused):
         return None
     inside = target != workspace and workspace in target.parents
     return target if inside and target.is_dir() else None

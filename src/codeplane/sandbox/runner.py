@@ -191,8 +191,11 @@ class BwrapRunner:
         for name in _ETC:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         # /tmp first, then what may live under it (a virtualenv, the workspace): a mount
-        # made later hides whatever an earlier one put at the same place.
-        args += ["--dev", "/dev", "--proc", "/proc", "--bind", str(self.scratch), "/tmp"]
+        # made later hides whatever an earlier one put at the same place. /tmp and /dev/shm
+        # share the sized tmpfs; bwrap's own tmpfs for / and /dev (unbounded) become
+        # read-only at the end.
+        args += ["--dev", "/dev", "--proc", "/proc", "--bind", f"{self.scratch}/tmp", "/tmp",
+                 "--bind", f"{self.scratch}/shm", "/dev/shm", "--remount-ro", "/dev"]
         for prefix in sorted({sys.base_prefix, sys.prefix}):  # the Python tests run with
             if not prefix.startswith("/usr"):
                 args += ["--ro-bind", prefix, prefix]
@@ -200,16 +203,18 @@ class BwrapRunner:
             args += ["--ro-bind", argv[0], argv[0]]  # the program itself, wherever it lives
         args += ["--bind" if writable else "--ro-bind", str(self.workspace), str(self.workspace)]
         args += guard.binds() if guard else []
-        args += ["--chdir", str(cwd), "--setenv", "HOME", "/tmp", "--", *argv]
+        args += ["--remount-ro", "/", "--chdir", str(cwd), "--setenv", "HOME", "/tmp", "--",
+                 *argv]
         return self._private_tmp(limits) + args
 
     def _private_tmp(self, limits: Limits) -> list[str]:
         """A mount namespace of our own holding a tmpfs of `tmp_bytes` over the scratch
-        directory, which bwrap then binds as /tmp. bwrap 0.8 (Debian 12) has no --size for
-        its own tmpfs; the namespace dies with the command, so nothing needs unmounting."""
+        directory, whose tmp/ and shm/ bwrap binds as /tmp and /dev/shm. bwrap 0.8 (Debian
+        12) has no --size for its own tmpfs; the namespace dies with the command, so nothing
+        needs unmounting."""
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        mount = 'mount -t tmpfs -o "size=$1,mode=1777" codeplane-tmp "$2" && shift 2 && ' \
-                'exec "$@"'
+        mount = 'mount -t tmpfs -o "size=$1,mode=755" codeplane-tmp "$2" && ' \
+                'mkdir -m 1777 "$2/tmp" "$2/shm" && shift 2 && exec "$@"'
         return [str(self.unshare), "--mount", "--propagation", "private", *user, "--",
                 "/bin/sh", "-c", mount, "sh", str(limits.tmp_bytes), str(self.scratch)]
 
