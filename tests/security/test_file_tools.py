@@ -84,6 +84,8 @@ def test_binary_and_huge_files_are_refused_before_reading(env) -> None:
     res = T.execute(env, "read_file", {"path": "huge.log"})
     assert not res.ok and "too large" in res.output, res.output
     assert not _edit(env, "huge.log", "a", "b").ok
+    assert T.execute(env, "delete_file", {"path": "huge.log"}).ok  # deleting needs no read
+    assert not (env.root / "huge.log").exists()
 
 
 def test_writes_keep_the_mode(env) -> None:

@@ -619,7 +619,10 @@ def delete_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
         raise ToolError(f"{args['path']} is a directory; only files can be deleted")
     if not path.exists():
         raise ToolError(f"{args['path']} does not exist")
-    before = _text(env, path).shown
+    try:  # the diff shows what was lost; a binary or huge file is deleted without one
+        before = _text(env, path).shown
+    except ToolError:
+        before = ""
     try:
         remove(env.root, path)
     except Refused as exc:
