@@ -277,10 +277,14 @@ class _Sandboxed(_Session):
     def close(self) -> str:
         for fd in self.pipes or ():  # the command never started
             os.close(fd)
+        notes = [self.guard.neutralise()]
         if self.slirp_proc:
             self.slirp_proc.kill()
             self.slirp_proc.wait()
-        return self.guard.neutralise()
+        elif self.limits.network:
+            notes.append("[codeplane: the sandbox's network (slirp4netns) did not start; the "
+                         "command ran without network]")
+        return "\n".join(n for n in notes if n)
 
 
 def _start_slirp(slirp: str, pid: int) -> subprocess.Popen | None:
