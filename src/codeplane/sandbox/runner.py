@@ -299,7 +299,7 @@ def _start_slirp(slirp: str, pid: int) -> subprocess.Popen | None:
         time.sleep(0.005)
     ready_r, ready_w = os.pipe()
     proc = subprocess.Popen([slirp, "--configure", "--mtu=65520", "--disable-host-loopback",
-                             "--ready-fd", str(ready_w), str(pid), "tap0"],
+                             "--ready-fd", str(ready_w), *_userns(pid), str(pid), "tap0"],
                             pass_fds=(ready_w,), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(ready_w)
@@ -312,6 +312,12 @@ def _start_slirp(slirp: str, pid: int) -> subprocess.Popen | None:
         proc.wait()
         return None
     return proc
+
+
+def _userns(pid: int) -> list[str]:
+    """Without root, the sandbox's network namespace belongs to its user namespace, which
+    slirp4netns must join first."""
+    return [] if os.geteuid() == 0 else [f"--userns-path=/proc/{pid}/ns/user"]
 
 
 def _disk_used(path: Path) -> int:
