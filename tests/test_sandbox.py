@@ -4,7 +4,10 @@ commands and fork bombs killed, limits enforced, and no sandbox means refusal un
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -76,10 +79,9 @@ def test_no_network(box: BwrapRunner, ws: Path) -> None:
                        "2)\"", ws, Limits(timeout=10))
     assert external.exit_code != 0 and "unreachable" in external.output.lower()
     assert accepted == []
-    # the same probe with network allowed does connect: the test above is not vacuous
-    allowed = box.run(probe, ws, Limits(timeout=10, network=True))
-    assert "CONNECTED" in allowed.output
     listener.close()
+    # network on (slirp4netns) is tested in tests/security/test_sandbox_escapes.py: it has a
+    # routed interface yet still cannot reach this listener on the host's loopback
 
 
 def test_no_writes_outside_workspace(box: BwrapRunner, ws: Path, tmp_path: Path) -> None:
@@ -131,7 +133,8 @@ def test_runaway_command_killed_with_its_whole_tree(box: BwrapRunner, ws: Path) 
 def test_fork_bomb_contained(box: BwrapRunner, ws: Path) -> None:
     start = time.monotonic()
     res = box.run("f(){ f | f & }; f; sleep 60", ws, Limits(timeout=3, processes=64))
-    assert res.killed == "timeout"
+    # killed at the timeout, or (under load) the top shell itself could not fork `sleep`
+    assert res.killed == "timeout" or res.exit_code == 2, res
     assert time.monotonic() - start < 10
     assert "fork" in res.output.lower() or "resource temporarily unavailable" in \
         res.output.lower()
@@ -190,3 +193,37 @@ def test_agent_and_tool_refuse_without_sandbox_unless_told(ws: Path, tmp_path: P
     res = runner.invoke(app, ["agent", "create a.txt", "--path", str(ws), "--json"],
                         env=base)
     assert res.exit_code == 1 and "cannot reach the model server" in res.output
+
+
+_AS_USER = """
+import sys
+from pathlib import Path
+from codeplane.sandbox import BwrapRunner, Limits
+ws = Path(sys.argv[1])
+res = BwrapRunner(ws).run("echo hi > made.txt; dd if=/dev/zero of=/tmp/f bs=1M count=64 2>&1 "
+                          "| head -1; git init -q 2>&1 | tail -1; cat /etc/shadow",
+                          ws, Limits(tmp_bytes=16 << 20))
+print(res.output)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser")
+                    or not Path("/usr/bin/python3").exists(),
+                    reason="needs root (and runuser) to switch to an unprivileged user")
+def test_the_same_sandbox_without_root() -> None:
+    """A laptop user is not root: the sized /tmp comes from `unshare --user --mount`."""
+    ws = Path(tempfile.mkdtemp(prefix="codeplane-nobody-"))  # pytest's tmp is root-only
+    try:
+        ws.chmod(0o755)
+        os.chown(ws, 65534, 65534)
+        src = str(Path(__file__).resolve().parents[1] / "src")
+        out = subprocess.run([shutil.which("runuser"), "-u", "nobody", "--", "/usr/bin/python3",
+                              "-c", _AS_USER, str(ws)], capture_output=True, text=True,
+                             cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": src},
+                             check=False)
+        assert (ws / "made.txt").stat().st_uid == 65534, out.stdout + out.stderr
+        assert "No space left on device" in out.stdout and "Read-only file system" in out.stdout
+        assert "No such file or directory" in out.stdout  # /etc/shadow
+        assert not (ws / ".git").exists()
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)

@@ -207,6 +207,16 @@ def test_read_lints_ruff_and_tree_sitter(env) -> None:
     assert any(line.startswith("broken.ts:1:") and "syntax error" in line for line in out)
 
 
+def test_lints_and_grep_without_sandbox_run_the_same_programs(env) -> None:
+    """--no-sandbox runs the same absolute rg and ruff binaries on the host."""
+    host = local_environment(env.root, sandbox=False)
+    (env.root / "pkg" / "bad.py").write_text("import os\n")
+    assert "pkg/bad.py:1:8: F401 `os` imported but unused" in run(host, "read_lints").output
+    assert run(host, "grep", pattern="def mul").output == "pkg/calc.py:5:def mul(a, b):"
+    bad = run(env, "grep", pattern="(unclosed", case_sensitive=True)
+    assert "invalid regular expression" in bad.output or "no matches" in bad.output
+
+
 def test_run_terminal_cmd_is_sandboxed(env) -> None:
     res = run(env, "run_terminal_cmd", command="python -c 'import pkg.calc; print(1)'; exit 3")
     assert res.output.splitlines() == ["$ python -c 'import pkg.calc; print(1)'; exit 3", "1",

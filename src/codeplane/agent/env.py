@@ -9,12 +9,14 @@ they (or any symlink along them) lead outside the workspace.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from pathlib import Path
 from typing import Any, Protocol
 
 from codeplane.sandbox import BwrapRunner, CommandResult, HostRunner, Limits, Runner
+from codeplane.sandbox.files import Refused, confine
+
+TOOL_OUTPUT_BYTES = 64 << 20  # what a trusted tool (rg, ruff) may print before it is killed
 
 
 class ToolError(Exception):
@@ -29,6 +31,9 @@ class Environment(Protocol):
 
     def run(self, command: str, timeout: float | None = None,
             cancel: threading.Event | None = None) -> CommandResult: ...
+
+    def exec(self, argv: list[str], timeout: float = 60, stderr: bool = False
+             ) -> CommandResult: ...
 
     def metadata(self) -> dict[str, Any]: ...
 
@@ -52,12 +57,10 @@ class LocalEnvironment:
         inner = str(self.root).lstrip("/") + "/"
         if str(raw).startswith(inner):  # small models drop the leading "/" of the root
             raw = Path(str(raw)[len(inner):])
-        candidate = raw if raw.is_absolute() else self.root / raw
-        real = Path(os.path.realpath(candidate))
-        if real != self.root and self.root not in real.parents:
-            via = " (through a symlink)" if Path(os.path.abspath(candidate)) != real else ""
-            raise ToolError(f"path {path!r} is outside the workspace{via}; only files under "
-                            f"{self.root} are accessible")
+        try:
+            real = confine(self.root, raw)
+        except Refused as exc:
+            raise ToolError(f"{exc}; only files under {self.root} are accessible") from None
         git = self.root / ".git"
         if write and (real == git or git in real.parents):
             raise ToolError(f"path {path!r} is inside .git, which the agent may not modify")
@@ -73,6 +76,17 @@ class LocalEnvironment:
             limits = dataclasses.replace(limits, timeout=min(timeout, limits.timeout))
         return self.runner.run(command, self.root, limits, cancel)
 
+    def exec(self, argv: list[str], timeout: float = 60, stderr: bool = False
+             ) -> CommandResult:
+        """A trusted program (absolute path) over the workspace, read-only, inside the
+        sandbox: how the harness runs ripgrep and ruff, so nothing in the workspace is ever
+        read or executed by a process on the host. Output is stdout (plus stderr if asked),
+        uncut up to TOOL_OUTPUT_BYTES."""
+        limits = dataclasses.replace(self.limits, timeout=min(timeout, self.limits.timeout),
+                                     output_bytes=TOOL_OUTPUT_BYTES,
+                                     drain_bytes=TOOL_OUTPUT_BYTES)
+        return self.runner.exec(argv, self.root, limits, stderr)
+
     def metadata(self) -> dict[str, Any]:
         return {"root": str(self.root), "sandboxed": self.runner.sandboxed,
                 **self.runner.describe(), "network": self.limits.network,
@@ -85,5 +99,5 @@ def local_environment(root: Path, sandbox: bool = True, network: bool = False,
     run, unless the caller explicitly asked for `sandbox=False` (--no-sandbox)."""
     if not root.is_dir():
         raise ToolError(f"workspace {root} is not a directory")
-    runner: Runner = BwrapRunner(root) if sandbox else HostRunner(root)
+    runner: Runner = BwrapRunner(root, network=network) if sandbox else HostRunner(root)
     return LocalEnvironment(root, runner, Limits(network=network, timeout=timeout))

@@ -9,14 +9,15 @@ with a note saying how much was shown and how to see the rest.
 
 from __future__ import annotations
 
+import base64
 import difflib
 import fnmatch
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,8 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from codeplane.agent.env import Environment, ToolError
+from codeplane.sandbox.files import (
+    Refused,
+    TextFile,
+    TooLarge,
+    decode,
+    read_bytes,
+    remove,
+    write_atomic,
+)
 
 MAX_CHARS = 8000
+MAX_FILE_BYTES = 8 << 20  # larger files are refused before reading (logs, data, sparse files)
 MAX_READ_LINES = 400
 MAX_HITS = 100
 _SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache",
@@ -250,7 +261,8 @@ def read_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
         raise ToolError(f"{args['path']} is a directory; use list_dir")
     if not path.exists():
         raise _missing(env, args["path"])
-    lines = _text(path).splitlines()
+    fmt = _text(env, path)
+    lines = _lines(fmt.shown)
     ctx.seen.add(path)
     first = max(args.get("start_line") or 1, 1)
     last = min(args.get("end_line") or first + MAX_READ_LINES - 1, len(lines),
@@ -263,7 +275,16 @@ def read_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
     body = "\n".join(lines[first - 1:last])
     note = (f"\n[lines {last + 1}-{len(lines)} not shown; call read_file with "
             f"start_line={last + 1}]" if last < len(lines) else "")
-    return f"{rel} (lines {first}-{last} of {len(lines)}):\n{body}{note}", {"lines": len(lines)}
+    kind = "" if fmt.label == "UTF-8" else f"; {fmt.label}"
+    return (f"{rel} (lines {first}-{last} of {len(lines)}{kind}):\n{body}{note}",
+            {"lines": len(lines), "encoding": fmt.label})
+
+
+def _lines(text: str) -> list[str]:
+    """Lines split at "\n" only: `str.splitlines` also splits at form feeds and at U+0085
+    (a plain byte in Latin-1 files), which would shift line numbers against the editor."""
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
 
 
 @tool("list_dir", "List a directory: sub-directories end with '/', files show their size.",
@@ -372,16 +393,35 @@ _REGEX_SYNTAX = re.compile(r"[.^$*+?()\[\]{}|\\]")
 
 def _rg(env: Environment, rg: str, pattern: str, base: Path, include: str | None,
         sensitive: bool, literal: bool) -> list[str]:
-    argv = [rg, "--line-number", "--no-heading", "--color=never", "--max-columns=300",
-            "--max-columns-preview", "--max-count=50", "--threads=1"]
+    """ripgrep inside the sandbox (over a read-only workspace); its JSON lines tell hits
+    from its error messages, which share the output stream."""
+    argv = [rg, "--json", "--max-count=50", "--threads=1"]
     argv += [] if sensitive else ["--ignore-case"]
     argv += ["--fixed-strings"] if literal else []
     argv += ["--glob", include] if include else []
     argv += ["--regexp", pattern, "--", env.relative(base)]
-    proc = subprocess.run(argv, cwd=env.root, capture_output=True, text=True, timeout=60, check=False)
-    if proc.returncode == 2 and not proc.stdout:
-        raise ToolError(f"grep failed: {proc.stderr.strip()[:500]}")
-    return [_strip_dot(line) for line in proc.stdout.splitlines()[: MAX_HITS * 5]]
+    res = env.exec(argv, stderr=True)
+    hits, errors = [], []
+    for line in res.output.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            errors.append(line)
+            continue
+        if event.get("type") == "match" and len(hits) < MAX_HITS * 5:
+            data = event["data"]
+            text = _rg_text(data["lines"]).rstrip("\r\n")[:300]
+            hits.append(f"{_strip_dot(_rg_text(data['path']))}:{data['line_number']}:{text}")
+    if res.exit_code == 2 and not hits:
+        raise ToolError(f"grep failed: {' '.join(errors).strip()[:500]}")
+    return hits
+
+
+def _rg_text(field: dict) -> str:
+    """ripgrep's JSON carries non-UTF-8 paths and lines as base64 "bytes"."""
+    if "text" in field:
+        return field["text"]
+    return base64.b64decode(field.get("bytes", "")).decode(errors="replace")
 
 
 def _strip_dot(line: str) -> str:
@@ -402,10 +442,10 @@ def _pygrep(env: Environment, pattern: str, base: Path, include: str | None,
                 and not fnmatch.fnmatch(rel, include):
             continue
         try:
-            text = _text(env.root / rel)
+            text = _text(env, env.root / rel).shown  # the resolver: no symlink out, no FIFO
         except ToolError:
             continue
-        hits += [f"{rel}:{n}:{line[:300]}" for n, line in enumerate(text.splitlines(), 1)
+        hits += [f"{rel}:{n}:{line[:300]}" for n, line in enumerate(_lines(text), 1)
                  if regex.search(line)]
         if len(hits) > MAX_HITS * 5:
             break
@@ -413,12 +453,14 @@ def _pygrep(env: Environment, pattern: str, base: Path, include: str | None,
 
 
 def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[str]:
-    """Workspace-relative paths of files under base; ripgrep honours .gitignore."""
+    """Workspace-relative paths of files under base; ripgrep (in the sandbox) honours
+    .gitignore."""
     rg = shutil.which("rg") if use_rg else None
     if rg:
-        proc = subprocess.run([rg, "--files", "--", env.relative(base)], cwd=env.root,
-                              capture_output=True, text=True, timeout=60, check=False)
-        yield from sorted(_strip_dot(line) for line in proc.stdout.splitlines())
+        res = env.exec([rg, "--files", "--null", "--", env.relative(base)])
+        if res.killed:
+            raise ToolError(f"listing files failed ({res.killed})")
+        yield from sorted(_strip_dot(p) for p in res.output.split("\0") if p)
         return
     if base.is_file():
         yield env.relative(base)
@@ -475,18 +517,20 @@ def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
     if ctx.read_before_edit and path not in ctx.seen:
         raise ToolError(f"read {env.relative(path)} with read_file first, then copy old_string "
                         "exactly from its output")
-    before = _text(path)
+    fmt = _text(env, path)
+    before = fmt.text
     if args.get("code_edit") is not None and args.get("old_string") is None:
-        after = _apply_sketch(before, args["code_edit"], env.relative(path), ctx)
+        after = _apply_sketch(before, fmt.incoming(args["code_edit"]), env.relative(path), ctx)
     else:
-        old = args.get("old_string")
+        old, new = (args.get(k) for k in ("old_string", "new_string"))
+        old, new = (fmt.incoming(v) if isinstance(v, str) else v for v in (old, new))
         try:
-            after = _replace(before, old, args.get("new_string"), bool(args.get("replace_all")))
+            after = _replace(before, old, new, bool(args.get("replace_all")))
         except ToolError as exc:
             raise ToolError(f"{exc}{_found_elsewhere(env, ctx, path, old)}") from None
-    path.write_text(after)
+    _write(env, path, fmt, after)
     ctx.changed(path)
-    return _change_report(env, path, before, after, "edited")
+    return _change_report(env, path, fmt.show(before), fmt.show(after), "edited")
 
 
 def _replace(text: str, old: str | None, new: str | None, replace_all: bool) -> str:
@@ -515,10 +559,9 @@ def _found_elsewhere(env: Environment, ctx: ToolContext, path: Path, old: str | 
     """Small models often edit the test file with a line from the code it imports (or the
     reverse); if old_string is missing here but in exactly one other file this run read,
     say which."""
-    if not old or old in _text(path):
+    if not old or old in _text(env, path).text:
         return ""
-    others = [p for p in sorted(ctx.seen) if p != path and p.is_file()
-              and old in p.read_text(errors="replace")]
+    others = [p for p in sorted(ctx.seen) if p != path and p.is_file() and old in _quiet(env, p)]
     return f" (it does occur in {env.relative(others[0])}: edit that file)" \
         if len(others) == 1 else ""
 
@@ -559,13 +602,14 @@ def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
     if ctx.read_before_edit and path.exists() and path not in ctx.seen:
         raise ToolError(f"{env.relative(path)} already exists; read it with read_file first, "
                         "then change it with edit_file (or overwrite it with create_file)")
-    before = _text(path) if path.exists() else ""
-    verb = "overwrote" if path.exists() else "created"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(args["content"])
+    exists = os.path.lexists(path)
+    fmt = _text(env, path) if exists else TextFile("", "utf-8")  # an overwrite keeps the format
+    content = fmt.incoming(args["content"])
+    _write(env, path, fmt, content)
     ctx.seen.add(path)
     ctx.changed(path)
-    return _change_report(env, path, before, args["content"], verb)
+    return _change_report(env, path, fmt.shown, fmt.show(content),
+                          "overwrote" if exists else "created")
 
 
 @tool("delete_file", "Delete a file.", {"path": PATH}, ("path",), "write", inline=True)
@@ -575,8 +619,14 @@ def delete_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
         raise ToolError(f"{args['path']} is a directory; only files can be deleted")
     if not path.exists():
         raise ToolError(f"{args['path']} does not exist")
-    before = _text(path)
-    path.unlink()
+    try:  # the diff shows what was lost; a binary or huge file is deleted without one
+        before = _text(env, path).shown
+    except ToolError:
+        before = ""
+    try:
+        remove(env.root, path)
+    except Refused as exc:
+        raise ToolError(str(exc)) from None
     ctx.changed(path)
     diff = _diff(env.relative(path), before, "")
     return f"deleted {env.relative(path)}", {"diff": diff, "path": env.relative(path)}
@@ -613,31 +663,54 @@ def read_lints(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dic
     problems = _ruff(env, py) if py else []
     for rel in files:
         if Path(rel).suffix in _TS_LANGS:
-            problems += syntax_errors(env.root / rel, None, rel)
+            problems += syntax_errors(env.root / rel, None, rel, env.root)
     if not problems:
         return f"no lint errors in {len(files)} file(s)", {"count": 0, "files": len(files)}
     return "\n".join(problems), {"count": len(problems), "files": len(files)}
 
 
 def _ruff(env: Environment, files: list[str]) -> list[str]:
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format=json",
-                           "--no-cache", "--exit-zero", "--", *files], cwd=env.root,
-                          capture_output=True, text=True, timeout=120, check=False)
-    try:
-        found = json.loads(proc.stdout or "[]")
-    except ValueError:
-        raise ToolError(f"ruff failed: {proc.stderr.strip()[:500]}") from None
-    return [f"{env.relative(Path(d['filename']).resolve())}:{d['location']['row']}:"
+    """ruff inside the sandbox over a read-only workspace; one JSON object per diagnostic,
+    so its own error messages (same stream) are told apart."""
+    res = env.exec([_ruff_binary(), "check", "--output-format=json-lines", "--no-cache",
+                    "--exit-zero", "--", *files], timeout=120, stderr=True)
+    found, errors = [], []
+    for line in res.output.splitlines():
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            errors.append(line)
+    if res.exit_code != 0 and not found:
+        raise ToolError(f"ruff failed: {' '.join(errors).strip()[:500] or res.killed}")
+    return [f"{env.relative(Path(d['filename']))}:{d['location']['row']}:"
             f"{d['location']['column']}: {d.get('code') or 'syntax'} {d['message']}"
             for d in found]
 
 
-def syntax_errors(path: Path, text: str | None, rel: str | None = None) -> list[str]:
-    """Syntax errors via tree-sitter (Python: the compiler), as 'path:line:col: message'."""
+def _ruff_binary() -> str:
+    """ruff's executable, by absolute path, from this installation. Never `python -m ruff`
+    (it puts the working directory first on sys.path: a `ruff.py` in the workspace ran on
+    the host) nor `import ruff` for `find_ruff_bin` (same risk when the server runs with the
+    workspace as its working directory); this is the lookup find_ruff_bin does."""
+    for folder in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        candidate = Path(folder) / "ruff"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("ruff")
+    if not found:
+        raise ToolError("ruff is not installed; pip install ruff")
+    return found
+
+
+def syntax_errors(path: Path, text: str | None, rel: str | None = None,
+                  root: Path | None = None) -> list[str]:
+    """Syntax errors via tree-sitter (Python: the compiler), as 'path:line:col: message'.
+    Without `text` the file is read through the resolver, confined to `root` (default: the
+    file's own directory)."""
     rel = rel or path.name
     try:
-        source = text if text is not None else _text(path)
-    except ToolError:
+        source = text if text is not None else _read_shown(root or path.parent, path)
+    except (ToolError, Refused, OSError):
         return []
     if path.suffix == ".py":
         try:
@@ -716,10 +789,42 @@ def todo_write(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dic
     return text or "(no todos)", {"todos": [dict(t) for t in items]}
 
 
-def _text(path: Path) -> str:
-    if not path.is_file():
-        raise ToolError(f"{path.name} does not exist or is not a regular file")
-    data = path.read_bytes()
-    if b"\0" in data[:8192]:
-        raise ToolError(f"{path.name} is a binary file")
-    return data.decode(errors="replace")
+def _text(env: Environment, path: Path) -> TextFile:
+    """A workspace file through the one resolver (sandbox/files.py): a regular file inside
+    the workspace, not larger than MAX_FILE_BYTES, not binary."""
+    try:
+        return decode(read_bytes(env.root, path, MAX_FILE_BYTES), path.name)
+    except TooLarge as exc:
+        raise ToolError(f"{exc}; look at parts of it with grep, or run_terminal_cmd with "
+                        "head/sed -n") from None
+    except Refused as exc:
+        raise ToolError(str(exc)) from None
+    except FileNotFoundError:
+        raise ToolError(f"{path.name} does not exist") from None
+    except OSError as exc:
+        raise ToolError(f"cannot read {path.name}: {exc.strerror}") from None
+
+
+def _read_shown(root: Path, path: Path) -> str:
+    return decode(read_bytes(root, path, MAX_FILE_BYTES), path.name).shown
+
+
+def _quiet(env: Environment, path: Path) -> str:
+    """A file's text for a hint, or "" when it cannot be read."""
+    try:
+        return _text(env, path).text
+    except ToolError:
+        return ""
+
+
+def _write(env: Environment, path: Path, fmt: TextFile, text: str) -> None:
+    """Encode as the file was and replace it atomically through the resolver."""
+    try:
+        data = fmt.encode(text)
+    except ValueError as exc:
+        raise ToolError(f"{exc}; nothing was written (keep to characters the file's "
+                        "encoding has, or use an escape sequence)") from None
+    try:
+        write_atomic(env.root, path, data)
+    except Refused as exc:
+        raise ToolError(f"{exc}; nothing was written") from None

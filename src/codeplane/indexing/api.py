@@ -22,8 +22,10 @@ from codeplane.config import Settings
 from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
+from codeplane.sandbox.files import Refused, decode, read_bytes
 
 RRF_K = 60
+SNIPPET_FILE_BYTES = 8 << 20  # larger files get no snippet (they are not indexed either)
 
 
 class IndexUnavailable(Exception):
@@ -133,18 +135,24 @@ def _with_snippets(root: Path, ranked: list[tuple], limit: int) -> list[dict]:
     out, lines_of = [], {}
     for path, start, end, score in ranked:
         if path not in lines_of:
-            try:
-                lines_of[path] = (root / path).read_text(errors="replace").splitlines()
-            except OSError:
-                lines_of[path] = None
+            lines_of[path] = _snippet_lines(root, path)
         lines = lines_of[path]
         if lines is None:
-            continue  # deleted since the last sync
+            continue  # deleted, replaced or unreadable since the last sync
         out.append({"path": path, "start_line": start, "end_line": end, "score": score,
                     "snippet": "\n".join(lines[start - 1:end])})
         if len(out) == limit:
             break
     return out
+
+
+def _snippet_lines(root: Path, rel: str) -> list[str] | None:
+    """A hit's file through the sandbox's resolver: a symlink out of the workspace, a FIFO or
+    device put in its place, or a file grown huge since the sync gives no snippet."""
+    try:
+        return decode(read_bytes(root, Path(rel), SNIPPET_FILE_BYTES), rel).shown.splitlines()
+    except (Refused, OSError):
+        return None
 
 
 def _sync_running(state: WorkspaceState) -> bool:

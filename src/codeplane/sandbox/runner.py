@@ -1,12 +1,16 @@
 """Command runners: `BwrapRunner` (the default) and `HostRunner` (only behind --no-sandbox).
 
-A bubblewrap sandbox mounts the workspace read-write (its `.git` read-only), the system
-read-only, a private /tmp and /dev, a fresh /proc, and unshares every namespace (so no network
-unless asked). Limits come
-from `prlimit` (CPU seconds, address space, file size, open files) plus a pids cgroup per
-command, because the kernel exempts uid 0 from RLIMIT_NPROC: as root only the pids controller
-contains a fork bomb. A wall-clock timeout SIGKILLs the process group, every pid in the cgroup,
-and (through --die-with-parent and the pid namespace) everything the command started.
+A bubblewrap sandbox mounts the workspace read-write (every `.git` in it read-only, see
+`gitguard.py`), the system read-only with a minimal /etc (no shadow, no ssh keys), a private
+/dev, a fresh /proc, and a private /tmp that is a size-limited tmpfs; every namespace is
+unshared. Network, when asked for, is a user-mode stack (slirp4netns) with the host's loopback
+disabled, so a sandboxed command cannot reach the server or any other service bound to
+127.0.0.1. Limits come from `prlimit` (CPU seconds, address space, file size, open files) plus
+a pids cgroup per command, because the kernel exempts uid 0 from RLIMIT_NPROC: as root only the
+pids controller contains a fork bomb. `--fsize` bounds each file, not the disk, so a watchdog
+kills a command once the workspace's filesystem has grown by more than `disk_bytes`. A
+wall-clock timeout SIGKILLs the process group, every pid in the cgroup, and (through
+--die-with-parent and the pid namespace) everything the command started.
 
 Output is merged stdout+stderr; the first and last halves of `output_bytes` are kept with a note
 of what was omitted, and a command printing more than `drain_bytes` is killed.
@@ -14,12 +18,15 @@ of what was omitted, and a command printing more than `drain_bytes` is killed.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -27,7 +34,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from codeplane.sandbox.gitguard import GitGuard
+
 _GRACE = 0.5  # seconds to keep reading after the command exits (descendants may hold the pipe)
+_DISK_POLL = 0.2  # seconds between two looks at the workspace's filesystem
+# What programs need from /etc (dynamic linker, users, name resolution, TLS roots, the
+# Debian alternatives symlinks, time zone, MIME and magic databases); never shadow, ssh, pip
+# or apt credentials. Missing entries are skipped (--ro-bind-try).
+_ETC = ("passwd", "group", "hosts", "hostname", "nsswitch.conf", "resolv.conf", "host.conf",
+        "gai.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ssl", "ca-certificates",
+        "ca-certificates.conf", "alternatives", "localtime", "timezone", "os-release",
+        "debian_version", "lsb-release", "mime.types", "magic", "magic.mime", "protocols",
+        "services", "networks", "gitconfig", "fonts", "terminfo", "perl", "python3",
+        "python3.11", "python3.12", "python3.13", "mtab", "inputrc", "bash.bashrc", "profile",
+        "environment", "locale.alias")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -45,6 +65,8 @@ class Limits:
     output_bytes: int = 32 << 10
     drain_bytes: int = 64 << 20
     network: bool = False
+    tmp_bytes: int = 1 << 30  # size of the private /tmp (a tmpfs: it is memory)
+    disk_bytes: int = 8 << 30  # growth of the workspace's filesystem before the command dies
 
 
 @dataclass
@@ -53,7 +75,7 @@ class CommandResult:
     exit_code: int | None
     output: str
     seconds: float
-    killed: str | None = None  # "timeout" | "output" | "cancelled"
+    killed: str | None = None  # "timeout" | "output" | "cancelled" | "disk"
     truncated: bool = False
     sandboxed: bool = True
 
@@ -67,7 +89,27 @@ class Runner(Protocol):
     def run(self, command: str, cwd: Path, limits: Limits,
             cancel: threading.Event | None = None) -> CommandResult: ...
 
+    def exec(self, argv: list[str], cwd: Path, limits: Limits,
+             stderr: bool = False) -> CommandResult: ...
+
     def describe(self) -> dict[str, Any]: ...
+
+
+class _Session:
+    """Hooks a runner adds around the generic supervisor (network setup, watchdogs, notes)."""
+
+    pass_fds: tuple[int, ...] = ()
+
+    def started(self, proc: subprocess.Popen) -> None:
+        """Called right after the process is spawned."""
+
+    def poll(self) -> str | None:
+        """Called every loop turn; a kill reason, or None to keep going."""
+        return None
+
+    def close(self) -> str:
+        """Called once everything the command started is dead; a note for the output."""
+        return ""
 
 
 class BwrapRunner:
@@ -75,26 +117,35 @@ class BwrapRunner:
 
     sandboxed = True
 
-    def __init__(self, workspace: Path, bwrap: str | None = None) -> None:
+    def __init__(self, workspace: Path, bwrap: str | None = None,
+                 network: bool = False) -> None:
         self.workspace = workspace.resolve()
         self.bwrap = bwrap or shutil.which("bwrap")
-        self.check()
+        self.unshare = shutil.which("unshare")
+        self.slirp = shutil.which("slirp4netns")
+        self.scratch = _scratch_mountpoint()
+        self.check(network)
 
-    def check(self) -> None:
+    def check(self, network: bool = False) -> None:
         """Probe once: raise SandboxUnavailable with the reason and the way out."""
         hint = "install bubblewrap (apt-get install bubblewrap) or pass --no-sandbox to run " \
                "commands unsandboxed on the host"
         if not self.bwrap or not Path(self.bwrap).exists():
             raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed; {hint}")
-        if not shutil.which("prlimit"):
-            raise SandboxUnavailable("prlimit (util-linux) is missing, so resource limits "
-                                     "cannot be enforced; install util-linux")
+        if not shutil.which("prlimit") or not self.unshare or not shutil.which("mount"):
+            raise SandboxUnavailable("prlimit, unshare or mount (util-linux) is missing, so "
+                                     "resource limits cannot be enforced; install util-linux")
         if os.geteuid() == 0 and _pids_cgroup_base() is None:
             raise SandboxUnavailable("running as root without a writable pids cgroup, so "
                                      "process limits (fork bombs) cannot be enforced; run as "
                                      "a normal user or pass --no-sandbox")
-        probe = subprocess.run(self._argv("true", self.workspace, Limits()), env=_env(),
-                               capture_output=True, timeout=20, check=False)
+        if network and not self.slirp:
+            raise SandboxUnavailable("network access in the sandbox needs slirp4netns (a "
+                                     "user-mode network stack that keeps the host's loopback "
+                                     "unreachable); install it (apt-get install slirp4netns) "
+                                     "or run without network")
+        probe = subprocess.run(self._argv(["true"], self.workspace, Limits(), writable=False),
+                               env=_env(), capture_output=True, timeout=20, check=False)
         if probe.returncode != 0:
             reason = probe.stderr.decode(errors="replace").strip() or f"exit {probe.returncode}"
             raise SandboxUnavailable(f"bubblewrap cannot create a sandbox here ({reason}); "
@@ -102,18 +153,34 @@ class BwrapRunner:
 
     def run(self, command: str, cwd: Path, limits: Limits,
             cancel: threading.Event | None = None) -> CommandResult:
-        return supervise(self._argv(command, cwd, limits), command, self.workspace, _env(),
-                         limits, cancel, sandboxed=True)
+        """A shell command with the workspace writable, its `.git`s protected."""
+        if limits.network and not self.slirp:
+            self.check(network=True)  # raises with the reason
+        guard = GitGuard(self.workspace)
+        session = _Sandboxed(self.workspace, limits, guard, self.slirp)
+        argv = self._argv(["/bin/sh", "-c", command], cwd, limits, writable=True,
+                          guard=guard, fds=session.fds())
+        return supervise(argv, command, self.workspace, _env(), limits, cancel,
+                         sandboxed=True, session=session)
+
+    def exec(self, argv: list[str], cwd: Path, limits: Limits,
+             stderr: bool = False) -> CommandResult:
+        """A trusted host program (ripgrep, ruff) over a read-only workspace, stdout (and
+        stderr if asked): whatever it reads, it runs inside the sandbox, never on the host."""
+        limits = dataclasses.replace(limits, network=False)
+        return supervise(self._argv(argv, cwd, limits, writable=False), " ".join(argv),
+                         self.workspace, _env(), limits, None, sandboxed=True, stderr=stderr)
 
     def describe(self) -> dict[str, Any]:
         return {"runner": "bwrap", "bwrap": self.bwrap, "workspace": str(self.workspace)}
 
-    def _argv(self, command: str, cwd: Path, limits: Limits) -> list[str]:
+    def _argv(self, argv: list[str], cwd: Path, limits: Limits, writable: bool,
+              guard: GitGuard | None = None, fds: tuple[int, int] | None = None) -> list[str]:
         args = [str(self.bwrap), "--die-with-parent", "--new-session", "--unshare-all",
                 "--cap-drop", "ALL"]
-        if limits.network:
-            args.append("--share-net")
-        for top in ("/usr", "/etc", "/opt"):
+        if fds:  # network: bwrap reports the sandbox's pid, then waits until slirp is ready
+            args += ["--info-fd", str(fds[0]), "--block-fd", str(fds[1])]
+        for top in ("/usr", "/opt"):
             if Path(top).is_dir():
                 args += ["--ro-bind", top, top]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
@@ -121,20 +188,142 @@ class BwrapRunner:
                 args += ["--symlink", os.readlink(top), top]
             elif Path(top).is_dir():
                 args += ["--ro-bind", top, top]
+        for name in _ETC:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        # /tmp first, then what may live under it (a virtualenv, the workspace): a mount
+        # made later hides whatever an earlier one put at the same place. /tmp and /dev/shm
+        # share the sized tmpfs; bwrap's own tmpfs for / and /dev (unbounded) become
+        # read-only at the end.
+        args += ["--dev", "/dev", "--proc", "/proc", "--bind", f"{self.scratch}/tmp", "/tmp",
+                 "--bind", f"{self.scratch}/shm", "/dev/shm", "--remount-ro", "/dev"]
         for prefix in sorted({sys.base_prefix, sys.prefix}):  # the Python tests run with
             if not prefix.startswith("/usr"):
                 args += ["--ro-bind", prefix, prefix]
-        args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-                 "--bind", str(self.workspace), str(self.workspace),
-                 *_readonly_git(self.workspace),
-                 "--chdir", str(cwd), "--setenv", "HOME", "/tmp"]
-        return args + ["--", "/bin/sh", "-c", command]
+        if argv[0].startswith("/") and not argv[0].startswith("/usr/"):
+            args += ["--ro-bind", argv[0], argv[0]]  # the program itself, wherever it lives
+        args += ["--bind" if writable else "--ro-bind", str(self.workspace), str(self.workspace)]
+        args += guard.binds() if guard else []
+        args += ["--remount-ro", "/", "--chdir", str(cwd), "--setenv", "HOME", "/tmp", "--",
+                 *argv]
+        return self._private_tmp(limits) + args
+
+    def _private_tmp(self, limits: Limits) -> list[str]:
+        """A mount namespace of our own holding a tmpfs of `tmp_bytes` over the scratch
+        directory, whose tmp/ and shm/ bwrap binds as /tmp and /dev/shm. bwrap 0.8 (Debian
+        12) has no --size for its own tmpfs; the namespace dies with the command, so nothing
+        needs unmounting."""
+        user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+        mount = 'mount -t tmpfs -o "size=$1,mode=755" codeplane-tmp "$2" && ' \
+                'mkdir -m 1777 "$2/tmp" "$2/shm" && shift 2 && exec "$@"'
+        return [str(self.unshare), "--mount", "--propagation", "private", *user, "--",
+                "/bin/sh", "-c", mount, "sh", str(limits.tmp_bytes), str(self.scratch)]
 
 
-def _readonly_git(workspace: Path) -> list[str]:
-    """`.git` read-only, as Codex does: a hook planted there would later run on the host."""
-    git = workspace / ".git"
-    return ["--ro-bind", str(git), str(git)] if git.is_dir() and not git.is_symlink() else []
+def _scratch_mountpoint() -> Path:
+    """An empty host directory the private /tmp is mounted over (inside a private mount
+    namespace only: on the host it stays empty)."""
+    path = Path(tempfile.gettempdir()) / f"codeplane-sandbox-{os.geteuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.is_symlink() or path.stat().st_uid != os.geteuid():
+        raise SandboxUnavailable(f"{path} is not a directory owned by this user")
+    return path
+
+
+class _Sandboxed(_Session):
+    """A writable sandbox run: the disk-quota watchdog, the `.git` guard and, when network
+    is on, slirp4netns started on the sandbox's network namespace before the command runs."""
+
+    def __init__(self, workspace: Path, limits: Limits, guard: GitGuard,
+                 slirp: str | None) -> None:
+        self.workspace, self.limits, self.guard = workspace, limits, guard
+        self.disk_start = _disk_used(workspace)
+        self.next_look = 0.0
+        self.slirp_proc: subprocess.Popen | None = None
+        self.pipes: tuple[int, int, int, int] | None = None
+        if limits.network and slirp:
+            self.slirp = slirp
+            info_r, info_w = os.pipe()
+            block_r, block_w = os.pipe()
+            self.pipes = (info_r, info_w, block_r, block_w)
+            self.pass_fds = (info_w, block_r)
+
+    def fds(self) -> tuple[int, int] | None:
+        return (self.pipes[1], self.pipes[2]) if self.pipes else None
+
+    def started(self, proc: subprocess.Popen) -> None:
+        if not self.pipes:
+            return
+        info_r, info_w, block_r, block_w = self.pipes
+        self.pipes = None
+        os.close(info_w)
+        os.close(block_r)
+        try:
+            with os.fdopen(info_r, "rb") as info:
+                pid = json.loads(info.read() or b"{}").get("child-pid")
+            if pid:
+                self.slirp_proc = _start_slirp(self.slirp, int(pid))
+        finally:
+            os.close(block_w)  # releases the command (bwrap exits if slirp failed to start)
+
+    def poll(self) -> str | None:
+        now = time.monotonic()
+        if now < self.next_look:
+            return None
+        self.next_look = now + _DISK_POLL
+        if _disk_used(self.workspace) - self.disk_start > self.limits.disk_bytes:
+            return "disk"
+        return None
+
+    def close(self) -> str:
+        for fd in self.pipes or ():  # the command never started
+            os.close(fd)
+        notes = [self.guard.neutralise()]
+        if self.slirp_proc:
+            self.slirp_proc.kill()
+            self.slirp_proc.wait()
+        elif self.limits.network:
+            notes.append("[codeplane: the sandbox's network (slirp4netns) did not start; the "
+                         "command ran without network]")
+        return "\n".join(n for n in notes if n)
+
+
+def _start_slirp(slirp: str, pid: int) -> subprocess.Popen | None:
+    """slirp4netns on the sandbox's network namespace, without a path to the host's
+    loopback (10.0.2.2 is not forwarded to 127.0.0.1); None if it did not come up.
+    It starts once bwrap has set up the namespace's loopback: configuring both at once
+    makes bwrap fail ("loopback: Failed RTM_NEWADDR")."""
+    deadline = time.monotonic() + 10
+    while "127.0.0.1" not in _read(Path(f"/proc/{pid}/net/fib_trie")):
+        if time.monotonic() > deadline or not Path(f"/proc/{pid}").exists():
+            return None
+        time.sleep(0.005)
+    ready_r, ready_w = os.pipe()
+    proc = subprocess.Popen([slirp, "--configure", "--mtu=65520", "--disable-host-loopback",
+                             "--ready-fd", str(ready_w), *_userns(pid), str(pid), "tap0"],
+                            pass_fds=(ready_w,), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(ready_w)
+    with selectors.DefaultSelector() as sel:
+        sel.register(ready_r, selectors.EVENT_READ)
+        ready = bool(sel.select(timeout=10)) and os.read(ready_r, 1) == b"1"
+    os.close(ready_r)
+    if not ready:
+        proc.kill()
+        proc.wait()
+        return None
+    return proc
+
+
+def _userns(pid: int) -> list[str]:
+    """Without root, the sandbox's network namespace belongs to its user namespace, which
+    slirp4netns must join first."""
+    return [] if os.geteuid() == 0 else [f"--userns-path=/proc/{pid}/ns/user"]
+
+
+def _disk_used(path: Path) -> int:
+    """Bytes in use on the filesystem holding `path` (ext4 counts delayed allocations)."""
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
 class HostRunner:
@@ -151,30 +340,53 @@ class HostRunner:
         return supervise(["/bin/sh", "-c", command], command, cwd, env, limits, cancel,
                          sandboxed=False)
 
+    def exec(self, argv: list[str], cwd: Path, limits: Limits,
+             stderr: bool = False) -> CommandResult:
+        """The same trusted program as BwrapRunner.exec, on the host (--no-sandbox)."""
+        env = {**_env(), "HOME": os.environ.get("HOME", "/tmp")}
+        return supervise(argv, " ".join(argv), cwd, env, limits, None, sandboxed=False,
+                         stderr=stderr)
+
     def describe(self) -> dict[str, Any]:
         return {"runner": "host", "workspace": str(self.workspace)}
 
 
+_KILL_NOTES = {"disk": "[killed: the command grew the workspace's disk usage past its disk "
+                       "quota of {disk} bytes]"}
+
+
 def supervise(argv: list[str], command: str, cwd: Path, env: dict[str, str], limits: Limits,
-              cancel: threading.Event | None, sandboxed: bool) -> CommandResult:
-    """Run argv under limits; collect capped output; kill everything on timeout/cancel."""
+              cancel: threading.Event | None, sandboxed: bool,
+              session: _Session | None = None, stderr: bool = True) -> CommandResult:
+    """Run argv under limits; collect capped output; kill everything on timeout/cancel or
+    when the session's watchdog says so."""
+    session = session or _Session()
     cgroup = _PidsCgroup.create(limits.processes)
     prefix = cgroup.wrapper() if cgroup else []
     argv = prefix + _prlimit(limits) + argv
     start = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
     capture = _Capture(limits.output_bytes)
     killed = None
+    proc = None
     try:
-        killed = _pump(proc, capture, limits, cancel, start, cgroup)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL,
+                                start_new_session=True, pass_fds=session.pass_fds)
+        session.started(proc)
+        killed = _pump(proc, capture, limits, cancel, start, cgroup, session)
     finally:
-        _kill(proc, cgroup)
-        proc.wait()
-        proc.stdout.close()
+        if proc is not None:
+            _kill(proc, cgroup)
+            proc.wait()
+            proc.stdout.close()
         if cgroup:
             cgroup.remove()
+        note = session.close()
+    if killed in _KILL_NOTES:
+        capture.add(b"\n" + _KILL_NOTES[killed].format(disk=limits.disk_bytes).encode())
+    if note:
+        capture.add(f"\n{note}".encode())
     code = None if killed else proc.returncode
     return CommandResult(command=command, exit_code=code, output=capture.text(),
                          seconds=round(time.monotonic() - start, 3), killed=killed,
@@ -182,7 +394,8 @@ def supervise(argv: list[str], command: str, cwd: Path, env: dict[str, str], lim
 
 
 def _pump(proc: subprocess.Popen, capture: _Capture, limits: Limits,
-          cancel: threading.Event | None, start: float, cgroup: _PidsCgroup | None) -> str | None:
+          cancel: threading.Event | None, start: float, cgroup: _PidsCgroup | None,
+          session: _Session) -> str | None:
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
     killed: str | None = None
@@ -198,6 +411,8 @@ def _pump(proc: subprocess.Popen, capture: _Capture, limits: Limits,
                     killed = "timeout"
                 elif capture.total > limits.drain_bytes:
                     killed = "output"
+                else:
+                    killed = session.poll()
                 if killed:
                     _kill(proc, cgroup)
             if exited_at is None and proc.poll() is not None:
