@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from conftest import LiveServer, free_port, make_settings
@@ -141,13 +143,21 @@ def run_server(home: Path, model_url: str | None, engine: Engine | None = None,
     return server.start()
 
 
+def wait_for(condition: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
+    """Poll until `condition()` is truthy; fail the test after `timeout` seconds (a bound
+    for a hang, not a speed check)."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"still waiting after {timeout}s {what}"
+        time.sleep(0.05)
+    return value
+
+
 def wait_end(url: str, run_id: str, tenant: str = "t1", timeout: float = 30) -> dict:
     """The run once it has ended (fails the test if it is still running at `timeout`)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def finished() -> dict | None:
         got = httpx.get(f"{url}/v1/agent/runs/{run_id}",
                         headers={"x-test-tenant": tenant}).json()
-        if got["status"] != "running":
-            return got
-        assert time.monotonic() < deadline, f"run {run_id} still running after {timeout}s"
-        time.sleep(0.1)
+        return got if got["status"] != "running" else None
+
+    return wait_for(finished, timeout, f"for run {run_id} to end")

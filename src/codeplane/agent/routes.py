@@ -1,5 +1,5 @@
 """`POST /v1/agent/runs` (SSE stream of run events), `GET /v1/agent/runs/{id}`,
-`POST /v1/agent/runs/{id}/cancel`.
+`GET /v1/agent/runs/{id}/events` (SSE from the first event), `POST .../{id}/cancel`.
 
 A run executes the same `Agent` as the CLI on a thread of its own. What it may do is server
 policy, not the request's wish: it works in a directory under `serve.workspace_roots`, inside
@@ -60,14 +60,11 @@ def runs_of(app: FastAPI) -> RunManager:
 
 
 def _text(value: str) -> str:
-    """Refuse what no path or prompt holds and what breaks encoding later (a 400, not a 500
-    from deep inside the run)."""
+    """Refuse a NUL character, which no path or prompt holds and which the OS calls reject
+    deep inside a run (a 400 here, not a 500 there). Lone surrogates are refused by the
+    JSON parser already."""
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no lone surrogates)") from None
     return value
 
 
@@ -107,9 +104,9 @@ def workspace(path: str, roots: list[Path]) -> Path:
     if not roots:
         raise APIError(403, "server-side agent runs are off: no workspace roots are "
                             "configured. An operator enables them by naming the directories "
-                            "runs may work under, e.g. `workspace_roots = [\"/srv/code\"]` in "
-                            "the [serve] section of config.toml or CODEPLANE_SERVE__"
-                            "WORKSPACE_ROOTS='[\"/srv/code\"]'; or run the agent locally with "
+                            "runs may work under: `workspace_roots = [\"/srv/code\"]` in the "
+                            "[serve] section of codeplane.toml (or CODEPLANE_SERVE__WORKSPACE_"
+                            "ROOTS='[\"/srv/code\"]'). Or run the agent on your machine with "
                             "`codeplane agent`", code="no_workspace_roots", param="path")
     if not Path(path).is_absolute():
         raise APIError(400, f"path {path!r} must be absolute", param="path")
@@ -176,9 +173,13 @@ async def create_run(body: RunRequest, request: Request):
         raise _limit(exc) from None
     if not body.stream:
         return {"id": run.id, "status": "running"}
+    return _stream(run, cancel_on_hangup=True)
+
+
+def _stream(run: Run, cancel_on_hangup: bool) -> StreamingResponse:
     backlog, queue = run.subscribe()
-    return StreamingResponse(_sse(run, backlog, queue), media_type="text/event-stream",
-                             headers={"X-Agent-Run-Id": run.id})
+    return StreamingResponse(_sse(run, backlog, queue, cancel_on_hangup),
+                             media_type="text/event-stream", headers={"X-Agent-Run-Id": run.id})
 
 
 def _limit(exc: RunLimit) -> APIError:
@@ -186,10 +187,12 @@ def _limit(exc: RunLimit) -> APIError:
                     headers={"retry-after": "10"})
 
 
-async def _sse(run: Run, backlog: list[Event], queue: asyncio.Queue) -> AsyncIterator[str]:
-    """The run's events; a client that hangs up cancels the run (its running command is
-    killed): nobody is left to see the result, and the CPU it holds is shared. Runs started
-    with stream=false are not tied to a connection."""
+async def _sse(run: Run, backlog: list[Event], queue: asyncio.Queue,
+               cancel_on_hangup: bool) -> AsyncIterator[str]:
+    """The run's events, from the first. When the client that started the run hangs up,
+    the run is cancelled (its running command is killed): nobody is left to see the result,
+    and the CPU it holds is shared. Runs started with stream=false are not tied to a
+    connection, and a watcher (`GET .../events`) that leaves cancels nothing."""
     ended = False
     try:
         for event in backlog:
@@ -205,7 +208,8 @@ async def _sse(run: Run, backlog: list[Event], queue: asyncio.Queue) -> AsyncIte
             ended = event["type"] == "run_end"
         yield "data: [DONE]\n\n"
     finally:
-        if not ended:
+        run.unsubscribe(queue)
+        if not ended and cancel_on_hangup:
             run.agent.cancel.set()
 
 
@@ -223,6 +227,13 @@ def get_run(run_id: str, request: Request) -> dict[str, Any]:
     return {"id": run_id, "status": run.status(),
             "result": run.result.to_dict() if run.result else None,
             "transcript": list(run.events)}
+
+
+@router.get("/v1/agent/runs/{run_id}/events")
+async def watch_run(run_id: str, request: Request) -> StreamingResponse:
+    """The run's events as server-sent events, from the first: reattach after a disconnect,
+    or watch a run started with stream=false."""
+    return _stream(_get(request, run_id), cancel_on_hangup=False)
 
 
 @router.post("/v1/agent/runs/{run_id}/cancel")

@@ -58,6 +58,10 @@ class Run:
             self.subscribers.append((asyncio.get_running_loop(), queue))
             return list(self.events), queue
 
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        with self.lock:
+            self.subscribers = [s for s in self.subscribers if s[1] is not queue]
+
     def status(self) -> str:
         return self.result.status if self.result else "running"
 
