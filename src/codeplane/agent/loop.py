@@ -53,7 +53,7 @@ from codeplane.agent.tools import (
     syntax_errors,
 )
 from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling, Turn, TurnBuilder
-from codeplane.core.sse import StreamError, iter_chunks
+from codeplane.core.sse import ChunkReader, StreamError
 from codeplane.models.toolcalls import parse_tool_calls
 
 Event = dict[str, Any]
@@ -70,24 +70,24 @@ def _http_error(resp: httpx.Response) -> ModelError:
 
 
 def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> Turn:
-    """Fold an OpenAI chat-completion SSE stream into one Turn; cancellation is checked
-    between chunks. A malformed, erroring or cut stream raises ModelError: a cut reply is
-    not an answer (the rules live in `core/sse`, shared with the gateway)."""
-    turn = TurnBuilder()
+    """Fold an OpenAI chat-completion SSE stream into one Turn, checking `cancel` before
+    each line (keep-alive comments included). A malformed, erroring or cut stream raises
+    ModelError: a cut reply is not an answer (the rules live in `core/sse`, shared with the
+    gateway)."""
+    reader, turn = ChunkReader(), TurnBuilder()
     try:
-        for chunk in iter_chunks(_unless_cancelled(lines, cancel)):
-            turn.add(chunk)
+        for line in lines:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled
+            chunk = reader.feed(line)
+            if reader.done:
+                break
+            if chunk is not None:
+                turn.add(chunk)
+        reader.end()
     except StreamError as exc:
         raise ModelError(f"model stream {exc.message}", exc.code) from None
     return turn.turn()
-
-
-def _unless_cancelled(lines: Iterator[str], cancel: threading.Event | None) -> Iterator[str]:
-    """The lines, checking `cancel` before each one (keep-alive comments included)."""
-    for line in lines:
-        if cancel is not None and cancel.is_set():
-            raise Cancelled
-        yield line
 
 
 class HttpChatModel:

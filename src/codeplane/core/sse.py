@@ -14,7 +14,7 @@ SSE parser adds) never occur; what matters is the error rules above, which no SS
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 DONE = "[DONE]"
@@ -39,7 +39,8 @@ def chunk_error(chunk: dict[str, Any]) -> StreamError | None:
 
 
 class ChunkReader:
-    """Turns lines into chunks, one line at a time (the sync and async loops below share it)."""
+    """Turns lines into chunks, one line at a time: the agent's blocking reader (which also
+    checks for cancellation between lines) and `aiter_chunks` below both use it."""
 
     def __init__(self) -> None:
         self.done = False
@@ -68,18 +69,6 @@ class ChunkReader:
         """The lines ran out: fine after `[DONE]`, a cut connection otherwise."""
         if not self.done:
             raise StreamError("ended without [DONE] (connection cut)")
-
-
-def iter_chunks(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Chunks of a stream read synchronously; stops at `[DONE]`."""
-    reader = ChunkReader()
-    for line in lines:
-        chunk = reader.feed(line)
-        if reader.done:
-            return
-        if chunk is not None:
-            yield chunk
-    reader.end()
 
 
 async def aiter_chunks(lines: AsyncIterable[str]) -> AsyncIterator[dict[str, Any]]:
