@@ -16,6 +16,8 @@ import httpx
 import pytest
 from upstreams.scripted import ScriptedModel, run_server, wait_end, wait_for
 
+from codeplane.gateway.keys import KeyStore
+
 START = 'data: {"choices": [{"index": 0, "delta": {"content": "I will"}}]}\n\n'
 DONE = "data: [DONE]\n\n"
 
@@ -101,6 +103,32 @@ def test_host_header_cannot_choose_the_agents_model(serve, roots, model, attacke
     start = got["transcript"][0]
     assert start["model_info"] == {"name": "scripted", "via": "gateway", "priority": "agent"}
     assert "base_url" not in json.dumps(start["model_info"])
+
+
+def test_model_calls_pass_the_gateways_admission(serve, roots, model) -> None:
+    """The in-process client is no back door around the gateway's limits: with one request
+    a minute per client address, the run's second model call is refused and ends the run."""
+    model.script = [{"calls": [("list_dir", {})]}]
+    server = serve(workspace_roots=[str(roots)], gateway={"ip_rpm": 1})
+    got = ended(server, post(server, run(roots / "ws")).json()["id"])
+    assert got["status"] == "error" and len(model.requests) == 1
+    assert "over 1 requests/min" in got["result"]["error"]
+
+
+def test_model_calls_are_the_callers_key(serve, roots, model) -> None:
+    """A run spends its caller's key: its priority class, its token budget."""
+    model.script = [{"calls": [("list_dir", {})]}]
+    server = serve(workspace_roots=[str(roots)])
+    keys = KeyStore(server.app.state.settings.server_dir)
+    key, _ = keys.create("ci", budget_tokens=100, priority="batch")
+    reply = post(server, run(roots / "ws"), headers={"x-test-key": key.id})
+    got = ended(server, reply.json()["id"])
+    assert got["transcript"][0]["model_info"]["priority"] == "batch"
+    assert got["status"] == "error" and "budget of 100 tokens" in got["result"]["error"]
+    assert len(model.requests) == 1  # the first reply (110 tokens) spent the budget
+    keys.revoke("ci")
+    revoked = post(server, run(roots / "ws"), headers={"x-test-key": key.id})
+    assert revoked.status_code == 401
 
 
 def test_sandbox_and_network_switches_are_refused_unless_allowed(serve, roots) -> None:

@@ -119,24 +119,27 @@ class ScriptedModel:
 
 
 class TenantHeader:
-    """ASGI wrapper: the principal is the tenant named by `x-test-tenant` (default "t1")."""
+    """ASGI wrapper: the principal is the tenant named by `x-test-tenant` (default "t1")
+    with the API key id in `x-test-key` (default none)."""
 
     def __init__(self, app) -> None:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            tenant = dict(scope["headers"]).get(b"x-test-tenant", b"t1").decode()
-            scope.setdefault("state", {})["principal"] = Principal(tenant)
+            headers = dict(scope["headers"])
+            key = headers.get(b"x-test-key")
+            scope.setdefault("state", {})["principal"] = Principal(
+                headers.get(b"x-test-tenant", b"t1").decode(), key.decode() if key else None)
         await self.app(scope, receive, send)
 
 
 def run_server(home: Path, model_url: str | None, engine: Engine | None = None,
-               **serve) -> LiveServer:
+               gateway: dict | None = None, **serve) -> LiveServer:
     """A real codeplane server on loopback; `model_url` is served as the model "scripted"."""
     models = [{"name": "scripted", "provider": "openai", "base_url": model_url,
                "model": "scripted"}] if model_url else []
-    settings = make_settings(home, models=models, serve=serve)
+    settings = make_settings(home, models=models, gateway=gateway or {}, serve=serve)
     app = create_app(settings, engine=engine or Engine(settings))
     server = LiveServer(TenantHeader(app), free_port())
     server.app = app

@@ -134,7 +134,10 @@ def gateway_client(request: Request, gateway: Gateway, principal: Principal,
     priority class and address; the run id names every model request in the logs."""
     key = None
     if principal.key_id is not None:
-        key = next((k for k in gateway.keys.all() if k.id == principal.key_id), None)
+        key = next((k for k in gateway.keys.all()
+                    if k.id == principal.key_id and not k.revoked), None)
+        if key is None:  # revoked since the gate let the request in: not a keyless run
+            raise APIError(401, "the API key was revoked", code="invalid_api_key")
     priority = key.priority if key else gateway.cfg.gateway.default_priority
     ip = request.client.host if request.client else "unknown"
     return Client(priority=priority, ip=ip, key=key, request_id=f"run-{run_id}")
