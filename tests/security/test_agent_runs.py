@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from upstreams.scripted import ScriptedModel, run_server, wait_end, wait_for
+from upstreams.scripted import ScriptedModel, caller, run_server, wait_end, wait_for
 
 from codeplane.gateway.keys import KeyStore
 
@@ -70,7 +70,7 @@ def serve(tmp_path: Path, model: ScriptedModel):
 
 def post(server, body: dict, tenant: str = "t1", **kw) -> httpx.Response:
     return httpx.post(f"{server.url}/v1/agent/runs", json=body,
-                      headers={"x-test-tenant": tenant, **kw.pop("headers", {})}, timeout=30,
+                      headers={**caller(server, tenant), **kw.pop("headers", {})}, timeout=30,
                       **kw)
 
 
@@ -81,7 +81,7 @@ def run(workspace: Path, **extra) -> dict:
 
 def ended(server, run_id: str, tenant: str = "t1") -> dict:
     """The finished run; its transcript must end with run_end, matching the status."""
-    got = wait_end(server.url, run_id, tenant)
+    got = wait_end(server.url, run_id, caller(server, tenant))
     assert got["transcript"][-1]["type"] == "run_end"
     assert got["transcript"][-1]["status"] == got["status"] == got["result"]["status"]
     return got
@@ -119,16 +119,13 @@ def test_model_calls_are_the_callers_key(serve, roots, model) -> None:
     """A run spends its caller's key: its priority class, its token budget."""
     model.script = [{"calls": [("list_dir", {})]}]
     server = serve(workspace_roots=[str(roots)])
-    keys = KeyStore(server.app.state.settings.server_dir)
-    key, _ = keys.create("ci", budget_tokens=100, priority="batch")
-    reply = post(server, run(roots / "ws"), headers={"x-test-key": key.id})
-    got = ended(server, reply.json()["id"])
+    caller(server, "ci", budget_tokens=100, priority="batch")
+    got = ended(server, post(server, run(roots / "ws"), "ci").json()["id"], "ci")
     assert got["transcript"][0]["model_info"]["priority"] == "batch"
     assert got["status"] == "error" and "budget of 100 tokens" in got["result"]["error"]
     assert len(model.requests) == 1  # the first reply (110 tokens) spent the budget
-    keys.revoke("ci")
-    revoked = post(server, run(roots / "ws"), headers={"x-test-key": key.id})
-    assert revoked.status_code == 401
+    KeyStore(server.app.state.settings.server_dir).revoke("ci")
+    assert post(server, run(roots / "ws"), "ci").status_code == 401
 
 
 def test_sandbox_and_network_switches_are_refused_unless_allowed(serve, roots) -> None:
@@ -224,7 +221,7 @@ def test_never_ending_stream_is_cancelled_and_closed(serve, roots, model) -> Non
     run_id = post(server, run(roots / "ws")).json()["id"]
     wait_for(lambda: model.requests)  # the model call is under way
     cancel = httpx.post(f"{server.url}/v1/agent/runs/{run_id}/cancel",
-                        headers={"x-test-tenant": "t1"})
+                        headers=caller(server))
     assert cancel.status_code == 200 and cancel.json()["cancel_requested"]
     assert ended(server, run_id)["status"] == "cancelled"
     wait_for(lambda: model.abandoned == 1)  # the upstream stream was closed, not left open
@@ -256,15 +253,15 @@ def test_runs_belong_to_a_tenant_and_are_capped_per_tenant(serve, roots, model) 
     ws = roots / "ws"
     mine = post(server, run(ws)).json()["id"]
     url = f"{server.url}/v1/agent/runs/{mine}"
-    other = {"x-test-tenant": "t2"}
+    me, other = caller(server, "t1"), caller(server, "t2")
     assert httpx.get(url, headers=other).status_code == 404
     assert httpx.get(url + "/events", headers=other).status_code == 404
     assert httpx.post(url + "/cancel", headers=other).status_code == 404
-    assert httpx.get(url).json()["status"] == "running"  # t2's cancel did nothing
-    with httpx.stream("GET", url + "/events", timeout=10) as events:  # the owner may watch
+    assert httpx.get(url, headers=me).json()["status"] == "running"  # t2's cancel did nothing
+    with httpx.stream("GET", url + "/events", headers=me, timeout=10) as events:  # may watch
         first = next(line for line in events.iter_lines() if line.startswith("data: "))
     assert json.loads(first[6:])["type"] == "run_start"
-    assert httpx.get(url).json()["status"] == "running"  # a watcher leaving cancels nothing
+    assert httpx.get(url, headers=me).json()["status"] == "running"  # leaving cancels nothing
     over = post(server, run(ws))
     assert over.status_code == 429 and over.json()["error"]["code"] == "too_many_runs"
     assert "serve.max_runs_per_tenant" in over.json()["error"]["message"]
@@ -272,6 +269,6 @@ def test_runs_belong_to_a_tenant_and_are_capped_per_tenant(serve, roots, model) 
     assert theirs.status_code == 200
     for tenant, run_id in (("t1", mine), ("t2", theirs.json()["id"])):
         httpx.post(f"{server.url}/v1/agent/runs/{run_id}/cancel",
-                   headers={"x-test-tenant": tenant})
+                   headers=caller(server, tenant))
         assert ended(server, run_id, tenant)["status"] == "cancelled"
     assert post(server, run(ws)).status_code == 200  # the finished run no longer counts

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from codeplane.core.principal import Principal
+from codeplane.gateway.keys import KeyStore
 from codeplane.models.engine import Engine
 from codeplane.server.app import create_app
 
@@ -156,11 +157,21 @@ def wait_for(condition: Callable[[], Any], timeout: float = 30, what: str = "") 
     return value
 
 
-def wait_end(url: str, run_id: str, tenant: str = "t1", timeout: float = 30) -> dict:
+def caller(server: LiveServer, tenant: str = "t1", **key_options) -> dict[str, str]:
+    """Headers that make a request come from `tenant`, through its API key (created on first
+    use with `key_options`: budget_tokens, priority, ...; named after the tenant)."""
+    callers = server.__dict__.setdefault("callers", {})
+    if tenant not in callers:
+        key, _ = KeyStore(server.app.state.settings.server_dir).create(tenant, **key_options)
+        callers[tenant] = {"x-test-tenant": tenant, "x-test-key": key.id}
+    return callers[tenant]
+
+
+def wait_end(url: str, run_id: str, headers: dict[str, str] | None = None,
+             timeout: float = 30) -> dict:
     """The run once it has ended (fails the test if it is still running at `timeout`)."""
     def finished() -> dict | None:
-        got = httpx.get(f"{url}/v1/agent/runs/{run_id}",
-                        headers={"x-test-tenant": tenant}).json()
+        got = httpx.get(f"{url}/v1/agent/runs/{run_id}", headers=headers).json()
         return got if got["status"] != "running" else None
 
     return wait_for(finished, timeout, f"for run {run_id} to end")
