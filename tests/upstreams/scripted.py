@@ -164,6 +164,8 @@ def caller(server: LiveServer, tenant: str = "t1", **key_options) -> dict[str, s
     if tenant not in callers:
         key, _ = KeyStore(server.app.state.settings.server_dir).create(tenant, **key_options)
         callers[tenant] = {"x-test-tenant": tenant, "x-test-key": key.id}
+        wait_for(lambda: httpx.get(f"{server.url}/v1/models",  # the server has seen it
+                                   headers=callers[tenant]).status_code == 200)
     return callers[tenant]
 
 
