@@ -298,6 +298,7 @@ def test_cancellation_and_model_errors(scripted, repo) -> None:
                           ("data: 5\n\n", "malformed chunk"), (cut, "upstream cut"),
                           ('data: {"error": "overloaded"}\n\n', "overloaded"),
                           ('data: {"choices": [7]}\n\n', "wrong shape"),
+                          ('data: {"choices": [], "usage": [1]}\n\n', "wrong shape"),
                           (": keep-alive\n\n", "ended without [DONE]")):
         scripted.script = [{"raw": [start, raw]}]
         broken = agent_for(scripted, repo).run("hi")

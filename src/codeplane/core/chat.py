@@ -73,7 +73,8 @@ class TurnBuilder:
 
     def add(self, chunk: dict[str, Any]) -> None:
         try:
-            self.usage = chunk.get("usage") or self.usage
+            if chunk.get("usage"):
+                self.usage = dict(chunk["usage"])
             for choice in chunk.get("choices") or []:
                 self._choice(choice)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
