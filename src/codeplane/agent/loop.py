@@ -507,7 +507,7 @@ _SECRET_FILES = pathspec.GitIgnoreSpec.from_lines([
     ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
     "*.keystore", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", ".ssh/", ".aws/",
     ".gnupg/", ".netrc", ".npmrc", ".pypirc", ".git-credentials", "credentials*.json",
-    "*secret*", ".htpasswd"])
+    "secret*.json", "secret*.y*ml", "secret*.toml", "*.secret", ".htpasswd"])
 _PRIVATE_KEY = "PRIVATE KEY-----"  # a PEM key under any name
 _TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$)")
 # A task that asks for a change ("Fix ...", "rename ...", "should also include ...").
