@@ -2,9 +2,9 @@
 
 Three small parts, in the spirit of mini-swe-agent: a `ChatModel` (`core/chat.py`: the HTTP
 client below, or the server's in-process gateway client), an `Environment` (env.py) and
-`Agent`. Every step emits events; the same
-events feed the Rich CLI, the server's SSE stream and the JSONL transcript, so what a user sees,
-what an RL trainer replays and what the API returns cannot drift apart.
+`Agent`. Every step emits events; the same events feed the Rich CLI, the server's SSE stream
+and the JSONL transcript, so what a user sees, what an RL trainer replays and what the API
+returns cannot drift apart.
 
 Several tool calls in one model turn run concurrently on a thread pool; a call waits only for
 earlier calls it conflicts with (same file written, or a command), and results go back to the
