@@ -4,7 +4,6 @@ model through the real server, sandbox included."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -12,98 +11,23 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import LiveServer, free_port
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from upstreams.scripted import ScriptedModel, run_server, wait_end
 
-from codeplane.agent import routes
 from codeplane.agent.env import local_environment
-from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Transcript
-
-
-class Provider:
-    """Replies with scripted assistant messages, streamed (SSE) when asked as real providers
-    do, and records every request body and every stream the client left early."""
-
-    def __init__(self) -> None:
-        self.script: list[dict] = []
-        self.requests: list[dict] = []
-        self.delay = 0.0
-        self.chunk_delay = 0.0
-        self.abandoned = 0
-        app = FastAPI()
-        app.state.settings = None
-        app.include_router(routes.router)  # server agent runs then talk to this script
-
-        @app.post("/v1/chat/completions")
-        async def chat(request: Request):
-            body = await request.json()
-            self.requests.append(body)
-            await asyncio.sleep(self.delay)
-            step = self.script.pop(0) if self.script else {"content": "done"}
-            if "error" in step:
-                return JSONResponse({"error": step["error"]}, status_code=step["status"])
-            if "raw" in step:  # a broken or failing stream, sent as given
-                return StreamingResponse(iter(step["raw"]), media_type="text/event-stream")
-            message = {"role": "assistant", "content": step.get("content")}
-            if step.get("calls"):
-                message["tool_calls"] = [
-                    {"id": f"call_{i}", "type": "function",
-                     "function": {"name": n, "arguments": json.dumps(a)}}
-                    for i, (n, a) in enumerate(step["calls"])]
-            finish = "tool_calls" if step.get("calls") else "stop"
-            usage = {"prompt_tokens": step.get("prompt_tokens", 100), "completion_tokens": 10,
-                     "total_tokens": 110}
-            if not body.get("stream"):
-                return {"choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                        "usage": usage}
-            return StreamingResponse(self._sse(message, finish, usage),
-                                     media_type="text/event-stream")
-
-        self.server = LiveServer(app, free_port())
-
-    async def _sse(self, message: dict, finish: str, usage: dict):
-        """Content in 4-character pieces, each tool call's arguments in two halves."""
-        text = message.get("content") or ""
-        deltas = [{"role": "assistant"}] + [{"content": text[i:i + 4]}
-                                            for i in range(0, len(text), 4)]
-        for index, call in enumerate(message.get("tool_calls") or []):
-            args = call["function"]["arguments"]
-            half = len(args) // 2
-            deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                           "function": {"name": call["function"]["name"],
-                                                        "arguments": args[:half]}}]})
-            deltas.append({"tool_calls": [{"index": index,
-                                           "function": {"arguments": args[half:]}}]})
-        chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
-                  for d in deltas]
-        chunks += [{"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
-                   {"choices": [], "usage": usage}]
-        try:
-            for chunk in chunks:
-                await asyncio.sleep(self.chunk_delay)
-                yield f"data: {json.dumps(chunk)}\n\n"
-            yield "data: [DONE]\n\n"
-        except asyncio.CancelledError:
-            self.abandoned += 1
-            raise
+from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel, Transcript
 
 
 @pytest.fixture(scope="module")
 def provider():
-    p = Provider()
+    p = ScriptedModel()
     p.server.start()
     yield p
     p.server.stop()
 
 
 @pytest.fixture
-def scripted(provider: Provider):
-    provider.script.clear()
-    provider.requests.clear()
-    provider.delay = provider.chunk_delay = 0.0
-    provider.abandoned = 0
-    return provider
+def scripted(provider: ScriptedModel) -> ScriptedModel:
+    return provider.reset()
 
 
 @pytest.fixture
@@ -115,8 +39,8 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
-def agent_for(provider: Provider, repo: Path, **config) -> Agent:
-    model = ChatModel(provider.server.url + "/v1", "scripted")
+def agent_for(provider: ScriptedModel, repo: Path, **config) -> Agent:
+    model = HttpChatModel(provider.url, "scripted")
     return Agent(model, local_environment(repo), AgentConfig(**config))
 
 
@@ -372,11 +296,14 @@ def test_cancellation_and_model_errors(scripted, repo) -> None:
     cut = 'data: {"error": {"message": "upstream cut", "code": "stream_interrupted"}}\n\n'
     for raw, expected in (('data: {"choices": [\n\n', "malformed chunk"),
                           ("data: 5\n\n", "malformed chunk"), (cut, "upstream cut"),
+                          ('data: {"error": "overloaded"}\n\n', "overloaded"),
+                          ('data: {"choices": [7]}\n\n', "wrong shape"),
+                          ('data: {"choices": [], "usage": [1]}\n\n', "wrong shape"),
                           (": keep-alive\n\n", "ended without [DONE]")):
         scripted.script = [{"raw": [start, raw]}]
         broken = agent_for(scripted, repo).run("hi")
         assert broken.status == "error" and expected in broken.error
-    dead = Agent(ChatModel("http://127.0.0.1:9/v1", "m"), local_environment(repo)).run("hi")
+    dead = Agent(HttpChatModel("http://127.0.0.1:9/v1", "m"), local_environment(repo)).run("hi")
     assert dead.status == "error" and "cannot reach the model server" in dead.error
 
 
@@ -391,20 +318,24 @@ def _sleeping(seconds: str) -> bool:
     return False
 
 
-def test_server_run_cancelled_when_stream_client_hangs_up(scripted, repo) -> None:
+@pytest.fixture
+def server(scripted, repo, tmp_path):
+    """A real server whose agent runs reach the scripted model through the gateway."""
+    live = run_server(tmp_path / "home", scripted.url, workspace_roots=[str(repo.parent)])
+    yield live
+    live.stop()
+
+
+def test_server_run_cancelled_when_stream_client_hangs_up(scripted, repo, server) -> None:
     scripted.script = [{"calls": [("run_terminal_cmd", {"command": "sleep 41.5; touch late"})]}]
     body = {"task": "wait", "path": str(repo), "model": "scripted", "max_steps": 3}
-    url = scripted.server.url
+    url = server.url
     with httpx.stream("POST", url + "/v1/agent/runs", json=body, timeout=30) as resp:
         run_id = resp.headers["x-agent-run-id"]
         for line in resp.iter_lines():
             if '"type": "tool_start"' in line:
                 break  # the command is running: hang up
-    deadline = time.monotonic() + 15
-    while httpx.get(f"{url}/v1/agent/runs/{run_id}").json()["status"] == "running":
-        assert time.monotonic() < deadline, "the run kept going after the client left"
-        time.sleep(0.2)
-    got = httpx.get(f"{url}/v1/agent/runs/{run_id}").json()
+    got = wait_end(url, run_id, timeout=15)
     assert got["status"] == "cancelled"
     result = next(e for e in got["transcript"] if e["type"] == "tool_result")
     assert result["data"]["killed"] == "cancelled" and not _sleeping("41.5")
@@ -412,11 +343,33 @@ def test_server_run_cancelled_when_stream_client_hangs_up(scripted, repo) -> Non
     # without a stream the run does not depend on any connection
     scripted.script = [{"calls": [("run_terminal_cmd", {"command": "sleep 1; touch ok"})]}]
     started = httpx.post(url + "/v1/agent/runs", json={**body, "stream": False}).json()
-    deadline = time.monotonic() + 15
-    while httpx.get(f"{url}/v1/agent/runs/{started['id']}").json()["status"] == "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    assert wait_end(url, started["id"], timeout=15)["status"] == "completed"
     assert (repo / "ok").exists()
+
+
+def test_run_manager_never_evicts_running_runs(scripted, repo) -> None:
+    """Only finished runs age out; a running one stays, whatever the number of later runs."""
+    from codeplane.agent.runs import RunLimit, RunManager
+
+    manager = RunManager(max_running_per_tenant=1, keep_finished=1)
+    scripted.script = [{"raw": ['data: {"choices": []}\n\n'], "hang": True}]
+    slow = agent_for(scripted, repo)
+    manager.start("a", slow, "wait", slow.model)
+    with pytest.raises(RunLimit, match="already has 1 agent runs running"):
+        manager.admit("a")
+    quick = []
+    for _ in range(3):
+        quick.append(agent_for(scripted, repo))
+        run = manager.start("b", quick[-1], "hi", quick[-1].model)
+        run.thread.join(10)
+        assert run.status() == "completed"
+    assert manager.get("a", slow.run_id).status() == "running"
+    assert manager.get("b", slow.run_id) is None  # another tenant's run is missing
+    kept = [a.run_id for a in quick if manager.get("b", a.run_id) is not None]
+    assert kept == [quick[-1].run_id]
+    manager.close()  # cancels the hanging run; it still ends with run_end
+    ended = manager.get("a", slow.run_id)
+    assert ended.status() == "cancelled" and ended.events[-1]["type"] == "run_end"
 
 
 # ------------------------------------------------------------------ the real local model
@@ -425,7 +378,7 @@ def test_server_run_cancelled_when_stream_client_hangs_up(scripted, repo) -> Non
 def test_agent_creates_hello_file_with_local_model(live_server, tmp_path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
-    agent = Agent(ChatModel(live_server.url + "/v1", "code-medium"), local_environment(ws),
+    agent = Agent(HttpChatModel(live_server.url + "/v1", "code-medium"), local_environment(ws),
                   AgentConfig(max_steps=4, max_tokens=200))
     result = agent.run("create hello.txt containing the word hello")
     assert (ws / "hello.txt").is_file(), result
@@ -434,25 +387,29 @@ def test_agent_creates_hello_file_with_local_model(live_server, tmp_path) -> Non
 
 
 @pytest.mark.model
-def test_server_agent_run_streams_events_and_keeps_status(live_server, tmp_path) -> None:
+def test_server_agent_run_streams_events_and_keeps_status(engine, tmp_path) -> None:
+    """The real local model through the in-process gateway client, sandbox included."""
     ws = tmp_path / "ws"
     ws.mkdir()
+    server = run_server(tmp_path / "home", None, engine=engine, workspace_roots=[str(ws)])
     body = {"task": "create notes.txt containing the word notes", "path": str(ws),
             "model": "code-medium", "max_steps": 4, "max_tokens": 200}
     events = []
-    with httpx.stream("POST", live_server.url + "/v1/agent/runs", json=body,
-                      timeout=300) as resp:
-        assert resp.status_code == 200
-        run_id = resp.headers["x-agent-run-id"]
-        for line in resp.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                events.append(json.loads(line[6:]))
-    kinds = [e["type"] for e in events]
-    assert kinds[0] == "run_start" and kinds[-1] == "run_end" and "tool_result" in kinds
-    assert (ws / "notes.txt").is_file()
-    got = httpx.get(f"{live_server.url}/v1/agent/runs/{run_id}").json()
-    assert got["status"] == events[-1]["status"] and len(got["transcript"]) == len(events)
-    missing = httpx.get(f"{live_server.url}/v1/agent/runs/nope")
-    assert missing.status_code == 404
-    bad = httpx.post(live_server.url + "/v1/agent/runs", json={**body, "path": "/nonexistent"})
-    assert bad.status_code == 400 and "not a directory" in bad.json()["error"]["message"]
+    try:
+        with httpx.stream("POST", server.url + "/v1/agent/runs", json=body,
+                          timeout=300) as resp:
+            assert resp.status_code == 200
+            run_id = resp.headers["x-agent-run-id"]
+            for line in resp.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[6:]))
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "run_start" and kinds[-1] == "run_end" and "tool_result" in kinds
+        assert events[0]["model_info"] == {"name": "code-medium", "via": "gateway",
+                                           "priority": "agent"}
+        assert events[-1]["prompt_tokens"] > 500
+        assert (ws / "notes.txt").is_file()
+        got = httpx.get(f"{server.url}/v1/agent/runs/{run_id}").json()
+        assert got["status"] == events[-1]["status"] and len(got["transcript"]) == len(events)
+    finally:
+        server.stop()

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from codeplane.agent import tools as T
 from codeplane.agent.env import LocalEnvironment, local_environment
-from codeplane.agent.loop import Agent, AgentConfig, ChatModel
+from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel
 from codeplane.cli import app
 
 CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
@@ -298,12 +298,12 @@ def _calls(*pairs):
 
 
 def test_parallel_calls_run_concurrently_and_keep_call_order(env, slow_tools) -> None:
-    agent = Agent(ChatModel("http://127.0.0.1:9/v1", "unused"), env)
+    agent = Agent(HttpChatModel("http://127.0.0.1:9/v1", "unused"), env)
     start = time.monotonic()
     results = agent._execute(1, _calls(*[("slow_read", f"f{i}") for i in range(4)]))
     assert time.monotonic() - start < 0.9  # serial would be 1.2 s
     assert [r.output for r in results] == ["done f0", "done f1", "done f2", "done f3"]
-    serial = Agent(ChatModel("http://127.0.0.1:9/v1", "unused"), env,
+    serial = Agent(HttpChatModel("http://127.0.0.1:9/v1", "unused"), env,
                    AgentConfig(parallel=False))
     start = time.monotonic()
     serial._execute(1, _calls(*[("slow_read", f"f{i}") for i in range(4)]))
@@ -311,7 +311,7 @@ def test_parallel_calls_run_concurrently_and_keep_call_order(env, slow_tools) ->
 
 
 def test_calls_touching_the_same_file_serialize(env, slow_tools) -> None:
-    agent = Agent(ChatModel("http://127.0.0.1:9/v1", "unused"), env)
+    agent = Agent(HttpChatModel("http://127.0.0.1:9/v1", "unused"), env)
     agent._execute(1, _calls(("slow_write", "a.py"), ("slow_read", "a.py"),
                              ("slow_write", "b.py")))
     spans = {p: [] for p in ("a.py", "b.py")}

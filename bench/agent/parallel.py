@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from codeplane.agent.env import local_environment
-from codeplane.agent.loop import Agent, AgentConfig, ChatModel
+from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel
 
 REPO = Path(__file__).resolve().parents[2]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -76,7 +76,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=15)
     args = ap.parse_args()
-    model = ChatModel("http://127.0.0.1:9/v1", "unused")  # no model call is made
+    model = HttpChatModel("http://127.0.0.1:9/v1", "unused")  # no model call is made
     cores = len(os.sched_getaffinity(0))
     print(f"{'batch':26s} {'serial ms':>10s} {'parallel ms':>12s} {'speedup':>8s} "
           f"{'cpu ms':>7s} {'longest ms':>10s} {'ceiling':>8s}   ({cores} cores)")

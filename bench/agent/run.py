@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from codeplane.agent.env import local_environment
-from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Transcript
+from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel, Transcript
 from codeplane.sandbox import BwrapRunner, Limits
 
 HERE = Path(__file__).resolve().parent
@@ -80,7 +80,7 @@ def validate(tasks: list[tuple[str, dict]]) -> int:
 def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
                   transcript: Path, variant: dict) -> dict:
     record = Transcript(transcript)
-    agent = Agent(ChatModel(url, model), local_environment(ws),
+    agent = Agent(HttpChatModel(url, model), local_environment(ws),
                   AgentConfig(max_steps=steps, max_tokens=512, **variant), on_event=record)
     result = agent.run(task["prompt"])
     record.close()

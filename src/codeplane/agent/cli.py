@@ -12,7 +12,7 @@ import typer
 from rich.syntax import Syntax
 
 from codeplane.agent.env import LocalEnvironment, ToolError, local_environment
-from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Event, Transcript
+from codeplane.agent.loop import Agent, AgentConfig, Event, HttpChatModel, Transcript
 from codeplane.agent.tools import TOOLS, ToolContext, execute
 from codeplane.clikit import (
     ConfigOption,
@@ -67,7 +67,7 @@ def agent_cmd(
     if not task.strip():
         fail("task is empty")
     name = model or cfg.agent.get("model", "code-medium")
-    chat = ChatModel(base_url or server_url(server, config) + "/v1", name, api_key)
+    chat = HttpChatModel(base_url or server_url(server, config) + "/v1", name, api_key)
     agent = Agent(chat, env, AgentConfig(max_steps=max_steps, max_tokens=max_tokens,
                                          parallel=not serial), settings=cfg)
     record = Transcript(transcript or cfg.client_dir / "agent" / "runs" / f"{agent.run_id}.jsonl")

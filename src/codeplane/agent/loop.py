@@ -1,9 +1,10 @@
 """The agent loop: Model -> tool calls -> Environment, until the model answers without tools.
 
-Three small parts, in the spirit of mini-swe-agent: `ChatModel` (any OpenAI-compatible
-endpoint over httpx), an `Environment` (env.py) and `Agent`. Every step emits events; the same
-events feed the Rich CLI, the server's SSE stream and the JSONL transcript, so what a user sees,
-what an RL trainer replays and what the API returns cannot drift apart.
+Three small parts, in the spirit of mini-swe-agent: a `ChatModel` (`core/chat.py`: the HTTP
+client below, or the server's in-process gateway client), an `Environment` (env.py) and
+`Agent`. Every step emits events; the same events feed the Rich CLI, the server's SSE stream
+and the JSONL transcript, so what a user sees, what an RL trainer replays and what the API
+returns cannot drift apart.
 
 Several tool calls in one model turn run concurrently on a thread pool; a call waits only for
 earlier calls it conflicts with (same file written, or a command), and results go back to the
@@ -13,6 +14,7 @@ model in call order.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pathspec
 
 from codeplane.agent.env import Environment
 from codeplane.agent.prompts import (
@@ -49,97 +52,65 @@ from codeplane.agent.tools import (
     schemas,
     syntax_errors,
 )
+from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling, Turn, TurnBuilder
+from codeplane.core.sse import ChunkReader, StreamError
 from codeplane.models.toolcalls import parse_tool_calls
 
 Event = dict[str, Any]
-
-
-class ModelError(RuntimeError):
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Cancelled(Exception):
-    """The run was cancelled while a model reply was streaming."""
+log = logging.getLogger("codeplane.agent")
 
 
 def _http_error(resp: httpx.Response) -> ModelError:
     try:
         err = resp.json()["error"]
         message, code = err.get("message"), err.get("code")
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         message, code = resp.text[:500], None
     return ModelError(f"model server returned {resp.status_code}: {message}", code)
 
 
-def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> dict[str, Any]:
-    """Fold an OpenAI chat-completion SSE stream into one message (content, tool calls
-    accumulated by index, finish reason, usage). An in-band error, a malformed chunk or a
-    stream that ends before `[DONE]` raises ModelError: a cut reply is not an answer.
-
-    The gateway's `providers/openai._sse_chunks` reads the same format, but async and with
-    the gateway's retryable errors; the agent is a client of any provider and stays
-    independent of the server's internals."""
-    content, calls, finish, usage = [], {}, None, {}
-    for line in lines:
-        if cancel is not None and cancel.is_set():
-            raise Cancelled
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            break
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            chunk = None
-        if not isinstance(chunk, dict):
-            raise ModelError(f"model stream sent a malformed chunk: {data[:200]}",
-                             "bad_stream")
-        if "error" in chunk:
-            err = chunk["error"] or {}
-            raise ModelError(f"model stream failed: {err.get('message')}", err.get("code"))
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            content.append(delta.get("content") or "")
-            for part in delta.get("tool_calls") or []:
-                call = calls.setdefault(part.get("index", len(calls)), {
-                    "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-                call["id"] = part.get("id") or call["id"]
-                fn = part.get("function") or {}
-                call["function"]["name"] += fn.get("name") or ""
-                call["function"]["arguments"] += fn.get("arguments") or ""
-            finish = choice.get("finish_reason") or finish
-    else:
-        raise ModelError("model stream ended without [DONE] (connection cut)", "bad_stream")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return {"choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": usage}
+def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> Turn:
+    """Fold an OpenAI chat-completion SSE stream into one Turn, checking `cancel` before
+    each line (keep-alive comments included). A malformed, erroring or cut stream raises
+    ModelError: a cut reply is not an answer (the rules live in `core/sse`, shared with the
+    gateway)."""
+    reader, turn = ChunkReader(), TurnBuilder()
+    try:
+        for line in lines:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled
+            chunk = reader.feed(line)
+            if reader.done:
+                break
+            if chunk is not None:
+                turn.add(chunk)
+        reader.end()
+    except StreamError as exc:
+        raise ModelError(f"model stream {exc.message}", exc.code) from None
+    return turn.turn()
 
 
-class ChatModel:
-    """Chat completions with tools from an OpenAI-compatible endpoint (`codeplane serve`)."""
+class HttpChatModel:
+    """A `ChatModel` over any OpenAI-compatible endpoint (`codeplane serve`, a provider):
+    what the CLI uses. Server runs use the in-process gateway client instead."""
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
                  timeout: float = 900.0) -> None:
-        self.base_url, self.model = base_url.rstrip("/"), model
+        self.base_url, self.name = base_url.rstrip("/"), model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
-    def complete(self, messages: list[dict], tools: list[dict], max_tokens: int,
-                 temperature: float, tool_choice: str = "auto",
-                 cancel: threading.Event | None = None) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "via": "http", "base_url": self.base_url}
+
+    def complete(self, messages: list[dict], tools: list[dict], sampling: Sampling,
+                 cancel: threading.Event | None = None) -> Turn:
         """One chat completion, streamed so that `cancel` can end it between chunks: leaving
         the stream closes the connection, and the server stops generating (a run cancelled
-        mid-reply no longer keeps the CPU busy until the reply is complete). Returns the
-        non-streaming response shape."""
-        body = {"model": self.model, "messages": messages, "tools": tools,
-                "tool_choice": tool_choice, "max_tokens": max_tokens,
-                "temperature": temperature, "stream": True,
+        mid-reply no longer keeps the CPU busy until the reply is complete)."""
+        body = {"model": self.name, "messages": messages, "tools": tools,
+                "tool_choice": sampling.tool_choice, "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "stream": True,
                 "stream_options": {"include_usage": True}}
         try:
             with self.http.stream("POST", "/chat/completions", json=body) as resp:
@@ -215,6 +186,7 @@ class Agent:
         self._has_tests = self._verified = self._change_task = False
         self._start = time.monotonic()
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        self.steps = self.calls_made = 0
 
     def emit(self, event: Event) -> None:
         event = {"type": event.pop("type"), "run_id": self.run_id,
@@ -224,70 +196,91 @@ class Agent:
                 listener(event)
 
     def run(self, task: str) -> RunResult:
+        """Run the task to a terminal status. Whatever fails - listing the workspace, a
+        tool's scheduling, the model, a bug - the run ends with a `run_end` event and a
+        status; a run that silently stops would look "running" forever to its watchers."""
         self._start = time.monotonic()
-        files = list(list_files(self.env, self.env.root))
-        self._has_tests = any(_TEST_FILE.search(f) for f in files)
-        self._change_task = bool(_CHANGE.search(task))
-        user = task_message(task, files) + self._preread(task, files)
-        messages: list[dict] = [{"role": "system", "content": SYSTEM},
-                                {"role": "user", "content": user}]
-        self.emit({"type": "run_start", "time": time.time(), "task": task,
-                   "model": self.model.model, "base_url": self.model.base_url,
-                   "environment": self.env.metadata(), "config": asdict(self.config),
-                   "tools": self.tools, "messages": list(messages)})
-        status, answer, error, steps, calls_made = "max_steps", "", None, 0, 0
-        corrections, seen, force_next = 0, {}, False
+        messages: list[dict] = []
+        status, answer, error = "error", "", None
         try:
-            for steps in range(1, self.config.max_steps + 1):
-                if self.cancel.is_set():
-                    status = "cancelled"
-                    break
-                if sum(self.usage.values()) >= self.config.token_budget:
-                    status = "budget"
-                    break
-                force = steps <= self.config.required_steps or force_next
-                message = self._turn(steps, messages, "required" if force else "auto")
-                calls = message.get("tool_calls") or self._repair(steps, message)
-                force_next = False
-                if not calls:
-                    note, force_next = self._correction(message.get("content") or "",
-                                                        calls_made)
-                    if note and corrections < self.config.corrections:
-                        corrections += 1
-                        messages.append({"role": "user", "content": note})
-                        self.emit({"type": "user_message", "step": steps, "content": note})
-                        continue
-                    status, answer = "completed", message.get("content") or ""
-                    break
-                calls_made += len(calls)
-                for call, output in zip(calls, self._outputs(steps, calls, seen), strict=True):
-                    messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
-                                     "name": call["function"]["name"], "content": output})
-            if self.cancel.is_set():
-                status = "cancelled"
+            messages += self._setup(task)
+            status, answer = self._loop(messages)
         except ModelError as exc:
             status, error = "error", str(exc)
         except Cancelled:
             status = "cancelled"
+        except Exception as exc:  # any failure must still end the run
+            log.exception("agent run %s failed", self.run_id)
+            status, error = "error", f"internal error: {type(exc).__name__}: {exc}"
         finally:
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
-        result = RunResult(self.run_id, status, answer, steps, calls_made,
+        if status != "error" and self.cancel.is_set():
+            status = "cancelled"
+        result = RunResult(self.run_id, status, answer, self.steps, self.calls_made,
                            self.usage["prompt_tokens"], self.usage["completion_tokens"],
-                           round(time.monotonic() - self._start, 3), self.model.model,
+                           round(time.monotonic() - self._start, 3), self.model.name,
                            error=error, todos=list(self.ctx.todos))
         self.emit({"type": "run_end", **result.to_dict(), "messages": messages})
         return result
+
+    def _setup(self, task: str) -> list[dict]:
+        """The first two messages, announced by `run_start`."""
+        files = list(list_files(self.env, self.env.root))
+        self._has_tests = any(_TEST_FILE.search(f) for f in files)
+        self._change_task = bool(_CHANGE.search(task))
+        user = task_message(task, files) + self._preread(task, files)
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        self.emit({"type": "run_start", "time": time.time(), "task": task,
+                   "model": self.model.name, "model_info": self.model.describe(),
+                   "environment": self.env.metadata(), "config": asdict(self.config),
+                   "tools": self.tools, "messages": list(messages)})
+        return messages
+
+    def _loop(self, messages: list[dict]) -> tuple[str, str]:
+        """Turns until an answer or a limit: (status, answer). Progress is counted in
+        `steps` and `calls_made` as it happens, so a run that fails midway reports it."""
+        corrections, seen, force_next = 0, {}, False
+        for step in range(1, self.config.max_steps + 1):
+            self.steps = step
+            if self.cancel.is_set():
+                return "cancelled", ""
+            if sum(self.usage.values()) >= self.config.token_budget:
+                return "budget", ""
+            force = self.steps <= self.config.required_steps or force_next
+            message = self._turn(self.steps, messages, "required" if force else "auto")
+            calls = message.get("tool_calls") or self._repair(self.steps, message)
+            force_next = False
+            if not calls:
+                note, force_next = self._correction(message.get("content") or "",
+                                                    self.calls_made)
+                if note and corrections < self.config.corrections:
+                    corrections += 1
+                    messages.append({"role": "user", "content": note})
+                    self.emit({"type": "user_message", "step": self.steps, "content": note})
+                    continue
+                return "completed", message.get("content") or ""
+            self.calls_made += len(calls)
+            outputs = self._outputs(self.steps, calls, seen)
+            for call, output in zip(calls, outputs, strict=True):
+                messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
+                                 "name": call["function"]["name"], "content": output})
+        return "max_steps", ""
 
     def _preread(self, task: str, files: list[str]) -> str:
         """Files the task names, read for the model and appended to the task: like an
         @-mention in an editor. Small models otherwise edit files they never read. Plain
         text rather than a made-up read_file turn: after such a turn code-medium copied
-        `<tool_response>` blocks instead of acting (5 of 17 runs)."""
-        named = mentioned(task, files)[: self.config.preread]
+        `<tool_response>` blocks instead of acting (5 of 17 runs).
+
+        Secret files (`.env`, keys, credentials) are never pre-read: the prompt leaves this
+        machine when the model is a provider, and a task naming `id_rsa` is no consent."""
+        named = [f for f in mentioned(task, files) if not _SECRET_FILES.match_file(f)]
         parts = [execute(self.env, "read_file", {"path": path}, self.ctx,
-                         self.config.max_result_chars).output for path in named]
+                         self.config.max_result_chars).output
+                 for path in named[: self.config.preread]]
+        parts = [p for p in parts if _PRIVATE_KEY not in p]
         if not parts:
             return ""
         return ("\n\nThe files the task names, already read for you (you may edit them):\n\n"
@@ -296,25 +289,23 @@ class Agent:
     def _turn(self, step: int, messages: list[dict], tool_choice: str = "auto") -> dict:
         """One model call; on context overflow compact harder and retry once."""
         start = time.monotonic()
-        args = (self.tools, self.config.max_tokens, self.config.temperature, tool_choice,
-                self.cancel)
+        sampling = Sampling(self.config.max_tokens, self.config.temperature, tool_choice)
         try:
-            reply = self.model.complete(messages, *args)
+            turn = self.model.complete(messages, self.tools, sampling, self.cancel)
         except ModelError as exc:
             if exc.code != "context_length_exceeded" or not self._compact(step, messages, 0):
                 raise
-            reply = self.model.complete(messages, *args)
-        usage = reply.get("usage") or {}
+            turn = self.model.complete(messages, self.tools, sampling, self.cancel)
         for key in self.usage:
-            self.usage[key] += int(usage.get(key) or 0)
-        choice = reply["choices"][0]
-        message = {k: v for k, v in choice["message"].items()
+            self.usage[key] += int(turn.usage.get(key) or 0)
+        message = {k: v for k, v in turn.message.items()
                    if k in ("role", "content", "tool_calls")}
         messages.append(message)
-        self.emit({"type": "model_turn", "step": step, "message": message, "usage": usage,
-                   "tool_choice": tool_choice, "finish_reason": choice.get("finish_reason"),
-                   "seconds": round(time.monotonic() - start, 3)})
-        if int(usage.get("prompt_tokens") or 0) > self.config.context_tokens:
+        self.emit({"type": "model_turn", "step": step, "message": message, "usage": turn.usage,
+                   "tool_choice": tool_choice, "finish_reason": turn.finish_reason,
+                   "seconds": round(time.monotonic() - start, 3),
+                   **({"logprobs": turn.logprobs} if turn.logprobs else {})})
+        if int(turn.usage.get("prompt_tokens") or 0) > self.config.context_tokens:
             self._compact(step, messages, self.config.keep_turns)
         return message
 
@@ -510,6 +501,14 @@ def _arguments(raw: Any) -> dict | str:
     return value if isinstance(value, dict) else str(raw)
 
 
+# Never pre-read into a prompt. Narrower than the index's ignore list (indexing/scan.py),
+# which also skips build and vendor folders that a task may rightly name.
+_SECRET_FILES = pathspec.GitIgnoreSpec.from_lines([
+    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
+    "*.keystore", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", ".ssh/", ".aws/",
+    ".gnupg/", ".netrc", ".npmrc", ".pypirc", ".git-credentials", "credentials*.json",
+    "secret*.json", "secret*.y*ml", "secret*.toml", "*.secret", ".htpasswd"])
+_PRIVATE_KEY = "PRIVATE KEY-----"  # a PEM key under any name
 _TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$)")
 # A task that asks for a change ("Fix ...", "rename ...", "should also include ...").
 _CHANGE = re.compile(r"\b(?:fix|implement|rename|add|change|create|delete|remove|update|"

@@ -1,116 +1,201 @@
 """`POST /v1/agent/runs` (SSE stream of run events), `GET /v1/agent/runs/{id}`,
-`POST /v1/agent/runs/{id}/cancel`.
+`GET /v1/agent/runs/{id}/events` (SSE from the first event), `POST .../{id}/cancel`.
 
-A run executes the same `Agent` as the CLI on a thread of its own, talking to this server's own
-OpenAI endpoint over loopback. Its events stay in memory only: transcripts hold source code,
-and the server persists no source code (CONTRIBUTING: privacy boundary).
+A run executes the same `Agent` as the CLI on a thread of its own. What it may do is server
+policy, not the request's wish: it works in a directory under `serve.workspace_roots`, inside
+the sandbox and without network unless `serve.allow_unsandboxed` / `serve.allow_network` let
+a request ask otherwise, and it reaches models in-process through the gateway with the
+caller's key and priority (no loopback call, nothing taken from the Host header). Runs belong
+to the caller's tenant: another tenant's run id is reported missing (404).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections import OrderedDict
+import os
+import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from codeplane.agent.env import ToolError, local_environment
-from codeplane.agent.loop import Agent, AgentConfig, ChatModel, Event, RunResult
-from codeplane.sandbox import SandboxUnavailable
+from codeplane.agent.loop import Agent, AgentConfig, Event
+from codeplane.agent.runs import Run, RunLimit, RunManager
+from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError, not_found
+from codeplane.core.principal import Principal, principal_of
+from codeplane.gateway.client import GatewayChatModel
+from codeplane.gateway.router import Client, Gateway
+from codeplane.gateway.routes import gateway_of
+from codeplane.sandbox import SandboxUnavailable
 
-router = APIRouter()
-MAX_RUNS = 100  # finished runs kept for GET; the oldest are forgotten
 KEEPALIVE = 5.0  # seconds without an event before the stream sends a comment line
 
 
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    """Cancel runs still going at shutdown, so each ends with its `run_end`."""
+    yield
+    manager = getattr(app.state, "agent_runs", None)
+    if manager is not None:
+        await asyncio.to_thread(manager.close)
+
+
+router = APIRouter(lifespan=lifespan)
+
+
+def runs_of(app: FastAPI) -> RunManager:
+    """The app's run manager (until the server builds its services in one place)."""
+    manager = getattr(app.state, "agent_runs", None)
+    if manager is None:
+        cap = app.state.settings.serve.max_runs_per_tenant
+        manager = app.state.agent_runs = RunManager(cap)
+    return manager
+
+
+def _text(value: str) -> str:
+    """Refuse a NUL character, which no path or prompt holds and which the OS calls reject
+    deep inside a run (a 400 here, not a 500 there). Lone surrogates are refused by the
+    JSON parser already."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
 class RunRequest(BaseModel):
-    task: str = Field(min_length=1)
-    path: str = Field(min_length=1, description="workspace directory on the server machine")
-    model: str = "code-medium"
+    model_config = ConfigDict(extra="forbid")
+    task: str = Field(min_length=1, max_length=100_000)
+    path: str = Field(min_length=1, max_length=4096,
+                      description="absolute workspace directory under a serve.workspace_roots "
+                                  "entry on the server machine")
+    model: str = Field("code-medium", min_length=1, max_length=200)
     max_steps: int = Field(25, ge=1, le=200)
     max_tokens: int = Field(1024, ge=16, le=8192)
-    sandbox: bool = True
-    network: bool = False
+    sandbox: bool = Field(True, description="false is refused unless serve.allow_unsandboxed")
+    network: bool = Field(False, description="true is refused unless serve.allow_network")
     stream: bool = True
 
-
-class Run:
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.events: list[Event] = []
-        self.result: RunResult | None = None
-        self.subscribers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = []
-        self.lock = threading.Lock()
-        agent.listeners.append(self.publish)
-
-    def publish(self, event: Event) -> None:
-        with self.lock:
-            self.events.append(event)
-            for loop, queue in self.subscribers:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-
-    def subscribe(self) -> tuple[list[Event], asyncio.Queue]:
-        queue: asyncio.Queue = asyncio.Queue()
-        with self.lock:
-            self.subscribers.append((asyncio.get_running_loop(), queue))
-            return list(self.events), queue
-
-    def status(self) -> str:
-        return self.result.status if self.result else "running"
+    _checked = field_validator("task", "path", "model")(_text)
 
 
-def _runs(request: Request) -> OrderedDict[str, Run]:
-    state = request.app.state
-    if not hasattr(state, "agent_runs"):
-        state.agent_runs = OrderedDict()
-    return state.agent_runs
+def check_policy(body: RunRequest, serve: ServeSettings) -> Path:
+    """The run's workspace, if server policy allows this request; APIError otherwise."""
+    if not body.sandbox and not serve.allow_unsandboxed:
+        raise APIError(403, "sandbox=false is not allowed on this server: agent commands "
+                            "always run in the sandbox (an operator can allow it with "
+                            "serve.allow_unsandboxed = true)", code="unsandboxed_not_allowed",
+                       param="sandbox")
+    if body.network and not serve.allow_network:
+        raise APIError(403, "network=true is not allowed on this server: sandboxed commands "
+                            "have no network (an operator can allow it with "
+                            "serve.allow_network = true)", code="network_not_allowed",
+                       param="network")
+    return workspace(body.path, serve.workspace_roots)
+
+
+def workspace(path: str, roots: list[Path]) -> Path:
+    """`path` resolved (symlinks included) if it lies under one of `roots`."""
+    if not roots:
+        raise APIError(403, "server-side agent runs are off: no workspace roots are "
+                            "configured. An operator enables them by naming the directories "
+                            "runs may work under: `workspace_roots = [\"/srv/code\"]` in the "
+                            "[serve] section of codeplane.toml (or CODEPLANE_SERVE__WORKSPACE_"
+                            "ROOTS='[\"/srv/code\"]'). Or run the agent on your machine with "
+                            "`codeplane agent`", code="no_workspace_roots", param="path")
+    if not Path(path).is_absolute():
+        raise APIError(400, f"path {path!r} must be absolute", param="path")
+    real = Path(os.path.realpath(path))
+    for root in roots:
+        top = Path(os.path.realpath(root.expanduser()))
+        if real == top or top in real.parents:
+            break
+    else:
+        allowed = ", ".join(str(r) for r in roots)
+        raise APIError(403, f"path {path!r} is outside the workspace roots ({allowed})",
+                       code="outside_workspace_roots", param="path")
+    try:
+        is_dir = real.is_dir()
+    except OSError as exc:
+        raise APIError(400, f"path {path!r}: {exc.strerror}", param="path") from None
+    if not is_dir:
+        raise APIError(400, f"workspace {path} is not a directory", param="path")
+    return real
+
+
+def gateway_client(request: Request, gateway: Gateway, principal: Principal,
+                   run_id: str) -> Client:
+    """The run's identity at the gateway: the caller's key (its limits and budget), its
+    priority class and address; the run id names every model request in the logs."""
+    key = None
+    if principal.key_id is not None:
+        key = next((k for k in gateway.keys.all()
+                    if k.id == principal.key_id and not k.revoked), None)
+        if key is None:  # revoked since the gate let the request in: not a keyless run
+            raise APIError(401, "the API key was revoked", code="invalid_api_key")
+    priority = key.priority if key else gateway.cfg.gateway.default_priority
+    ip = request.client.host if request.client else "unknown"
+    return Client(priority=priority, ip=ip, key=key, request_id=f"run-{run_id}")
 
 
 @router.post("/v1/agent/runs")
 async def create_run(body: RunRequest, request: Request):
-    root = Path(body.path).expanduser()
+    principal = principal_of(request)
+    settings = request.app.state.settings
+    root = check_policy(body, settings.serve)
+    manager, gateway = runs_of(request.app), gateway_of(request.app)
+    if gateway.group(body.model) is None:
+        raise not_found(f"model {body.model!r} does not exist; available: "
+                        f"{', '.join(sorted(gateway.groups))}")
     try:
-        env = await asyncio.to_thread(local_environment, root.resolve(), body.sandbox,
+        manager.admit(principal.tenant)  # before the sandbox probe; again at start
+    except RunLimit as exc:
+        raise _limit(exc) from None
+    try:
+        env = await asyncio.to_thread(local_environment, root, body.sandbox,
                                       body.network)  # the sandbox probe spawns bwrap
     except ToolError as exc:
         raise APIError(400, str(exc), param="path") from None
     except SandboxUnavailable as exc:
         raise APIError(503, f"refusing to run: {exc}", type="server_error",
                        code="sandbox_unavailable") from None
-    model = ChatModel(str(request.base_url).rstrip("/") + "/v1", body.model)
+    run_id = uuid.uuid4().hex[:16]
+    model = GatewayChatModel(gateway, body.model,
+                             gateway_client(request, gateway, principal, run_id),
+                             asyncio.get_running_loop())
     agent = Agent(model, env, AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens),
-                  settings=request.app.state.settings)
-    run = Run(agent)
-    runs = _runs(request)
-    runs[agent.run_id] = run
-    while len(runs) > MAX_RUNS:
-        runs.popitem(last=False)
-    backlog, queue = run.subscribe() if body.stream else ([], None)
-
-    def work() -> None:
-        try:
-            run.result = agent.run(body.task)
-        finally:
-            model.close()
-
-    threading.Thread(target=work, name=f"agent-{agent.run_id}", daemon=True).start()
+                  settings=settings, run_id=run_id)
+    try:
+        run = manager.start(principal.tenant, agent, body.task, model)
+    except RunLimit as exc:
+        raise _limit(exc) from None
     if not body.stream:
-        return {"id": agent.run_id, "status": "running"}
-    return StreamingResponse(_sse(run, backlog, queue), media_type="text/event-stream",
-                             headers={"X-Agent-Run-Id": agent.run_id})
+        return {"id": run.id, "status": "running"}
+    return _stream(run, cancel_on_hangup=True)
 
 
-async def _sse(run: Run, backlog: list[Event], queue: asyncio.Queue) -> AsyncIterator[str]:
-    """The run's events; a client that hangs up cancels the run (its running command is
-    killed): nobody is left to see the result, and the CPU it holds is shared. Runs started
-    with stream=false are not tied to a connection."""
+def _stream(run: Run, cancel_on_hangup: bool) -> StreamingResponse:
+    backlog, queue = run.subscribe()
+    return StreamingResponse(_sse(run, backlog, queue, cancel_on_hangup),
+                             media_type="text/event-stream", headers={"X-Agent-Run-Id": run.id})
+
+
+def _limit(exc: RunLimit) -> APIError:
+    return APIError(429, str(exc), type="rate_limit_error", code="too_many_runs",
+                    headers={"retry-after": "10"})
+
+
+async def _sse(run: Run, backlog: list[Event], queue: asyncio.Queue,
+               cancel_on_hangup: bool) -> AsyncIterator[str]:
+    """The run's events, from the first. When the client that started the run hangs up,
+    the run is cancelled (its running command is killed): nobody is left to see the result,
+    and the CPU it holds is shared. Runs started with stream=false are not tied to a
+    connection, and a watcher (`GET .../events`) that leaves cancels nothing."""
     ended = False
     try:
         for event in backlog:
@@ -126,12 +211,13 @@ async def _sse(run: Run, backlog: list[Event], queue: asyncio.Queue) -> AsyncIte
             ended = event["type"] == "run_end"
         yield "data: [DONE]\n\n"
     finally:
-        if not ended:
+        run.unsubscribe(queue)
+        if not ended and cancel_on_hangup:
             run.agent.cancel.set()
 
 
 def _get(request: Request, run_id: str) -> Run:
-    run = _runs(request).get(run_id)
+    run = runs_of(request.app).get(principal_of(request).tenant, run_id)
     if run is None:
         raise not_found(f"agent run {run_id!r} does not exist", code="run_not_found",
                         param="run_id")
@@ -144,6 +230,13 @@ def get_run(run_id: str, request: Request) -> dict[str, Any]:
     return {"id": run_id, "status": run.status(),
             "result": run.result.to_dict() if run.result else None,
             "transcript": list(run.events)}
+
+
+@router.get("/v1/agent/runs/{run_id}/events")
+async def watch_run(run_id: str, request: Request) -> StreamingResponse:
+    """The run's events as server-sent events, from the first: reattach after a disconnect,
+    or watch a run started with stream=false."""
+    return _stream(_get(request, run_id), cancel_on_hangup=False)
 
 
 @router.post("/v1/agent/runs/{run_id}/cancel")

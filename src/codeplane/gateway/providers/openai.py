@@ -10,7 +10,6 @@ router turns into an explicit error event instead of a silent truncation.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from codeplane.core.sse import StreamError, aiter_chunks
 from codeplane.gateway.config import DeploymentConfig
 from codeplane.gateway.providers.base import Call, UpstreamError, status_error
 
@@ -117,26 +117,9 @@ async def open_stream(client: httpx.AsyncClient, request: httpx.Request,
 
 async def _sse_chunks(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     try:
-        async for line in reply.aiter_lines():
-            if not line.startswith("data:"):
-                continue  # comments, event names, keep-alives
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                raise UpstreamError(502, f"upstream sent a malformed chunk: {data[:120]!r}",
-                                    retryable=True) from None
-            if not isinstance(chunk, dict):
-                raise UpstreamError(502, f"upstream sent a malformed chunk: {data[:120]!r}",
-                                    retryable=True)
-            if "error" in chunk:
-                err = chunk["error"]
-                message = err.get("message") if isinstance(err, dict) else str(err)
-                raise UpstreamError(502, f"upstream error mid-stream: {message}", retryable=True)
+        async for chunk in aiter_chunks(reply.aiter_lines()):
             yield chunk
+    except StreamError as exc:
+        raise UpstreamError(502, f"upstream stream {exc.message}", retryable=True) from None
     except httpx.HTTPError as exc:
         raise transport_error(exc, "upstream stream broke") from None
-    raise UpstreamError(502, "upstream stream ended without [DONE] (connection cut)",
-                        retryable=True)

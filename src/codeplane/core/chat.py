@@ -1,0 +1,103 @@
+"""The model seam: what the agent (or an RL trainer) needs from a chat model, and nothing more.
+
+`ChatModel.complete(messages, tools, sampling, cancel) -> Turn`. Implementations: the agent's
+HTTP client for any OpenAI-compatible endpoint (`agent/loop.py`, used by the CLI) and the
+in-process gateway client (`gateway/client.py`, used by server runs: the caller's key,
+admission and priority, no loopback call). Both fold the same OpenAI stream chunks with
+`TurnBuilder`, so a reply means the same thing whichever way it arrived.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class ModelError(RuntimeError):
+    """The model call failed; `code` is the OpenAI error code when one is known (the loop
+    reacts to "context_length_exceeded")."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Cancelled(Exception):
+    """The run was cancelled while a model reply was streaming."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    tool_choice: str = "auto"  # "auto" | "required" | "none"
+
+
+@dataclass
+class Turn:
+    """One assistant reply: the message (role, content, tool_calls), why it stopped, token
+    usage, and per-token logprobs when the model reports them (for training)."""
+
+    message: dict[str, Any]
+    finish_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    logprobs: list[float] | None = None
+
+
+class ChatModel(Protocol):
+    name: str
+
+    def complete(self, messages: list[dict], tools: list[dict], sampling: Sampling,
+                 cancel: threading.Event | None = None) -> Turn:
+        """One reply. Raises ModelError on failure, Cancelled once `cancel` is set."""
+
+    def describe(self) -> dict[str, Any]:
+        """What a transcript records about the model (name, how it is reached; no secret)."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+class TurnBuilder:
+    """Folds OpenAI chat-completion stream chunks into one Turn: content concatenated, tool
+    calls accumulated by index, the last finish reason and usage. A chunk of the wrong shape
+    raises ModelError instead of an AttributeError deep in a run."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        self.usage: dict[str, int] = {}
+        self.logprobs: list[float] = []
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        try:
+            if chunk.get("usage"):
+                self.usage = dict(chunk["usage"])
+            for choice in chunk.get("choices") or []:
+                self._choice(choice)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ModelError(f"model stream sent a chunk of the wrong shape ({exc}): "
+                             f"{str(chunk)[:200]}", "bad_stream") from None
+
+    def _choice(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta") or {}
+        self.content.append(delta.get("content") or "")
+        for part in delta.get("tool_calls") or []:
+            call = self.calls.setdefault(int(part.get("index", len(self.calls))), {
+                "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            call["id"] = part.get("id") or call["id"]
+            fn = part.get("function") or {}
+            call["function"]["name"] += fn.get("name") or ""
+            call["function"]["arguments"] += fn.get("arguments") or ""
+        for token in (choice.get("logprobs") or {}).get("content") or []:
+            self.logprobs.append(float(token["logprob"]))
+        self.finish = choice.get("finish_reason") or self.finish
+
+    def turn(self) -> Turn:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        usage = {k: int(v) for k, v in self.usage.items() if isinstance(v, int)}
+        return Turn(message, self.finish, usage, self.logprobs or None)

@@ -1,0 +1,83 @@
+"""One reader for OpenAI-style server-sent event streams (`data: {json}` lines, `data: [DONE]`).
+
+The gateway's OpenAI provider and the agent's HTTP model both read this format; they share
+the rules that decide when a stream is broken: a chunk that is not a JSON object, an in-band
+`{"error": ...}` (an object or, from some servers, a bare string), or an end without
+`[DONE]` is an error, never a short answer. Each caller maps `StreamError` to its own error
+type (the gateway's retryable UpstreamError, the agent's ModelError).
+
+Hand-written rather than httpx-sse: that library is not a dependency, and every stream read
+here sends one `data:` line per event, so multi-line data fields and event ids (what a full
+SSE parser adds) never occur; what matters is the error rules above, which no SSE library has.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+DONE = "[DONE]"
+
+
+class StreamError(Exception):
+    """The stream is broken or reported a failure; `code` is the upstream's error code when
+    it sent one, else "bad_stream"."""
+
+    def __init__(self, message: str, code: str = "bad_stream") -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+def chunk_error(chunk: dict[str, Any]) -> StreamError | None:
+    """The in-band error a chunk carries, if any, whatever shape the server gave it."""
+    if "error" not in chunk:
+        return None
+    err = chunk["error"]
+    message, code = (err.get("message"), err.get("code")) if isinstance(err, dict) else (err, None)
+    return StreamError(f"failed mid-stream: {message}", str(code) if code else "stream_error")
+
+
+class ChunkReader:
+    """Turns lines into chunks, one line at a time: the agent's blocking reader (which also
+    checks for cancellation between lines) and `aiter_chunks` below both use it."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def feed(self, line: str) -> dict[str, Any] | None:
+        """The chunk a line carries; None for comments, keep-alives, event names and
+        `[DONE]` (which sets `done`). Raises StreamError for a malformed or error chunk."""
+        if not line.startswith("data:"):
+            return None
+        data = line[5:].strip()
+        if data == DONE:
+            self.done = True
+            return None
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            raise StreamError(f"sent a malformed chunk: {data[:120]!r}")
+        error = chunk_error(chunk)
+        if error is not None:
+            raise error
+        return chunk
+
+    def end(self) -> None:
+        """The lines ran out: fine after `[DONE]`, a cut connection otherwise."""
+        if not self.done:
+            raise StreamError("ended without [DONE] (connection cut)")
+
+
+async def aiter_chunks(lines: AsyncIterable[str]) -> AsyncIterator[dict[str, Any]]:
+    """Chunks of a stream read asynchronously; stops at `[DONE]`."""
+    reader = ChunkReader()
+    async for line in lines:
+        chunk = reader.feed(line)
+        if reader.done:
+            return
+        if chunk is not None:
+            yield chunk
+    reader.end()
