@@ -281,13 +281,14 @@ def test_cancellation_and_model_errors(scripted, repo) -> None:
     scripted.script = [{"content": "a long answer " * 40}]  # 140 chunks, 14 s
     agent = agent_for(scripted, repo)
     threading.Timer(0.5, agent.cancel.set).start()
+    before = scripted.abandoned  # the first run's cancel may have cut a stream too (load)
     start = time.monotonic()
     result = agent.run("answer at length")
     assert result.status == "cancelled" and time.monotonic() - start < 3
     deadline = time.monotonic() + 5
-    while scripted.abandoned == 0 and time.monotonic() < deadline:
+    while scripted.abandoned == before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert scripted.abandoned == 1  # the connection closed: a real server stops generating
+    assert scripted.abandoned > before  # the connection closed: a real server stops generating
     scripted.chunk_delay = 0.0
     scripted.script = [{"error": {"message": "model 'x' does not exist"}, "status": 404}]
     err = agent_for(scripted, repo).run("hi")

@@ -22,7 +22,6 @@ from conftest import LiveServer, free_port, make_settings
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from codeplane.core.principal import Principal
 from codeplane.gateway.keys import KeyStore
 from codeplane.models.engine import Engine
 from codeplane.server.app import create_app
@@ -119,22 +118,6 @@ class ScriptedModel:
             raise
 
 
-class TenantHeader:
-    """ASGI wrapper: the principal is the tenant named by `x-test-tenant` (default "t1")
-    with the API key id in `x-test-key` (default none)."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope["headers"])
-            key = headers.get(b"x-test-key")
-            scope.setdefault("state", {})["principal"] = Principal(
-                headers.get(b"x-test-tenant", b"t1").decode(), key.decode() if key else None)
-        await self.app(scope, receive, send)
-
-
 def run_server(home: Path, model_url: str | None, engine: Engine | None = None,
                gateway: dict | None = None, **serve) -> LiveServer:
     """A real codeplane server on loopback; `model_url` is served as the model "scripted"."""
@@ -142,8 +125,7 @@ def run_server(home: Path, model_url: str | None, engine: Engine | None = None,
                "model": "scripted"}] if model_url else []
     settings = make_settings(home, models=models, gateway=gateway or {}, serve=serve)
     app = create_app(settings, engine=engine or Engine(settings))
-    server = LiveServer(TenantHeader(app), free_port())
-    server.app = app
+    server = LiveServer(app, free_port())
     return server.start()
 
 
@@ -158,12 +140,14 @@ def wait_for(condition: Callable[[], Any], timeout: float = 30, what: str = "") 
 
 
 def caller(server: LiveServer, tenant: str = "t1", **key_options) -> dict[str, str]:
-    """Headers that make a request come from `tenant`, through its API key (created on first
-    use with `key_options`: budget_tokens, priority, ...; named after the tenant)."""
+    """Headers that make a request come from `tenant`, through a real API key of that tenant
+    (created on first use with `key_options`: budget_tokens, priority, ...), so every request
+    passes the server's own auth gate."""
     callers = server.__dict__.setdefault("callers", {})
     if tenant not in callers:
-        key, _ = KeyStore(server.app.state.settings.server_dir).create(tenant, **key_options)
-        callers[tenant] = {"x-test-tenant": tenant, "x-test-key": key.id}
+        _, secret = KeyStore(server.app.state.settings.server_dir).create(
+            tenant, tenant=tenant, **key_options)
+        callers[tenant] = {"authorization": f"Bearer {secret}"}
         wait_for(lambda: httpx.get(f"{server.url}/v1/models",  # the server has seen it
                                    headers=callers[tenant]).status_code == 200)
     return callers[tenant]

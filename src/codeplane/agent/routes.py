@@ -16,11 +16,10 @@ import json
 import os
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -38,25 +37,12 @@ from codeplane.sandbox import SandboxUnavailable
 KEEPALIVE = 5.0  # seconds without an event before the stream sends a comment line
 
 
-@asynccontextmanager
-async def lifespan(app: FastAPI):
-    """Cancel runs still going at shutdown, so each ends with its `run_end`."""
-    yield
-    manager = getattr(app.state, "agent_runs", None)
-    if manager is not None:
-        await asyncio.to_thread(manager.close)
+router = APIRouter()
 
 
-router = APIRouter(lifespan=lifespan)
-
-
-def runs_of(app: FastAPI) -> RunManager:
-    """The app's run manager (until the server builds its services in one place)."""
-    manager = getattr(app.state, "agent_runs", None)
-    if manager is None:
-        cap = app.state.settings.serve.max_runs_per_tenant
-        manager = app.state.agent_runs = RunManager(cap)
-    return manager
+def runs_of(request: Request) -> RunManager:
+    """The app's run manager, built by the composition root (`server/services.py`)."""
+    return request.app.state.services.runs
 
 
 def _text(value: str) -> str:
@@ -148,7 +134,7 @@ async def create_run(body: RunRequest, request: Request):
     principal = principal_of(request)
     settings = request.app.state.settings
     root = check_policy(body, settings.serve)
-    manager, gateway = runs_of(request.app), gateway_of(request.app)
+    manager, gateway = runs_of(request), gateway_of(request)
     if gateway.group(body.model) is None:
         raise not_found(f"model {body.model!r} does not exist; available: "
                         f"{', '.join(sorted(gateway.groups))}")
@@ -217,7 +203,7 @@ async def _sse(run: Run, backlog: list[Event], queue: asyncio.Queue,
 
 
 def _get(request: Request, run_id: str) -> Run:
-    run = runs_of(request.app).get(principal_of(request).tenant, run_id)
+    run = runs_of(request).get(principal_of(request).tenant, run_id)
     if run is None:
         raise not_found(f"agent run {run_id!r} does not exist", code="run_not_found",
                         param="run_id")

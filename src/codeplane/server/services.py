@@ -7,12 +7,14 @@ first use.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from codeplane.agent.runs import RunManager
 from codeplane.config import ConfigError, Settings
 from codeplane.core.metrics import Metrics
 from codeplane.gateway.keys import KeyStore
@@ -32,10 +34,8 @@ class Services:
     keys: KeyStore  # the one key store: the auth gate and the gateway's limits share it
     gateway: Gateway
     tab: TabService
+    runs: RunManager  # agent runs: tenant-scoped, capped, each ends with `run_end`
     owns_engine: bool = True  # a shared engine (tests, embedding callers) outlives the app
-    # Agent runs: the agent compartment's run service (tenant-scoped runs, caps, run_end
-    # guarantees) goes here; its routes read `request.app.state.services.runs`.
-    runs: Any = None
     _search: SearchService | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -52,10 +52,8 @@ class Services:
             return self._search
 
     async def aclose(self) -> None:
+        await asyncio.to_thread(self.runs.close)  # cancels runs still going: each ends
         await self.gateway.aclose()
-        close_runs = getattr(self.runs, "close", None)
-        if close_runs is not None:
-            close_runs()
         with self._lock:
             if self._search is not None:
                 self._search.close()
@@ -77,4 +75,5 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
         raise ConfigError(f"invalid [tab] settings: {exc}") from None
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
                     gateway=Gateway(settings, engine, metrics, keys=keys), tab=tab,
+                    runs=RunManager(settings.serve.max_runs_per_tenant),
                     owns_engine=owns_engine)
