@@ -18,13 +18,13 @@ import httpx
 import numpy as np
 import pytest
 from conftest import LiveServer, free_port, make_settings
+from indexkit import tenant_app, write
 
 from codeplane.indexing.api import IndexUnavailable, search, search_workspace
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState, workspace_dir
 from codeplane.indexing.sync import sync
-from codeplane.search.embed import OpenAIEmbedder, embedder_from_config
-from codeplane.server.app import create_app
+from codeplane.models.embed import OpenAIEmbedder, embedder_from_config
 
 AWS_KEY = "AKIA" + "QYLPMN5HHHFPZAM2"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYzQ8mLpR4tUvW"
@@ -106,13 +106,6 @@ def rotate_deploy_keys(servers):
 }
 
 
-def write(root: Path, files: dict[str, str]) -> None:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-
-
 class Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -126,7 +119,7 @@ class Capture(logging.Handler):
 def server(tmp_path_factory):
     """A real server with its own CODEPLANE_HOME, so its storage can be audited alone."""
     cfg = make_settings(tmp_path_factory.mktemp("server") / "home")
-    live = LiveServer(create_app(cfg), free_port()).start()
+    live = LiveServer(tenant_app(cfg), free_port()).start()
     yield live, cfg
     live.stop()
 

@@ -26,6 +26,18 @@ MAX_TOKENS = 512
 BATCH_TOKENS = 4096  # padded tokens per ONNX batch: caps peak RSS near 0.8 GB (vs 1.6 GB at 32)
 
 
+def rotation(server_key: str, dim: int) -> np.ndarray:
+    """The workspace's secret orthogonal matrix: QR of a Gaussian seeded by the server key,
+    signs fixed so it is unique. Vectors are stored (and, in client-side embedding mode, sent)
+    as `v @ rotation.T`; cosine similarity is unchanged. It lives here because both the client
+    (`indexing/`, client-side mode) and the server (`search/`) apply it."""
+    seed = int.from_bytes(hashlib.sha256(b"codeplane-rotation\0" + server_key.encode())
+                          .digest(), "big")
+    gauss = np.random.default_rng(seed).standard_normal((dim, dim))
+    q, r = np.linalg.qr(gauss)
+    return (q * np.sign(np.diag(r))).astype(np.float32)
+
+
 class EmbedderUnavailable(RuntimeError):
     """The embedding backend cannot run; the message says how to fix it."""
 
