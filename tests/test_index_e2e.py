@@ -175,16 +175,42 @@ def test_index_then_search_finds_the_function(indexed) -> None:
 
 def test_planted_secrets_never_reach_the_server(indexed) -> None:
     root, cfg, report, wire = indexed
-    assert report.chunks_withheld_secrets == 2
+    assert report.files_withheld_secrets == 2
     assert set(report.secret_types) == {"AWS Access Key", "Private Key"}
+    assert report.chunks_withheld_secrets >= 3  # every chunk of both files, not just one each
     sent = b"".join(wire)
     assert b"parse_duration_string" in sent  # the capture does see uploaded chunk text
     for secret in (AWS_KEY, AWS_SECRET, PEM_BODY, "BEGIN RSA PRIVATE KEY"):
         assert secret.encode() not in sent
     assert b"quarterly_margin_projection" not in sent  # ignored file
-    # the files' other chunks were still indexed
-    hits = search_workspace(root, "names of backup tarballs in the bucket newest first", 2, cfg)
-    assert hits[0]["path"] == "auth/cloud.py" and "list_backup_archives" in hits[0]["snippet"]
+    # the rest of a file with a secret stays on this machine too; lexical fusion still finds it
+    assert b"list_backup_archives" not in sent and b"rotate_deploy_keys" not in sent
+    rrf = make_settings(cfg.home, server=cfg.server, indexing={"fusion": "rrf"})
+    hits = search_workspace(root, "list_backup_archives newest first", 3, rrf)
+    assert any("list_backup_archives" in h["snippet"] for h in hits)
+
+
+def test_a_key_split_over_chunks_withholds_the_whole_file(server, tmp_path) -> None:
+    """The reported leak: a PEM key longer than one chunk; only the chunk with the header was
+    withheld and every later chunk (the key body, the code after it) was uploaded."""
+    live, _ = server
+    body = "\n".join(f"{PEM_BODY}{i:04d}" + "Q" * 20 for i in range(80))
+    text = ('"""Deployment helpers."""\n\n\ndef connect_bastion(host):\n'
+            '    """Open the SSH tunnel to the bastion."""\n    return host\n\n\n'
+            f'BASTION_KEY = """-----BEGIN OPENSSH PRIVATE KEY-----\n{body}\n'
+            '-----END OPENSSH PRIVATE KEY-----"""\n\n\n'
+            'def summarize_fleet_inventory(servers):\n'
+            '    """Count servers per region for the weekly report."""\n'
+            '    return {s.region: 1 for s in servers}\n')
+    root = tmp_path / "ops"
+    write(root, {"deploy/bastion.py": text, "main.py": "def hello():\n    return 1\n"})
+    wire: list[bytes] = []
+    report = sync(root, client_settings(tmp_path, live.url), http=capturing_client(wire))
+    assert report.files_withheld_secrets == 1 and report.chunks_withheld_secrets >= 3
+    sent = b"".join(wire)
+    assert b"def hello" in sent
+    for needle in (PEM_BODY, "0079QQQQ", "summarize_fleet_inventory", "connect_bastion"):
+        assert needle.encode() not in sent
 
 
 def test_server_storage_and_logs_hold_no_source(indexed, server, logs) -> None:

@@ -205,7 +205,7 @@ class HeldEmbeddings(BaseHTTPRequestHandler):
     entered = threading.Event()
     release = threading.Event()
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:
         texts = json.loads(self.rfile.read(int(self.headers["content-length"])))["input"]
         type(self).entered.set()
         type(self).release.wait(60)

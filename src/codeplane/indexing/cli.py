@@ -24,6 +24,7 @@ from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.state import workspace_dir
 from codeplane.indexing.sync import SyncReport, sync
+from codeplane.indexing.vectors import EmbedModeError
 
 DEFAULT_INTERVAL = 180.0
 
@@ -72,7 +73,7 @@ def _run_once(root: Path, cfg: Settings, as_json: bool) -> SyncReport:
             report = sync(root, cfg)
         else:
             report = _with_bar(root, cfg)
-    except (RemoteError, KeyFileError) as exc:
+    except (RemoteError, KeyFileError, EmbedModeError) as exc:
         fail(str(exc))
     if as_json:
         print_json(report.as_dict())

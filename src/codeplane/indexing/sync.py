@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Self
 
 from codeplane.config import Settings
-from codeplane.indexing.chunker import Chunk, chunk_text
+from codeplane.indexing.chunker import chunk_text
 from codeplane.indexing.remote import Remote
 from codeplane.indexing.scan import DEFAULT_MAX_BYTES, looks_binary, scan
 from codeplane.indexing.secretscan import find_secret
 from codeplane.indexing.state import WorkspaceState
+from codeplane.indexing.vectors import client_vectors
+from codeplane.models.embed import MAX_TEXT_CHARS
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks to send)
 # Chunks per upload request: the server length-sorts each request's texts into ONNX batches, so
@@ -47,7 +49,8 @@ class SyncReport:
     chunks_embedded: int = 0
     chunks_reused: int = 0
     chunks_withheld_secrets: int = 0
-    secret_types: dict[str, int] = field(default_factory=dict)
+    files_withheld_secrets: int = 0
+    secret_types: dict[str, int] = field(default_factory=dict)  # secret type -> files
     root_hash: str = ""
     round_trips: int = 0
     bytes_sent: int = 0
@@ -172,12 +175,13 @@ def diff(tree: Tree, remote: Remote, state: WorkspaceState
     return changed, deleted, dirty
 
 
-def _chunk_file(root: Path, rel: str) -> list[Chunk]:
+def _read_text(root: Path, rel: str) -> str | None:
+    """The file as text (undecodable bytes replaced; NUL dropped, as the server refuses it),
+    or None if it vanished since the scan."""
     try:
-        text = (root / rel).read_bytes().decode("utf-8", errors="replace")
+        return (root / rel).read_bytes().decode("utf-8", errors="replace").replace("\0", "")
     except OSError:
-        return []
-    return chunk_text(rel, text)
+        return None
 
 
 class SyncLock:
@@ -200,7 +204,8 @@ def sync(root: Path, settings: Settings, progress: Progress | None = None,
     started = time.perf_counter()
     state = WorkspaceState(root, settings)
     cfg = settings.indexing
-    remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http)
+    remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http,
+                    vectors=client_vectors(settings.indexing, state.keys.server_key))
     try:
         with SyncLock(state.dir / "sync.lock"):
             report = _sync(state, remote, cfg, progress)
@@ -224,7 +229,9 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
     report.files_skipped = binary + scanned.too_large
     tree = build_tree(hashes, state)
     report.root_hash = tree.hashes[""]
-    remote.open()
+    status = remote.open()
+    if remote.vectors is not None:
+        remote.vectors.check(status)
     changed, deleted, dirty = diff(tree, remote, state)
     report.files_changed, report.files_deleted = len(changed), len(deleted)
     if deleted:
@@ -248,31 +255,44 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
 
 def _plan(state: WorkspaceState, root: Path, changed: list[str], report: SyncReport
           ) -> list[tuple[str, list[dict]]]:
-    """Chunk changed files, withhold chunks with secrets, record everything locally (so lexical
-    search covers them at once) and return what to upload."""
+    """Chunk changed files, withhold every chunk of a file that holds a secret anywhere (a key
+    split over chunks must not leak its tail), record everything locally (so lexical search
+    covers it at once) and return what to upload."""
     plan = []
     secret_types: dict[str, int] = defaultdict(int)
     for rel in changed:
+        text = _read_text(root, rel)
+        found = find_secret(text) if text is not None else None
+        if found:
+            secret_types[found] += 1
+            report.files_withheld_secrets += 1
         enc_path = state.cipher.encrypt(rel)
         rows, send = [], []
-        for chunk in _chunk_file(root, rel):
-            text = chunk.embed_text(rel)
-            key = state.keys.mac("cache", hashlib.sha256(text.encode()).hexdigest())
-            found = find_secret(chunk.text)
-            if found:
-                secret_types[found] += 1
-                rows.append((chunk.start_line, chunk.end_line, key, "secret", chunk.text))
-                continue
-            rows.append((chunk.start_line, chunk.end_line, key, "pending", chunk.text))
-            send.append({"id": state.keys.mac("chunk", enc_path, str(chunk.start_line),
-                                              str(chunk.end_line), key),
-                         "key": key, "start": chunk.start_line, "end": chunk.end_line,
-                         "text": text})
+        for chunk in chunk_text(rel, text) if text is not None else []:
+            embed_text = chunk.embed_text(rel)[:MAX_TEXT_CHARS]
+            key = state.keys.mac("cache", hashlib.sha256(embed_text.encode()).hexdigest())
+            status = "secret" if found else "pending"
+            rows.append((chunk.start_line, chunk.end_line, key, status, chunk.text))
+            if not found:
+                send.append({"id": state.keys.mac("chunk", enc_path, str(chunk.start_line),
+                                                  str(chunk.end_line), key),
+                             "key": key, "start": chunk.start_line, "end": chunk.end_line,
+                             "text": embed_text})
+        report.chunks_withheld_secrets += len(rows) if found else 0
         state.replace_chunks(rel, rows)
         plan.append((rel, send))
     report.secret_types = dict(secret_types)
-    report.chunks_withheld_secrets = sum(secret_types.values())
     return plan
+
+
+def _payloads(batch: list[tuple[str, list[dict]]], missing: set[str], remote: Remote
+              ) -> dict[str, dict]:
+    """What the server lacks, once per cache key: the chunk text (server-side embedding) or
+    its rotated vector embedded here (client-side mode: the text never leaves)."""
+    texts = {c["key"]: c["text"] for _, send in batch for c in send if c["key"] in missing}
+    if remote.vectors is None:
+        return {k: {"text": t} for k, t in texts.items()}
+    return {k: {"vector": v} for k, v in zip(texts, remote.vectors.encode(list(texts.values())))}
 
 
 def _upload(state: WorkspaceState, remote: Remote, plan: list[tuple[str, list[dict]]],
@@ -288,15 +308,13 @@ def _upload(state: WorkspaceState, remote: Remote, plan: list[tuple[str, list[di
         nonlocal done
         keys = [c["key"] for _, send in batch for c in send]
         missing = remote.missing(keys) if keys else set()
-        sent: set[str] = set()
+        payload = _payloads(batch, missing, remote)
         files = []
         for rel, send in batch:
             chunks = []
             for c in send:
                 body = {k: v for k, v in c.items() if k != "text"}
-                if c["key"] in missing and c["key"] not in sent:
-                    body["text"] = c["text"]
-                    sent.add(c["key"])
+                body.update(payload.pop(c["key"], {}))
                 chunks.append(body)
             files.append({"path": state.cipher.encrypt(rel), "leaf": tree.hashes[rel],
                           "chunks": chunks})

