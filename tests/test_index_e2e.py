@@ -391,3 +391,47 @@ def test_watch_resyncs_on_change(server, tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_client_side_embedding_sends_only_vectors(server, tmp_path) -> None:
+    """`indexing.embed = "client"`: no chunk or query text on the wire, search still finds the
+    function, and the scores match server-side embedding of the same workspace."""
+    live, _ = server
+    root = tmp_path / "storefront"
+    write(root, {k: v for k, v in WORKSPACE.items() if k.startswith(("billing", "utils"))})
+    client_cfg = make_settings(tmp_path / "client-mode", server=live.url,
+                               indexing={"embed": "client"})
+    wire: list[bytes] = []
+    report = sync(root, client_cfg, http=capturing_client(wire))
+    assert report.chunks_embedded >= 6
+    query = "convert a duration string like 1h30m into seconds"
+    outcome = search(root, query, 3, client_cfg, http=capturing_client(wire))
+    assert outcome.results[0]["path"] == "utils/durations.py"
+    sent = b"".join(wire)
+    assert b'"vector"' in sent and b'"text"' not in sent and b'"query"' not in sent
+    for needle in ("parse_duration_string", "compute_invoice_total", "coupon", "1h30m"):
+        assert needle.encode() not in sent
+    server_cfg = client_settings(tmp_path, live.url)
+    sync(root, server_cfg)
+    by_server = search(root, query, 3, server_cfg).results
+    assert [(r["path"], r["start_line"]) for r in by_server] == \
+        [(r["path"], r["start_line"]) for r in outcome.results]
+    assert np.allclose([r["score"] for r in by_server], [r["score"] for r in outcome.results],
+                       atol=2e-3)
+
+
+def test_switching_embedding_mode_rebuilds_the_workspace(server, tmp_path) -> None:
+    """Server-side vectors are rotated by the server key, client-side ones by a key the server
+    never gets: after a switch the old vectors are dropped and everything is re-sent."""
+    live, _ = server
+    root = tmp_path / "utils"
+    write(root, {"durations.py": WORKSPACE["utils/durations.py"]})
+    home = tmp_path / "switch-home"
+    first = sync(root, make_settings(home, server=live.url))
+    client_cfg = make_settings(home, server=live.url, indexing={"embed": "client"})
+    switched = sync(root, client_cfg)
+    assert switched.files_changed == first.files_changed == 1
+    assert switched.chunks_embedded == first.chunks_embedded
+    hits = search_workspace(root, "convert a duration string like 1h30m into seconds", 1,
+                            client_cfg)
+    assert hits[0]["start_line"] == 6

@@ -80,7 +80,7 @@ def _relative(root: Path, path: str | None) -> str | None:
 def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
             rel_prefix: str | None, http) -> SearchOutcome:
     remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http, timeout=60,
-                    vectors=client_vectors(settings.indexing, state.keys.server_key))
+                    vectors=client_vectors(settings.indexing, state.keys.rotation_key))
     prefix = state.cipher.encrypt(rel_prefix) if rel_prefix else None
     try:
         answer = remote.search(query, limit * 2, prefix)

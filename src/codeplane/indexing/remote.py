@@ -49,6 +49,10 @@ class Remote:
     def open(self) -> dict:
         return self._send("PUT")
 
+    def drop(self) -> dict:
+        """Delete the server's copy of the workspace (vectors, tree, registration)."""
+        return self._send("DELETE")
+
     def status(self) -> dict:
         return self._send("GET")
 

@@ -27,13 +27,16 @@ from codeplane.indexing.remote import Remote
 from codeplane.indexing.scan import DEFAULT_MAX_BYTES, looks_binary, scan
 from codeplane.indexing.secretscan import find_secret
 from codeplane.indexing.state import WorkspaceState
-from codeplane.indexing.vectors import client_vectors
+from codeplane.indexing.vectors import client_vectors, embed_mode
 from codeplane.models.embed import MAX_TEXT_CHARS
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks to send)
 # Chunks per upload request: the server length-sorts each request's texts into ONNX batches, so
 # bigger requests pad less (measured: 33 chunks/s at 64 per call, 42 at 640).
 BATCH_CHUNKS = 256
+# Per-mode cache keys: a vector rotated by the client's key never answers for one rotated by the
+# server's (teammates sharing a key file may use either mode).
+CACHE_LABEL = {"server": "cache", "client": "cache/client"}
 
 
 @dataclass
@@ -205,7 +208,7 @@ def sync(root: Path, settings: Settings, progress: Progress | None = None,
     state = WorkspaceState(root, settings)
     cfg = settings.indexing
     remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http,
-                    vectors=client_vectors(settings.indexing, state.keys.server_key))
+                    vectors=client_vectors(settings.indexing, state.keys.rotation_key))
     try:
         with SyncLock(state.dir / "sync.lock"):
             report = _sync(state, remote, cfg, progress)
@@ -229,9 +232,7 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
     report.files_skipped = binary + scanned.too_large
     tree = build_tree(hashes, state)
     report.root_hash = tree.hashes[""]
-    status = remote.open()
-    if remote.vectors is not None:
-        remote.vectors.check(status)
+    _open(state, remote, embed_mode(cfg))
     changed, deleted, dirty = diff(tree, remote, state)
     report.files_changed, report.files_deleted = len(changed), len(deleted)
     if deleted:
@@ -239,7 +240,7 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
         state.drop_chunks([state.cipher.decrypt(p) for p in deleted])
     # Files the user touched most recently go first: they are what the next query is about.
     changed.sort(key=lambda rel: -scanned.files[rel][0])
-    plan = _plan(state, root, changed, report)
+    plan = _plan(state, root, changed, report, embed_mode(cfg))
     state.put("progress", {"running": True, "pid": os.getpid(), "files": len(changed)})
     _upload(state, remote, plan, tree, int(cfg.get("batch_chunks", BATCH_CHUNKS)), report, progress)
     if dirty:
@@ -253,7 +254,20 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
     return report
 
 
-def _plan(state: WorkspaceState, root: Path, changed: list[str], report: SyncReport
+def _open(state: WorkspaceState, remote: Remote, mode: str) -> None:
+    """Open the server workspace for this embedding mode. The two modes rotate vectors with
+    different keys, so after a switch the server's vectors are unusable: drop the workspace
+    and start over (the next diff then finds every file new)."""
+    status = remote.open()
+    if state.get("embed_mode") not in (None, mode):
+        remote.drop()
+        status = remote.open()
+    if remote.vectors is not None:
+        remote.vectors.check(status)
+    state.put("embed_mode", mode)
+
+
+def _plan(state: WorkspaceState, root: Path, changed: list[str], report: SyncReport, mode: str
           ) -> list[tuple[str, list[dict]]]:
     """Chunk changed files, withhold every chunk of a file that holds a secret anywhere (a key
     split over chunks must not leak its tail), record everything locally (so lexical search
@@ -270,7 +284,7 @@ def _plan(state: WorkspaceState, root: Path, changed: list[str], report: SyncRep
         rows, send = [], []
         for chunk in chunk_text(rel, text) if text is not None else []:
             embed_text = chunk.embed_text(rel)[:MAX_TEXT_CHARS]
-            key = state.keys.mac("cache", hashlib.sha256(embed_text.encode()).hexdigest())
+            key = state.keys.mac(CACHE_LABEL[mode], hashlib.sha256(embed_text.encode()).hexdigest())
             status = "secret" if found else "pending"
             rows.append((chunk.start_line, chunk.end_line, key, status, chunk.text))
             if not found:

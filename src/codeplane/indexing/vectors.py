@@ -1,7 +1,8 @@
 """Client-side embedding mode (`[indexing] embed = "client"`): chunk and query text are embedded
-on this machine with the same bge-small ONNX model the server runs, rotated with the workspace's
-secret rotation, and only the rotated vectors are sent. The server never sees chunk or query text
-(see docs/indexing.md, "Threat model", for what the vectors still reveal).
+on this machine with the same bge-small ONNX model the server runs, rotated by a matrix seeded
+from the client-only `rotation_key`, and only the rotated vectors are sent. The server never sees
+chunk or query text, nor the rotation (in server-side mode it derives the rotation from the
+server key it receives). See docs/indexing.md, "Threat model", for what the vectors still reveal.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ class EmbedModeError(Exception):
 
 
 class ClientVectors:
-    def __init__(self, config: dict, server_key: str) -> None:
+    def __init__(self, config: dict, rotation_key: str) -> None:
         self.embedder = embedder_from_config(config)
-        self._rotation = rotation(server_key, self.embedder.dim)
+        self._rotation = rotation(rotation_key, self.embedder.dim)
 
     def check(self, status: dict) -> None:
         """Vectors from another model would be meaningless next to the server's; refuse."""
@@ -38,9 +39,13 @@ class ClientVectors:
         return [base64.b64encode(np.ascontiguousarray(v).tobytes()).decode() for v in rotated]
 
 
-def client_vectors(config: dict, server_key: str) -> ClientVectors | None:
-    """The client-side embedder when `indexing.embed` is "client", else None (server mode)."""
+def embed_mode(config: dict) -> str:
     mode = config.get("embed", "server")
     if mode not in MODES:
         raise EmbedModeError(f"indexing.embed must be one of {MODES}, not {mode!r}")
-    return ClientVectors(config, server_key) if mode == "client" else None
+    return mode
+
+
+def client_vectors(config: dict, rotation_key: str) -> ClientVectors | None:
+    """The client-side embedder when `indexing.embed` is "client", else None (server mode)."""
+    return ClientVectors(config, rotation_key) if embed_mode(config) == "client" else None

@@ -181,10 +181,11 @@ class SearchService:
         """Drop the workspace's vectors, Merkle nodes and registration (frees quota)."""
         space = self._auth(tenant, ws, server_key)
         with self._ws_lock(space.sid):
+            name = f"ws_{space.sid}"
             with self._lock:
-                self._tables.pop(space.sid, None)
-                if f"ws_{space.sid}" in self.db.list_tables().tables:
-                    self.db.drop_table(f"ws_{space.sid}")
+                self._tables.pop(name, None)
+                if name in self.db.list_tables().tables:
+                    self.db.drop_table(name)
             with self._tx() as db:
                 db.execute("DELETE FROM nodes WHERE ws=?", (space.sid,))
                 db.execute("DELETE FROM workspaces WHERE tenant=? AND ws=?", (tenant, ws))
