@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import LiveServer, free_port, make_settings
-from indexkit import tenant_app
+from indexkit import tenant_app, tenant_headers
 
 KEY = "k" * 43
 OTHER_KEY = "o" * 43
@@ -36,11 +36,11 @@ def good_upload(path: str = "QUJD", n: int = 1) -> dict:
 
 
 class Client:
-    """Raw HTTP as an attacker would send it: any bytes, any tenant, any key."""
+    """Raw HTTP as an attacker would send it: any bytes, any tenant, any workspace key."""
 
-    def __init__(self, url: str, tenant: str = "local", key: str = KEY) -> None:
-        self.http = httpx.Client(base_url=url, timeout=120,
-                                 headers={"X-Test-Tenant": tenant, "X-Codeplane-Key": key})
+    def __init__(self, live: LiveServer, tenant: str = "local", key: str = KEY) -> None:
+        self.http = httpx.Client(base_url=live.url, timeout=120,
+                                 headers={**live.tenants[tenant], "X-Codeplane-Key": key})
 
     def __call__(self, method: str, ws: str, suffix: str = "", body=None,
                  raw: bytes | None = None) -> httpx.Response:
@@ -54,8 +54,16 @@ def home(tmp_path):
     return tmp_path / "server-home"
 
 
+TENANTS = ["acme", "evil", "flood", "calm"]
+
+
 def start(home, **indexing) -> LiveServer:
-    return LiveServer(tenant_app(make_settings(home, indexing=indexing)), free_port()).start()
+    """A real server on loopback; `.tenants` holds each tenant's request headers."""
+    settings = make_settings(home, indexing=indexing)
+    tenants = tenant_headers(settings, [] if (home / "server").exists() else TENANTS)
+    server = LiveServer(tenant_app(settings), free_port())
+    server.tenants = tenants
+    return server.start()
 
 
 @pytest.fixture
@@ -68,7 +76,7 @@ def live(home):
 def test_bad_upload_then_valid_write_from_another_workspace_and_restart(home, live) -> None:
     """The reported break: one body missing `leaf` left the shared SQLite connection inside a
     transaction, so every later write of every workspace failed until restart and was lost."""
-    call = Client(live.url)
+    call = Client(live)
     assert call("PUT", "wsA").status_code == 200
     assert call("PUT", "wsB").status_code == 200
     bad = call("POST", "wsA", "/files", {"files": [{"path": "AA"}]})
@@ -84,7 +92,7 @@ def test_bad_upload_then_valid_write_from_another_workspace_and_restart(home, li
 
     again = start(home)
     try:
-        call = Client(again.url)
+        call = Client(again)
         tree = call("POST", "wsB", "/tree", {"paths": [""]}).json()["nodes"][""]
         assert tree == {"hash": "r" * 32, "children": {"QUJD": [LEAF, False]}}
         assert call("GET", "wsB").json()["chunks"] == 1
@@ -137,7 +145,7 @@ MALFORMED: dict[str, list[bytes]] = {
 
 
 def test_malformed_bodies_get_4xx_on_every_index_route_and_break_nothing(live) -> None:
-    call = Client(live.url)
+    call = Client(live)
     assert call("PUT", "ws1").status_code == 200
     answers = []
     for route in ROUTES:
@@ -161,7 +169,7 @@ def test_malformed_bodies_get_4xx_on_every_index_route_and_break_nothing(live) -
 
 
 def test_another_tenant_gets_404_even_with_the_right_key(live) -> None:
-    owner, intruder = Client(live.url, "acme"), Client(live.url, "evil")
+    owner, intruder = Client(live, "acme"), Client(live, "evil")
     assert owner("PUT", "shared").status_code == 200
     assert owner("POST", "shared", "/files", good_upload()).status_code == 200
     for method, suffix, body in [("GET", "", None), ("DELETE", "", None),
@@ -179,19 +187,19 @@ def test_another_tenant_gets_404_even_with_the_right_key(live) -> None:
     assert intruder("POST", "shared", "/missing", {"keys": ["c" + "0" * 30 + "1"]}
                     ).json()["missing"] == ["c" + "0" * 30 + "1"]  # no shared embedding cache
     assert owner("GET", "shared").json()["chunks"] == 1
-    assert Client(live.url, "acme", OTHER_KEY)("GET", "shared").status_code == 403
+    assert Client(live, "acme", OTHER_KEY)("GET", "shared").status_code == 403
 
 
 def test_workspace_creation_flood_is_capped_per_tenant(home) -> None:
     live = start(home, max_workspaces_per_tenant=3)
     try:
-        flood = Client(live.url, "flood")
+        flood = Client(live, "flood")
         assert [flood("PUT", f"w{i}").status_code for i in range(3)] == [200] * 3
         refused = flood("PUT", "w3")
         assert refused.status_code == 403
         assert "max_workspaces_per_tenant" in refused.json()["error"]["message"]
         assert flood("PUT", "w0").status_code == 200  # reopening an existing one is fine
-        assert Client(live.url, "calm")("PUT", "w3").status_code == 200
+        assert Client(live, "calm")("PUT", "w3").status_code == 200
         assert flood("DELETE", "w0").status_code == 200
         assert flood("GET", "w0").status_code == 404
         assert flood("PUT", "w3").status_code == 200
@@ -228,14 +236,14 @@ def test_embedding_calls_respect_the_concurrency_limit(home) -> None:
                 "model": "held", "dim": 384}
     live = start(home, embedder=embedder, embed_concurrency=1, embed_wait=0.5)
     try:
-        call = Client(live.url)
+        call = Client(live)
         assert call("PUT", "ws").status_code == 200
         first: list[httpx.Response] = []
         holder = threading.Thread(target=lambda: first.append(
             call("POST", "ws", "/files", good_upload("QQ", 1))))
         holder.start()
         assert HeldEmbeddings.entered.wait(60)
-        second = Client(live.url)("POST", "ws", "/files", good_upload("Qg", 2))
+        second = Client(live)("POST", "ws", "/files", good_upload("Qg", 2))
         assert second.status_code == 503
         assert second.json()["error"]["code"] == "embedder_busy"
         HeldEmbeddings.release.set()
