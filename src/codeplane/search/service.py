@@ -1,14 +1,16 @@
 """Server side of private search: per-workspace vector namespaces that hold no source code.
 
 What the server persists (all under `$CODEPLANE_HOME/server/search/`, or an `s3://` LanceDB URI):
-- LanceDB table `ws_<id>`: rotated vector, encrypted path, line range, HMAC'd chunk id.
-- `meta.sqlite`: workspace -> key verifier, the Merkle nodes (encrypted path, HMAC hash) and the
-  embedding cache (HMAC(workspace key, chunk hash) -> rotated vector).
+- LanceDB table `ws_<sid>`: rotated vector, encrypted path, line range, HMAC'd chunk id; `sid`
+  is derived from (tenant, workspace id), so tenants never share a table.
+- `meta.sqlite`: (tenant, workspace) -> storage id and key verifier, the Merkle nodes (encrypted
+  path, HMAC hash) and the embedding cache ((tenant, key) scope, HMAC(chunk) -> rotated vector).
 
-Chunk text arrives only in upload requests, is embedded, and is dropped. Vectors are stored
-multiplied by an orthogonal matrix derived from the client's server key (cosine-preserving), so
-the stored vectors cannot be compared with any model's output without that key; the key itself
-arrives in each request header and is held only in process memory (`_rotations`).
+Server-side embedding: chunk text arrives only in upload requests, is embedded, and is dropped.
+Vectors are stored multiplied by an orthogonal matrix derived from the client's server key
+(cosine-preserving); the key arrives in each request header and is held only in process memory.
+Client-side embedding: the client sends vectors already rotated by a key the server never sees,
+and rotated query vectors; no text arrives at all (docs/indexing.md, "Threat model").
 """
 
 from __future__ import annotations
