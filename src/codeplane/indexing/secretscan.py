@@ -63,8 +63,9 @@ DOTTED = re.compile(r"[A-Za-z_]+(?:\.[A-Za-z_]+)*")  # api_key, settings.SECRET_
 NAME_LIKE = re.compile(r"[A-Za-z_]+")  # 'AWS_SECRET_ACCESS_KEY', 'apiKey': names, not values
 CAMEL_WORDS = re.compile(r"(?:[A-Z][a-z]+)+")  # 'ExclusiveStartBackupArn'
 UUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
-# prose, regexes, calls and subscripts (`b64(self.key`, `auth[1]`)
-NOT_A_VALUE = re.compile(r"""[\s\\]|^[({\[:]|^[A-Za-z_][A-Za-z0-9_.]*[(\[](?:[\w"')\]:*\-]|$)""")
+NOT_A_VALUE = re.compile(r"[\s\\]")  # prose (`"a secret"`), regexes
+# unquoted only: calls and subscripts (`b64(self.key`, `auth[1]`, `{value`)
+CODE = re.compile(r"""^[({\[:]|^[A-Za-z_][A-Za-z0-9_.]*[(\[](?:[\w"')\]:*\-]|$)""")
 NON_SECRET_WORDS = {"none", "null", "nil", "true", "false", "undefined", "password", "secret",
                     "token", "required", "optional", "string", "str", "bytes"}
 
@@ -97,6 +98,8 @@ def _literal_secret(name: str, value: str, quoted: bool) -> bool:
     (`ClientRequestToken`); under a key, secret or password name it counts (Heroku keys are
     UUIDs)."""
     if len(value) < 6 or is_placeholder(value) or NOT_A_VALUE.search(value):
+        return False
+    if not quoted and CODE.search(value):
         return False
     if value.isdigit() and len(value) < 12:
         return False
