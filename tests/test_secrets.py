@@ -78,3 +78,12 @@ def test_secret_files_are_never_read_by_default(tmp_path: Path) -> None:
     assert sorted(scan(tmp_path).files) == ["app.py"]
     write(tmp_path, {".gitignore": "!.env.example\n", ".env.example": "API_KEY=changeme\n"})
     assert ".env.example" in scan(tmp_path).files
+
+
+@pytest.mark.parametrize("offset", [0, 3580, 4090, 7160, 50_000])
+def test_a_secret_inside_a_long_minified_line_is_found(offset: int) -> None:
+    """Long lines are scanned in overlapping windows (bounded regex work); a key straddling a
+    window edge must still be whole in one of them."""
+    line = "var a=1;" * 12_500
+    key = FORMATS["GitHub Token"].split(" ")[1]
+    assert find_secret(line[:offset] + f'var t="{key}";' + line[offset:]) == "GitHub Token"

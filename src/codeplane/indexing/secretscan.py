@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Iterator
 from functools import lru_cache
 
 from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
@@ -45,15 +46,15 @@ PROVIDERS: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx)) for
     ("Stripe Key", r"\b[rs]k_live_[A-Za-z0-9]{20,}\b"),
     ("Private Key", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"),  # any PEM flavour
     ("AWS Access Key", r"\b(?:AKIA|ASIA)[A-Z2-7]{16}\b"),
-    ("Password in URL", r"\b[a-z][a-z0-9+.\-]*://[^\s:/@'\"]+:(?P<value>[^\s/'\"]{3,})@[^\s/@'\"]"),
+    ("Password in URL", r"\b[a-z][a-z0-9+.\-]{0,30}://[^\s:/@'\"]{1,200}:(?P<value>[^\s/'\"]{3,200})@[^\s/@'\"]"),
     ("Bearer Token", r"(?i)\bbearer\s+(?P<value>[A-Za-z0-9_\-.~+/]{16,}=*)"),
 ))
 
 SECRET_NAME = re.compile(
     r"(?:password|passwd|pwd|passphrase|secret|token|api[_.\-]?key|access[_.\-]?key"
     r"|secret[_.\-]?key|private[_.\-]?key|credentials?|authorization)$", re.IGNORECASE)
-ASSIGNMENT = re.compile(
-    r"""(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)["']?[ \t]*(?::=|=>|=|:)[ \t]*"""
+ASSIGNMENT = re.compile(  # the name starts at an identifier boundary and is bounded: linear time
+    r"""(?<![A-Za-z0-9_.\-])(?P<name>[A-Za-z_][A-Za-z0-9_.\-]{0,79})["']?[ \t]*(?::=|=>|=|:)[ \t]*"""
     r"""(?:(?P<q>["'`])(?P<quoted>[^"'`\n]*)(?P=q)|(?P<bare>[^\s"'`,;)\]}]+))""")
 PLACEHOLDER = re.compile(
     r"change_?me|your|example|x{4,}|\*{3,}|\.\.\.|placeholder|replace|dummy|fake|test|sample"
@@ -123,13 +124,39 @@ def _keyword_hit(text: str) -> bool:
     return False
 
 
-def find_secret(text: str) -> str | None:
-    """The secret type found in text (e.g. "AWS Access Key"), or None. Never the value."""
+BLOCK = 4096  # chars per scanned block
+OVERLAP = 512  # a long line is cut into overlapping windows: a secret up to this long stays whole
+
+
+def _blocks(text: str) -> Iterator[str]:
+    r"""Whole lines grouped into blocks of about BLOCK chars, over-long lines (minified code)
+    cut into overlapping windows. Some detect-secrets patterns (basic auth: `://[^{}\s]+:`)
+    backtrack quadratically on one long line; bounded blocks keep a 1 MB file near linear
+    (a minified line of URLs took 135 s as one string)."""
+    block: list[str] = []
+    size = 0
+    for line in text.splitlines(keepends=True):
+        if len(line) > BLOCK:
+            yield from (line[i:i + BLOCK] for i in range(0, len(line), BLOCK - OVERLAP))
+            continue
+        if size + len(line) > BLOCK and block:
+            yield "".join(block)
+            block, size = [], 0
+        block.append(line)
+        size += len(line)
+    if block:
+        yield "".join(block)
+
+
+def _find_in_block(text: str) -> str | None:
     for secret_type, rx in (*PROVIDERS, *_detect_secrets_regexes()):
         for match in rx.finditer(text):
             value = match.groupdict().get("value") or match.group(0)
             if not is_placeholder(value):
                 return secret_type
-    if _keyword_hit(text):
-        return "Secret Assignment"
-    return None
+    return "Secret Assignment" if _keyword_hit(text) else None
+
+
+def find_secret(text: str) -> str | None:
+    """The secret type found in text (e.g. "AWS Access Key"), or None. Never the value."""
+    return next(filter(None, map(_find_in_block, _blocks(text))), None)
