@@ -18,13 +18,13 @@ import httpx
 import numpy as np
 import pytest
 from conftest import LiveServer, free_port, make_settings
+from indexkit import tenant_app, write
 
 from codeplane.indexing.api import IndexUnavailable, search, search_workspace
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState, workspace_dir
 from codeplane.indexing.sync import sync
-from codeplane.search.embed import OpenAIEmbedder, embedder_from_config
-from codeplane.server.app import create_app
+from codeplane.models.embed import OpenAIEmbedder, embedder_from_config
 
 AWS_KEY = "AKIA" + "QYLPMN5HHHFPZAM2"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYzQ8mLpR4tUvW"
@@ -106,13 +106,6 @@ def rotate_deploy_keys(servers):
 }
 
 
-def write(root: Path, files: dict[str, str]) -> None:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-
-
 class Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -126,7 +119,7 @@ class Capture(logging.Handler):
 def server(tmp_path_factory):
     """A real server with its own CODEPLANE_HOME, so its storage can be audited alone."""
     cfg = make_settings(tmp_path_factory.mktemp("server") / "home")
-    live = LiveServer(create_app(cfg), free_port()).start()
+    live = LiveServer(tenant_app(cfg), free_port()).start()
     yield live, cfg
     live.stop()
 
@@ -182,16 +175,42 @@ def test_index_then_search_finds_the_function(indexed) -> None:
 
 def test_planted_secrets_never_reach_the_server(indexed) -> None:
     root, cfg, report, wire = indexed
-    assert report.chunks_withheld_secrets == 2
+    assert report.files_withheld_secrets == 2
     assert set(report.secret_types) == {"AWS Access Key", "Private Key"}
+    assert report.chunks_withheld_secrets >= 3  # every chunk of both files, not just one each
     sent = b"".join(wire)
     assert b"parse_duration_string" in sent  # the capture does see uploaded chunk text
     for secret in (AWS_KEY, AWS_SECRET, PEM_BODY, "BEGIN RSA PRIVATE KEY"):
         assert secret.encode() not in sent
     assert b"quarterly_margin_projection" not in sent  # ignored file
-    # the files' other chunks were still indexed
-    hits = search_workspace(root, "names of backup tarballs in the bucket newest first", 2, cfg)
-    assert hits[0]["path"] == "auth/cloud.py" and "list_backup_archives" in hits[0]["snippet"]
+    # the rest of a file with a secret stays on this machine too; lexical fusion still finds it
+    assert b"list_backup_archives" not in sent and b"rotate_deploy_keys" not in sent
+    rrf = make_settings(cfg.home, server=cfg.server, indexing={"fusion": "rrf"})
+    hits = search_workspace(root, "list_backup_archives newest first", 3, rrf)
+    assert any("list_backup_archives" in h["snippet"] for h in hits)
+
+
+def test_a_key_split_over_chunks_withholds_the_whole_file(server, tmp_path) -> None:
+    """The reported leak: a PEM key longer than one chunk; only the chunk with the header was
+    withheld and every later chunk (the key body, the code after it) was uploaded."""
+    live, _ = server
+    body = "\n".join(f"{PEM_BODY}{i:04d}" + "Q" * 20 for i in range(80))
+    text = ('"""Deployment helpers."""\n\n\ndef connect_bastion(host):\n'
+            '    """Open the SSH tunnel to the bastion."""\n    return host\n\n\n'
+            f'BASTION_KEY = """-----BEGIN OPENSSH PRIVATE KEY-----\n{body}\n'
+            '-----END OPENSSH PRIVATE KEY-----"""\n\n\n'
+            'def summarize_fleet_inventory(servers):\n'
+            '    """Count servers per region for the weekly report."""\n'
+            '    return {s.region: 1 for s in servers}\n')
+    root = tmp_path / "ops"
+    write(root, {"deploy/bastion.py": text, "main.py": "def hello():\n    return 1\n"})
+    wire: list[bytes] = []
+    report = sync(root, client_settings(tmp_path, live.url), http=capturing_client(wire))
+    assert report.files_withheld_secrets == 1 and report.chunks_withheld_secrets >= 3
+    sent = b"".join(wire)
+    assert b"def hello" in sent
+    for needle in (PEM_BODY, "0079QQQQ", "summarize_fleet_inventory", "connect_bastion"):
+        assert needle.encode() not in sent
 
 
 def test_server_storage_and_logs_hold_no_source(indexed, server, logs) -> None:
@@ -372,3 +391,47 @@ def test_watch_resyncs_on_change(server, tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_client_side_embedding_sends_only_vectors(server, tmp_path) -> None:
+    """`indexing.embed = "client"`: no chunk or query text on the wire, search still finds the
+    function, and the scores match server-side embedding of the same workspace."""
+    live, _ = server
+    root = tmp_path / "storefront"
+    write(root, {k: v for k, v in WORKSPACE.items() if k.startswith(("billing", "utils"))})
+    client_cfg = make_settings(tmp_path / "client-mode", server=live.url,
+                               indexing={"embed": "client"})
+    wire: list[bytes] = []
+    report = sync(root, client_cfg, http=capturing_client(wire))
+    assert report.chunks_embedded >= 6
+    query = "convert a duration string like 1h30m into seconds"
+    outcome = search(root, query, 3, client_cfg, http=capturing_client(wire))
+    assert outcome.results[0]["path"] == "utils/durations.py"
+    sent = b"".join(wire)
+    assert b'"vector"' in sent and b'"text"' not in sent and b'"query"' not in sent
+    for needle in ("parse_duration_string", "compute_invoice_total", "coupon", "1h30m"):
+        assert needle.encode() not in sent
+    server_cfg = client_settings(tmp_path, live.url)
+    sync(root, server_cfg)
+    by_server = search(root, query, 3, server_cfg).results
+    assert [(r["path"], r["start_line"]) for r in by_server] == \
+        [(r["path"], r["start_line"]) for r in outcome.results]
+    assert np.allclose([r["score"] for r in by_server], [r["score"] for r in outcome.results],
+                       atol=2e-3)
+
+
+def test_switching_embedding_mode_rebuilds_the_workspace(server, tmp_path) -> None:
+    """Server-side vectors are rotated by the server key, client-side ones by a key the server
+    never gets: after a switch the old vectors are dropped and everything is re-sent."""
+    live, _ = server
+    root = tmp_path / "utils"
+    write(root, {"durations.py": WORKSPACE["utils/durations.py"]})
+    home = tmp_path / "switch-home"
+    first = sync(root, make_settings(home, server=live.url))
+    client_cfg = make_settings(home, server=live.url, indexing={"embed": "client"})
+    switched = sync(root, client_cfg)
+    assert switched.files_changed == first.files_changed == 1
+    assert switched.chunks_embedded == first.chunks_embedded
+    hits = search_workspace(root, "convert a duration string like 1h30m into seconds", 1,
+                            client_cfg)
+    assert hits[0]["start_line"] == 6

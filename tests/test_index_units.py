@@ -12,24 +12,18 @@ import numpy as np
 import pytest
 from cryptography.exceptions import InvalidTag
 
+from indexkit import write
+
 from codeplane.indexing.chunker import chunk_text
 from codeplane.indexing.keys import PathCipher, WorkspaceKeys, load_or_create
 from codeplane.indexing.scan import scan
 from codeplane.indexing.secretscan import find_secret
 from codeplane.indexing.state import WorkspaceState, lexical_tokens
 from codeplane.indexing.sync import build_tree, hash_files
-from codeplane.search.embed import EmbedderUnavailable, bge_files
-from codeplane.search.service import rotation
+from codeplane.models.embed import EmbedderUnavailable, bge_files, rotation
 
 AWS_KEY = "AKIA" + "QYLPMN5HHHFPZAM2"  # split so this file itself is not flagged by scanners
 PRIVATE_KEY = "-----BEGIN " + "RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7bq\n-----END RSA PRIVATE KEY-----"
-
-
-def write(root: Path, files: dict[str, str]) -> None:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
 
 
 GITIGNORE_TREE = {

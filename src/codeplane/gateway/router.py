@@ -37,7 +37,7 @@ from codeplane.models.registry import UnknownModel
 
 log = logging.getLogger("codeplane.gateway")
 DEFAULT_LATENCY_S = 0.05
-EMBEDDER = "bge-small"  # codeplane.search.embed.OnnxEmbedder.name, without importing ONNX
+EMBEDDER = "bge-small"  # codeplane.models.embed.OnnxEmbedder.name, without importing ONNX
 ALIASES = {"default": EMBEDDER}  # what private search's embeddings endpoint accepted
 
 

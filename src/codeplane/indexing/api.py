@@ -22,6 +22,7 @@ from codeplane.config import Settings
 from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
+from codeplane.indexing.vectors import client_vectors
 from codeplane.sandbox.files import Refused, decode, read_bytes
 
 RRF_K = 60
@@ -80,7 +81,8 @@ def _relative(root: Path, path: str | None) -> str | None:
 
 def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
             rel_prefix: str | None, http) -> SearchOutcome:
-    remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http, timeout=60)
+    remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http, timeout=60,
+                    vectors=client_vectors(settings.indexing, state.keys.rotation_key))
     prefix = state.cipher.encrypt(rel_prefix) if rel_prefix else None
     try:
         answer = remote.search(query, limit * 2, prefix)

@@ -24,6 +24,7 @@ from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.state import workspace_dir
 from codeplane.indexing.sync import SyncReport, sync
+from codeplane.indexing.vectors import MODES, EmbedModeError
 
 DEFAULT_INTERVAL = 180.0
 
@@ -40,15 +41,22 @@ def index_cmd(
     interval: Annotated[float | None, typer.Option(
         help="Seconds between periodic syncs with --watch (default: indexing.sync_interval, "
              "180).", min=1)] = None,
+    embed: Annotated[str | None, typer.Option(
+        help="Where chunks are embedded: 'server' (text is sent) or 'client' (only rotated "
+             "vectors leave this machine). Default: indexing.embed, else server.")] = None,
     json_: JsonOption = False,
     server: ServerOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Index a workspace privately: only encrypted paths, line ranges and rotated vectors are
-    stored on the server; chunks with secrets never leave this machine."""
+    stored on the server; files with secrets never leave this machine."""
     if not directory.is_dir():
         fail(f"not a directory: {directory}")
+    if embed not in (None, *MODES):
+        fail(f"--embed must be one of {', '.join(MODES)}, not {embed!r}")
     cfg = _settings(config, server)
+    if embed:
+        cfg = cfg.model_copy(update={"indexing": {**cfg.indexing, "embed": embed}})
     root = directory.resolve()
     _run_once(root, cfg, json_)
     if not watch:
@@ -72,7 +80,7 @@ def _run_once(root: Path, cfg: Settings, as_json: bool) -> SyncReport:
             report = sync(root, cfg)
         else:
             report = _with_bar(root, cfg)
-    except (RemoteError, KeyFileError) as exc:
+    except (RemoteError, KeyFileError, EmbedModeError) as exc:
         fail(str(exc))
     if as_json:
         print_json(report.as_dict())

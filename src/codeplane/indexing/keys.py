@@ -9,7 +9,9 @@ cache. Sub-keys (HKDF) separate duties so the server only ever sees what it need
 - `mac_key` (never leaves the client): HMACs for Merkle leaves, chunk ids and cache keys, so the
   server cannot confirm a guessed file content by hashing it.
 - `server_key` (sent in each request, kept only in server memory): seeds the orthogonal rotation
-  applied to stored vectors and authenticates search on the workspace.
+  the server applies to the vectors it embeds (server-side mode) and authenticates the workspace.
+- `rotation_key` (never leaves the client): seeds the rotation in client-side embedding mode, so
+  there the server cannot undo the rotation it stores.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class WorkspaceKeys:
         self.path_key = _hkdf(master, "codeplane/path", 64)
         self.mac_key = _hkdf(master, "codeplane/mac", 32)
         self.server_key = b64(_hkdf(master, "codeplane/server", 32))
+        self.rotation_key = b64(_hkdf(master, "codeplane/rotation", 32))
 
     def mac(self, *parts: bytes | str) -> str:
         msg = b"\0".join(p.encode() if isinstance(p, str) else p for p in parts)

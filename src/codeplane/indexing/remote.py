@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import httpx
 
+from codeplane.indexing.vectors import ClientVectors
+
 
 class RemoteError(Exception):
     """The server refused a request or cannot be reached; the message says which."""
@@ -15,11 +17,13 @@ class RemoteError(Exception):
 
 class Remote:
     def __init__(self, server: str, workspace: str, server_key: str,
-                 client: httpx.Client | None = None, timeout: float = 300.0) -> None:
+                 client: httpx.Client | None = None, timeout: float = 300.0,
+                 vectors: ClientVectors | None = None) -> None:
         self.base = f"/v1/index/workspaces/{workspace}"
         self.server = server.rstrip("/")
         self.http = client or httpx.Client(timeout=timeout)
         self.http.headers["X-Codeplane-Key"] = server_key
+        self.vectors = vectors  # client-side embedding mode: queries leave as vectors
         self.round_trips = 0
         self.bytes_sent = 0
 
@@ -45,6 +49,10 @@ class Remote:
     def open(self) -> dict:
         return self._send("PUT")
 
+    def drop(self) -> dict:
+        """Delete the server's copy of the workspace (vectors, tree, registration)."""
+        return self._send("DELETE")
+
     def status(self) -> dict:
         return self._send("GET")
 
@@ -64,7 +72,12 @@ class Remote:
         return self._send("POST", "/files", {"files": files})
 
     def search(self, query: str, limit: int, prefix: str | None) -> dict:
-        return self._send("POST", "/search", {"query": query, "limit": limit, "prefix": prefix})
+        body: dict = {"limit": limit, "prefix": prefix}
+        if self.vectors is None:
+            body["query"] = query
+        else:
+            body["vector"] = self.vectors.encode([query])[0]
+        return self._send("POST", "/search", body)
 
     def close(self) -> None:
         self.http.close()

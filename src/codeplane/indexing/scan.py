@@ -18,12 +18,22 @@ from pathlib import Path
 import pathspec
 
 IGNORE_FILES = (".gitignore", ".cursorignore", ".codeplaneignore")
+# Files whose purpose is to hold secrets: never read for indexing, whatever they contain. A
+# project can re-include one with a negation (`!.env.example`) in its own ignore files.
+SECRET_FILES = (
+    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
+    "*.keystore", "*.kdbx", "*.gpg", "*.asc", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
+    ".netrc", ".pgpass", ".npmrc", ".pypirc", ".git-credentials", ".htpasswd", "*.tfstate",
+    "*.tfstate.*", "*.tfvars", "credentials.json", "service-account*.json", ".aws/",
+    ".ssh/", ".gnupg/", ".docker/config.json", "secrets.y*ml", "*.secret", "*.secrets",
+)
 DEFAULT_IGNORES = (
     ".git/", ".hg/", ".svn/", "node_modules/", "bower_components/", "vendor/", "third_party/",
     "__pycache__/", ".venv/", "venv/", ".tox/", ".nox/", ".mypy_cache/", ".pytest_cache/",
     ".ruff_cache/", "dist/", "build/", "target/", ".next/", ".gradle/", ".idea/", ".eggs/",
     "*.egg-info/", "*.min.js", "*.min.css", "*.map", "*.pyc", "*.lock", "package-lock.json",
     "*.pb.go", "*_pb2.py", "*.generated.*",
+    *SECRET_FILES,
 )
 DEFAULT_MAX_BYTES = 1_000_000
 _NAMED = re.compile(r"\(\?P<\w+>")

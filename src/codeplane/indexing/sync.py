@@ -22,16 +22,21 @@ from pathlib import Path
 from typing import Self
 
 from codeplane.config import Settings
-from codeplane.indexing.chunker import Chunk, chunk_text
+from codeplane.indexing.chunker import chunk_text
 from codeplane.indexing.remote import Remote
 from codeplane.indexing.scan import DEFAULT_MAX_BYTES, looks_binary, scan
 from codeplane.indexing.secretscan import find_secret
 from codeplane.indexing.state import WorkspaceState
+from codeplane.indexing.vectors import client_vectors, embed_mode
+from codeplane.models.embed import MAX_TEXT_CHARS
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks to send)
 # Chunks per upload request: the server length-sorts each request's texts into ONNX batches, so
 # bigger requests pad less (measured: 33 chunks/s at 64 per call, 42 at 640).
 BATCH_CHUNKS = 256
+# Per-mode cache keys: a vector rotated by the client's key never answers for one rotated by the
+# server's (teammates sharing a key file may use either mode).
+CACHE_LABEL = {"server": "cache", "client": "cache/client"}
 
 
 @dataclass
@@ -47,7 +52,8 @@ class SyncReport:
     chunks_embedded: int = 0
     chunks_reused: int = 0
     chunks_withheld_secrets: int = 0
-    secret_types: dict[str, int] = field(default_factory=dict)
+    files_withheld_secrets: int = 0
+    secret_types: dict[str, int] = field(default_factory=dict)  # secret type -> files
     root_hash: str = ""
     round_trips: int = 0
     bytes_sent: int = 0
@@ -172,12 +178,13 @@ def diff(tree: Tree, remote: Remote, state: WorkspaceState
     return changed, deleted, dirty
 
 
-def _chunk_file(root: Path, rel: str) -> list[Chunk]:
+def _read_text(root: Path, rel: str) -> str | None:
+    """The file as text (undecodable bytes replaced; NUL dropped, as the server refuses it),
+    or None if it vanished since the scan."""
     try:
-        text = (root / rel).read_bytes().decode("utf-8", errors="replace")
+        return (root / rel).read_bytes().decode("utf-8", errors="replace").replace("\0", "")
     except OSError:
-        return []
-    return chunk_text(rel, text)
+        return None
 
 
 class SyncLock:
@@ -200,7 +207,8 @@ def sync(root: Path, settings: Settings, progress: Progress | None = None,
     started = time.perf_counter()
     state = WorkspaceState(root, settings)
     cfg = settings.indexing
-    remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http)
+    remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http,
+                    vectors=client_vectors(settings.indexing, state.keys.rotation_key))
     try:
         with SyncLock(state.dir / "sync.lock"):
             report = _sync(state, remote, cfg, progress)
@@ -224,7 +232,7 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
     report.files_skipped = binary + scanned.too_large
     tree = build_tree(hashes, state)
     report.root_hash = tree.hashes[""]
-    remote.open()
+    _open(state, remote, embed_mode(cfg))
     changed, deleted, dirty = diff(tree, remote, state)
     report.files_changed, report.files_deleted = len(changed), len(deleted)
     if deleted:
@@ -232,7 +240,7 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
         state.drop_chunks([state.cipher.decrypt(p) for p in deleted])
     # Files the user touched most recently go first: they are what the next query is about.
     changed.sort(key=lambda rel: -scanned.files[rel][0])
-    plan = _plan(state, root, changed, report)
+    plan = _plan(state, root, changed, report, embed_mode(cfg))
     state.put("progress", {"running": True, "pid": os.getpid(), "files": len(changed)})
     _upload(state, remote, plan, tree, int(cfg.get("batch_chunks", BATCH_CHUNKS)), report, progress)
     if dirty:
@@ -246,33 +254,59 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
     return report
 
 
-def _plan(state: WorkspaceState, root: Path, changed: list[str], report: SyncReport
+def _open(state: WorkspaceState, remote: Remote, mode: str) -> None:
+    """Open the server workspace for this embedding mode. The two modes rotate vectors with
+    different keys, so after a switch the server's vectors are unusable: drop the workspace
+    and start over (the next diff then finds every file new)."""
+    status = remote.open()
+    if state.get("embed_mode") not in (None, mode):
+        remote.drop()
+        status = remote.open()
+    if remote.vectors is not None:
+        remote.vectors.check(status)
+    state.put("embed_mode", mode)
+
+
+def _plan(state: WorkspaceState, root: Path, changed: list[str], report: SyncReport, mode: str
           ) -> list[tuple[str, list[dict]]]:
-    """Chunk changed files, withhold chunks with secrets, record everything locally (so lexical
-    search covers them at once) and return what to upload."""
+    """Chunk changed files, withhold every chunk of a file that holds a secret anywhere (a key
+    split over chunks must not leak its tail), record everything locally (so lexical search
+    covers it at once) and return what to upload."""
     plan = []
     secret_types: dict[str, int] = defaultdict(int)
     for rel in changed:
+        text = _read_text(root, rel)
+        found = find_secret(text) if text is not None else None
+        if found:
+            secret_types[found] += 1
+            report.files_withheld_secrets += 1
         enc_path = state.cipher.encrypt(rel)
         rows, send = [], []
-        for chunk in _chunk_file(root, rel):
-            text = chunk.embed_text(rel)
-            key = state.keys.mac("cache", hashlib.sha256(text.encode()).hexdigest())
-            found = find_secret(chunk.text)
-            if found:
-                secret_types[found] += 1
-                rows.append((chunk.start_line, chunk.end_line, key, "secret", chunk.text))
-                continue
-            rows.append((chunk.start_line, chunk.end_line, key, "pending", chunk.text))
-            send.append({"id": state.keys.mac("chunk", enc_path, str(chunk.start_line),
-                                              str(chunk.end_line), key),
-                         "key": key, "start": chunk.start_line, "end": chunk.end_line,
-                         "text": text})
+        for chunk in chunk_text(rel, text) if text is not None else []:
+            embed_text = chunk.embed_text(rel)[:MAX_TEXT_CHARS]
+            key = state.keys.mac(CACHE_LABEL[mode], hashlib.sha256(embed_text.encode()).hexdigest())
+            status = "secret" if found else "pending"
+            rows.append((chunk.start_line, chunk.end_line, key, status, chunk.text))
+            if not found:
+                send.append({"id": state.keys.mac("chunk", enc_path, str(chunk.start_line),
+                                                  str(chunk.end_line), key),
+                             "key": key, "start": chunk.start_line, "end": chunk.end_line,
+                             "text": embed_text})
+        report.chunks_withheld_secrets += len(rows) if found else 0
         state.replace_chunks(rel, rows)
         plan.append((rel, send))
     report.secret_types = dict(secret_types)
-    report.chunks_withheld_secrets = sum(secret_types.values())
     return plan
+
+
+def _payloads(batch: list[tuple[str, list[dict]]], missing: set[str], remote: Remote
+              ) -> dict[str, dict]:
+    """What the server lacks, once per cache key: the chunk text (server-side embedding) or
+    its rotated vector embedded here (client-side mode: the text never leaves)."""
+    texts = {c["key"]: c["text"] for _, send in batch for c in send if c["key"] in missing}
+    if remote.vectors is None:
+        return {k: {"text": t} for k, t in texts.items()}
+    return {k: {"vector": v} for k, v in zip(texts, remote.vectors.encode(list(texts.values())))}
 
 
 def _upload(state: WorkspaceState, remote: Remote, plan: list[tuple[str, list[dict]]],
@@ -288,15 +322,13 @@ def _upload(state: WorkspaceState, remote: Remote, plan: list[tuple[str, list[di
         nonlocal done
         keys = [c["key"] for _, send in batch for c in send]
         missing = remote.missing(keys) if keys else set()
-        sent: set[str] = set()
+        payload = _payloads(batch, missing, remote)
         files = []
         for rel, send in batch:
             chunks = []
             for c in send:
                 body = {k: v for k, v in c.items() if k != "text"}
-                if c["key"] in missing and c["key"] not in sent:
-                    body["text"] = c["text"]
-                    sent.add(c["key"])
+                body.update(payload.pop(c["key"], {}))
                 chunks.append(body)
             files.append({"path": state.cipher.encrypt(rel), "leaf": tree.hashes[rel],
                           "chunks": chunks})

@@ -1,87 +1,102 @@
 """Server side of private search: per-workspace vector namespaces that hold no source code.
 
 What the server persists (all under `$CODEPLANE_HOME/server/search/`, or an `s3://` LanceDB URI):
-- LanceDB table `ws_<id>`: rotated vector, encrypted path, line range, HMAC'd chunk id.
-- `meta.sqlite`: workspace -> key verifier, the Merkle nodes (encrypted path, HMAC hash) and the
-  embedding cache (HMAC(workspace key, chunk hash) -> rotated vector).
+- LanceDB table `ws_<sid>`: rotated vector, encrypted path, line range, HMAC'd chunk id; `sid`
+  is derived from (tenant, workspace id), so tenants never share a table.
+- `meta.sqlite`: (tenant, workspace) -> storage id and key verifier, the Merkle nodes (encrypted
+  path, HMAC hash) and the embedding cache ((tenant, key) scope, HMAC(chunk) -> rotated vector).
 
-Chunk text arrives only in upload requests, is embedded, and is dropped. Vectors are stored
-multiplied by an orthogonal matrix derived from the client's server key (cosine-preserving), so
-the stored vectors cannot be compared with any model's output without that key; the key itself
-arrives in each request header and is held only in process memory (`_rotations`).
+Server-side embedding: chunk text arrives only in upload requests, is embedded, and is dropped.
+Vectors are stored multiplied by an orthogonal matrix derived from the client's server key
+(cosine-preserving); the key arrives in each request header and is held only in process memory.
+Client-side embedding: the client sends vectors already rotated by a key the server never sees,
+and rotated query vectors; no text arrives at all (docs/indexing.md, "Threat model").
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
-import re
 import sqlite3
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from codeplane.config import Settings
-from codeplane.search.embed import Embedder, embedder_from_config
+from codeplane.core.principal import LOCAL_TENANT
+from codeplane.models.embed import Embedder, embedder_from_config, rotation
+from codeplane.search.schemas import UploadChunk, UploadFile
 
 log = logging.getLogger("codeplane.search")
-ENC_PATH = re.compile(r"^[A-Za-z0-9_\-/]*$")  # base64url segments joined by '/'
-TOKEN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 DEFAULT_ANN_MIN_ROWS = 20_000
+DEFAULT_MAX_WORKSPACES = 100  # per tenant; `indexing.max_workspaces_per_tenant`
+DEFAULT_EMBED_CONCURRENCY = 2  # embedding calls at once; `indexing.embed_concurrency`
+DEFAULT_EMBED_WAIT = 60.0  # seconds a request waits for an embedding slot before a 503
 
 
 class SearchError(Exception):
     status = 400
+    code: str | None = None
 
 
 class Forbidden(SearchError):
     status = 403
 
 
+class QuotaExceeded(SearchError):
+    status = 403
+    code = "workspace_quota"
+
+
 class NotFound(SearchError):
     status = 404
+
+
+class Busy(SearchError):
+    status = 503
+    code = "embedder_busy"
 
 
 class CacheMiss(SearchError):
     status = 409
 
     def __init__(self, missing: list[str]) -> None:
-        super().__init__(f"{len(missing)} chunks are not in the embedding cache; send their text")
+        super().__init__(f"{len(missing)} chunks are not in the embedding cache; send their text "
+                         "or vector")
         self.missing = missing
 
 
-@dataclass
-class UploadChunk:
-    id: str
-    key: str
-    start: int
-    end: int
-    text: str | None = None
+@dataclass(frozen=True)
+class Workspace:
+    """A tenant's workspace as stored: `sid` names its LanceDB table and Merkle rows, `scope`
+    partitions the embedding cache by tenant and key."""
+
+    sid: str
+    scope: str
 
 
 def key_id(server_key: str) -> str:
     return hashlib.sha256(b"codeplane-key-id\0" + server_key.encode()).hexdigest()[:32]
 
 
-def rotation(server_key: str, dim: int) -> np.ndarray:
-    """A random orthogonal matrix seeded by the key (QR of a Gaussian, signs fixed so it is
-    unique)."""
-    seed = int.from_bytes(hashlib.sha256(b"codeplane-rotation\0" + server_key.encode())
-                          .digest(), "big")
-    gauss = np.random.default_rng(seed).standard_normal((dim, dim))
-    q, r = np.linalg.qr(gauss)
-    return (q * np.sign(np.diag(r))).astype(np.float32)
+def storage_id(tenant: str, ws: str) -> str:
+    """Per-tenant storage name, so two tenants may use the same workspace id without sharing a
+    table (ids are client-chosen)."""
+    return "s" + hashlib.sha256(f"{tenant}\0{ws}".encode()).hexdigest()[:40]
 
 
-def _check_path(path: str) -> str:
-    if not ENC_PATH.match(path) or len(path) > 4096:
-        raise SearchError("paths must be encrypted tokens joined by '/'")
-    return path
+def cache_scope(tenant: str, kid: str) -> str:
+    """Cached vectors are shared by the workspaces of one key inside one tenant, never across
+    tenants (that would let a tenant probe whether another holds a given chunk)."""
+    return hashlib.sha256(f"{tenant}\0{kid}".encode()).hexdigest()[:32]
 
 
 def _ancestors(path: str) -> list[str]:
@@ -94,7 +109,10 @@ def _parent(path: str) -> str | None:
 
 
 class SearchService:
-    """One per server process; thread-safe (FastAPI runs sync routes on a thread pool)."""
+    """One per server process; thread-safe (FastAPI runs sync routes on a thread pool).
+
+    Every method takes the caller's tenant first: a workspace is found only inside its tenant,
+    so another tenant's workspace is "not found" (404) whatever key is presented."""
 
     def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
         import lancedb
@@ -105,10 +123,14 @@ class SearchService:
         self.config = cfg
         self._embedder = embedder
         self.ann_min_rows = int(cfg.get("ann_min_rows", DEFAULT_ANN_MIN_ROWS))
+        self.max_workspaces = int(cfg.get("max_workspaces_per_tenant", DEFAULT_MAX_WORKSPACES))
+        self._embed_slots = threading.BoundedSemaphore(
+            int(cfg.get("embed_concurrency", DEFAULT_EMBED_CONCURRENCY)))
+        self._embed_wait = float(cfg.get("embed_wait", DEFAULT_EMBED_WAIT))
         self.db = lancedb.connect(str(cfg.get("lancedb_uri") or root / "lancedb"))
         self.meta = sqlite3.connect(root / "meta.sqlite", check_same_thread=False,
                                     isolation_level=None)
-        self.meta.executescript(SCHEMA)
+        _migrate(self.meta)
         self._lock = threading.RLock()  # sqlite connection + table handles
         self._ws_locks: dict[str, threading.Lock] = {}
         self._rotations: OrderedDict[str, np.ndarray] = OrderedDict()
@@ -122,34 +144,64 @@ class SearchService:
             self._embedder = embedder_from_config(self.config)
         return self._embedder
 
-    # -- auth -------------------------------------------------------------------------------
-    def open_workspace(self, ws: str, server_key: str) -> dict:
-        """Create the workspace bound to this key, or check the key of an existing one."""
-        self._check_ws(ws)
-        kid = key_id(server_key)
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One SQLite transaction that always ends: committed, or rolled back on any error
+        (the connection is shared by every request; one left open blocks all later writes)."""
         with self._lock:
-            row = self.meta.execute("SELECT key_id FROM workspaces WHERE ws=?", (ws,)).fetchone()
+            self.meta.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.meta
+                self.meta.execute("COMMIT")
+            except BaseException:
+                if self.meta.in_transaction:
+                    self.meta.execute("ROLLBACK")
+                raise
+
+    # -- workspaces --------------------------------------------------------------------------
+    def open_workspace(self, tenant: str, ws: str, server_key: str) -> dict:
+        """Create the tenant's workspace bound to this key, or check the key of an existing one."""
+        kid = key_id(server_key)
+        with self._tx() as db:
+            row = db.execute("SELECT key_id FROM workspaces WHERE tenant=? AND ws=?",
+                             (tenant, ws)).fetchone()
             if row is None:
-                self.meta.execute("INSERT INTO workspaces VALUES (?,?,?,?)",
-                                  (ws, kid, self.embedder.name, time.time()))
+                (count,) = db.execute("SELECT count(*) FROM workspaces WHERE tenant=?",
+                                      (tenant,)).fetchone()
+                if count >= self.max_workspaces:
+                    raise QuotaExceeded(
+                        f"this tenant already has {count} workspaces, the limit "
+                        f"(indexing.max_workspaces_per_tenant); delete one first")
+                db.execute("INSERT INTO workspaces VALUES (?,?,?,?,?,?)",
+                           (tenant, ws, storage_id(tenant, ws), kid, self.embedder.name,
+                            time.time()))
             elif row[0] != kid:
                 raise Forbidden("this key does not open that workspace")
-        return self.status(ws, server_key)
+        return self.status(tenant, ws, server_key)
 
-    def _auth(self, ws: str, server_key: str) -> str:
-        self._check_ws(ws)
+    def delete_workspace(self, tenant: str, ws: str, server_key: str) -> dict:
+        """Drop the workspace's vectors, Merkle nodes and registration (frees quota)."""
+        space = self._auth(tenant, ws, server_key)
+        with self._ws_lock(space.sid):
+            name = f"ws_{space.sid}"
+            with self._lock:
+                self._tables.pop(name, None)
+                if name in self.db.list_tables().tables:
+                    self.db.drop_table(name)
+            with self._tx() as db:
+                db.execute("DELETE FROM nodes WHERE ws=?", (space.sid,))
+                db.execute("DELETE FROM workspaces WHERE tenant=? AND ws=?", (tenant, ws))
+        return {"workspace": ws, "deleted": True}
+
+    def _auth(self, tenant: str, ws: str, server_key: str) -> Workspace:
         with self._lock:
-            row = self.meta.execute("SELECT key_id FROM workspaces WHERE ws=?", (ws,)).fetchone()
+            row = self.meta.execute("SELECT sid, key_id FROM workspaces WHERE tenant=? AND ws=?",
+                                    (tenant, ws)).fetchone()
         if row is None:
             raise NotFound(f"workspace {ws} is not indexed on this server")
-        if row[0] != key_id(server_key):
+        if row[1] != key_id(server_key):
             raise Forbidden("this key does not open that workspace")
-        return row[0]
-
-    @staticmethod
-    def _check_ws(ws: str) -> None:
-        if not TOKEN.match(ws):
-            raise SearchError("workspace ids are 1-128 characters of [A-Za-z0-9_-]")
+        return Workspace(row[0], cache_scope(tenant, row[1]))
 
     def _rotation(self, server_key: str) -> np.ndarray:
         kid = key_id(server_key)
@@ -162,138 +214,156 @@ class SearchService:
             return self._rotations[kid]
 
     # -- Merkle sync -----------------------------------------------------------------------
-    def tree(self, ws: str, server_key: str, paths: list[str]) -> dict:
+    def tree(self, tenant: str, ws: str, server_key: str, paths: list[str]) -> dict:
         """Each requested node's hash and its children's (name -> [hash, is_dir])."""
-        self._auth(ws, server_key)
+        sid = self._auth(tenant, ws, server_key).sid
         out = {}
         with self._lock:
-            for path in paths[:1000]:
-                _check_path(path)
+            for path in paths:
                 own = self.meta.execute("SELECT hash FROM nodes WHERE ws=? AND path=?",
-                                        (ws, path)).fetchone()
+                                        (sid, path)).fetchone()
                 kids = self.meta.execute(
-                    "SELECT path, hash, is_dir FROM nodes WHERE ws=? AND parent=?", (ws, path))
+                    "SELECT path, hash, is_dir FROM nodes WHERE ws=? AND parent=?", (sid, path))
                 out[path] = {"hash": own[0] if own else None,
                              "children": {p.rsplit("/", 1)[-1]: [h, bool(d)] for p, h, d in kids}}
         return out
 
-    def commit(self, ws: str, server_key: str, nodes: list[dict]) -> int:
+    def commit(self, tenant: str, ws: str, server_key: str, nodes: list) -> int:
         """Record directory hashes once everything under them is stored."""
-        self._auth(ws, server_key)
-        rows = [(ws, _check_path(n["path"]), _parent(n["path"]), str(n["hash"]), 1)
-                for n in nodes]
-        with self._lock:
-            self.meta.execute("BEGIN")
-            self.meta.executemany("INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?)", rows)
-            self.meta.execute("COMMIT")
-        return len(rows)
+        sid = self._auth(tenant, ws, server_key).sid
+        with self._tx() as db:
+            db.executemany("INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,1)",
+                           [(sid, n.path, _parent(n.path), n.hash) for n in nodes])
+        return len(nodes)
 
-    def delete(self, ws: str, server_key: str, paths: list[str]) -> int:
+    def delete(self, tenant: str, ws: str, server_key: str, paths: list[str]) -> int:
         """Drop files or whole directories (by encrypted path) with their vectors."""
-        self._auth(ws, server_key)
-        for path in paths:
-            _check_path(path)
-            if not path:
-                raise SearchError("refusing to delete the workspace root; delete the workspace")
-        with self._ws_lock(ws):
-            table = self._table(ws, create=False)
+        sid = self._auth(tenant, ws, server_key).sid
+        if "" in paths:
+            raise SearchError("refusing to delete the workspace root; delete the workspace")
+        with self._ws_lock(sid):
+            table = self._table(sid, create=False)
             for batch in _batched(paths, 200):
                 if table is not None:
                     table.delete(_path_filter(batch))
-                with self._lock:
-                    self.meta.execute("BEGIN")
+                with self._tx() as db:
                     for path in batch:
-                        self.meta.execute(
+                        db.execute(
                             "DELETE FROM nodes WHERE ws=? AND (path=? OR substr(path,1,?)=?)",
-                            (ws, path, len(path) + 1, path + "/"))
-                    self.meta.execute("COMMIT")
+                            (sid, path, len(path) + 1, path + "/"))
         return len(paths)
 
     # -- upload ----------------------------------------------------------------------------
-    def missing(self, ws: str, server_key: str, keys: list[str]) -> list[str]:
-        kid = self._auth(ws, server_key)
-        with self._lock:
-            found = set()
-            for batch in _batched(keys, 500):
-                marks = ",".join("?" * len(batch))
-                found |= {k for (k,) in self.meta.execute(
-                    f"SELECT ckey FROM cache WHERE key_id=? AND ckey IN ({marks})",
-                    (kid, *batch))}
+    def missing(self, tenant: str, ws: str, server_key: str, keys: list[str]) -> list[str]:
+        scope = self._auth(tenant, ws, server_key).scope
+        found = set(self._cached(scope, keys))
         return [k for k in dict.fromkeys(keys) if k not in found]
 
-    def upload(self, ws: str, server_key: str, files: list[dict]) -> dict:
+    def upload(self, tenant: str, ws: str, server_key: str, files: list[UploadFile]) -> dict:
         """Replace the vectors of each file, then record its Merkle leaf.
 
         The leaf is written last, so a client killed mid-sync leaves the file looking unsynced
         and the next run re-sends it: the server never claims a file it did not finish."""
-        kid = self._auth(ws, server_key)
-        chunks = {p["path"]: [UploadChunk(**c) for c in p.get("chunks", [])] for p in files}
-        for path in chunks:
-            _check_path(path)
-        vectors, embedded = self._vectors(kid, server_key, [c for cs in chunks.values() for c in cs])
-        rows = [(path, c) for path, cs in chunks.items() for c in cs]
-        with self._ws_lock(ws):
-            table = self._table(ws, create=True)
-            for batch in _batched(list(chunks), 500):
+        space = self._auth(tenant, ws, server_key)
+        if len({f.path for f in files}) != len(files):
+            raise SearchError("each file may appear once per upload")
+        chunks = [c for f in files for c in f.chunks]
+        vectors, embedded = self._vectors(space.scope, server_key, chunks)
+        rows = [(f.path, c) for f in files for c in f.chunks]
+        with self._ws_lock(space.sid):
+            table = self._table(space.sid, create=True)
+            for batch in _batched([f.path for f in files], 500):
                 table.delete("path IN ({})".format(",".join(f"'{p}'" for p in batch)))
             if rows:
                 table.add(_arrow_rows(rows, vectors, self.embedder.dim))
             # Ancestors appear as placeholder directories (hash "" never matches), so a later
             # sync descends to these leaves even if this one dies before its commit.
-            ancestors = {a for f in files for a in _ancestors(f["path"])}
-            with self._lock:
-                self.meta.execute("BEGIN")
-                self.meta.executemany("INSERT OR IGNORE INTO nodes VALUES (?,?,?,'',1)",
-                                      [(ws, a, _parent(a)) for a in ancestors])
-                self.meta.executemany(
-                    "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,0)",
-                    [(ws, f["path"], _parent(f["path"]), str(f["leaf"])) for f in files])
-                self.meta.execute("COMMIT")
-        self._maybe_build_ann(ws)
+            ancestors = {a for f in files for a in _ancestors(f.path)}
+            with self._tx() as db:
+                db.executemany("INSERT OR IGNORE INTO nodes VALUES (?,?,?,'',1)",
+                               [(space.sid, a, _parent(a)) for a in ancestors])
+                db.executemany("INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,0)",
+                               [(space.sid, f.path, _parent(f.path), f.leaf) for f in files])
+        self._maybe_build_ann(space.sid)
         return {"embedded": embedded, "reused": len(rows) - embedded, "stored": len(rows)}
 
-    def _vectors(self, kid: str, server_key: str, chunks: list[UploadChunk]
-                 ) -> tuple[dict[str, np.ndarray], int]:
-        """Rotated vectors by cache key: from the cache, else embedded from the sent text."""
-        keys = list(dict.fromkeys(c.key for c in chunks))
-        for k in keys:
-            if not TOKEN.match(k):
-                raise SearchError("cache keys are HMAC tokens")
+    def _cached(self, scope: str, keys: list[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         with self._lock:
-            for batch in _batched(keys, 500):
+            for batch in _batched(list(dict.fromkeys(keys)), 500):
                 marks = ",".join("?" * len(batch))
                 for k, blob in self.meta.execute(
                         f"SELECT ckey, vector FROM cache WHERE key_id=? AND ckey IN ({marks})",
-                        (kid, *batch)):
+                        (scope, *batch)):
                     out[k] = np.frombuffer(blob, dtype=np.float32)
-        texts = {c.key: c.text for c in chunks if c.key not in out and c.text is not None}
-        missing = [k for k in keys if k not in out and k not in texts]
+        return out
+
+    def _vectors(self, scope: str, server_key: str, chunks: list[UploadChunk]
+                 ) -> tuple[dict[str, np.ndarray], int]:
+        """Rotated vectors by cache key: sent by the client (client-side embedding), from the
+        cache, else embedded here from the sent text."""
+        sent = {c.key: self._decode(c.vector) for c in chunks if c.vector is not None}
+        out = self._cached(scope, [c.key for c in chunks if c.key not in sent])
+        texts = {c.key: c.text for c in chunks
+                 if c.key not in out and c.key not in sent and c.text is not None}
+        missing = [k for k in dict.fromkeys(c.key for c in chunks)
+                   if k not in out and k not in texts and k not in sent]
         if missing:
             raise CacheMiss(missing)
+        fresh = dict(sent)
         if texts:
-            fresh = self.embedder.embed(list(texts.values())) @ self._rotation(server_key).T
-            with self._lock:
-                self.meta.execute("BEGIN")
-                self.meta.executemany("INSERT OR REPLACE INTO cache VALUES (?,?,?)",
-                                      [(kid, k, v.astype(np.float32).tobytes())
-                                       for k, v in zip(texts, fresh)])
-                self.meta.execute("COMMIT")
-            out.update(zip(texts, fresh))
-        return out, len(texts)
+            embedded = self._embed(list(texts.values())) @ self._rotation(server_key).T
+            fresh.update(zip(texts, embedded.astype(np.float32)))
+        if fresh:
+            with self._tx() as db:
+                db.executemany("INSERT OR REPLACE INTO cache VALUES (?,?,?)",
+                               [(scope, k, v.tobytes()) for k, v in fresh.items()])
+        out.update(fresh)
+        return out, len(fresh)
+
+    def _decode(self, b64: str) -> np.ndarray:
+        """A client-sent rotated vector: exactly `dim` finite float32s, renormalised (cosine
+        search assumes unit rows; a client cannot skew scores with a long vector)."""
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except ValueError:
+            raise SearchError("vector must be standard base64") from None
+        dim = self.embedder.dim
+        if len(raw) != 4 * dim:
+            raise SearchError(f"vector must hold {dim} float32 values ({4 * dim} bytes), "
+                              f"not {len(raw)} bytes")
+        vec = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        norm = float(np.linalg.norm(vec)) if np.isfinite(vec).all() else 0.0
+        if not norm or not np.isfinite(norm):
+            raise SearchError("vector must be finite and non-zero")
+        return vec / norm
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        """Embed under the service's concurrency limit; a full queue answers 503, not a pile of
+        blocked threads."""
+        if not self._embed_slots.acquire(timeout=self._embed_wait):
+            raise Busy("the embedder is busy; retry shortly")
+        try:
+            return self.embedder.embed(texts)
+        finally:
+            self._embed_slots.release()
 
     # -- search ----------------------------------------------------------------------------
-    def search(self, ws: str, server_key: str, query: str, limit: int,
-               prefix: str | None = None) -> dict:
-        self._auth(ws, server_key)
-        limit = max(1, min(int(limit), 200))
-        table = self._table(ws, create=False)
+    def search(self, tenant: str, ws: str, server_key: str, query: str | None, limit: int,
+               prefix: str | None = None, vector: str | None = None) -> dict:
+        """Nearest chunks to the query text (embedded here) or to a client-sent rotated
+        query vector (client-side embedding mode: the query never reaches the server)."""
+        sid = self._auth(tenant, ws, server_key).sid
+        table = self._table(sid, create=False)
         if table is None:
             return {"results": [], "chunks": 0}
-        vec = self.embedder.embed([query])[0] @ self._rotation(server_key).T
+        if vector is not None:
+            vec = self._decode(vector)
+        else:
+            vec = self._embed([query or ""])[0] @ self._rotation(server_key).T
         q = table.search(vec.astype(np.float32)).distance_type("cosine").limit(limit)
         if prefix:
-            q = q.where(_path_filter([_check_path(prefix)]), prefilter=True)
+            q = q.where(_path_filter([prefix]), prefilter=True)
         if self._has_ann(table):
             q = q.nprobes(32).refine_factor(4)
         rows = q.select(["path", "start", "end"]).to_list()
@@ -302,20 +372,20 @@ class SearchService:
                             for r in rows],
                 "chunks": table.count_rows()}
 
-    def status(self, ws: str, server_key: str) -> dict:
-        self._auth(ws, server_key)
-        table = self._table(ws, create=False)
+    def status(self, tenant: str, ws: str, server_key: str) -> dict:
+        sid = self._auth(tenant, ws, server_key).sid
+        table = self._table(sid, create=False)
         return {"workspace": ws, "chunks": table.count_rows() if table is not None else 0,
                 "model": self.embedder.name, "dim": self.embedder.dim,
                 "ann_index": bool(table is not None and self._has_ann(table))}
 
     # -- storage helpers -------------------------------------------------------------------
-    def _ws_lock(self, ws: str) -> threading.Lock:
+    def _ws_lock(self, sid: str) -> threading.Lock:
         with self._lock:
-            return self._ws_locks.setdefault(ws, threading.Lock())
+            return self._ws_locks.setdefault(sid, threading.Lock())
 
-    def _table(self, ws: str, create: bool):
-        name = f"ws_{ws}"
+    def _table(self, sid: str, create: bool):
+        name = f"ws_{sid}"
         with self._lock:
             if name in self._tables:
                 return self._tables[name]
@@ -333,28 +403,28 @@ class SearchService:
     def _has_ann(table) -> bool:
         return any(getattr(i, "columns", None) == ["vector"] for i in table.list_indices())
 
-    def _maybe_build_ann(self, ws: str) -> None:
+    def _maybe_build_ann(self, sid: str) -> None:
         """Build an IVF-PQ index in the background once a namespace is large; rows added later
         are searched exactly alongside it until the next rebuild."""
-        table = self._table(ws, create=False)
-        if table is None or ws in self._indexing or self._has_ann(table):
+        table = self._table(sid, create=False)
+        if table is None or sid in self._indexing or self._has_ann(table):
             return
         if table.count_rows() < self.ann_min_rows:
             return
-        self._indexing.add(ws)
+        self._indexing.add(sid)
 
         def build() -> None:
             try:
-                with self._ws_lock(ws):
+                with self._ws_lock(sid):
                     from lancedb.index import IvfPq
 
                     table.create_index("vector", config=IvfPq(distance_type="cosine",
                                                               num_sub_vectors=48))
                     table.optimize()
             except Exception:  # exact search keeps working without the index
-                log.exception("ANN index build failed for workspace %s", ws)
+                log.exception("ANN index build failed for workspace table %s", sid)
             finally:
-                self._indexing.discard(ws)
+                self._indexing.discard(sid)
 
         self._indexer.submit(build)
 
@@ -365,12 +435,25 @@ class SearchService:
 
 SCHEMA = """
 PRAGMA journal_mode=WAL;
-CREATE TABLE IF NOT EXISTS workspaces (ws TEXT PRIMARY KEY, key_id TEXT, model TEXT, created REAL);
+CREATE TABLE IF NOT EXISTS workspaces (tenant TEXT, ws TEXT, sid TEXT UNIQUE, key_id TEXT,
+                                       model TEXT, created REAL, PRIMARY KEY (tenant, ws));
 CREATE TABLE IF NOT EXISTS nodes (ws TEXT, path TEXT, parent TEXT, hash TEXT, is_dir INTEGER,
                                   PRIMARY KEY (ws, path));
 CREATE INDEX IF NOT EXISTS nodes_parent ON nodes (ws, parent);
 CREATE TABLE IF NOT EXISTS cache (key_id TEXT, ckey TEXT, vector BLOB, PRIMARY KEY (key_id, ckey));
 """
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Create the schema; a store from before tenants keeps its workspaces under the loopback
+    tenant, with their old table names (`sid` = workspace id), so nothing is re-embedded."""
+    columns = [row[1] for row in db.execute("PRAGMA table_info(workspaces)")]
+    if columns and "tenant" not in columns:
+        db.executescript(
+            "BEGIN; ALTER TABLE workspaces RENAME TO workspaces_v1;" + SCHEMA.split(";", 1)[1]
+            + f"INSERT INTO workspaces SELECT '{LOCAL_TENANT}', ws, ws, key_id, model, created "
+            "FROM workspaces_v1; DROP TABLE workspaces_v1; COMMIT;")
+    db.executescript(SCHEMA)
 
 
 def _schema(dim: int) -> pa.Schema:
@@ -398,17 +481,3 @@ def _path_filter(paths: list[str]) -> str:
 def _batched(items: list, size: int):
     for i in range(0, len(items), size):
         yield items[i:i + size]
-
-
-def service_for(app_state, settings: Settings) -> SearchService:
-    """The app's SearchService, created on first use (the embedder loads lazily too)."""
-    service = getattr(app_state, "search_service", None)
-    if service is None:
-        with _create_lock:
-            service = getattr(app_state, "search_service", None)
-            if service is None:
-                service = app_state.search_service = SearchService(settings)
-    return service
-
-
-_create_lock = threading.Lock()

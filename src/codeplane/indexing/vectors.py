@@ -1,0 +1,51 @@
+"""Client-side embedding mode (`[indexing] embed = "client"`): chunk and query text are embedded
+on this machine with the same bge-small ONNX model the server runs, rotated by a matrix seeded
+from the client-only `rotation_key`, and only the rotated vectors are sent. The server never sees
+chunk or query text, nor the rotation (in server-side mode it derives the rotation from the
+server key it receives). See docs/indexing.md, "Threat model", for what the vectors still reveal.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+from codeplane.models.embed import embedder_from_config, rotation
+
+MODES = ("server", "client")
+
+
+class EmbedModeError(Exception):
+    """The embedding mode is misconfigured or does not match the server's model."""
+
+
+class ClientVectors:
+    def __init__(self, config: dict, rotation_key: str) -> None:
+        self.embedder = embedder_from_config(config)
+        self._rotation = rotation(rotation_key, self.embedder.dim)
+
+    def check(self, status: dict) -> None:
+        """Vectors from another model would be meaningless next to the server's; refuse."""
+        if (status.get("model"), status.get("dim")) != (self.embedder.name, self.embedder.dim):
+            raise EmbedModeError(
+                f"client-side embedding uses {self.embedder.name} ({self.embedder.dim} dims) but "
+                f"the server's workspace uses {status.get('model')} ({status.get('dim')}); set "
+                "the same [indexing.embedder] on both, or embed = \"server\"")
+
+    def encode(self, texts: list[str]) -> list[str]:
+        """Base64 of each text's rotated little-endian float32 vector (the upload format)."""
+        rotated = (self.embedder.embed(texts) @ self._rotation.T).astype("<f4")
+        return [base64.b64encode(np.ascontiguousarray(v).tobytes()).decode() for v in rotated]
+
+
+def embed_mode(config: dict) -> str:
+    mode = config.get("embed", "server")
+    if mode not in MODES:
+        raise EmbedModeError(f"indexing.embed must be one of {MODES}, not {mode!r}")
+    return mode
+
+
+def client_vectors(config: dict, rotation_key: str) -> ClientVectors | None:
+    """The client-side embedder when `indexing.embed` is "client", else None (server mode)."""
+    return ClientVectors(config, rotation_key) if embed_mode(config) == "client" else None
