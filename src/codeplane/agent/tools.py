@@ -474,7 +474,9 @@ def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[st
 @tool("codebase_search", "Semantic search: find code by meaning ('where are passwords "
       "hashed?'). Returns the most relevant snippets with paths and line ranges.",
       {"query": {"type": "string"}, "limit": {"type": "integer"},
-       "target_directories": {"type": "array", "items": {"type": "string"}}},
+       "target_directories": {"type": "array", "items": {"type": "string"}},
+       "files": {"type": "boolean", "description": "rank whole files: use when asking where "
+                 "a change should go"}},
       ("query",), "read", "ask a narrower question")
 def codebase_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     try:
@@ -487,7 +489,8 @@ def codebase_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str
         from codeplane.config import load_settings
         settings = load_settings()
     try:
-        hits = search_workspace(env.root, args["query"], int(args.get("limit") or 10), settings)
+        hits = search_workspace(env.root, args["query"], int(args.get("limit") or 10), settings,
+                                files=bool(args.get("files")))
     except IndexUnavailable as exc:
         return f"index unavailable: {exc}; use grep or file_search instead", {"available": False}
     dirs = [env.relative(env.resolve(d)) for d in args.get("target_directories") or []]

@@ -3,16 +3,18 @@ only this side can turn them into files, lines and snippets.
 
 `search_workspace` is the contract the agent's `codebase_search` tool calls.
 
-Ranking: dense (server, bge-small) alone once the index is complete - on docstring->function
-retrieval RRF fusion with BM25 lowered MRR@10 from 0.62 to 0.53. While indexing is incomplete,
-chunks not yet on the server are ranked lexically (BM25 over the local chunk index) and fused
-with the dense list by reciprocal rank, so new and secret-withheld code is still found.
-`indexing.fusion = "rrf"` fuses always, `"dense"` never.
+Ranking is hybrid (`indexing.rank`): the server's dense hits (bge-small) fused with BM25 over the
+client's local chunk index, with weights fitted per query shape on tuning repositories, so
+requests that name identifiers, options or files are found as well as descriptions of
+behaviour. Chunks not yet on the server (indexing in progress, secrets withheld) are found
+lexically. `files=True` ranks files instead of chunks ("where would this change go"). Measured
+in `bench/search/` (docs/indexing.md). `indexing.fusion = "dense"` turns the lexical side off.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,12 +22,22 @@ from cryptography.exceptions import InvalidTag
 
 from codeplane.config import Settings
 from codeplane.indexing.keys import KeyFileError
+from codeplane.indexing.lexical import analyse
+from codeplane.indexing.rank import (
+    CHUNK_WEIGHTS,
+    DENSE_ONLY,
+    FILE_WEIGHTS,
+    Key,
+    fuse_chunks,
+    rank_files,
+)
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
 from codeplane.indexing.vectors import client_vectors
 from codeplane.sandbox.files import Refused, decode, read_bytes
 
-RRF_K = 60
+DENSE_K = 100  # dense hits asked of the server: the fusion needs more than the page shown
+LEXICAL_K = 100
 SNIPPET_FILE_BYTES = 8 << 20  # larger files get no snippet (they are not indexed either)
 
 
@@ -46,14 +58,16 @@ class SearchOutcome:
         return self.pending_chunks == 0 and not self.indexing
 
 
-def search_workspace(root: Path, query: str, limit: int, settings: Settings) -> list[dict]:
+def search_workspace(root: Path, query: str, limit: int, settings: Settings,
+                     files: bool = False) -> list[dict]:
     """[{path, start_line, end_line, score, snippet}] best first; paths are workspace-relative,
-    lines 1-based. Raises IndexUnavailable with a message a user can act on."""
-    return search(root, query, limit, settings).results
+    lines 1-based. With `files`, one row per file (its best chunk as the snippet). Raises
+    IndexUnavailable with a message a user can act on."""
+    return search(root, query, limit, settings, files=files).results
 
 
 def search(root: Path, query: str, limit: int, settings: Settings, path: str | None = None,
-           http=None) -> SearchOutcome:
+           http=None, files: bool = False) -> SearchOutcome:
     root = Path(root).resolve()
     try:
         state = WorkspaceState(root, settings, create=False)
@@ -62,7 +76,7 @@ def search(root: Path, query: str, limit: int, settings: Settings, path: str | N
     except KeyFileError as exc:
         raise IndexUnavailable(str(exc)) from None
     try:
-        return _search(state, query, limit, settings, _relative(root, path), http)
+        return _search(state, query, limit, settings, _relative(root, path), http, files)
     finally:
         state.close()
 
@@ -80,12 +94,12 @@ def _relative(root: Path, path: str | None) -> str | None:
 
 
 def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
-            rel_prefix: str | None, http) -> SearchOutcome:
+            rel_prefix: str | None, http, files: bool) -> SearchOutcome:
     remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http, timeout=60,
                     vectors=client_vectors(settings.indexing, state.keys.rotation_key))
     prefix = state.cipher.encrypt(rel_prefix) if rel_prefix else None
     try:
-        answer = remote.search(query, limit * 2, prefix)
+        answer = remote.search(query, max(DENSE_K, limit * 2), prefix)
     except RemoteError as exc:
         if exc.status == 404:
             raise IndexUnavailable(f"{state.root} is not indexed on {settings.server}; run "
@@ -99,38 +113,44 @@ def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
     dense = []
     for hit in answer["results"]:
         try:
-            dense.append((state.cipher.decrypt(hit["path"]), hit["start_line"], hit["end_line"],
-                          hit["score"]))
+            key = (state.cipher.decrypt(hit["path"]), hit["start_line"], hit["end_line"])
         except (InvalidTag, ValueError):
             continue  # not ours: never shown
-    fusion = settings.indexing.get("fusion", "auto")
-    partial = not outcome.complete
-    if fusion == "rrf" or (fusion == "auto" and partial):
-        statuses = None if fusion == "rrf" else ("pending", "secret")
-        lexical = [(row.path, row.start, row.end, score) for row, score in
-                   state.lexical(query, limit * 2, rel_prefix, statuses)]
-        ranked = _rrf([dense, lexical])
-        if partial:
-            done = outcome.indexed_chunks
-            total = done + outcome.pending_chunks
-            state_word = ("in progress" if outcome.indexing
-                          else "incomplete (re-run `codeplane index`)")
-            outcome.notes.append(f"indexing {state_word}: {done}/{total} chunks embedded "
-                                 f"({100 * done // max(total, 1)}%); the rest are ranked "
-                                 "lexically")
+        dense.append((key, hit["score"]))
+    parsed = analyse(query)
+    lexical = []
+    if settings.indexing.get("fusion", "hybrid") == "dense":
+        weights = DENSE_ONLY
     else:
-        ranked = dense
+        weights = (FILE_WEIGHTS if files else CHUNK_WEIGHTS)[parsed.shape]
+        if parsed.terms:
+            lexical = [((row.path, row.start, row.end), score) for row, score in
+                       state.lexical(parsed.lexical_text, max(LEXICAL_K, limit * 2),
+                                     rel_prefix)]
+    text_of = _chunk_texts(state.root, dense + lexical) if weights.define and parsed.names \
+        else (lambda key: None)
+    chunks = fuse_chunks(parsed, dense, lexical, text_of, weights)
+    if files:
+        ranked = [(*key, round(score, 6)) for _, score, key in
+                  rank_files(parsed, chunks, weights)]
+    else:
+        ranked = [(*key, round(score, 6)) for key, score in chunks]
+    if not outcome.complete:
+        done = outcome.indexed_chunks
+        total = done + outcome.pending_chunks
+        state_word = "in progress" if outcome.indexing else "incomplete (re-run `codeplane index`)"
+        outcome.notes.append(f"indexing {state_word}: {done}/{total} chunks embedded "
+                             f"({100 * done // max(total, 1)}%); the rest are ranked lexically")
     outcome.results = _with_snippets(state.root, ranked, limit)
     return outcome
 
 
-def _rrf(lists: list[list[tuple]]) -> list[tuple]:
-    scores: dict[tuple, float] = {}
-    for ranking in lists:
-        for rank, (path, start, end, _) in enumerate(ranking):
-            key = (path, start, end)
-            scores[key] = scores.get(key, 0.0) + 1.0 / (RRF_K + rank + 1)
-    return [(*key, round(s, 6)) for key, s in sorted(scores.items(), key=lambda kv: -kv[1])]
+def _chunk_texts(root: Path, hits: list[tuple[Key, float]]) -> Callable[[Key], str | None]:
+    """Source of candidate chunks (read through the snippet reader) for definition matching."""
+    keys = list(dict.fromkeys(key for key, _ in hits))
+    rows = _with_snippets(root, [(*key, 0.0) for key in keys], len(keys))
+    texts = {(r["path"], r["start_line"], r["end_line"]): r["snippet"] for r in rows}
+    return texts.get
 
 
 def _with_snippets(root: Path, ranked: list[tuple], limit: int) -> list[dict]:

@@ -112,20 +112,24 @@ def _print_report(r: SyncReport) -> None:
 
 def search_cmd(
     query: Annotated[str, typer.Argument(help="What to look for, in words or identifiers.")],
-    path: Annotated[str | None, typer.Option(help="Only results under this directory.")] = None,
+    path: Annotated[str | None, typer.Option(
+        help="Only results under this directory (a workspace or a folder inside one).")] = None,
     limit: Annotated[int, typer.Option(help="Number of results.", min=1, max=100)] = 10,
+    files: Annotated[bool, typer.Option(
+        "--files", help="Rank files, not snippets: where would this change go?")] = False,
     root: Annotated[Path | None, typer.Option(
-        help="Workspace root (default: the indexed workspace containing the current dir).",
-        file_okay=False)] = None,
+        help="Workspace root (default: the indexed workspace containing --path, else the "
+             "current dir).", file_okay=False)] = None,
     json_: JsonOption = False,
     server: ServerOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Semantic search over an indexed workspace; snippets are read from local files."""
+    """Hybrid search (meaning and words) over an indexed workspace; snippets are read from
+    local files."""
     cfg = _settings(config, server)
-    workspace = (root or _find_root(Path.cwd(), cfg)).resolve()
+    workspace = (root or _find_root(_start_dir(path), cfg)).resolve()
     try:
-        outcome = search(workspace, query, limit, cfg, path)
+        outcome = search(workspace, query, limit, cfg, path, files=files)
     except IndexUnavailable as exc:
         fail(str(exc))
     if json_:
@@ -146,6 +150,15 @@ def search_cmd(
             console.out(f"{r['start_line'] + offset:>5}  {line}", highlight=False)
         if len(snippet) > 12:
             console.print(f"[dim]      ... {len(snippet) - 12} more lines[/]")
+
+
+def _start_dir(path: str | None) -> Path:
+    """Where to look for the workspace: `--path ~/src/myrepo` names it (the README's example),
+    so it must work from any current directory; without --path, the current dir."""
+    if not path:
+        return Path.cwd()
+    target = Path(path).expanduser()
+    return target if target.is_dir() else target.parent if target.exists() else Path.cwd()
 
 
 def _find_root(start: Path, cfg: Settings) -> Path:

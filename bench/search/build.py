@@ -1,0 +1,139 @@
+"""Build the three search benchmarks from the history of public Python repositories.
+
+    # mirrors first: `fetch github:pallets/click` etc. (see REPOS); then
+    python bench/search/build.py            # writes bench/search/data/*.jsonl
+
+1. localisation: a commit's message (first paragraph) is the query; the non-test source files it
+   modified are the answer, searched in the tree of the commit's parent.
+2. docstring: the first sentence of a function's docstring is the query; the answer is the chunk
+   holding the function, in a HEAD tree whose docstrings are blanked (as in bench/index.py).
+3. identifier: a function or class name (snake_case/CamelCase, defined once) is the query; the
+   answer is the chunk holding its definition, in the HEAD tree.
+
+Repositories are split by name into tuning (weights are fitted there) and held-out (reported).
+Sampling is deterministic (sha-ordered), so a rebuild yields the same sets.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus import Snapshots, git
+
+TUNING = ["pallets/click", "pallets/flask", "pallets/jinja", "psf/requests"]
+HELD_OUT = ["encode/httpx", "marshmallow-code/marshmallow", "python-attrs/attrs",
+            "python-poetry/tomlkit"]
+DATA = Path(__file__).resolve().parent / "data"
+PER_REPO = {"localisation": 12, "docstring": 40, "identifier": 30}
+CHORE = re.compile(r"\b(bump|release|version|changelog|typo|merge|pre-commit|lint|format|"
+                   r"formatting|ci|workflow|docs?|readme|sphinx|tox|flake8|black|ruff|mypy|"
+                   r"deprecat\w*|test\w*|coverage|copyright|license|update \w+ requirements)\b",
+                   re.IGNORECASE)
+SOURCE = re.compile(r"\.pyi?$")
+
+
+def is_test(path: str) -> bool:
+    parts = path.split("/")
+    return any(p in ("tests", "test", "testing", "testsuite", "typing_tests") for p in parts[:-1]) or \
+        parts[-1].startswith("test_") or parts[-1] == "conftest.py"
+
+
+def first_paragraph(message: str) -> str:
+    text = message.strip().split("\n\n", 1)[0]
+    return re.sub(r"\s*\(#\d+\)\s*$", "", " ".join(text.split()))
+
+
+def order(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def localisation(repo: str, count: int) -> list[dict]:
+    """Commits (of the last 400) that modify 1-4 existing non-test source files and whose
+    message is a request in words, not a chore."""
+    log = git(repo, "log", "--no-merges", "-n", "400", "--format=@@%H %P", "--name-status")
+    candidates = []
+    for block in log.split("@@")[1:]:
+        head, *changes = block.strip().splitlines()
+        sha, *parents = head.split()
+        if len(parents) != 1:
+            continue
+        modified = [c.split("\t")[-1] for c in changes if c.startswith("M\t")]
+        gold = sorted(p for p in modified if SOURCE.search(p) and not is_test(p))
+        if not 1 <= len(gold) <= 4:
+            continue
+        candidates.append((sha, parents[0], gold))
+    out = []
+    for sha, parent, gold in sorted(candidates, key=lambda c: order(c[0])):
+        query = first_paragraph(git(repo, "log", "-1", "--format=%B", sha))
+        if len(query.split()) < 4 or CHORE.search(query):
+            continue
+        out.append({"repo": repo, "commit": sha, "parent": parent, "query": query,
+                    "gold": gold})
+        if len(out) == count:
+            break
+    return out
+
+
+def defs(source: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    return [n for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+
+
+def docstring_and_identifier(repo: str, counts: dict[str, int]) -> tuple[list[dict], list[dict]]:
+    snaps = Snapshots(repo)
+    head = git(repo, "rev-parse", "HEAD").strip()
+    docs, names = [], {}
+    for path in snaps.files(head):
+        if not SOURCE.search(path) or is_test(path):
+            continue
+        for node in defs(snaps.text(head, path)):
+            names.setdefault(node.name, []).append((path, node.lineno))
+            doc = ast.get_docstring(node)
+            if isinstance(node, ast.ClassDef) or not doc or len(node.body) < 2:
+                continue
+            sentence = re.split(r"(?<=[.!?])\s", " ".join(doc.split()), maxsplit=1)[0]
+            if len(doc.split()) >= 8 and len(sentence.split()) >= 6:
+                docs.append({"repo": repo, "commit": head, "query": sentence,
+                             "gold": [[path, node.lineno]]})
+    seen: dict[str, int] = {}
+    for d in docs:
+        seen[d["query"]] = seen.get(d["query"], 0) + 1
+    docs = [d for d in docs if seen[d["query"]] == 1]
+    docs = sorted(docs, key=lambda d: order(d["query"]))[:counts["docstring"]]
+    idents = [{"repo": repo, "commit": head, "query": name, "gold": [list(where[0])]}
+              for name, where in names.items()
+              if len(where) == 1 and not name.startswith("__")
+              and ("_" in name.strip("_") or re.search(r"[a-z][A-Z]", name))]
+    idents = sorted(idents, key=lambda d: order(d["query"]))[:counts["identifier"]]
+    return docs, idents
+
+
+def main() -> None:
+    DATA.mkdir(exist_ok=True)
+    sets: dict[str, list[dict]] = {"localisation": [], "docstring": [], "identifier": []}
+    for repo in TUNING + HELD_OUT:
+        sets["localisation"] += localisation(repo, PER_REPO["localisation"])
+        docs, idents = docstring_and_identifier(repo, PER_REPO)
+        sets["docstring"] += docs
+        sets["identifier"] += idents
+    for name, rows in sets.items():
+        with (DATA / f"{name}.jsonl").open("w") as fh:
+            for row in rows:
+                row["split"] = "tuning" if row["repo"] in TUNING else "held-out"
+                fh.write(json.dumps(row) + "\n")
+        print(f"{name}: {len(rows)} queries")
+
+
+if __name__ == "__main__":
+    main()

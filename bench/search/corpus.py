@@ -1,0 +1,134 @@
+"""Snapshots of a git repository as the indexer would chunk them, read straight from a bare mirror
+(`fetch github:owner/name` puts one under /work/.mirror): no checkout, nothing executed.
+
+A commit's tree is listed with `git ls-tree`; each blob is read once through `git cat-file
+--batch` and chunked with the production chunker, cached by blob id, so indexing thirty parents
+of one repository costs little more than indexing one. Embeddings of chunk texts (the exact text
+the server embeds, `Chunk.embed_text`) are cached on disk by sha256, so re-runs and overlapping
+snapshots never embed a text twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pathspec
+
+from codeplane.indexing.chunker import Chunk, chunk_text
+from codeplane.indexing.scan import DEFAULT_IGNORES, DEFAULT_MAX_BYTES, looks_binary
+
+MIRRORS = Path("/work/.mirror")
+CACHE = Path("/tmp/codeplane-search-bench")
+SKIP_DIRS = ("docs/", "doc/", "examples/", "docs_src/", ".github/", "artwork/")
+# As bench/index.py does for Django: tests and docs stay out of the index (a `.codeplaneignore`
+# a user might write too) to keep the embedding bill of ~100 snapshots within an hour of 2 cores.
+SKIP_PARTS = {"tests", "test", "testing", "testsuite", "typing_tests"}
+IGNORED = pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORES)
+
+
+def mirror(repo: str) -> Path:
+    """owner/name -> its bare git dir under /work/.mirror."""
+    return MIRRORS / repo.replace("/", "+") / "repo"
+
+
+def git(repo: str, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(mirror(repo)), *args], check=True,
+                          capture_output=True, text=True).stdout
+
+
+@dataclass(frozen=True)
+class IndexedChunk:
+    path: str
+    chunk: Chunk
+
+    @property
+    def embed_text(self) -> str:
+        return self.chunk.embed_text(self.path)
+
+
+class Snapshots:
+    """Chunked trees of one repository, with a per-blob cache."""
+
+    def __init__(self, repo: str) -> None:
+        self.repo = repo
+        self.blob_chunks: dict[str, list[Chunk]] = {}
+        self.cat = subprocess.Popen(["git", "--git-dir", str(mirror(repo)), "cat-file", "--batch"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def blob(self, sha: str) -> bytes:
+        assert self.cat.stdin and self.cat.stdout
+        self.cat.stdin.write(f"{sha}\n".encode())
+        self.cat.stdin.flush()
+        size = int(self.cat.stdout.readline().split()[2])
+        data = self.cat.stdout.read(size)
+        self.cat.stdout.read(1)
+        return data
+
+    def files(self, commit: str) -> dict[str, str]:
+        """path -> blob id of the files the indexer would see (its default ignores, the size
+        cap), without documentation and test trees."""
+        out = {}
+        for line in git(self.repo, "ls-tree", "-r", "-l", commit).splitlines():
+            meta, path = line.split("\t", 1)
+            _, kind, sha, size = meta.split()
+            if kind != "blob" or size == "-" or int(size) > DEFAULT_MAX_BYTES:
+                continue
+            if path.startswith(SKIP_DIRS) or IGNORED.match_file(path) or \
+                    SKIP_PARTS & set(path.split("/")[:-1]) or path.endswith((".po", ".svg")):
+                continue
+            out[path] = sha
+        return out
+
+    def chunks(self, commit: str, transform=None) -> list[IndexedChunk]:
+        """Every chunk of the commit's tree; `transform(path, text)` may rewrite a file first
+        (the docstring set blanks docstrings)."""
+        out = []
+        for path, sha in sorted(self.files(commit).items()):
+            key = sha if transform is None else f"{sha}:t"
+            if key not in self.blob_chunks:
+                data = self.blob(sha)
+                if looks_binary(data):
+                    self.blob_chunks[key] = []
+                else:
+                    text = data.decode("utf-8", errors="replace")
+                    if transform is not None:
+                        text = transform(path, text)
+                    self.blob_chunks[key] = chunk_text(path, text)
+            out += [IndexedChunk(path, c) for c in self.blob_chunks[key]]
+        return out
+
+    def text(self, commit: str, path: str) -> str:
+        return self.blob(self.files(commit)[path]).decode("utf-8", errors="replace")
+
+
+class EmbeddingCache:
+    """sha256(text) -> bge-small vector, in SQLite; computes the missing ones in one batch."""
+
+    def __init__(self, embedder) -> None:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(CACHE / "embeddings.sqlite", isolation_level=None)
+        self.db.execute("CREATE TABLE IF NOT EXISTS v (k TEXT PRIMARY KEY, vec BLOB)")
+        self.embedder = embedder
+
+    def vectors(self, texts: list[str]) -> np.ndarray:
+        keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+        found = {}
+        for i in range(0, len(keys), 500):
+            part = keys[i:i + 500]
+            found.update(self.db.execute(
+                f"SELECT k, vec FROM v WHERE k IN ({','.join('?' * len(part))})", part))
+        todo = list(dict.fromkeys(k for k in keys if k not in found))
+        if todo:
+            index = {k: t for k, t in zip(keys, texts)}
+            for i in range(0, len(todo), 256):
+                part = todo[i:i + 256]
+                vecs = self.embedder.embed([index[k] for k in part])
+                rows = [(k, v.astype(np.float32).tobytes()) for k, v in zip(part, vecs)]
+                self.db.executemany("INSERT OR REPLACE INTO v VALUES (?,?)", rows)
+                found.update(rows)
+        return np.stack([np.frombuffer(found[k], dtype=np.float32) for k in keys])
