@@ -256,8 +256,9 @@ def main() -> None:
         data = collect(args.sets.split(","), embeddings, Path(tmp))
     weights = fit(data) if args.fit else None
     if weights:
-        print(json.dumps({lvl: {str(s): vars(w) for s, w in ws.items()}
-                          for lvl, ws in weights.items()}, indent=1))
+        for level, by_shape in weights.items():
+            for shape, w in by_shape.items():
+                print(f"{level} {shape.value}: {w}")
     for name, items in data.items():
         level = "files" if name == "localisation" else "chunks"
         for split in ("tuning", "held-out"):

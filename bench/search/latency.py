@@ -1,0 +1,81 @@
+"""End-to-end query latency of `codeplane search` (client + real server over loopback HTTP):
+dense-only, hybrid and hybrid --files, on one repository of the benchmark indexed for real.
+
+    flock /tmp/codeplane-cpu.lock python bench/search/latency.py [--repo psf/requests]
+
+The repository's HEAD is exported from its mirror (`git archive`, nothing executed) with the
+benchmark's `.codeplaneignore` (tests and docs out), indexed by a real sync, then every
+localisation and docstring query of that repository is run through `indexing.api.search`
+(server embedding + LanceDB + client BM25 + fusion + snippets) and timed. The Python process
+start of the CLI (~0.5 s imports) is not included: an agent or editor keeps one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
+
+from conftest import LiveServer, free_port, make_settings
+from corpus import mirror
+
+from codeplane.indexing.api import search
+from codeplane.indexing.sync import sync
+from codeplane.server.app import create_app
+
+IGNORE = "tests/\ntest/\ntesting/\ndocs/\ndoc/\nexamples/\n.github/\n"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repo", default="psf/requests")
+    args = parser.parse_args()
+    queries = [json.loads(line)["query"] for name in ("localisation", "docstring")
+               for line in (HERE / "data" / f"{name}.jsonl").open()
+               if json.loads(line)["repo"] == args.repo]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        root = work / "repo"
+        root.mkdir()
+        archive = subprocess.run(["git", "--git-dir", str(mirror(args.repo)), "archive", "HEAD"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "x", "-C", str(root)], input=archive, check=True)
+        (root / ".codeplaneignore").write_text(IGNORE)
+        live = LiveServer(create_app(make_settings(work / "server")), free_port()).start()
+        try:
+            cfg = make_settings(work / "client", server=live.url)
+            dense_cfg = make_settings(work / "client", server=live.url,
+                                      indexing={"fusion": "dense"})
+            report = sync(root, cfg)
+            print(f"{args.repo}: {report.chunks_total} chunks indexed in {report.seconds:.0f} s")
+            for label, settings, files in (("dense only", dense_cfg, False),
+                                           ("hybrid", cfg, False),
+                                           ("hybrid --files", cfg, True)):
+                search(root, queries[0], 10, settings, files=files)  # warm caches
+                times = []
+                for q in queries:
+                    started = time.perf_counter()
+                    search(root, q, 10, settings, files=files)
+                    times.append(1000 * (time.perf_counter() - started))
+                print(f"{label}: {len(times)} queries, p50 {statistics.median(times):.0f} ms, "
+                      f"p95 {percentile(times, 0.95):.0f} ms")
+        finally:
+            live.stop()
+
+
+if __name__ == "__main__":
+    main()
