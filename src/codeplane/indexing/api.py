@@ -117,24 +117,8 @@ def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
         except (InvalidTag, ValueError):
             continue  # not ours: never shown
         dense.append((key, hit["score"]))
-    parsed = analyse(query)
-    lexical = []
-    if settings.indexing.get("fusion", "hybrid") == "dense":
-        weights = DENSE_ONLY
-    else:
-        weights = (FILE_WEIGHTS if files else CHUNK_WEIGHTS)[parsed.shape]
-        if parsed.terms:
-            lexical = [((row.path, row.start, row.end), score) for row, score in
-                       state.lexical(parsed.lexical_text, max(LEXICAL_K, limit * 2),
-                                     rel_prefix)]
-    text_of = _chunk_texts(state.root, dense + lexical) if weights.define and parsed.names \
-        else (lambda key: None)
-    chunks = fuse_chunks(parsed, dense, lexical, text_of, weights)
-    if files:
-        ranked = [(*key, round(score, 6)) for _, score, key in
-                  rank_files(parsed, chunks, weights)]
-    else:
-        ranked = [(*key, round(score, 6)) for key, score in chunks]
+    hybrid = settings.indexing.get("fusion", "hybrid") != "dense"
+    ranked = _rank(state, query, dense, max(LEXICAL_K, limit * 2), rel_prefix, files, hybrid)
     if not outcome.complete:
         done = outcome.indexed_chunks
         total = done + outcome.pending_chunks
@@ -143,6 +127,25 @@ def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
                              f"({100 * done // max(total, 1)}%); the rest are ranked lexically")
     outcome.results = _with_snippets(state.root, ranked, limit)
     return outcome
+
+
+def _rank(state: WorkspaceState, query: str, dense: list[tuple[Key, float]], lexical_k: int,
+          rel_prefix: str | None, files: bool, hybrid: bool) -> list[tuple]:
+    """Fused (path, start, end, score) best first: chunks, or files by their best chunk."""
+    parsed = analyse(query)
+    lexical = []
+    weights = DENSE_ONLY
+    if hybrid:
+        weights = (FILE_WEIGHTS if files else CHUNK_WEIGHTS)[parsed.shape]
+        if parsed.terms:
+            lexical = [((row.path, row.start, row.end), score) for row, score in
+                       state.lexical(parsed.lexical_text, lexical_k, rel_prefix)]
+    text_of = _chunk_texts(state.root, dense + lexical) if weights.define and parsed.names \
+        else (lambda key: None)
+    chunks = fuse_chunks(parsed, dense, lexical, text_of, weights)
+    if files:
+        return [(*key, round(score, 6)) for _, score, key in rank_files(parsed, chunks, weights)]
+    return [(*key, round(score, 6)) for key, score in chunks]
 
 
 def _chunk_texts(root: Path, hits: list[tuple[Key, float]]) -> Callable[[Key], str | None]:
