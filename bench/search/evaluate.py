@@ -38,7 +38,7 @@ from corpus import EmbeddingCache, IndexedChunk, Snapshots
 from codeplane.indexing import rank
 from codeplane.indexing.lexical import Query, Shape, analyse
 from codeplane.indexing.state import WorkspaceState
-from codeplane.search.embed import OnnxEmbedder
+from codeplane.models.embed import OnnxEmbedder
 
 DENSE_K = 100  # dense hits the client asks the server for
 LEXICAL_K = 100
