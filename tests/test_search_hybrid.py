@@ -188,12 +188,16 @@ def test_path_and_definition_signals() -> None:
 def test_fusion_mixes_normalised_lists_and_ranks_files() -> None:
     q = analyse("parse the retry header")
     dense = [(("a.py", 1, 5), 0.81), (("b.py", 1, 9), 0.80), (("c.py", 3, 4), 0.60)]
-    lexical = [(("b.py", 1, 9), 12.0), (("d.py", 1, 2), 3.0)]
+    lexical = [(("b.py", 1, 9), 12.0), (("d.py", 1, 2), 9.0), (("e.py", 1, 2), 1.0)]
     w = Weights(dense=0.5, lexical=0.5, define=0.0, second=0.0, path=0.0)
     fused = fuse_chunks(q, dense, lexical, lambda key: None, w)
     assert fused[0][0] == ("b.py", 1, 9)  # second by meaning, first by words: best together
     assert {k for k, _ in fused} == {("a.py", 1, 5), ("b.py", 1, 9), ("c.py", 3, 4),
-                                      ("d.py", 1, 2)}
+                                      ("d.py", 1, 2), ("e.py", 1, 2)}
+    assert [k for k, _ in fused].index(("d.py", 1, 2)) > 1
+    withheld = fuse_chunks(q, dense, lexical, lambda key: None, w,
+                           unembedded=frozenset({("d.py", 1, 2)}))
+    assert withheld[1][0] == ("d.py", 1, 2)  # no dense score to lose: its lexical one stands in
     files = rank_files(q, [(("x/retry.py", 1, 2), 0.5), (("y.py", 1, 2), 0.55)],
                        Weights(dense=1, lexical=0, define=0, second=0, path=0.2))
     assert files[0][0] == "x/retry.py"  # its name says "retry"

@@ -133,16 +133,17 @@ def _rank(state: WorkspaceState, query: str, dense: list[tuple[Key, float]], lex
           rel_prefix: str | None, files: bool, hybrid: bool) -> list[tuple]:
     """Fused (path, start, end, score) best first: chunks, or files by their best chunk."""
     parsed = analyse(query)
-    lexical = []
+    lexical, unembedded = [], set()
     weights = DENSE_ONLY
     if hybrid:
         weights = (FILE_WEIGHTS if files else CHUNK_WEIGHTS)[parsed.shape]
-        if parsed.terms:
-            lexical = [((row.path, row.start, row.end), score) for row, score in
-                       state.lexical(parsed.lexical_text, lexical_k, rel_prefix)]
+        rows = state.lexical(parsed.lexical_text, lexical_k, rel_prefix) if parsed.terms else []
+        lexical = [((row.path, row.start, row.end), score) for row, score in rows]
+        unembedded = {(row.path, row.start, row.end) for row, _ in rows
+                      if row.status != "indexed"}
     text_of = _chunk_texts(state.root, dense + lexical) if weights.define and parsed.names \
         else (lambda key: None)
-    chunks = fuse_chunks(parsed, dense, lexical, text_of, weights)
+    chunks = fuse_chunks(parsed, dense, lexical, text_of, weights, frozenset(unembedded))
     if files:
         return [(*key, round(score, 6)) for _, score, key in rank_files(parsed, chunks, weights)]
     return [(*key, round(score, 6)) for key, score in chunks]

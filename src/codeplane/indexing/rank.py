@@ -64,14 +64,17 @@ def _normalised(hits: list[tuple[Key, float]]) -> dict[Key, float]:
 
 
 def fuse_chunks(query: Query, dense: list[tuple[Key, float]], lexical: list[tuple[Key, float]],
-                text_of: Callable[[Key], str | None], weights: Weights | None = None
-                ) -> list[tuple[Key, float]]:
-    """Chunks from either list, best first, scored by the shape's weights."""
+                text_of: Callable[[Key], str | None], weights: Weights | None = None,
+                unembedded: frozenset[Key] = frozenset()) -> list[tuple[Key, float]]:
+    """Chunks from either list, best first, scored by the shape's weights. `unembedded` chunks
+    (withheld for secrets, or not uploaded yet) have no dense score to lose: their lexical score
+    stands in for it, so they compete on what is known."""
     w = weights or CHUNK_WEIGHTS[query.shape]
     d, lex = _normalised(dense), _normalised(lexical)
     scored = []
     for key in dict.fromkeys([*d, *lex]):
-        score = w.dense * d.get(key, 0.0) + w.lexical * lex.get(key, 0.0)
+        semantic = lex.get(key, 0.0) if key in unembedded else d.get(key, 0.0)
+        score = w.dense * semantic + w.lexical * lex.get(key, 0.0)
         if w.define and query.names:
             text = text_of(key)
             score += w.define * (defines(query, text) if text else 0.0)
