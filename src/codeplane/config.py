@@ -75,6 +75,21 @@ class EngineSettings(BaseModel):
     n_batch: int = Field(512, ge=32)
 
 
+class StorageSettings(BaseModel):
+    """Where the server keeps shared state. The object store holds what several replicas must
+    see (the event lake today): a local directory by default, `s3://bucket/prefix` for teams,
+    with credentials from the standard `AWS_*` variables (never from this file)."""
+
+    model_config = {"extra": "forbid"}
+    objects: str = Field(
+        "", description="object store: a directory or s3://bucket/prefix; empty: "
+                        "$CODEPLANE_HOME/server/objects")
+    endpoint_url: str | None = Field(
+        None, description="S3-compatible endpoint (http[s]://host:port) for MinIO, SeaweedFS, "
+                          "Ceph...; default: AWS_ENDPOINT_URL or Amazon S3")
+    region: str | None = Field(None, description="S3 region; default: AWS_REGION")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CODEPLANE_", env_nested_delimiter="__", extra="forbid"
@@ -84,6 +99,7 @@ class Settings(BaseSettings):
     server: str = Field(DEFAULT_SERVER_URL, description="URL client commands talk to")
     serve: ServeSettings = Field(default_factory=ServeSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     # Sections owned by other compartments are validated by them; kept raw here so one file
     # configures everything without this module importing every compartment.
     models: list[dict[str, Any]] = Field(default_factory=list)
