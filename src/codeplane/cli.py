@@ -12,6 +12,7 @@ from codeplane.agent.cli import agent_cmd, tool_cmd
 from codeplane.apply.cli import apply_command
 from codeplane.clikit import ConfigOption, err_console, fail, settings
 from codeplane.config import ConfigError
+from codeplane.events.cli import events_app
 from codeplane.gateway.cli import gateway_app, keys_app
 from codeplane.indexing import cli as index_cli
 from codeplane.models.cli import app as model_app
@@ -26,6 +27,7 @@ app = typer.Typer(
 app.add_typer(model_app, name="model")
 app.add_typer(keys_app, name="keys")
 app.add_typer(gateway_app, name="gateway")
+app.add_typer(events_app, name="events")
 app.command("index")(index_cli.index_cmd)
 app.command("search")(index_cli.search_cmd)
 app.command("agent")(agent_cmd)

@@ -1,0 +1,78 @@
+"""`codeplane events query|stats`: read the event lake where `[storage] objects` points."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import duckdb
+import typer
+from rich.table import Table
+
+from codeplane.clikit import ConfigOption, JsonOption, console, fail, print_json, settings
+from codeplane.events import query as lake
+from codeplane.storage import ObjectStore, StorageError
+
+events_app = typer.Typer(help="Query the event lake (Tab, apply, agent and gateway events).",
+                         no_args_is_help=True)
+
+
+def _store(config: ConfigOption) -> ObjectStore:
+    try:
+        return ObjectStore.from_settings(settings(config))
+    except StorageError as exc:
+        fail(str(exc))
+
+
+@events_app.command("query")
+def query_cmd(
+    sql: Annotated[str, typer.Argument(help="SQL over the views tab_shown, tab_accepted, "
+                                            "tab_rejected, apply_outcome, agent_step, "
+                                            "gateway_usage (each with day and tenant).")],
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Answer one SQL statement with DuckDB over the Parquet files."""
+    store = _store(config)
+    try:
+        columns, rows = lake.query(store, sql)
+    except duckdb.Error as exc:
+        fail(f"query failed: {exc}")
+    except StorageError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json([dict(zip(columns, row, strict=True)) for row in rows])
+        return
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console.print(table)
+
+
+@events_app.command("stats")
+def stats_cmd(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's events.")] = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Tab accept rate and latency percentiles, and gateway usage per model."""
+    try:
+        result = lake.stats(_store(config), tenant)
+    except StorageError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(result)
+        return
+    tab = result["tab"]
+    rate = "-" if tab["accept_rate"] is None else f"{tab['accept_rate']:.1%}"
+    console.print(f"Tab: {tab['shown']} shown, {tab['accepted']} accepted, {tab['rejected']} "
+                  f"rejected; accept rate {rate}; latency p50 {_ms(tab['latency_p50_ms'])}, "
+                  f"p95 {_ms(tab['latency_p95_ms'])}")
+    usage = Table("model", "requests", "prompt tokens", "completion tokens", "latency p50")
+    for row in result["usage"]:
+        usage.add_row(str(row["model"]), str(row["requests"]), str(row["prompt_tokens"]),
+                      str(row["completion_tokens"]), _ms(row["latency_p50_ms"]))
+    console.print(usage)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
