@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import lancedb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyarrow import fs as pafs
@@ -76,6 +78,16 @@ def test_object_store_put_get_list_delete(store: ObjectStore) -> None:
     assert [o.key for o in store.list()] == ["a/two.bin"]
     with pytest.raises(ObjectNotFound):
         store.get("a/b/one.bin")
+
+
+def test_lancedb_tables_live_under_the_store(store: ObjectStore) -> None:
+    vectors = pa.array([[0.0, 1.0], [1.0, 0.0]], type=pa.list_(pa.float32(), 2))
+    db = lancedb.connect(store.uri("lance"), storage_options=store.storage_options)
+    db.create_table("chunks", pa.table({"id": [1, 2], "vector": vectors}))
+    again = lancedb.connect(store.uri("lance"), storage_options=store.storage_options)
+    table = again.open_table("chunks")
+    assert table.search([1.0, 0.0]).limit(1).to_list()[0]["id"] == 2
+    assert any(o.key.startswith("lance/chunks.lance/") for o in store.list("lance"))
 
 
 @pytest.mark.parametrize("key", ["../escape", "/abs", "a//b", "a/./b", ".staging/x", "a\\b", ""])

@@ -50,9 +50,13 @@ class ObjectInfo:
 class ObjectStore:
     """Keys are `/`-separated relative paths; segments starting with `.` are reserved."""
 
-    def __init__(self, filesystem: pafs.FileSystem, root: str, url: str) -> None:
+    def __init__(self, filesystem: pafs.FileSystem, root: str, url: str,
+                 storage_options: dict[str, str] | None = None) -> None:
         self.url = url
         self.filesystem = pafs.SubTreeFileSystem(root, filesystem)
+        # For clients built on Rust's object_store (LanceDB) that take a URI, not a pyarrow
+        # filesystem; they read the AWS_* credentials from the environment themselves.
+        self.storage_options = storage_options or {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ObjectStore:
@@ -95,7 +99,16 @@ class ObjectStore:
                              or (DEFAULT_REGION if endpoint else None))
         s3 = pafs.S3FileSystem(**{k: v for k, v in options.items() if v is not None})
         _check_bucket(s3, bucket, url)
-        return cls(s3, f"{bucket}/{prefix}" if prefix else bucket, url)
+        lance = {"aws_region": options["region"], "aws_endpoint": endpoint,
+                 "allow_http": "true" if endpoint and endpoint.startswith("http:") else None}
+        return cls(s3, f"{bucket}/{prefix}" if prefix else bucket, url.rstrip("/"),
+                   {k: v for k, v in lance.items() if v is not None})
+
+    def uri(self, key: str) -> str:
+        """Where `key` lives for URI-based clients: `lancedb.connect(store.uri("vectors"),
+        storage_options=store.storage_options)` puts LanceDB tables under the store."""
+        _check_key(key)
+        return f"{self.url}/{key}"
 
     @contextmanager
     def writer(self, key: str) -> Iterator[pa.NativeFile]:
