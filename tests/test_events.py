@@ -275,6 +275,17 @@ def test_storage_settings_select_the_store(tmp_path: Path, s3_server: S3Server,
         ObjectStore.from_settings(load_settings(home=home))
 
 
+@pytest.mark.parametrize(("url", "endpoint", "message"), [
+    ("gs://bucket/x", None, "unsupported URL"),
+    ("s3:///prefix", None, "names no bucket"),
+    ("s3://bucket", "ftp://127.0.0.1:21", "is not http"),
+    ("s3://bucket", "http://127.0.0.1:1", "cannot reach"),
+])
+def test_bad_store_settings_are_named(url: str, endpoint: str | None, message: str) -> None:
+    with pytest.raises(StorageError, match=message):
+        ObjectStore.open(url, endpoint_url=endpoint)
+
+
 def _cli(store_url: str, home: Path, *args: str):
     env = {"CODEPLANE_HOME": str(home), "CODEPLANE_STORAGE__OBJECTS": store_url}
     return CliRunner().invoke(app, ["events", *args], env=env)
