@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -251,6 +252,25 @@ def test_flushes_by_itself_once_the_batch_is_full(tmp_path: Path) -> None:
     assert lake.query(store, "SELECT sum(chars) FROM tab_shown")[1] == [(12,)]
     with pytest.raises(EventError, match="closed"):
         events.emit("tab_shown", "acme", {})
+
+
+def test_concurrent_emitters_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    store = ObjectStore.open(str(tmp_path / "objects"))
+    events = EventLog(store, flush_events=300)  # background flushes race with the emitters
+
+    def emitter(n: int) -> None:
+        for i in range(1500):
+            events.emit("tab_shown", f"t{n % 2}", {"suggestion_id": f"{n}-{i}", "chars": 1})
+
+    threads = [threading.Thread(target=emitter, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    events.close()
+    assert lake.query(store, "SELECT count(*), count(DISTINCT suggestion_id) FROM tab_shown")[
+        1] == [(6000, 6000)]
+    assert events.dropped == 0
 
 
 def test_storage_settings_select_the_store(tmp_path: Path, s3_server: S3Server,
