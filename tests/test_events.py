@@ -24,6 +24,7 @@ from codeplane.cli import app
 from codeplane.config import load_settings
 from codeplane.events import EventError, EventLog
 from codeplane.events import query as lake
+from codeplane.events.adapters import agent_listener
 from codeplane.storage import ObjectNotFound, ObjectStore, StorageError
 
 if TYPE_CHECKING:
@@ -252,6 +253,28 @@ def test_flushes_by_itself_once_the_batch_is_full(tmp_path: Path) -> None:
     assert lake.query(store, "SELECT sum(chars) FROM tab_shown")[1] == [(12,)]
     with pytest.raises(EventError, match="closed"):
         events.emit("tab_shown", "acme", {})
+
+
+def test_agent_listener_keeps_counters_and_drops_code(tmp_path: Path) -> None:
+    store = ObjectStore.open(str(tmp_path / "objects"))
+    events = EventLog(store)
+    listen = agent_listener(events, "acme", "code-medium")
+    secret = "def handler(request):\n    return API_TOKEN"
+    # the shapes agent/loop.py publishes to Agent.listeners
+    listen({"type": "run_start", "run_id": "r1", "t": 0.0, "task": secret})
+    listen({"type": "model_turn", "run_id": "r1", "t": 1.0, "step": 1,
+            "message": {"role": "assistant", "content": secret}, "finish_reason": "tool_calls",
+            "usage": {"prompt_tokens": 900, "completion_tokens": 40}, "seconds": 1.25})
+    listen({"type": "tool_result", "run_id": "r1", "t": 1.5, "step": 1, "index": 0,
+            "call_id": "c1", "name": "read_file", "ok": True, "output": secret,
+            "seconds": 0.002, "truncated": False, "data": {}})
+    events.close()
+    _, rows = lake.query(store, "SELECT step, tool, outcome, latency_ms, prompt_tokens, "
+                                "completion_tokens, model FROM agent_step ORDER BY outcome")
+    assert rows == [(1, None, "model_turn", 1250.0, 900, 40, "code-medium"),
+                    (1, "read_file", "ok", 2.0, None, None, "code-medium")]
+    _, every = lake.query(store, "SELECT * FROM agent_step")
+    assert not [v for row in every for v in row if "API_TOKEN" in str(v)]
 
 
 def test_concurrent_emitters_lose_and_duplicate_nothing(tmp_path: Path) -> None:
