@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -138,6 +138,19 @@ def test_partitions_by_kind_day_and_tenant(store: ObjectStore) -> None:
                              "WHERE day = '2026-11-21'")[1] == [("beta/team", "2026-11-21")]
 
 
+def test_the_day_is_the_utc_day(tmp_path: Path) -> None:
+    store = ObjectStore.open(str(tmp_path / "objects"))
+    events = EventLog(store)
+    berlin_night = datetime(2026, 11, 21, 0, 30, tzinfo=timezone(timedelta(hours=1)))
+    events.emit("tab_shown", "acme", {}, at=berlin_night)
+    (key,) = events.flush()
+    events.close()
+    assert "/day=2026-11-20/" in key
+    assert lake.query(store, "SELECT ts FROM tab_shown")[1] == [(datetime(2026, 11, 20, 23, 30),)]
+    with pytest.raises(EventError, match="timezone-aware"):
+        events.emit("tab_shown", "acme", {}, at=datetime(2026, 11, 21))
+
+
 def test_files_carry_the_schema_version(store: ObjectStore) -> None:
     events = EventLog(store)
     events.emit("agent_step", "acme", {"run_id": "r1", "step": 3, "tool": "read_file",
@@ -148,6 +161,8 @@ def test_files_carry_the_schema_version(store: ObjectStore) -> None:
     parquet = pq.ParquetFile(store.filesystem.open_input_file(key))
     assert parquet.schema_arrow.metadata[b"codeplane.events.schema_version"] == b"1"
     assert parquet.read().column("schema_version").to_pylist() == [1]
+    assert lake.query(store, "SELECT * FROM agent_step")[1][0][:2] == (
+        DAY1.replace(tzinfo=None), 1)  # every column converts, ts is UTC
     assert lake.query(store, "SELECT step, tool, schema_version FROM agent_step")[1] == [
         (3, "read_file", 1)]
 

@@ -117,6 +117,6 @@ class EventLog:
 def _groups(batch: list[Pending]) -> dict[tuple[str, str, str], list[dict]]:
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for kind, tenant, row in batch:
-        day = row["ts"].astimezone(UTC).strftime("%Y-%m-%d")
+        day = row["ts"].strftime("%Y-%m-%d")  # ts is UTC already
         groups[(kind, day, tenant)].append(row)
     return groups

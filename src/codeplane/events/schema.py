@@ -10,7 +10,7 @@ that alters a field's meaning bumps `SCHEMA_VERSION`, which is both a path segme
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pyarrow as pa
 
@@ -37,8 +37,9 @@ KINDS: dict[str, dict[str, pa.DataType]] = {
                       "completion_tokens": _INT},
 }
 # Columns every file carries before the kind's own; day and tenant live in the path (Hive
-# partitions), so a query filtering on them reads only the matching files.
-_BASE = [pa.field("ts", pa.timestamp("ms", tz="UTC")), pa.field("schema_version", pa.int16())]
+# partitions), so a query filtering on them reads only the matching files. `ts` is UTC stored
+# without a zone: DuckDB hands zoned timestamps to Python only through pytz.
+_BASE = [pa.field("ts", pa.timestamp("ms")), pa.field("schema_version", pa.int16())]
 PARTITIONS = pa.schema([pa.field("day", pa.string()), pa.field("tenant", pa.string())])
 
 
@@ -72,7 +73,7 @@ def validate(kind: str, tenant: str, fields: dict, at: datetime) -> dict:
         _check_value(f"{kind}.{name}", allowed[name], value)
     if at.tzinfo is None:
         raise EventError("event time must be timezone-aware")
-    return {"ts": at, "schema_version": SCHEMA_VERSION,
+    return {"ts": at.astimezone(UTC).replace(tzinfo=None), "schema_version": SCHEMA_VERSION,
             **{name: fields.get(name) for name in allowed}}
 
 
