@@ -20,8 +20,8 @@ import random
 import time
 from datetime import UTC, datetime, timedelta
 
-from codeplane.events import EventLog
 from codeplane.events import query as lake
+from codeplane.events.log import EventLog
 from codeplane.storage import ObjectStore
 
 START = datetime(2026, 11, 1, tzinfo=UTC)

@@ -22,9 +22,10 @@ from typer.testing import CliRunner
 
 from codeplane.cli import app
 from codeplane.config import load_settings
-from codeplane.events import EventError, EventLog
 from codeplane.events import query as lake
 from codeplane.events.adapters import agent_listener
+from codeplane.events.log import EventLog
+from codeplane.events.schema import EventError
 from codeplane.storage import ObjectNotFound, ObjectStore, StorageError
 
 if TYPE_CHECKING:

@@ -1,22 +1,28 @@
-"""`codeplane events query|stats`: read the event lake where `[storage] objects` points."""
+"""`codeplane events query|stats`: read the event lake where `[storage] objects` points.
+
+pyarrow and DuckDB are imported inside the commands: every `codeplane` invocation loads this
+module, and those imports cost about 0.2 s.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import duckdb
 import typer
 from rich.table import Table
 
 from codeplane.clikit import ConfigOption, JsonOption, console, fail, print_json, settings
-from codeplane.events import query as lake
-from codeplane.storage import ObjectStore, StorageError
+
+if TYPE_CHECKING:
+    from codeplane.storage import ObjectStore
 
 events_app = typer.Typer(help="Query the event lake (Tab, apply, agent and gateway events).",
                          no_args_is_help=True)
 
 
 def _store(config: ConfigOption) -> ObjectStore:
+    from codeplane.storage import ObjectStore, StorageError
+
     try:
         return ObjectStore.from_settings(settings(config))
     except StorageError as exc:
@@ -32,6 +38,11 @@ def query_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Answer one SQL statement with DuckDB over the Parquet files."""
+    import duckdb
+
+    from codeplane.events import query as lake
+    from codeplane.storage import StorageError
+
     store = _store(config)
     try:
         columns, rows = lake.query(store, sql)
@@ -55,6 +66,9 @@ def stats_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Tab accept rate and latency percentiles, and gateway usage per model."""
+    from codeplane.events import query as lake
+    from codeplane.storage import StorageError
+
     try:
         result = lake.stats(_store(config), tenant)
     except StorageError as exc:
