@@ -255,20 +255,34 @@ def test_flush_failure_keeps_events_within_the_bound(s3_server: S3Server) -> Non
         events.close()
 
 
+def _wait_for_files(store: ObjectStore) -> None:
+    """Wait for the flusher thread's first file: a readiness poll, not a speed check."""
+    deadline = time.monotonic() + 60
+    while not store.list("events") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_flushes_by_itself_once_the_batch_is_full(tmp_path: Path) -> None:
     store = ObjectStore.open(str(tmp_path / "objects"))
     events = EventLog(store, flush_events=3, flush_seconds=3600)
     for i in range(3):
         events.emit("tab_shown", "acme", {"chars": i})
-    deadline = time.monotonic() + 60  # a readiness poll, not a speed check
-    while not store.list("events") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_for_files(store)
     assert len(store.list("events")) == 1 and events.pending() == 0
     events.emit("tab_shown", "acme", {"chars": 9})
     events.close()  # the rest goes out at close
     assert lake.query(store, "SELECT sum(chars) FROM tab_shown")[1] == [(12,)]
     with pytest.raises(EventError, match="closed"):
         events.emit("tab_shown", "acme", {})
+
+
+def test_flushes_by_itself_once_old_enough(tmp_path: Path) -> None:
+    store = ObjectStore.open(str(tmp_path / "objects"))
+    events = EventLog(store, flush_events=10**6, flush_seconds=0.05)
+    events.emit("tab_shown", "acme", {"chars": 1})  # one event: only its age can flush it
+    _wait_for_files(store)
+    assert len(store.list("events")) == 1 and events.pending() == 0
+    events.close()
 
 
 def test_agent_listener_keeps_counters_and_drops_code(tmp_path: Path) -> None:
