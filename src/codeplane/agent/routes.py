@@ -29,6 +29,7 @@ from codeplane.agent.runs import Run, RunLimit, RunManager
 from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import Principal, principal_of
+from codeplane.events.adapters import agent_listener
 from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.router import Client, Gateway
 from codeplane.gateway.routes import gateway_of
@@ -156,6 +157,8 @@ async def create_run(body: RunRequest, request: Request):
                              asyncio.get_running_loop())
     agent = Agent(model, env, AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens),
                   settings=settings, run_id=run_id)
+    agent.listeners.append(agent_listener(request.app.state.services.events, principal.tenant,
+                                          body.model))
     try:
         run = manager.start(principal.tenant, agent, body.task, model)
     except RunLimit as exc:

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field
 
 from codeplane.apply.api import apply_edit
 from codeplane.core.errors import not_found
+from codeplane.core.principal import principal_of
 from codeplane.core.schemas import WireModel
 from codeplane.models.registry import UnknownModel
 
@@ -34,4 +35,7 @@ def apply(body: ApplyRequest, request: Request) -> dict:
                             body.model, method=body.method)
     except UnknownModel as exc:
         raise not_found(str(exc)) from exc
+    request.app.state.services.events.record("apply_outcome", principal_of(request).tenant, {
+        "model": body.model, "ok": result.ok, "method": result.method, "format": result.format,
+        "seconds": result.seconds, "output_tokens": result.output_tokens})
     return result.to_json()

@@ -34,6 +34,7 @@ class EventLog:
         self.flush_seconds = flush_seconds
         self.max_pending = max_pending
         self.dropped = 0
+        self.rejected = 0  # events `record` refused (a field out of its whitelist)
         self._pending: list[Pending] = []
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # one flush at a time: files never interleave
@@ -54,6 +55,15 @@ class EventLog:
             self._pending.append((kind, tenant, row))
             if len(self._pending) >= self.flush_events:
                 self._wake.set()
+
+    def record(self, kind: str, tenant: str, fields: dict) -> None:
+        """`emit` for request handlers: an event the schema refuses is logged and counted,
+        never allowed to fail the user's request (the event is telemetry, not the answer)."""
+        try:
+            self.emit(kind, tenant, fields)
+        except EventError as exc:
+            self.rejected += 1
+            log.warning("event %s refused: %s", kind, exc)
 
     def pending(self) -> int:
         with self._lock:

@@ -22,6 +22,8 @@ from typing import Any
 
 from codeplane.config import ConfigError, Settings
 from codeplane.core.metrics import Metrics
+from codeplane.core.principal import LOCAL_TENANT
+from codeplane.events.log import EventLog
 from codeplane.gateway import config as gwconfig
 from codeplane.gateway.admission import PriorityGate, Shed, TokenBucket
 from codeplane.gateway.config import Config, DeploymentConfig
@@ -93,8 +95,10 @@ class Group:
 
 class Gateway:
     def __init__(self, settings: Settings, engine: Engine, metrics: Metrics,
-                 cfg: Config | None = None, keys: KeyStore | None = None) -> None:
+                 cfg: Config | None = None, keys: KeyStore | None = None,
+                 events: EventLog | None = None) -> None:
         self.settings, self.engine = settings, engine
+        self.events = events  # usage per request goes to the event lake when there is one
         self.cfg = cfg or gwconfig.load(settings)
         self.local_metrics = metrics
         self.groups: dict[str, Group] = {}
@@ -368,6 +372,12 @@ class Gateway:
             self.metrics.tokens.labels(dep.id, "out").inc(completion)
         # An upstream that reports no usage is charged what was held (an upper bound).
         self._settle(call, client, _total(usage) or prompt + completion or call.reserved or 0)
+        if self.events is not None:
+            key = client.key
+            self.events.record("gateway_usage", key.tenant if key else LOCAL_TENANT, {
+                "model": dep.cfg.name, "deployment": dep.id, "key_id": key.id if key else None,
+                "kind": call.kind, "status": 200, "latency_ms": seconds * 1000,
+                "prompt_tokens": prompt, "completion_tokens": completion})
         log.info("request_id=%s model=%s deployment=%s kind=%s stream=%s priority=%s "
                  "tokens=%s seconds=%.4f", client.request_id, call.raw.get("model"), dep.id,
                  call.kind, call.stream, client.priority, prompt + completion, seconds)

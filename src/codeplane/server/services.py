@@ -8,6 +8,7 @@ first use.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -17,13 +18,17 @@ from pydantic import ValidationError
 from codeplane.agent.runs import RunManager
 from codeplane.config import ConfigError, Settings
 from codeplane.core.metrics import Metrics
+from codeplane.events.log import EventLog
 from codeplane.gateway.keys import KeyStore
 from codeplane.gateway.router import Gateway
 from codeplane.models.engine import Engine
+from codeplane.storage import ObjectStore, StorageError
 from codeplane.tab.service import TabService, TabSettings
 
 if TYPE_CHECKING:
     from codeplane.search.service import SearchService
+
+log = logging.getLogger("codeplane.server")
 
 
 @dataclass
@@ -35,6 +40,7 @@ class Services:
     gateway: Gateway
     tab: TabService
     runs: RunManager  # agent runs: tenant-scoped, capped, each ends with `run_end`
+    events: EventLog  # the event lake: usage, apply outcomes, agent steps (no source code)
     owns_engine: bool = True  # a shared engine (tests, embedding callers) outlives the app
     _search: SearchService | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -54,6 +60,10 @@ class Services:
     async def aclose(self) -> None:
         await asyncio.to_thread(self.runs.close)  # cancels runs still going: each ends
         await self.gateway.aclose()
+        try:
+            await asyncio.to_thread(self.events.close)
+        except StorageError as exc:  # the store is down: lose telemetry, not the shutdown
+            log.error("events not flushed at shutdown: %s", exc)
         with self._lock:
             if self._search is not None:
                 self._search.close()
@@ -73,7 +83,13 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
         tab = TabService(engine, TabSettings(**settings.tab))
     except ValidationError as exc:
         raise ConfigError(f"invalid [tab] settings: {exc}") from None
+    try:
+        store = ObjectStore.from_settings(settings)
+        store.sweep_staging()  # what a writer killed mid-put left behind
+    except StorageError as exc:
+        raise ConfigError(f"invalid [storage] settings: {exc}") from None
+    events = EventLog(store)
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
-                    gateway=Gateway(settings, engine, metrics, keys=keys), tab=tab,
-                    runs=RunManager(settings.serve.max_runs_per_tenant),
-                    owns_engine=owns_engine)
+                    gateway=Gateway(settings, engine, metrics, keys=keys, events=events),
+                    tab=tab, runs=RunManager(settings.serve.max_runs_per_tenant),
+                    events=events, owns_engine=owns_engine)
