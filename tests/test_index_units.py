@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cryptography.exceptions import InvalidTag
-
 from indexkit import write
 
 from codeplane.indexing.chunker import chunk_text

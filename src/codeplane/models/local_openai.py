@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from codeplane.models.engine import Generation, LocalModel, Sampling, Unsupported
 from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest, stop_list
+from codeplane.models.engine import Generation, LocalModel, Sampling, Unsupported
 from codeplane.models.toolcalls import ToolCall, parse_tool_calls, tool_names
 
 Emit = Callable[[dict[str, Any]], None]
