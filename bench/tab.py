@@ -12,18 +12,34 @@ show/hide filter; it runs on a subsample of the same request points (it is slow)
 
     flock /tmp/codeplane-cpu.lock python bench/tab.py            # ~4 minutes on 2 cores
     flock /tmp/codeplane-cpu.lock python bench/tab.py --edits 4 --naive 8 --json out.json
+
+`--cases N` instead measures accuracy on N cursor positions in projects the service was not
+tuned on (issue 18): the same running server answers each position twice, once through the
+plain FIM call (`POST /v1/completions` with `suffix`, greedy, stop at newline) and once
+through `POST /v1/tab`. Half the positions are mid-line (the rest of the line deleted), half
+at the start of a line (after its indentation); the reference is the rest of the line the
+author wrote. Sources are pinned sdists (`pip download --no-binary :all:`) cached under
+`~/.cache/codeplane-bench/sdists`; `--set tune` uses other packages, for tuning show/hide.
+
+    flock /tmp/codeplane-cpu.lock python bench/tab.py --cases 100 --json /tmp/tab-cases.json
+    flock /tmp/codeplane-cpu.lock python bench/tab.py --cases 60 --set tune --min-confidence 0
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import io
 import json
 import random
 import socket
 import statistics
+import subprocess
+import sys
+import tarfile
 import threading
 import time
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +57,10 @@ from codeplane.tab.service import TabSettings
 FILES = [Path(httpx.__file__).parent / "_client.py", Path(rich.__file__).parent / "table.py",
          Path(httpx.__file__).parent / "_models.py", Path(rich.__file__).parent / "text.py"]
 DEBOUNCE_S = 0.12
+# Pinned sdists: accuracy is measured on EVAL, show/hide is tuned on TUNE (disjoint projects).
+SDISTS = {"eval": ["click==8.1.7", "attrs==23.2.0", "h11==0.14.0", "itsdangerous==2.1.2"],
+          "tune": ["requests==2.31.0", "werkzeug==3.0.1", "jinja2==3.1.3", "markdown==3.5.2"]}
+SDIST_CACHE = Path.home() / ".cache" / "codeplane-bench" / "sdists"
 
 
 @dataclass
@@ -198,6 +218,171 @@ def summary(outcomes: list[Outcome]) -> dict:
             "mean_ms": round(statistics.mean(lat), 2) if lat else 0}
 
 
+# -- accuracy on untuned projects (issue 18) ---------------------------------------------
+
+
+@dataclass
+class Case:
+    """A cursor position; `reference` is the rest of the line the author wrote."""
+
+    kind: str  # "mid" (inside a line) | "start" (start of a line, after its indentation)
+    path: str
+    doc: str
+    offset: int
+    reference: str
+
+
+def sources(which: str) -> dict[str, str]:
+    """{path: text} of the non-test .py files of the pinned sdists, downloaded once."""
+    SDIST_CACHE.mkdir(parents=True, exist_ok=True)
+    out: dict[str, str] = {}
+    for pin in SDISTS[which]:
+        name, version = pin.split("==")
+        found = [f for f in SDIST_CACHE.glob("*.tar.gz")
+                 if f.name.lower().startswith(f"{name}-{version}".lower())]
+        if not found:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                            "--no-binary", ":all:", "-d", str(SDIST_CACHE), pin], check=True)
+            return sources(which)
+        with tarfile.open(found[0]) as tar:
+            for member in tar.getmembers():
+                parts = member.name.split("/")
+                if member.isfile() and member.name.endswith(".py") and not any(
+                        p in ("tests", "test", "docs", "examples") for p in parts) \
+                        and parts[-1] not in ("setup.py", "conftest.py"):
+                    out[member.name] = tar.extractfile(member).read().decode("utf-8", "replace")
+    return out
+
+
+def code_lines(text: str) -> list[int]:
+    """0-based numbers of lines worth completing: code (not comments, not inside a string
+    literal such as a docstring) of 6 to 100 characters."""
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return []
+    in_string = {n for t in toks if t.type == tokenize.STRING and t.end[0] > t.start[0]
+                 for n in range(t.start[0], t.end[0] + 1)}
+    lines = text.split("\n")
+    return [n for n, line in enumerate(lines) if n + 1 not in in_string
+            and 6 <= len(line.strip()) <= 100 and not line.strip().startswith(("#", "@"))]
+
+
+def make_cases(rng: random.Random, files: dict[str, str], count: int) -> list[Case]:
+    """Alternating mid-line and start-of-line positions in random files and lines."""
+    names = sorted(n for n in files if code_lines(files[n]))
+    out: list[Case] = []
+    while len(out) < count:
+        path = rng.choice(names)
+        text = files[path]
+        lines = text.split("\n")
+        n = rng.choice(code_lines(text))
+        line = lines[n]
+        indent = len(line) - len(line.lstrip())
+        if len(out) % 2 == 0:  # mid-line: keep at least 2 typed and 2 missing characters
+            col = rng.randint(indent + 2, len(line) - 2)
+            kind = "mid"
+        else:
+            col, kind = indent, "start"
+        before = "\n".join(lines[:n] + [line[:col]])
+        doc = before + "\n" + "\n".join(lines[n + 1:])
+        out.append(Case(kind, "/".join(path.split("/")[1:]), doc, len(before), line[col:]))
+    return out
+
+
+def line_scores(text: str, reference: str) -> dict:
+    """First line of `text` against the reference line."""
+    first = text.split("\n", 1)[0]
+    return {"exact": first.rstrip() == reference.rstrip(),
+            "exact_ws": first.strip() == reference.strip(),
+            "es": difflib.SequenceMatcher(None, first, reference).ratio(),
+            "empty": not first.strip()}
+
+
+def ask_cases(http: httpx.Client, url: str, model: str, cases: list[Case], plain_tokens: int
+              ) -> list[dict]:
+    """Each case through the Tab service (min_confidence 0: every answer comes back, with
+    its confidence) and through the plain FIM call, same window, same server."""
+    rows = []
+    for i, c in enumerate(cases):
+        body = build_request(c.path, c.doc, c.offset, None, Budget(), cursor_id=f"case{i}",
+                             min_confidence=0.0)
+        start = time.perf_counter()
+        tab = http.post(f"{url}/v1/tab", json=body).json()
+        tab_ms = (time.perf_counter() - start) * 1000
+        start = time.perf_counter()
+        plain = http.post(f"{url}/v1/completions", json={
+            "model": model, "prompt": body["prefix"], "suffix": body["suffix"],
+            "max_tokens": plain_tokens, "temperature": 0, "stop": ["\n"]}).json()
+        plain_ms = (time.perf_counter() - start) * 1000
+        rows.append({"kind": c.kind, "path": c.path, "reference": c.reference,
+                     "tab": tab["text"], "confidence": tab["confidence"] or 0.0,
+                     "tab_ms": round(tab_ms), "plain": plain["choices"][0]["text"],
+                     "plain_ms": round(plain_ms)})
+    return rows
+
+
+def table(rows: list[dict], min_conf: float) -> dict:
+    """The issue's side-by-side table, Tab hiding answers below `min_conf` (hidden = empty)."""
+    def agg(texts: list[str]) -> dict:
+        s = [line_scores(t, r["reference"]) for t, r in zip(texts, rows)]
+        n = max(len(s), 1)
+        return {"exact": round(sum(x["exact"] for x in s) / n, 3),
+                "exact_ignoring_leading_space": round(sum(x["exact_ws"] for x in s) / n, 3),
+                "edit_similarity": round(sum(x["es"] for x in s) / n, 3),
+                "empty": round(sum(x["empty"] for x in s) / n, 3),
+                "whitespace_only_misses": sum(x["exact_ws"] and not x["exact"] for x in s)}
+    tab = [r["tab"] if r["confidence"] >= min_conf else "" for r in rows]
+    plain = [r["plain"] for r in rows]
+    ts = [line_scores(t, r["reference"])["exact"] for t, r in zip(tab, rows)]
+    ps = [line_scores(t, r["reference"])["exact"] for t, r in zip(plain, rows)]
+    shown = [i for i, t in enumerate(tab) if t.strip()]
+    return {"n": len(rows), "min_confidence": min_conf, "plain_fim": agg(plain),
+            "tab": agg(tab),
+            "paired": {"plain_right_tab_wrong": sum(p and not t for p, t in zip(ps, ts)),
+                       "tab_right_plain_wrong": sum(t and not p for p, t in zip(ps, ts))},
+            "where_tab_shows": {"n": len(shown),
+                                "tab_exact": round(sum(ts[i] for i in shown) / max(len(shown), 1), 3),
+                                "plain_exact": round(sum(ps[i] for i in shown) / max(len(shown), 1), 3)},
+            "by_kind": {k: {"tab_exact": round(statistics.mean(ts[i] for i in idx), 3),
+                            "plain_exact": round(statistics.mean(ps[i] for i in idx), 3)}
+                        for k in ("mid", "start")
+                        if (idx := [i for i, r in enumerate(rows) if r["kind"] == k])},
+            "latency_ms": {"tab_p50": pct([r["tab_ms"] for r in rows], 50),
+                           "plain_p50": pct([r["plain_ms"] for r in rows], 50)}}
+
+
+def curve(rows: list[dict]) -> list[dict]:
+    """Show/hide precision-coverage curve: at each threshold, the share of positions where
+    Tab shows something and the share of those that are exactly right."""
+    out = []
+    for k in range(0, 20):
+        t = k / 20
+        shown = [r for r in rows if r["tab"].strip() and r["confidence"] >= t]
+        right = sum(line_scores(r["tab"], r["reference"])["exact"] for r in shown)
+        out.append({"min_confidence": t, "shown": round(len(shown) / len(rows), 3),
+                    "accepted_if_shown": round(right / len(shown), 3) if shown else None,
+                    "right": right, "wrong": len(shown) - right})
+    return out
+
+
+def run_cases(args: argparse.Namespace) -> dict:
+    rng = random.Random(args.seed)
+    cases = make_cases(rng, sources(args.set), args.cases)
+    settings = TabSettings(model=args.model, **({"layout": args.layout} if args.layout else {}))
+    engine = Engine(load_settings(tab=settings.model_dump()))
+    engine.run_sync(args.model, lambda m: None)
+    url, server = serve(engine)
+    with httpx.Client(timeout=300) as http:
+        rows = ask_cases(http, url, args.model, cases, args.plain_tokens)
+    server.should_exit = True
+    engine.close()
+    result = {"set": args.set, "settings": settings.model_dump(), "table": table(rows, args.min_confidence),
+              "curve": curve(rows), "cases": rows}
+    print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=2))
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--edits", type=int, default=8)
@@ -210,7 +395,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--min-confidence", type=float, default=TabSettings().min_confidence)
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--cases", type=int, default=0,
+                    help="accuracy mode: this many positions, Tab vs the plain FIM call")
+    ap.add_argument("--set", choices=sorted(SDISTS), default="eval")
+    ap.add_argument("--layout", help="TabSettings.layout (default: the settings' default)")
+    ap.add_argument("--plain-tokens", type=int, default=TabSettings().max_tokens_multiline)
     args = ap.parse_args()
+    if args.cases:
+        result = run_cases(args)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return
 
     rng = random.Random(args.seed)
     pts = points(rng, pick_edits(rng, args.edits, args.lines), args.lines)

@@ -169,3 +169,37 @@ def test_jumping_back_to_a_file_restores_its_kv_slot(live_server):
     assert back["source"] == "model"
     assert back["prompt_tokens"] - back["cached_tokens"] <= 3, back
     assert httpx.get(f"{live_server.url}/v1/tab/stats").json()["slot_restores"] == before + 1
+
+
+HANDLER = '''class Handler:
+    """Holds the streams of one request."""
+
+    def __init__(self, stream, wsgi_errors, max_keepalive_connections=10):
+        self.stream = stream
+        self.wsgi_errors = wsgi_errors
+        self.pool = Pool(stream, max_keepalive_connections=max_keepalive_connections)
+
+    def close(self):
+        self.stream.close()
+'''
+
+
+def test_start_of_indented_line_gets_no_stray_space(live_server):
+    """Issue 18: at the start of an indented line the typed indentation ended the prompt on a
+    whitespace token, and the model added a space: `" self.x"`, mis-indented when inserted."""
+    line = "        self.wsgi_errors = wsgi_errors\n"
+    text = HANDLER.replace(line, "        \n")
+    offset = text.index("        \n") + 8
+    got = post(live_server, body(text, offset, cursor_id="heal1", min_confidence=0.0))
+    assert got["text"] and not got["text"][0].isspace(), got
+    assert got["text"].startswith("self."), got
+
+
+def test_cursor_inside_an_identifier_continues_the_word(live_server):
+    """Issue 18: `max_keepalive_connecti|` got `,` - the prompt ended on a partial token the
+    model could not continue. Token healing lets it re-choose that token."""
+    text = HANDLER.replace("max_keepalive_connections=max_keepalive_connections)",
+                           "max_keepalive_connections=max_keepalive_connecti")
+    offset = text.index("=max_keepalive_connecti") + len("=max_keepalive_connecti")
+    got = post(live_server, body(text, offset, cursor_id="heal2", min_confidence=0.0))
+    assert got["text"].startswith("ons"), got

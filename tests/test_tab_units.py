@@ -160,3 +160,25 @@ def test_fast_only_and_mid_line_never_touch_the_model(settings):
     assert mid.source == "skipped" and mid.reason == "mid_line"
     assert engine.loaded() == [] and svc.stats["model_calls"] == 0
     assert svc.stats["requests"] == 1  # the fast-only miss is counted by its follow-up
+
+
+def test_healing_allows_only_tokens_consistent_with_the_backed_off_text():
+    import numpy as np
+
+    from codeplane.tab.healing import HealingMask, VocabIndex, back_off
+
+    pieces = [b"", b"   ", b"    ", b" ", b" self", b"self", b"Opti", b"Optional", b"O", b"x"]
+    index = VocabIndex(pieces)
+    assert sorted(index.allowed(b"    ").tolist()) == [1, 2, 3]  # "    ", or "   " / " "
+    assert sorted(index.allowed(b"Opti").tolist()) == [6, 7, 8]
+    assert sorted(index.allowed(b" ").tolist()) == [1, 2, 3, 4]
+    heal = back_off([9, 9, 2], [2], pieces)
+    assert heal.tokens == [9, 9] and heal.text == "    "
+    mask = HealingMask(index, pieces, heal.text, prompt_tokens=2)
+    scores = np.zeros(len(pieces), dtype=np.float32)
+    first = mask(np.array([9, 9]), scores)
+    assert set(np.flatnonzero(np.isfinite(first))) == {1, 2, 3}
+    # after "   " only one space is still owed: " self" is allowed, "self" is not
+    second = mask(np.array([9, 9, 1]), scores)
+    assert np.isfinite(second[4]) and not np.isfinite(second[5])
+    assert np.isfinite(mask(np.array([9, 9, 1, 4]), scores)).all()  # healed: no mask

@@ -68,6 +68,10 @@ class Sampling:
     logprobs: bool = False
     seed: int | None = None
     grammar: str | None = None  # GBNF, to constrain output
+    # Logits processors run before logprob capture and grammar (Tab's token healing mask), so
+    # captured logprobs are those of the constrained distribution.
+    processors: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = field(
+        default_factory=list)
 
 
 @dataclass
@@ -105,6 +109,7 @@ class LocalModel:
         self._template = _compile_template(self.chat_template) if self.chat_template else None
         self.stop_ids = self._stop_ids()
         self.fim_ids = self._fim_ids()
+        self._pieces: list[bytes] | None = None
 
     # -- tokens --------------------------------------------------------------------------
 
@@ -169,6 +174,15 @@ class LocalModel:
             return ""
         return self.llama.detokenize([token], special=True).decode("utf-8", errors="replace")
 
+    # -- token-level helpers (Tab's token healing) ----------------------------------------
+
+    def vocab_pieces(self) -> list[bytes]:
+        """The bytes every token id decodes to (b"" for control tokens), computed once per
+        model: token healing looks for the tokens that start with a backed-off text."""
+        if self._pieces is None:
+            self._pieces = [self.llama.detokenize([i]) for i in range(self.llama.n_vocab())]
+        return self._pieces
+
     # -- generation ----------------------------------------------------------------------
 
     def cached_prefix(self, tokens: list[int]) -> int:
@@ -188,7 +202,7 @@ class LocalModel:
             self.llama.set_seed(sampling.seed)
         capture = _LogitCapture() if sampling.logprobs else None
         top_k = TOP_K if sampling.temperature > 0 else 1  # 1: greedy
-        processors = [capture] if capture else []
+        processors = [*sampling.processors, *([capture] if capture else [])]
         if sampling.grammar:
             from codeplane.models.grammar import GrammarGate  # imports llama_cpp
 

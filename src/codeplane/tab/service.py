@@ -25,11 +25,13 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from codeplane.models.engine import Engine, LocalModel, Sampling
+from codeplane.models.engine import Engine, LocalModel, Sampling, Unsupported
 from codeplane.tab import postprocess
+from codeplane.tab.healing import Healing, HealingMask, VocabIndex, back_off
 from codeplane.tab.postprocess import Mode
 from codeplane.tab.slots import KVSlots
 
@@ -52,6 +54,8 @@ class TabSettings(BaseModel):
     typed_ahead_chars: int = Field(128, ge=0, description="how far back typed-ahead looks")
     mid_line_chars: int = Field(8, ge=0, description="skip when more code is right of cursor")
     kv_slots: int = Field(6, ge=0, le=64, description="per-file KV caches kept in memory")
+    layout: Literal["anchor", "psm", "spm"] = Field(
+        "anchor", description="where the typed part of the line goes (see docs/tab.md)")
 
 
 class Snippet(BaseModel):
@@ -107,7 +111,8 @@ class _Anchor:
     key: str  # path + context digest: a different file or context means a new layout
     prefix: str
     suffix: str
-    tokens: list[int]
+    before: list[int]  # the stable head the typed text T follows ...
+    after: list[int]  # ... and what follows T (both per `TabSettings.layout`)
 
 
 @dataclass
@@ -125,6 +130,7 @@ class TabService:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._lock = threading.Lock()
         self.slots = KVSlots(settings.kv_slots)
+        self._vocabs: dict[str, VocabIndex] = {}  # per model name, built on first healing
         self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
                       "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
                       "slot_restores": 0}
@@ -199,14 +205,20 @@ class TabService:
             self.stats["cancelled"] += 1
             return TabResult("", 0.0, False, "cancelled", False, None, req.request_id, "stale")
         mode = postprocess.choose_mode(req.prefix, req.suffix, self.settings.max_lines)
-        tokens = self._prompt(model, req, session)
+        heal = self._prompt(model, req, session)
+        tokens = heal.tokens
         slot = session.anchor.key if session.anchor else req.path
         self.slots.prepare(model, tokens)
         budget = req.max_tokens or (self.settings.max_tokens_multiline if mode.multiline
                                     else self.settings.max_tokens)
+        mask = [HealingMask(self._vocab(model), model.vocab_pieces(), heal.text, len(tokens))
+                ] if heal.text else []
         gen = model.generate(tokens, Sampling(max_tokens=budget, logprobs=True,
-                                              stop=[] if mode.multiline else ["\n"]),
-                             cancel=cancel, on_text=_line_guard(mode, req.prefix, cancel))
+                                              stop=[] if mode.multiline else ["\n"],
+                                              processors=mask),
+                             cancel=cancel,
+                             on_text=_line_guard(mode, req.prefix[:-len(heal.text) or None],
+                                                 cancel))
         self.slots.finished(model, slot)
         self.stats["model_calls"] += 1
         self.stats["prompt_tokens"] += gen.prompt_tokens
@@ -217,8 +229,9 @@ class TabService:
             return TabResult("", _ms(start), False, "cancelled", False, None, req.request_id,
                              "stale", gen.prompt_tokens, gen.cached_tokens,
                              gen.completion_tokens, _ms(start))
-        text = postprocess.clean(gen.text, req.prefix, req.suffix, mode)
-        kept = len(model.tokenize(text)) if text else 0
+        raw = gen.text[len(heal.text):] if gen.text.startswith(heal.text) else ""
+        text = postprocess.clean(raw, req.prefix, req.suffix, mode)
+        kept = len(model.tokenize(heal.text + text)) if text else 0
         conf = postprocess.confidence((gen.token_logprobs or [])[:max(kept, 1)])
         min_conf = self.settings.min_confidence if req.min_confidence is None \
             else req.min_confidence
@@ -229,35 +242,51 @@ class TabService:
         result.completion_tokens, result.model_ms = gen.completion_tokens, _ms(start)
         return result
 
-    def _prompt(self, model: LocalModel, req: TabRequest, session: _Session) -> list[int]:
+    def _prompt(self, model: LocalModel, req: TabRequest, session: _Session) -> Healing:
         key = _digest(model.name, req.path, *(f"{s.path}\0{s.text}" for s in req.context))
         anchor = session.anchor
         if not (anchor and anchor.key == key and anchor.suffix == req.suffix
                 and req.prefix.startswith(anchor.prefix)
                 and len(req.prefix) - len(anchor.prefix) <= MAX_TYPED_CHARS):
             cut = req.prefix.rfind("\n") + 1
-            anchor = _Anchor(key, req.prefix[:cut], req.suffix,
-                             self._layout(model, req, req.prefix[:cut], req.suffix))
+            anchor = self._anchor(model, req, key, req.prefix[:cut], req.suffix)
             session.anchor = anchor
-        typed = req.prefix[len(anchor.prefix):]
-        return anchor.tokens + (model.tokenize(typed) if typed else [])
+        rest = req.prefix[len(anchor.prefix):]
+        typed = model.tokenize(rest) if rest else []
+        if self.settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
+            return Healing(anchor.before + typed + anchor.after, "")
+        tokens = anchor.before + anchor.after + typed
+        return back_off(tokens, typed, model.vocab_pieces())
 
-    def _layout(self, model: LocalModel, req: TabRequest, prefix: str, suffix: str
-                ) -> list[int]:
-        """Extra context first (Qwen repo-level format), then prefix, then suffix; trimmed
-        from the far ends (whole lines) when over the token budget."""
+    def _anchor(self, model: LocalModel, req: TabRequest, key: str, prefix: str, suffix: str
+                ) -> _Anchor:
+        """The stable pieces of the prompt around the typed text T, trimmed from the far
+        ends (whole lines) to the token budget. `anchor`: [ctx] <pre> P0 <suf> S <mid> T;
+        `psm`: [ctx] <pre> P0 T <suf> S <mid>; `spm`: [ctx] <suf> S <pre> P0 T <mid>."""
+        if model.fim_ids is None:
+            raise Unsupported(f"model {model.name} has no fill-in-the-middle tokens")
+        pre, suf, mid = model.fim_ids
+        start = prefix  # the anchor's text; only its tokens are trimmed
         head = self._context_tokens(model, req)
-        limit = self.settings.max_prompt_tokens - MAX_TYPED_CHARS // 3 - len(head)
+        limit = self.settings.max_prompt_tokens - MAX_TYPED_CHARS // 3 - len(head) - 3
         while True:
-            body = model.fim_tokens(prefix, suffix)
-            if len(body) <= limit or (not prefix and not suffix):
-                return head + body
+            p, s = model.tokenize(prefix), model.tokenize(suffix)
+            if len(p) + len(s) <= limit or (not prefix and not suffix):
+                break
             if len(prefix) >= len(suffix):
                 lines = prefix.split("\n")
                 prefix = "\n".join(lines[max(1, len(lines) // 4):])
             else:
                 lines = suffix.split("\n")
                 suffix = "\n".join(lines[: len(lines) * 3 // 4])
+        if self.settings.layout == "spm":
+            return _Anchor(key, start, req.suffix, [*head, suf, *s, pre, *p], [mid])
+        return _Anchor(key, start, req.suffix, [*head, pre, *p], [suf, *s, mid])
+
+    def _vocab(self, model: LocalModel) -> VocabIndex:
+        if model.name not in self._vocabs:
+            self._vocabs[model.name] = VocabIndex(model.vocab_pieces())
+        return self._vocabs[model.name]
 
     def _context_tokens(self, model: LocalModel, req: TabRequest) -> list[int]:
         if not req.context:

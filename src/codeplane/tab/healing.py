@@ -1,0 +1,85 @@
+"""Token healing: let the model re-choose the token boundary at the cursor.
+
+A prompt that ends inside a word (`typing.Opti|`) or inside indentation ends on a token the
+model rarely saw there: BPE would have merged `Optional` or `"       " + " self"` differently
+had it seen the whole line. So the last token of the typed text is backed off and the first
+generated token(s) must re-emit its bytes: either a token that starts with them (` Optional`)
+or a token that is a prefix of them, followed by more constrained tokens. This is what
+llama.cpp's `--token-healing` and guidance do; llama-cpp-python has no such option, so it is
+a logits processor here.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class VocabIndex:
+    """Token ids by their bytes: which tokens start with a text, which are a prefix of it."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        pairs = sorted((p, i) for i, p in enumerate(pieces) if p)
+        self._sorted = [p for p, _ in pairs]
+        self._ids = np.array([i for _, i in pairs], dtype=np.intc)
+        self._exact: dict[bytes, list[int]] = {}
+        for piece, i in pairs:
+            self._exact.setdefault(piece, []).append(i)
+        self.size = len(pieces)
+
+    def allowed(self, rest: bytes) -> np.ndarray:
+        """Ids that keep the output consistent with `rest` (bytes still to be re-emitted)."""
+        lo = bisect.bisect_left(self._sorted, rest)
+        end = _successor(rest)
+        hi = bisect.bisect_left(self._sorted, end) if end else len(self._sorted)
+        longer = self._ids[lo:hi]
+        shorter = [i for k in range(1, len(rest)) for i in self._exact.get(rest[:k], ())]
+        return np.concatenate([longer, np.array(shorter, dtype=np.intc)])
+
+
+def _successor(text: bytes) -> bytes:
+    """The smallest byte string greater than every string that starts with `text` (b"" if
+    there is none): the end of `text`'s range in sorted order."""
+    stripped = text.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else b""
+
+
+@dataclass
+class Healing:
+    """The prompt with its last typed token backed off, and the text that must come back."""
+
+    tokens: list[int]
+    text: str  # "" when nothing was backed off
+
+
+def back_off(tokens: list[int], typed: list[int], pieces: list[bytes]) -> Healing:
+    """Drop the last token of `typed` (the tail of `tokens`) when it decodes on its own."""
+    if not typed:
+        return Healing(tokens, "")
+    try:
+        text = pieces[typed[-1]].decode("utf-8")
+    except UnicodeDecodeError:  # half of a multi-byte character: leave the prompt alone
+        return Healing(tokens, "")
+    return Healing(tokens[:-1], text) if text else Healing(tokens, "")
+
+
+class HealingMask:
+    """Logits processor: until `text` has been re-emitted, mask every inconsistent token."""
+
+    def __init__(self, index: VocabIndex, pieces: list[bytes], text: str,
+                 prompt_tokens: int) -> None:
+        self._index, self._pieces = index, pieces
+        self._text = text.encode()
+        self._prompt = prompt_tokens
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        out = b"".join(self._pieces[int(t)] for t in input_ids[self._prompt:])
+        if len(out) >= len(self._text):
+            return scores  # healed: decode freely
+        allowed = self._index.allowed(self._text[len(out):])
+        masked = np.full_like(scores, -np.inf)
+        allowed = allowed[allowed < scores.size]
+        masked[allowed] = scores[allowed]
+        return masked
