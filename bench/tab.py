@@ -52,7 +52,7 @@ from codeplane.models.engine import Engine, LocalModel, Sampling
 from codeplane.server.app import create_app
 from codeplane.tab import postprocess
 from codeplane.tab.context import Budget, build_request
-from codeplane.tab.service import TabSettings
+from codeplane.tab.service import TabRequest, TabService, TabSettings
 
 FILES = [Path(httpx.__file__).parent / "_client.py", Path(rich.__file__).parent / "table.py",
          Path(httpx.__file__).parent / "_models.py", Path(rich.__file__).parent / "text.py"]
@@ -299,10 +299,11 @@ def line_scores(text: str, reference: str) -> dict:
             "empty": not first.strip()}
 
 
-def ask_cases(http: httpx.Client, url: str, model: str, cases: list[Case], plain_tokens: int
-              ) -> list[dict]:
+def ask_cases(http: httpx.Client, url: str, model: str, cases: list[Case], plain_tokens: int,
+              others: dict[str, TabService]) -> list[dict]:
     """Each case through the Tab service (min_confidence 0: every answer comes back, with
-    its confidence) and through the plain FIM call, same window, same server."""
+    its confidence) and through the plain FIM call, same window, same server; `others`
+    (other prompt layouts) answer in-process on the same engine."""
     rows = []
     for i, c in enumerate(cases):
         body = build_request(c.path, c.doc, c.offset, None, Budget(), cursor_id=f"case{i}",
@@ -318,7 +319,9 @@ def ask_cases(http: httpx.Client, url: str, model: str, cases: list[Case], plain
         rows.append({"kind": c.kind, "path": c.path, "reference": c.reference,
                      "tab": tab["text"], "confidence": tab["confidence"] or 0.0,
                      "tab_ms": round(tab_ms), "plain": plain["choices"][0]["text"],
-                     "plain_ms": round(plain_ms)})
+                     "plain_ms": round(plain_ms),
+                     **{f"tab_{name}": svc.complete_sync(TabRequest(**body)).text
+                        for name, svc in others.items()}})
     return rows
 
 
@@ -334,11 +337,13 @@ def table(rows: list[dict], min_conf: float) -> dict:
                 "whitespace_only_misses": sum(x["exact_ws"] and not x["exact"] for x in s)}
     tab = [r["tab"] if r["confidence"] >= min_conf else "" for r in rows]
     plain = [r["plain"] for r in rows]
+    others = {k: agg([r[k] for r in rows]) for k in rows[0] if k.startswith("tab_")
+              and k != "tab_ms"}
     ts = [line_scores(t, r["reference"])["exact"] for t, r in zip(tab, rows)]
     ps = [line_scores(t, r["reference"])["exact"] for t, r in zip(plain, rows)]
     shown = [i for i, t in enumerate(tab) if t.strip()]
     return {"n": len(rows), "min_confidence": min_conf, "plain_fim": agg(plain),
-            "tab": agg(tab),
+            "tab": agg(tab), **{f"{k}_min_confidence_0": v for k, v in others.items()},
             "paired": {"plain_right_tab_wrong": sum(p and not t for p, t in zip(ps, ts)),
                        "tab_right_plain_wrong": sum(t and not p for p, t in zip(ps, ts))},
             "where_tab_shows": {"n": len(shown),
@@ -373,8 +378,10 @@ def run_cases(args: argparse.Namespace) -> dict:
     engine = Engine(load_settings(tab=settings.model_dump()))
     engine.run_sync(args.model, lambda m: None)
     url, server = serve(engine)
+    others = {name: TabService(engine, settings.model_copy(update={"layout": name}))
+              for name in filter(None, args.compare.split(","))}
     with httpx.Client(timeout=300) as http:
-        rows = ask_cases(http, url, args.model, cases, args.plain_tokens)
+        rows = ask_cases(http, url, args.model, cases, args.plain_tokens, others)
     server.should_exit = True
     engine.close()
     result = {"set": args.set, "settings": settings.model_dump(), "table": table(rows, args.min_confidence),
@@ -399,6 +406,8 @@ def main() -> None:
                     help="accuracy mode: this many positions, Tab vs the plain FIM call")
     ap.add_argument("--set", choices=sorted(SDISTS), default="eval")
     ap.add_argument("--layout", help="TabSettings.layout (default: the settings' default)")
+    ap.add_argument("--compare", default="", help="other layouts to score in-process, "
+                    "comma-separated (e.g. psm,spm)")
     ap.add_argument("--plain-tokens", type=int, default=TabSettings().max_tokens_multiline)
     args = ap.parse_args()
     if args.cases:
@@ -409,7 +418,8 @@ def main() -> None:
 
     rng = random.Random(args.seed)
     pts = points(rng, pick_edits(rng, args.edits, args.lines), args.lines)
-    settings = TabSettings(model=args.model, min_confidence=args.min_confidence)
+    settings = TabSettings(model=args.model, min_confidence=args.min_confidence,
+                           **({"layout": args.layout} if args.layout else {}))
     engine = Engine(load_settings(tab=settings.model_dump()))
     engine.run_sync(args.model, lambda m: None)  # load the weights outside the timings
     url, server = serve(engine)

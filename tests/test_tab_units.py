@@ -27,6 +27,11 @@ def test_bracket_nothing_opened_is_cut():
     assert clean("a + b) * 2", "x = ", "\n", SINGLE) == "a + b"
 
 
+def test_no_whitespace_duplicating_the_space_left_of_the_cursor():
+    assert clean("  1 + 2", "x = ", "\n", SINGLE) == "1 + 2"
+    assert clean(" self.x = 1", "        ", "\n", SINGLE) == " self.x = 1"  # indentation
+
+
 def test_balanced_brackets_inside_suggestion_are_kept():
     assert clean("bar(a)[0] + 1", "x = ", "\n", SINGLE) == "bar(a)[0] + 1"
 

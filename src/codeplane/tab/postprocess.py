@@ -52,13 +52,22 @@ def choose_mode(prefix: str, suffix: str, max_lines: int = 6) -> Mode:
 
 def clean(raw: str, prefix: str, suffix: str, mode: Mode) -> str:
     """Cut `raw` to what should be shown; "" when nothing useful remains."""
-    text = raw.replace("\r\n", "\n")
+    text = _no_double_space(raw.replace("\r\n", "\n"), prefix)
     text = _cut_lines(text, prefix, mode)
     text = _cut_suffix_repeat(text, suffix)
     text = _cut_unbalanced(text, prefix)
     text = _cut_suffix_overlap(text, line_suffix(suffix))
     text = "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
     return text if text.strip() else ""
+
+
+def _no_double_space(text: str, prefix: str) -> str:
+    """After code and a space (`x = |`) a leading blank would duplicate the one left of the
+    cursor. Indentation (a line that is blank so far) is left alone: deeper is legitimate."""
+    current = prefix.rsplit("\n", 1)[-1]
+    if current.strip() and current[-1:] in (" ", "\t"):
+        return text.lstrip(" \t")
+    return text
 
 
 def _indent(line: str) -> int:
