@@ -371,6 +371,15 @@ def curve(rows: list[dict]) -> list[dict]:
     return out
 
 
+def pick_min_confidence(points: list[dict], accept_at: float = 0.25) -> float:
+    """The threshold with the most net value on the curve: a right suggestion is worth 1, a
+    wrong one costs accept_at / (1 - accept_at), so showing pays off exactly when P(accept)
+    reaches `accept_at` (0.25: the trade Cursor's reward makes). Ties go to the lower one."""
+    cost = accept_at / (1 - accept_at)
+    return max(points, key=lambda p: (p["right"] - cost * p["wrong"], -p["min_confidence"])
+               )["min_confidence"]
+
+
 def run_cases(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     cases = make_cases(rng, sources(args.set), args.cases)
@@ -384,8 +393,10 @@ def run_cases(args: argparse.Namespace) -> dict:
         rows = ask_cases(http, url, args.model, cases, args.plain_tokens, others)
     server.should_exit = True
     engine.close()
-    result = {"set": args.set, "settings": settings.model_dump(), "table": table(rows, args.min_confidence),
-              "curve": curve(rows), "cases": rows}
+    points = curve(rows)
+    result = {"set": args.set, "settings": settings.model_dump(),
+              "table": table(rows, args.min_confidence), "curve": points,
+              "suggested_min_confidence": pick_min_confidence(points), "cases": rows}
     print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=2))
     return result
 
@@ -409,7 +420,15 @@ def main() -> None:
     ap.add_argument("--compare", default="", help="other layouts to score in-process, "
                     "comma-separated (e.g. psm,spm)")
     ap.add_argument("--plain-tokens", type=int, default=TabSettings().max_tokens_multiline)
+    ap.add_argument("--rescore", type=Path, help="print the table of an earlier --cases --json "
+                    "run at --min-confidence (rows keep every answer and its confidence)")
     args = ap.parse_args()
+    if args.rescore:
+        rows = json.loads(args.rescore.read_text())["cases"]
+        points = curve(rows)
+        print(json.dumps({"table": table(rows, args.min_confidence), "curve": points,
+                          "suggested_min_confidence": pick_min_confidence(points)}, indent=2))
+        return
     if args.cases:
         result = run_cases(args)
         if args.json:
