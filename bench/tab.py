@@ -346,22 +346,32 @@ def table(rows: list[dict], min_conf: float) -> dict:
             "tab": agg(tab), **{f"{k}_min_confidence_0": v for k, v in others.items()},
             "paired": {"plain_right_tab_wrong": sum(p and not t for p, t in zip(ps, ts)),
                        "tab_right_plain_wrong": sum(t and not p for p, t in zip(ps, ts))},
-            "where_tab_shows": {"n": len(shown),
-                                "tab_exact": round(sum(ts[i] for i in shown) / max(len(shown), 1), 3),
-                                "plain_exact": round(sum(ps[i] for i in shown) / max(len(shown), 1), 3)},
-            "by_kind": {k: {"tab_exact": round(statistics.mean(ts[i] for i in idx), 3),
-                            "plain_exact": round(statistics.mean(ps[i] for i in idx), 3)}
+            "where_tab_shows": {"n": len(shown), "tab_exact": _rate(ts, shown),
+                                "plain_exact": _rate(ps, shown),
+                                "tab_edit_similarity": _mean(tab, rows, shown),
+                                "plain_edit_similarity": _mean(plain, rows, shown)},
+            "by_kind": {k: {"tab_exact": _rate(ts, idx), "plain_exact": _rate(ps, idx)}
                         for k in ("mid", "start")
                         if (idx := [i for i, r in enumerate(rows) if r["kind"] == k])},
             "latency_ms": {"tab_p50": pct([r["tab_ms"] for r in rows], 50),
                            "plain_p50": pct([r["plain_ms"] for r in rows], 50)}}
 
 
+def _rate(flags: list[bool], idx: list[int]) -> float:
+    return round(sum(flags[i] for i in idx) / len(idx), 3) if idx else 0.0
+
+
+def _mean(texts: list[str], rows: list[dict], idx: list[int]) -> float:
+    """Mean edit similarity of `texts` over the cases `idx`."""
+    sims = [line_scores(texts[i], rows[i]["reference"])["es"] for i in idx]
+    return round(statistics.mean(sims), 3) if sims else 0.0
+
+
 def curve(rows: list[dict]) -> list[dict]:
     """Show/hide precision-coverage curve: at each threshold, the share of positions where
     Tab shows something and the share of those that are exactly right."""
     out = []
-    for k in range(0, 20):
+    for k in range(20):
         t = k / 20
         shown = [r for r in rows if r["tab"].strip() and r["confidence"] >= t]
         right = sum(line_scores(r["tab"], r["reference"])["exact"] for r in shown)
