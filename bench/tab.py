@@ -435,9 +435,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.rescore:
         rows = json.loads(args.rescore.read_text())["cases"]
-        points = curve(rows)
-        print(json.dumps({"table": table(rows, args.min_confidence), "curve": points,
-                          "suggested_min_confidence": pick_min_confidence(points)}, indent=2))
+        shown = curve(rows)
+        print(json.dumps({"table": table(rows, args.min_confidence), "curve": shown,
+                          "suggested_min_confidence": pick_min_confidence(shown)}, indent=2))
         return
     if args.cases:
         result = run_cases(args)
