@@ -12,6 +12,8 @@ from upstreams.scripted import ScriptedModel, caller, run_server, wait_end
 from codeplane.events import query
 from codeplane.storage import ObjectStore
 
+pytestmark = pytest.mark.model  # one Tab request runs the real code-small
+
 
 @pytest.fixture
 def scripted():
@@ -21,11 +23,13 @@ def scripted():
     model.server.stop()
 
 
-def test_requests_land_in_the_event_lake_per_tenant(tmp_path: Path, scripted) -> None:
+def test_requests_land_in_the_event_lake_per_tenant(tmp_path: Path, scripted,
+                                                     engine) -> None:
     roots = tmp_path / "roots"
     (roots / "ws").mkdir(parents=True)
     (roots / "ws" / "secret_code.py").write_text("TOKEN_VALUE = 'do-not-leak'\n")
-    server = run_server(tmp_path / "home", scripted.url, workspace_roots=[str(roots)])
+    server = run_server(tmp_path / "home", scripted.url, engine=engine,
+                        workspace_roots=[str(roots)])
     try:
         alice = caller(server, "alice")
         scripted.script = [{"content": "hi"}]
@@ -45,6 +49,10 @@ def test_requests_land_in_the_event_lake_per_tenant(tmp_path: Path, scripted) ->
                                "stream": False})
         assert run.status_code == 200, run.text
         wait_end(server.url, run.json()["id"], alice)
+        tab = httpx.post(f"{server.url}/v1/tab", headers=alice, timeout=120, json={
+            "path": "m.py", "prefix": "def add(a, b):\n    return ", "suffix": "\n",
+            "language": "python", "max_tokens": 8, "min_confidence": 0.0})
+        assert tab.status_code == 200 and tab.json()["shown"], tab.text
     finally:
         server.stop()  # the shutdown flushes the event log
     store_dir = server.app.state.settings.server_dir / "objects"
@@ -55,6 +63,8 @@ def test_requests_land_in_the_event_lake_per_tenant(tmp_path: Path, scripted) ->
     assert usage and all(row[0] == "alice" and row[1] == "scripted" for row in usage)
     assert con.execute("SELECT tenant, ok, format FROM apply_outcome").fetchall() == [
         ("alice", True, "search_replace")]
+    assert con.execute("SELECT tenant, language FROM tab_shown").fetchall() == [
+        ("alice", "python")]
     steps = con.execute("SELECT tool FROM agent_step WHERE tenant = 'alice'").fetchall()
     assert ("read_file",) in steps
     lake = b"".join(p.read_bytes() for p in store_dir.rglob("*.parquet"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from codeplane.core.errors import APIError, not_found, unavailable
+from codeplane.core.principal import principal_of
 from codeplane.models.engine import ContextOverflow, Engine, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
@@ -33,6 +34,12 @@ async def tab(body: TabRequest, request: Request) -> dict:
         raise APIError(400, str(exc), code="context_length_exceeded") from None
     except Unsupported as exc:
         raise APIError(400, str(exc), param="model") from None
+    if result.shown:  # what is accepted or rejected is known on the client only (docs/tab.md)
+        request.app.state.services.events.record("tab_shown", principal_of(request).tenant, {
+            "suggestion_id": (result.request_id or "")[:128], "model": svc.settings.model
+            if body.model is None else body.model, "latency_ms": result.latency_ms,
+            "chars": len(result.text), "confidence": result.confidence,
+            "source": result.source, "language": body.language})
     return result.to_json()
 
 

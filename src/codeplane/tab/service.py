@@ -69,7 +69,7 @@ class TabRequest(BaseModel):
     path: str = Field(max_length=4096)
     prefix: str = Field(max_length=400_000)
     suffix: str = Field("", max_length=400_000)
-    language: str | None = None
+    language: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_+#.-]*$")
     context: list[Snippet] = Field(default_factory=list, max_length=64)
     cursor_id: str = Field("default", max_length=200,
                            description="session key: one editor cursor; newer requests "
