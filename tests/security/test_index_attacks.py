@@ -254,3 +254,20 @@ def test_embedding_calls_respect_the_concurrency_limit(home) -> None:
         HeldEmbeddings.release.set()
         live.stop()
         fake.shutdown()
+
+
+def test_a_fifo_planted_as_gitignore_does_not_block_the_scan(tmp_path) -> None:
+    """A `.gitignore` that is a FIFO (or a symlink out of the tree) is skipped, not read: the
+    indexer used to block forever in open()."""
+    import os
+
+    from codeplane.indexing.scan import scan
+
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    (repo / "a.py").write_text("A = 1\n")
+    (repo / "sub" / "b.py").write_text("B = 2\n")
+    os.mkfifo(repo / ".gitignore")
+    (tmp_path / "outside").write_text("*.py\n")
+    (repo / "sub" / ".gitignore").symlink_to(tmp_path / "outside")
+    assert sorted(scan(repo).files) == ["a.py", "sub/b.py"]

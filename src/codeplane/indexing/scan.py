@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pathspec
 
+from codeplane.sandbox.files import Refused, read_bytes
+
 IGNORE_FILES = (".gitignore", ".cursorignore", ".codeplaneignore")
 # Files whose purpose is to hold secrets: never read for indexing, whatever they contain. A
 # project can re-include one with a negation (`!.env.example`) in its own ignore files.
@@ -65,13 +67,19 @@ class _Level:
         return self.spec.check_file(sub).include
 
 
-def _read_spec(paths: list[Path]) -> pathspec.GitIgnoreSpec | None:
+IGNORE_FILE_BYTES = 1 << 20  # an ignore file larger than this is not an ignore file
+
+
+def _read_spec(root: Path, paths: list[Path]) -> pathspec.GitIgnoreSpec | None:
+    """Patterns of the ignore files among `paths`; read through the workspace resolver, so a
+    FIFO, device or symlink out of the tree planted as `.gitignore` is skipped, not read."""
     lines: list[str] = []
     for path in paths:
         try:
-            lines += path.read_text(errors="replace").splitlines()
-        except OSError:
+            data = read_bytes(root, path, IGNORE_FILE_BYTES)
+        except (OSError, Refused):
             continue
+        lines += data.decode(errors="replace").splitlines()
     return pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
 
 
@@ -88,22 +96,23 @@ def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> ScanResult:
     """Every indexable file under root with its (mtime_ns, size); nothing is read here."""
     root = root.resolve()
     levels = [_Level("", pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORES))]
-    exclude = _read_spec([root / ".git" / "info" / "exclude"])
+    exclude = _read_spec(root, [root / ".git" / "info" / "exclude"])
     if exclude:
         levels.append(_Level("", exclude))
     result = ScanResult()
-    _walk(root, "", levels, max_bytes, result)
+    _walk(root, root, "", levels, max_bytes, result)
     return result
 
 
-def _walk(folder: Path, rel: str, levels: list[_Level], max_bytes: int, out: ScanResult) -> None:
+def _walk(root: Path, folder: Path, rel: str, levels: list[_Level], max_bytes: int,
+          out: ScanResult) -> None:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
         return
     names = {e.name for e in entries}
     present = [folder / name for name in IGNORE_FILES if name in names]
-    own = _read_spec(present) if present else None
+    own = _read_spec(root, present) if present else None
     if own:
         levels = [*levels, _Level(rel, own)]
     for entry in entries:
@@ -115,7 +124,7 @@ def _walk(folder: Path, rel: str, levels: list[_Level], max_bytes: int, out: Sca
             if is_ignored(levels, child, is_dir):
                 out.ignored += 1
             elif is_dir:
-                _walk(Path(entry.path), child, levels, max_bytes, out)
+                _walk(root, Path(entry.path), child, levels, max_bytes, out)
             elif entry.is_file():
                 stat = entry.stat()
                 if stat.st_size > max_bytes:
