@@ -11,6 +11,7 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi_offline import FastAPIOffline
 
 from codeplane import __version__
 from codeplane.agent import routes as agent_routes
@@ -40,7 +41,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         yield
         await services.aclose()
 
-    app = FastAPI(title="codeplane", version=__version__, lifespan=lifespan)
+    # /docs must render air-gapped: FastAPIOffline serves Swagger UI's script and style itself
+    # (FastAPI's default page loads them from a CDN and renders blank offline).
+    app = FastAPIOffline(title="codeplane", version=__version__, lifespan=lifespan)
     app.state.services = services
     app.state.settings = settings  # read by compartments that need only settings or the
     app.state.engine = services.engine  # engine
