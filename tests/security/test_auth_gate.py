@@ -12,7 +12,8 @@ import pytest
 from conftest import LiveServer, free_port, make_settings
 from fastapi import Request
 from fastapi.routing import APIRoute
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from typer.testing import CliRunner
 
 from codeplane.config import ConfigError
@@ -53,6 +54,8 @@ def all_routes(routes) -> list[Route]:
         nested = getattr(route, "original_router", None) or getattr(route, "app", None)
         if isinstance(route, Route | APIRoute):
             out.append(route)
+        elif isinstance(route, Mount) and isinstance(route.app, StaticFiles):  # a file in it
+            out.append(Route(f"{route.path}/x", lambda _: None, methods=["GET"]))
         elif nested is not None and hasattr(nested, "routes"):
             out += all_routes(nested.routes)
         else:
