@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from codeplane import __version__
 from codeplane.agent import routes as agent_routes
 from codeplane.apply import routes as apply_routes
+from codeplane.background import routes as background_routes
 from codeplane.config import Settings
 from codeplane.core import errors, metrics
 from codeplane.gateway import config as gwconfig
@@ -55,6 +56,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(search_routes.router)
     app.include_router(tab_routes.router)
     app.include_router(apply_routes.router)
+    app.include_router(background_routes.router)
 
     @app.get("/healthz")
     def healthz(request: Request) -> dict:
