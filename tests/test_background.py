@@ -226,7 +226,7 @@ def cli(*args: str, key: str, server) -> subprocess.CompletedProcess:
     env = {**os.environ, "CODEPLANE_API_KEY": key, "CODEPLANE_SERVER": server.url,
            "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run([sys.executable, "-m", "codeplane", "agents", *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
 
 
 def test_cli_launch_logs_and_pull_with_and_without_conflicts(scripted, repo, server, tmp_path):
@@ -258,3 +258,28 @@ def test_cli_launch_logs_and_pull_with_and_without_conflicts(scripted, repo, ser
     assert (clash / "hello.txt").read_text() == "goodbye\n"
     other = caller(server, "t2")["authorization"][7:]
     assert cli("pull", run_id, "--path", str(local), key=other, server=server).returncode == 2
+
+
+@pytest.mark.model
+def test_real_model_hello_via_cli_launch_and_pull(engine, repo, tmp_path):
+    """The issue's acceptance run: the real local model in the real sandbox, via the CLI."""
+    live = run_server(tmp_path / "home", None, engine=engine,
+                      workspace_roots=[str(repo.parent)])
+    try:
+        key = caller(live)["authorization"][7:]
+        launched = cli("launch", "create hello.txt containing the word hello", "--repo",
+                       str(repo), "--model", "code-medium", "--max-steps", "4", key=key,
+                       server=live)
+        assert launched.returncode == 0, launched.stderr
+        run_id = launched.stdout.strip()
+        got = wait_for(lambda: (r := httpx.get(f"{live.url}{API}/{run_id}",
+                                               headers=caller(live)).json())["status"]
+                       not in ("queued", "running") and r, 540, "for the model run")
+        assert got["status"] == "completed" and got["commit_sha"], got
+        local = tmp_path / "local"
+        git(tmp_path, "clone", "-q", str(repo), str(local))
+        pulled = cli("pull", run_id, "--path", str(local), key=key, server=live)
+        assert pulled.returncode == 0, pulled.stderr
+        assert "hello" in (local / "hello.txt").read_text().lower()
+    finally:
+        live.stop()

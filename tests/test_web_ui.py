@@ -7,38 +7,18 @@ paths printed. Also the gate's cookie rules over plain HTTP."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
-from upstreams.scripted import ScriptedModel, caller, run_server
+import test_background as shared
+from upstreams.scripted import caller, run_server
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 XSS = '<img id="injected" src="x">'
-
-
-@pytest.fixture(scope="module")
-def provider():
-    p = ScriptedModel()
-    p.server.start()
-    yield p
-    p.server.stop()
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "roots" / "repo"
-    root.mkdir(parents=True)
-    run = {"cwd": root, "check": True, "capture_output": True}
-    subprocess.run(["git", "init", "-q", "-b", "main"], **run)
-    (root / "a.py").write_text("A = 1\n")
-    subprocess.run(["git", "add", "-A"], **run)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "s"],
-                   **run)
-    return root
+provider, repo = shared.provider, shared.repo  # the same scripted model and git repo fixtures
 
 
 @pytest.fixture
