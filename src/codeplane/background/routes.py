@@ -99,6 +99,9 @@ async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
                                        config)
     except RunLimit as exc:
         raise _limit(exc) from None
+    except GitError as exc:  # e.g. a repo git cannot clone (a broken object store)
+        raise APIError(400, f"cannot check out {body.repo} at {body.ref!r}: {exc}",
+                       param="repo") from None
 
 
 @router.get("/v1/background-agents")
