@@ -40,9 +40,9 @@ def ui_router() -> APIRouter:
     templates = Environment(loader=PackageLoader("codeplane.background", "templates"),
                             autoescape=select_autoescape(default=True))
 
-    def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    def page(name: str, **context: Any) -> HTMLResponse:
         html = templates.get_template(name).render(**context)
-        return HTMLResponse(html, status, headers={"content-security-policy": CSP,
+        return HTMLResponse(html, headers={"content-security-policy": CSP,
                                                    "cache-control": "no-store",
                                                    "x-content-type-options": "nosniff"})
 
@@ -59,7 +59,7 @@ def ui_router() -> APIRouter:
         key = (fields.get("key") or [""])[0].strip()[:MAX_KEY]
         found = request.app.state.services.keys.lookup(key) if key else None
         if found is None:
-            return page("login.html", 401, error="That API key is not valid.")
+            return page("login.html", error="That API key is not valid.")  # the form again
         resp = RedirectResponse("/ui", 303)
         resp.set_cookie(UI_COOKIE, key, max_age=COOKIE_MAX_AGE, httponly=True,
                         samesite="strict", secure=request.url.scheme == "https", path="/")
