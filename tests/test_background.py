@@ -109,8 +109,10 @@ def test_launch_returns_at_once_and_ends_with_a_commit_and_patch(scripted, repo,
     assert [s for s, _ in events] == list(range(1, len(events) + 1))
     diff = next(e for _, e in events if e["type"] == "diff")
     assert "+hello" in diff["diff"]
-    # resumable: after event 3 come exactly events 4..n
+    # resumable: after event 3 come exactly events 4..n; after the last, none (and it ends)
     assert sse(server, run["id"], last=3) == events[3:]
+    assert sse(server, run["id"], last=len(events)) == []
+    assert sse(server, run["id"], last=10_000) == []
     listed = httpx.get(server.url + API, headers=caller(server)).json()["data"]
     assert [r["id"] for r in listed] == [run["id"]]
 

@@ -23,7 +23,7 @@ from codeplane.server.auth import check_exposure
 
 ROUTERS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
            "/v1/gateway/status", "/v1/agent/runs", "/v1/index/workspaces/{ws}", "/v1/tab",
-           "/v1/apply", "/metrics", "/openapi.json", "/docs")
+           "/v1/apply", "/metrics", "/openapi.json", "/docs", "/v1/background-agents", "/ui")
 
 
 def whoami(request: Request) -> dict:

@@ -28,7 +28,6 @@ from codeplane.core.principal import principal_of
 from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.routes import gateway_of
 
-POLL_S = 0.1  # how often a watcher looks for new events (the store is the one source)
 KEEPALIVE_S = 5.0
 ENDS = ("end", "interrupted")
 
@@ -174,19 +173,28 @@ async def events(run_id: str, request: Request,
 
 async def _sse(service: BackgroundService, tenant: str, run_id: str,
                after: int) -> AsyncIterator[str]:
-    """Events after `after`, then new ones as they are stored, until the run has ended."""
-    quiet = 0.0
-    while True:
-        batch = await asyncio.to_thread(service.store.events, run_id, after)
-        for seq, event in batch:
-            yield f"id: {seq}\ndata: {json.dumps(event)}\n\n"
-            after = seq
-        if batch and batch[-1][1]["type"] in ENDS:
-            run = await asyncio.to_thread(service.store.get, tenant, run_id)
-            if run is None or run["status"] not in ("queued", "running"):
-                return
-        quiet = 0.0 if batch else quiet + POLL_S
-        if quiet >= KEEPALIVE_S:
-            quiet = 0.0
-            yield ": keep-alive\n\n"
-        await asyncio.sleep(POLL_S)
+    """Events after `after`, then new ones as they are stored, until the run has ended.
+    The store is the one source (a restart or a second watcher sees the same ids); the
+    service wakes this watcher when the run records an event."""
+    watcher = service.watch(run_id)
+    newest, last = await asyncio.to_thread(service.store.last, run_id)
+    if after < newest:
+        last = ""  # there is more to send; a resumed stream at the end may end at once
+    after = min(after, newest)
+    try:
+        while True:
+            watcher[1].clear()  # before reading: an event stored meanwhile wakes us again
+            batch = await asyncio.to_thread(service.store.events, run_id, after)
+            for seq, event in batch:
+                yield f"id: {seq}\ndata: {json.dumps(event)}\n\n"
+                after, last = seq, event["type"]
+            if last in ENDS:  # the status is final before the end event is stored
+                run = await asyncio.to_thread(service.store.get, tenant, run_id)
+                if run is None or run["status"] not in ("queued", "running"):
+                    return
+            try:
+                await asyncio.wait_for(watcher[1].wait(), KEEPALIVE_S)
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+    finally:
+        service.unwatch(run_id, watcher)

@@ -10,6 +10,7 @@ finishes the run, so a turn's end never blocks inside the agent's own event deli
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -37,6 +38,7 @@ SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
             "-c", "user.name=codeplane", "-c", "user.email=agent@codeplane.invalid",
             "-c", "commit.gpgsign=false")
 ModelFactory = Callable[[str], ChatModel]  # agent run id -> the model client for that turn
+Watcher = tuple[asyncio.AbstractEventLoop, asyncio.Event]
 
 
 class GitError(Exception):
@@ -122,6 +124,7 @@ class BackgroundService:
         self.runs, self.settings = runs, settings
         self.store.interrupt_unfinished()
         self._live: dict[str, Live] = {}
+        self._watchers: dict[str, set[Watcher]] = {}
         self._lock = threading.Lock()
 
     def launch(self, tenant: str, repo: Path, commit: str, ref: str, task: str, model: str,
@@ -209,7 +212,32 @@ class BackgroundService:
                 self.record(run_id, {"type": "diff", "diff": diff})
 
     def record(self, run_id: str, event: Event) -> int:
-        return self.store.append(run_id, event)
+        """Store an event, stamped with the wall-clock time it was recorded (`at`): what
+        a watcher's delay is measured from (bench/background.py)."""
+        seq = self.store.append(run_id, {**event, "at": round(time.time(), 4)})
+        with self._lock:
+            watchers = list(self._watchers.get(run_id, ()))
+        for loop, wake in watchers:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # that watcher's event loop has closed (shutdown)
+                self.unwatch(run_id, (loop, wake))
+        return seq
+
+    def watch(self, run_id: str) -> Watcher:
+        """A wake-up for the calling event loop, set whenever the run records an event (so
+        a watcher reads the store as soon as there is something new, not on a timer)."""
+        watcher = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            self._watchers.setdefault(run_id, set()).add(watcher)
+        return watcher
+
+    def unwatch(self, run_id: str, watcher: Watcher) -> None:
+        with self._lock:
+            left = self._watchers.get(run_id, set())
+            left.discard(watcher)
+            if not left:
+                self._watchers.pop(run_id, None)
 
     def message(self, tenant: str, run_id: str, content: str) -> dict[str, Any] | None:
         """Queue a follow-up for after the current turn; on a run this process finished,

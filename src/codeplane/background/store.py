@@ -96,17 +96,24 @@ class Store:
                                     " ORDER BY seq", (run_id, after)).fetchall()
         return [(seq, json.loads(body)) for seq, body in rows]
 
+    def last(self, run_id: str) -> tuple[int, str]:
+        """The run's newest event: (sequence number, type); (0, "") if it has none."""
+        with self._lock:
+            row = self._db.execute("SELECT seq, body FROM events WHERE run_id = ? ORDER BY seq "
+                                   "DESC LIMIT 1", (run_id,)).fetchone()
+        return (row[0], json.loads(row[1])["type"]) if row else (0, "")
+
     def interrupt_unfinished(self) -> list[str]:
         """At start-up: runs this process did not finish were cut by a crash or restart.
         Each is marked "interrupted" with a final event, never left "running"."""
         with self._lock:
             ids = [r[0] for r in self._db.execute(
                 "SELECT id FROM runs WHERE status IN (?, ?)", LIVE).fetchall()]
-        for run_id in ids:
-            self.append(run_id, {"type": "interrupted", "run_id": run_id,
-                                 "error": "the server stopped while this run was going"})
+        for run_id in ids:  # the status first: a watcher ends on the event after it
             self.update(run_id, status="interrupted",
                         error="the server stopped while this run was going")
+            self.append(run_id, {"type": "interrupted", "run_id": run_id,
+                                 "error": "the server stopped while this run was going"})
         return ids
 
     def close(self) -> None:
