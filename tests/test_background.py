@@ -131,6 +131,22 @@ def test_follow_up_continues_and_cancel_stops(scripted, repo, server):
     assert "Follow-up instruction: add bye" in json.dumps(scripted.requests[-2]["messages"])
     patch = httpx.get(url + "/patch", headers=caller(server)).text
     assert "+++ b/hello.txt" in patch and "+++ b/bye.txt" in patch
+    # a follow-up sent during a turn waits for it, then runs as the next turn
+    scripted.script = [{"calls": [("run_terminal_cmd",
+                                   {"command": "until [ -f go ]; do sleep 0.05; done; rm go"})]},
+                       {"content": "waited"},
+                       {"calls": [("create_file", {"path": "after.txt", "content": "x\n"})]},
+                       {"content": "Created after.txt."}]
+    run = launch(server, repo)
+    url = f"{server.url}{API}/{run['id']}"
+    wait_for(lambda: any(e["type"] == "tool_start" for _, e in _events(server, run["id"])))
+    queued = httpx.post(url + "/messages", headers=caller(server), json={"content": "add after"})
+    assert queued.json()["queued"] is True  # the turn is blocked until `go` exists
+    (server.app.state.services.background.root / run["id"] / "work" / "go").touch()
+    assert ended(server, run["id"])["status"] == "completed"
+    turns = [e for _, e in _events(server, run["id"]) if e["type"] == "turn_start"]
+    assert [t["turn"] for t in turns] == [1, 2] and "add after" in turns[1]["task"]
+    assert "+++ b/after.txt" in httpx.get(url + "/patch", headers=caller(server)).text
     # cancel: the command in flight is killed, the run ends "cancelled", queued follow-ups
     # are dropped
     scripted.script = [{"calls": [("run_terminal_cmd", {"command": "sleep 43.5; touch late"})]}]

@@ -197,8 +197,15 @@ class BackgroundService:
             status, error = "error", f"{type(exc).__name__}: {exc}"
         self.store.update(run_id, status=status, error=error)
         self.record(run_id, {"type": "end", "status": status, "error": error})
-        with self._lock:
-            live.running = False
+        with self._lock:  # a follow-up sent while the result was committed is not lost
+            late = live.pending.pop(0) if live.pending and not live.cancelled else None
+            live.running = late is not None
+        if late is not None:
+            self.store.update(run_id, status="running", error=None)
+            try:
+                self._supervise(run_id, live, continuation(live.task, late))
+            except Exception:  # recorded as the run's end by _supervise
+                log.exception("background run %s: the follow-up could not start", run_id)
 
     def _on_event(self, run_id: str, live: Live, event: Event) -> None:
         """Store an agent event (without the bulky prompt copies); after a tool ran, a
