@@ -191,6 +191,8 @@ def test_tenancy_policy_and_cap(scripted, repo, server, tmp_path):
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "ref", resp.text
     assert httpx.get(url + "/events", headers={**caller(server),
                                                "last-event-id": "x"}).status_code == 400
+    assert httpx.delete(url, headers=other).status_code == 404
+    assert httpx.delete(url, headers=caller(server)).status_code == 409  # still running
     assert httpx.post(url + "/cancel", headers=caller(server)).json()["cancel_requested"]
     assert ended(server, run["id"])["status"] == "cancelled"
 
@@ -276,6 +278,12 @@ def test_cli_launch_logs_and_pull_with_and_without_conflicts(scripted, repo, ser
     assert (clash / "hello.txt").read_text() == "goodbye\n"
     other = caller(server, "t2")["authorization"][7:]
     assert cli("pull", run_id, "--path", str(local), key=other, server=server).returncode == 2
+    assert cli("delete", run_id, key=other, server=server).returncode == 2
+    # delete erases what the server kept: record, events, patch, checkout
+    assert cli("delete", run_id, key=key, server=server).returncode == 0
+    assert cli("show", run_id, key=key, server=server).returncode == 2
+    assert not (server.app.state.services.background.root / run_id).exists()
+    assert _events(server, run_id) == []
 
 
 @pytest.mark.model

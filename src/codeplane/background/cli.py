@@ -1,5 +1,5 @@
 """`codeplane agents`: launch background agents on a codeplane server and follow them:
-`launch`, `list`, `show`, `logs [--follow]`, `cancel`, `pull` (the run's patch applied to a
+`launch`, `list`, `show`, `logs [--follow]`, `cancel`, `delete`, `pull` (the run's patch applied to a
 local checkout with `git am --3way`; on a conflict nothing is left half-applied, exit 2)."""
 
 from __future__ import annotations
@@ -150,6 +150,14 @@ def cancel(run_id: RunId, server: ServerOption = None, api_key: ApiKey = None,
     """Stop a running agent (what it changed so far is still committed)."""
     got = Api(server, api_key, config).call("POST", f"/{run_id}/cancel").json()
     typer.echo("cancel requested" if got["cancel_requested"] else "the run is not running")
+
+
+@agents_app.command("delete")
+def delete(run_id: RunId, server: ServerOption = None, api_key: ApiKey = None,
+           config: ConfigOption = None) -> None:
+    """Erase a finished run on the server: record, events, patch and checkout."""
+    Api(server, api_key, config).call("DELETE", f"/{run_id}")
+    typer.echo(f"deleted {run_id}")
 
 
 @agents_app.command("pull")

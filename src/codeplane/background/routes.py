@@ -138,6 +138,16 @@ def cancel(run_id: str, request: Request) -> dict[str, Any]:
     return {"id": run_id, "cancel_requested": stopped}
 
 
+@router.delete("/v1/background-agents/{run_id}")
+def delete(run_id: str, request: Request) -> dict[str, Any]:
+    """Erase a finished run and everything the server kept for it (checkout included)."""
+    get_run(request, run_id)
+    if not service_of(request).delete(principal_of(request).tenant, run_id):
+        raise APIError(409, f"background agent {run_id!r} is running; cancel it first",
+                       code="run_running")
+    return {"id": run_id, "deleted": True}
+
+
 @router.post("/v1/background-agents/{run_id}/messages", status_code=202)
 def message(run_id: str, body: MessageRequest, request: Request) -> dict[str, Any]:
     """A follow-up instruction: run after the current turn, or as a continuation of a run

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -278,6 +279,18 @@ class BackgroundService:
             live.pending.clear()
         if live.run is not None:
             live.run.agent.cancel.set()
+        return True
+
+    def delete(self, tenant: str, run_id: str) -> bool:
+        """Erase a finished run: its record, events, patch and checkout (source code the
+        server holds only for this run). False while it runs (cancel it first)."""
+        with self._lock:
+            live = self._live.get(run_id)
+            if live is not None and live.running:
+                return False
+            self._live.pop(run_id, None)
+        self.store.delete(run_id)
+        shutil.rmtree(self.root / run_id, ignore_errors=True)
         return True
 
     def close(self) -> None:

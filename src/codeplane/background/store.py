@@ -96,6 +96,12 @@ class Store:
                                     " ORDER BY seq", (run_id, after)).fetchall()
         return [(seq, json.loads(body)) for seq, body in rows]
 
+    def delete(self, run_id: str) -> None:
+        """Forget a run: its row and its events, in one transaction."""
+        with self._lock, self._db:
+            self._db.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
+            self._db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
     def last(self, run_id: str) -> tuple[int, str]:
         """The run's newest event: (sequence number, type); (0, "") if it has none."""
         with self._lock:
