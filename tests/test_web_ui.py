@@ -121,6 +121,10 @@ def test_launch_watch_stop_follow_up_and_download_in_chromium(server, provider, 
             page.goto(server.url + "/ui")
             expect(page.locator("#runs")).to_contain_text(run_id)
             shot("5-runs-list")
+            page.click("text=Sign out")
+            expect(page.locator("#key")).to_be_visible()
+            page.goto(server.url + "/ui")  # the cookie is gone
+            expect(page).to_have_url(server.url + "/ui/login")
         finally:
             browser.close()
             print("screenshots:", *map(str, shots), sep="\n  ")

@@ -26,8 +26,9 @@ from codeplane.core.principal import principal_of
 UI_COOKIE = "codeplane_key"  # the signed-in key; read by the auth gate (server/auth.py)
 UI_HEADER = "x-codeplane-ui"  # the gate wants it with the cookie on unsafe methods (CSRF)
 STATIC = {"app.js": "text/javascript", "app.css": "text/css"}
-# The gate lets these through without a key: the sign-in form and what it needs to render.
-PUBLIC_PATHS = frozenset({"/ui/login", *(f"/ui/static/{name}" for name in STATIC)})
+# The gate lets these through without a key: the sign-in form, what it needs to render, and
+# sign-out (it only clears the cookie, so a forged one does no harm).
+PUBLIC_PATHS = frozenset({"/ui/login", "/ui/logout", *(f"/ui/static/{n}" for n in STATIC)})
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
        "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 COOKIE_MAX_AGE = 12 * 3600
@@ -67,7 +68,8 @@ def ui_router() -> APIRouter:
 
     @router.post("/ui/logout")
     def logout() -> Response:
-        resp = RedirectResponse("/ui/login", 303)
+        """Clear the cookie and show the sign-in form."""
+        resp = page("login.html")
         resp.delete_cookie(UI_COOKIE, path="/")
         return resp
 
