@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from upstreams.scripted import ScriptedModel, caller, run_server, wait_for
+import test_agent
+from upstreams.scripted import caller, run_server, wait_for
 
 from codeplane.background.store import Store
 
@@ -23,17 +24,7 @@ HELLO = [{"calls": [("create_file", {"path": "hello.txt", "content": "hello\n"})
 HANG = {"raw": ['data: {"choices": []}\n\n'], "hang": True}
 
 
-@pytest.fixture(scope="module")
-def provider():
-    p = ScriptedModel()
-    p.server.start()
-    yield p
-    p.server.stop()
-
-
-@pytest.fixture
-def scripted(provider: ScriptedModel) -> ScriptedModel:
-    return provider.reset()
+provider, scripted = test_agent.provider, test_agent.scripted  # the scripted-model fixtures
 
 
 def git(cwd: Path, *args: str) -> str:
