@@ -10,6 +10,7 @@ import typer
 from codeplane import __version__
 from codeplane.agent.cli import agent_cmd, tool_cmd
 from codeplane.apply.cli import apply_command
+from codeplane.background.cli import agents_app
 from codeplane.clikit import ConfigOption, err_console, fail, settings
 from codeplane.config import ConfigError
 from codeplane.events.cli import events_app
@@ -28,6 +29,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(keys_app, name="keys")
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(events_app, name="events")
+app.add_typer(agents_app, name="agents")
 app.command("index")(index_cli.index_cmd)
 app.command("search")(index_cli.search_cmd)
 app.command("agent")(agent_cmd)

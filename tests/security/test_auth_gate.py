@@ -24,7 +24,7 @@ from codeplane.server.auth import check_exposure
 
 ROUTERS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
            "/v1/gateway/status", "/v1/agent/runs", "/v1/index/workspaces/{ws}", "/v1/tab",
-           "/v1/apply", "/metrics", "/openapi.json", "/docs")
+           "/v1/apply", "/metrics", "/openapi.json", "/docs", "/v1/background-agents", "/ui")
 
 
 def whoami(request: Request) -> dict:
@@ -94,6 +94,9 @@ def _refused_everywhere(server: LiveServer, headers: dict) -> None:
         reply = httpx.request(method, server.url + path, headers=headers, content=b"{bad json",
                               timeout=30)
         expected = 200 if path in OPEN_PATHS else 401
+        if expected == 401 and path.startswith("/ui") and method == "GET":
+            expected = 303  # a web UI page sends the browser to its sign-in form instead
+            assert reply.headers["location"] == "/ui/login"
         assert reply.status_code == expected, (method, path, reply.text[:200])
         if expected == 401:  # 401 before 400: the malformed body was never parsed
             assert reply.json()["error"]["code"] == "invalid_api_key"

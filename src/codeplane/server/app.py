@@ -16,6 +16,8 @@ from fastapi_offline import FastAPIOffline
 from codeplane import __version__
 from codeplane.agent import routes as agent_routes
 from codeplane.apply import routes as apply_routes
+from codeplane.background import routes as background_routes
+from codeplane.background import web as background_web
 from codeplane.config import Settings
 from codeplane.core import errors, metrics
 from codeplane.gateway import config as gwconfig
@@ -29,7 +31,7 @@ from codeplane.tab import routes as tab_routes
 
 # Open without a key: liveness only. /docs and /openapi.json stay behind the gate (deny by
 # default; fetch them with a key, or freely on a loopback `auth = "auto"` laptop).
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz"}) | background_web.PUBLIC_PATHS  # + the UI's sign-in
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -58,6 +60,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(search_routes.router)
     app.include_router(tab_routes.router)
     app.include_router(apply_routes.router)
+    app.include_router(background_routes.router)
+    app.include_router(background_web.ui_router())
 
     @app.get("/healthz")
     def healthz(request: Request) -> dict:

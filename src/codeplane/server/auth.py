@@ -17,6 +17,12 @@ A key that is sent is always checked: unknown and revoked keys get 401 in every 
 exception is a server that has no active key at all, on a request it would serve without one:
 OpenAI SDKs insist on sending some placeholder key, and refusing it on a keyless laptop would
 protect nothing.
+
+The web UI (`/ui`) signs in by storing the key in an HttpOnly, SameSite=Strict cookie
+(`UI_COOKIE`), read only when no header carries a key. A cookie is sent by the browser on its
+own, so for any method other than GET/HEAD it counts only with the `X-Codeplane-UI` header,
+which a cross-site form or image cannot set (cross-site request forgery). A browser asking
+for a `/ui` page without a key is sent to the sign-in page instead of a JSON 401.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ import json
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from codeplane.background.web import UI_COOKIE, UI_HEADER
 from codeplane.config import ConfigError, ServeSettings
 from codeplane.core.errors import APIError
 from codeplane.core.principal import LOCAL_TENANT, Principal
@@ -35,6 +43,7 @@ from codeplane.gateway.keys import KeyStore
 from codeplane.net import is_loopback
 
 FORWARDED = ("x-forwarded-for", "forwarded", "x-real-ip")
+SAFE_METHODS = ("GET", "HEAD")
 UNAUTHORIZED = APIError(401, "a valid API key is required: send it as `Authorization: Bearer "
                              "<key>` (an operator creates one with `codeplane keys create NAME "
                              "--tenant T`)", code="invalid_api_key")
@@ -78,6 +87,8 @@ class AuthGate:
         if principal is None:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
+            elif scope["path"].startswith("/ui") and scope["method"] in SAFE_METHODS:
+                await _redirect(send, "/ui/login")
             else:
                 await _reply(send, UNAUTHORIZED, {"www-authenticate": "Bearer"})
             return
@@ -86,7 +97,7 @@ class AuthGate:
 
     def principal(self, scope: Scope) -> Principal | None:
         headers = Headers(scope=scope)
-        secret = _secret(headers)
+        secret = _secret(headers) or _cookie_secret(scope, headers)
         key = self.keys.lookup(secret) if secret else None
         if key is not None:
             return Principal(key.tenant, key.id, key.name)
@@ -131,6 +142,20 @@ def _secret(headers: Headers) -> str:
     if bearer[:7].lower() == "bearer ":
         bearer = bearer[7:]
     return (headers.get("x-api-key") or bearer).strip()
+
+
+def _cookie_secret(scope: Scope, headers: Headers) -> str:
+    """The web UI's key from its cookie; on unsafe methods only with the UI header."""
+    if scope["type"] == "http" and scope["method"] not in SAFE_METHODS \
+            and headers.get(UI_HEADER) != "1":
+        return ""
+    return Request(scope).cookies.get(UI_COOKIE, "").strip()
+
+
+async def _redirect(send: Send, location: str) -> None:
+    await send({"type": "http.response.start", "status": 303,
+                "headers": [(b"location", location.encode()), (b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _forwarded_client(headers: Headers) -> str:

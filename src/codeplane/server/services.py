@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from codeplane.agent.runs import RunManager
+from codeplane.background.service import BackgroundService
 from codeplane.config import ConfigError, Settings
 from codeplane.core.metrics import Metrics
 from codeplane.events.log import EventLog
@@ -41,6 +42,7 @@ class Services:
     tab: TabService
     runs: RunManager  # agent runs: tenant-scoped, capped, each ends with `run_end`
     events: EventLog  # the event lake: usage, apply outcomes, agent steps (no source code)
+    background: BackgroundService  # background agents: durable runs in their own checkouts
     owns_engine: bool = True  # a shared engine (tests, embedding callers) outlives the app
     _search: SearchService | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -58,6 +60,7 @@ class Services:
             return self._search
 
     async def aclose(self) -> None:
+        await asyncio.to_thread(self.background.close)  # before runs: each records its end
         await asyncio.to_thread(self.runs.close)  # cancels runs still going: each ends
         await self.gateway.aclose()
         try:
@@ -89,7 +92,9 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     except StorageError as exc:
         raise ConfigError(f"invalid [storage] settings: {exc}") from None
     events = EventLog(store)
+    runs = RunManager(settings.serve.max_runs_per_tenant)
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
                     gateway=Gateway(settings, engine, metrics, keys=keys, events=events),
-                    tab=tab, runs=RunManager(settings.serve.max_runs_per_tenant),
-                    events=events, owns_engine=owns_engine)
+                    tab=tab, runs=runs, events=events,
+                    background=BackgroundService(settings.server_dir, runs, settings),
+                    owns_engine=owns_engine)

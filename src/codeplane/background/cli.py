@@ -1,0 +1,186 @@
+"""`codeplane agents`: launch background agents on a codeplane server and follow them:
+`launch`, `list`, `show`, `logs [--follow]`, `cancel`, `delete`, `pull` (the run's patch applied to a
+local checkout with `git am --3way`; on a conflict nothing is left half-applied, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+from codeplane.clikit import ConfigOption, JsonOption, ServerOption, console, fail, print_json
+from codeplane.clikit import server_url as configured_url
+
+agents_app = typer.Typer(help="Background agents on a codeplane server: launch, watch, pull.",
+                         no_args_is_help=True)
+ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="CODEPLANE_API_KEY",
+                                            help="API key (default: $CODEPLANE_API_KEY).")]
+RunId = Annotated[str, typer.Argument(help="Run id (from `agents launch` or `agents list`).")]
+
+
+class Api:
+    """The server's background-agents API; any error becomes a one-line CLI failure."""
+
+    def __init__(self, server: str | None, api_key: str | None, config: Path | None) -> None:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base = configured_url(server, config) + "/v1/background-agents"
+        self.http = httpx.Client(headers=headers, timeout=60)
+
+    def call(self, method: str, path: str = "", **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, self.base + path, **kwargs)
+        except httpx.TransportError as exc:
+            fail(f"cannot reach the codeplane server at {self.base} ({exc}); start "
+                 "it with `codeplane serve` or pass --server")
+        if resp.status_code >= 400:
+            fail(_message(resp))
+        return resp
+
+    def events(self, run_id: str, follow: bool):
+        """The run's events so far (and, with `follow`, until it ends)."""
+        if not follow:
+            run = self.call("GET", f"/{run_id}").json()
+            if run["status"] in ("queued", "running"):
+                fail("the run is still going: use --follow to watch it to the end")
+        try:
+            with self.http.stream("GET", f"{self.base}/{run_id}/events", timeout=None) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    fail(_message(resp))
+                for line in resp.iter_lines():
+                    if line.startswith("data: "):
+                        yield json.loads(line[6:])
+        except httpx.TransportError as exc:
+            fail(f"lost the connection to the server ({exc})")
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        return f"{resp.status_code}: {resp.json()['error']['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"{resp.status_code}: {resp.text[:300]}"
+
+
+@agents_app.command("launch")
+def launch(
+    task: Annotated[str, typer.Argument(help="What the agent should do.")],
+    repo: Annotated[str, typer.Option(help="Git repository on the server machine (a path "
+                                           "under its workspace roots).")],
+    ref: Annotated[str, typer.Option(help="Branch, tag or commit to start from.")] = "HEAD",
+    model: Annotated[str, typer.Option(help="Model name.")] = "code-medium",
+    max_steps: Annotated[int, typer.Option(help="Maximum model turns.", min=1)] = 25,
+    json_: JsonOption = False, server: ServerOption = None, api_key: ApiKey = None,
+    config: ConfigOption = None,
+) -> None:
+    """Start a background agent; prints its id at once (the run goes on on the server)."""
+    path = Path(repo)
+    body = {"repo": str(path.resolve()) if path.exists() else repo, "ref": ref, "task": task,
+            "model": model, "max_steps": max_steps}
+    run = Api(server, api_key, config).call("POST", json=body).json()
+    if json_:
+        print_json(run)
+    else:
+        typer.echo(run["id"])
+
+
+@agents_app.command("list")
+def list_runs(json_: JsonOption = False, server: ServerOption = None, api_key: ApiKey = None,
+              config: ConfigOption = None) -> None:
+    """Your background agents, newest first."""
+    runs = Api(server, api_key, config).call("GET").json()["data"]
+    if json_:
+        print_json(runs)
+        return
+    for run in runs:
+        console.print(f"{run['id']}  {run['status']:<11} {run['task'][:70]}", highlight=False)
+
+
+@agents_app.command("show")
+def show(run_id: RunId, json_: JsonOption = False, server: ServerOption = None,
+         api_key: ApiKey = None, config: ConfigOption = None) -> None:
+    """One run: status, repo, branch, commit."""
+    run = Api(server, api_key, config).call("GET", f"/{run_id}").json()
+    if json_:
+        print_json(run)
+        return
+    for key in ("id", "status", "repo", "ref", "task", "model", "branch", "commit_sha",
+                "error"):
+        console.print(f"{key:<10} {run.get(key)}", highlight=False)
+
+
+@agents_app.command("logs")
+def logs(run_id: RunId,
+         follow: Annotated[bool, typer.Option("--follow", "-f",
+                                              help="Keep watching until the run ends.")] = False,
+         json_: JsonOption = False, server: ServerOption = None, api_key: ApiKey = None,
+         config: ConfigOption = None) -> None:
+    """The run's events: tool calls, their output, diffs, the result."""
+    for event in Api(server, api_key, config).events(run_id, follow):
+        if json_:
+            typer.echo(json.dumps(event))
+        else:
+            console.print(describe(event), highlight=False, markup=False)
+
+
+def describe(event: dict[str, Any]) -> str:
+    """One line (or block) per event for a terminal."""
+    kind = event["type"]
+    if kind == "tool_start":
+        return f"> {event.get('name')} {json.dumps(event.get('arguments'))[:200]}"
+    if kind == "tool_result":
+        return f"  {str(event.get('output', ''))[:400]}"
+    if kind == "model_turn":
+        return f"model: {(event.get('message') or {}).get('content') or ''}"[:400]
+    if kind == "diff":
+        return event["diff"]
+    if kind in ("end", "interrupted"):
+        return f"[{kind}] {event.get('status', '')} {event.get('error') or ''}".strip()
+    if kind == "result":
+        return f"result: branch {event['branch']} commit {event['commit']}"
+    return f"[{kind}]"
+
+
+@agents_app.command("cancel")
+def cancel(run_id: RunId, server: ServerOption = None, api_key: ApiKey = None,
+           config: ConfigOption = None) -> None:
+    """Stop a running agent (what it changed so far is still committed)."""
+    got = Api(server, api_key, config).call("POST", f"/{run_id}/cancel").json()
+    typer.echo("cancel requested" if got["cancel_requested"] else "the run is not running")
+
+
+@agents_app.command("delete")
+def delete(run_id: RunId, server: ServerOption = None, api_key: ApiKey = None,
+           config: ConfigOption = None) -> None:
+    """Erase a finished run on the server: record, events, patch and checkout."""
+    Api(server, api_key, config).call("DELETE", f"/{run_id}")
+    typer.echo(f"deleted {run_id}")
+
+
+@agents_app.command("pull")
+def pull(run_id: RunId,
+         path: Annotated[Path, typer.Option("--path", help="Local checkout (default: .).")]
+         = Path("."),
+         server: ServerOption = None, api_key: ApiKey = None,
+         config: ConfigOption = None) -> None:
+    """Apply the run's patch to a local checkout as commits (`git am --3way`). On a
+    conflict the checkout is left as it was and the command exits 2."""
+    api = Api(server, api_key, config)
+    run = api.call("GET", f"/{run_id}").json()
+    if run["status"] in ("queued", "running"):
+        fail("the run is still going; pull it once it has ended")
+    patch = api.call("GET", f"/{run_id}/patch").text
+    if not patch.strip():
+        fail(f"run {run_id} changed nothing: there is no patch to pull")
+    am = subprocess.run(["git", "-C", str(path), "am", "--3way", "--quiet"], input=patch,
+                        capture_output=True, text=True, check=False)
+    if am.returncode != 0:
+        subprocess.run(["git", "-C", str(path), "am", "--abort"], capture_output=True,
+                       check=False)
+        detail = (am.stderr or am.stdout).strip().splitlines()
+        fail(f"the patch of run {run_id} does not apply cleanly to {path.resolve()}; nothing "
+             f"was changed. git said: {' / '.join(detail[:6])}")
+    typer.echo(f"applied run {run_id} to {path.resolve()}")

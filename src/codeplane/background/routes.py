@@ -1,0 +1,210 @@
+"""`/v1/background-agents`: launch a run that outlives the request, list and show runs, watch
+their events (SSE, resumable with `Last-Event-ID`), send a follow-up, cancel, get the patch.
+
+Same policy as `/v1/agent/runs` (its checks are reused, not restated): the repo lies under
+`serve.workspace_roots`, commands always run sandboxed without network, models are reached
+in-process through the gateway with the caller's key, runs are capped per tenant, and another
+tenant's run is missing (404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from codeplane.agent.loop import AgentConfig
+from codeplane.agent.routes import gateway_client, workspace
+from codeplane.agent.runs import RunLimit
+from codeplane.background.service import BackgroundService, GitError, resolve_ref
+from codeplane.core.errors import APIError, not_found
+from codeplane.core.principal import principal_of
+from codeplane.gateway.client import GatewayChatModel
+from codeplane.gateway.routes import gateway_of
+
+KEEPALIVE_S = 5.0
+ENDS = ("end", "interrupted")
+
+router = APIRouter()
+
+
+def service_of(request: Request) -> BackgroundService:
+    return request.app.state.services.background
+
+
+def _text(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+class LaunchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    repo: str = Field(min_length=1, max_length=4096,
+                      description="absolute path of a git repository under serve.workspace_roots")
+    ref: str = Field("HEAD", min_length=1, max_length=256, pattern=r"^[^-\s][^\s]*$",
+                     description="branch, tag or commit to start from (not an option)")
+    task: str = Field(min_length=1, max_length=100_000)
+    model: str = Field("code-medium", min_length=1, max_length=200)
+    max_steps: int = Field(25, ge=1, le=200)
+    max_tokens: int = Field(1024, ge=16, le=8192)
+
+    _checked = field_validator("repo", "ref", "task", "model")(_text)
+
+
+class MessageRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str = Field(min_length=1, max_length=100_000)
+
+    _checked = field_validator("content")(_text)
+
+
+def _limit(exc: RunLimit) -> APIError:
+    return APIError(429, str(exc), type="rate_limit_error", code="too_many_runs",
+                    headers={"retry-after": "10"})
+
+
+@router.post("/v1/background-agents", status_code=202)
+async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
+    """Check out the repo and start the agent; returns the run at once (status running)."""
+    principal = principal_of(request)
+    repo = workspace(body.repo, request.app.state.settings.serve.workspace_roots)
+    gateway = gateway_of(request)
+    if gateway.group(body.model) is None:
+        raise not_found(f"model {body.model!r} does not exist; available: "
+                        f"{', '.join(sorted(gateway.groups))}", param="model")
+    try:
+        commit = await asyncio.to_thread(resolve_ref, repo, body.ref)
+    except GitError:
+        raise APIError(400, f"{body.repo} is not a git repository with a commit at ref "
+                            f"{body.ref!r}", param="ref") from None
+    client = gateway_client(request, gateway, principal, "background")
+    loop = asyncio.get_running_loop()
+
+    def model_for(run_id: str) -> GatewayChatModel:
+        return GatewayChatModel(gateway, body.model,
+                                dataclasses.replace(client, request_id=f"run-{run_id}"), loop)
+
+    config = AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens)
+    try:
+        return await asyncio.to_thread(service_of(request).launch, principal.tenant, repo,
+                                       commit, body.ref, body.task, body.model, model_for,
+                                       config)
+    except RunLimit as exc:
+        raise _limit(exc) from None
+    except GitError as exc:  # e.g. a repo git cannot clone (a broken object store)
+        raise APIError(400, f"cannot check out {body.repo} at {body.ref!r}: {exc}",
+                       param="repo") from None
+
+
+@router.get("/v1/background-agents")
+def list_runs(request: Request) -> dict[str, Any]:
+    return {"data": service_of(request).store.list(principal_of(request).tenant)}
+
+
+def get_run(request: Request, run_id: str) -> dict[str, Any]:
+    """The caller's run, or 404 (another tenant's run does not exist)."""
+    run = service_of(request).store.get(principal_of(request).tenant, run_id)
+    if run is None:
+        raise not_found(f"background agent {run_id!r} does not exist", code="run_not_found",
+                        param="run_id")
+    return run
+
+
+@router.get("/v1/background-agents/{run_id}")
+def show(run_id: str, request: Request) -> dict[str, Any]:
+    return get_run(request, run_id)
+
+
+@router.get("/v1/background-agents/{run_id}/patch")
+def patch(run_id: str, request: Request) -> PlainTextResponse:
+    """The run's result as `git format-patch` text (empty: no change, or not finished)."""
+    get_run(request, run_id)
+    text = service_of(request).store.patch(run_id) or ""
+    return PlainTextResponse(text, media_type="text/x-diff", headers={
+        "content-disposition": f'attachment; filename="codeplane-{run_id}.patch"'})
+
+
+@router.post("/v1/background-agents/{run_id}/cancel")
+def cancel(run_id: str, request: Request) -> dict[str, Any]:
+    get_run(request, run_id)
+    stopped = service_of(request).cancel(principal_of(request).tenant, run_id)
+    return {"id": run_id, "cancel_requested": stopped}
+
+
+@router.delete("/v1/background-agents/{run_id}")
+def delete(run_id: str, request: Request) -> dict[str, Any]:
+    """Erase a finished run and everything the server kept for it (checkout included)."""
+    get_run(request, run_id)
+    if not service_of(request).delete(principal_of(request).tenant, run_id):
+        raise APIError(409, f"background agent {run_id!r} is running; cancel it first",
+                       code="run_running")
+    return {"id": run_id, "deleted": True}
+
+
+@router.post("/v1/background-agents/{run_id}/messages", status_code=202)
+def message(run_id: str, body: MessageRequest, request: Request) -> dict[str, Any]:
+    """A follow-up instruction: run after the current turn, or as a continuation of a run
+    that has finished."""
+    get_run(request, run_id)
+    try:
+        sent = service_of(request).message(principal_of(request).tenant, run_id, body.content)
+    except RunLimit as exc:
+        raise _limit(exc) from None
+    if sent is None:
+        raise APIError(409, f"background agent {run_id!r} was started by an earlier server "
+                            "process and cannot be continued; launch a new run",
+                       code="run_not_continuable")
+    return {"id": run_id, **sent}
+
+
+@router.get("/v1/background-agents/{run_id}/events")
+async def events(run_id: str, request: Request,
+                 last_event_id: str | None = Header(None)) -> StreamingResponse:
+    """The run's events as SSE, each with its sequence number as `id:`; a client that
+    reconnects with `Last-Event-ID: N` gets exactly the events after N."""
+    get_run(request, run_id)
+    after = 0
+    if last_event_id is not None:
+        if not last_event_id.strip().isdigit():
+            raise APIError(400, "Last-Event-ID must be an event id (a non-negative integer)",
+                           param="last-event-id")
+        after = int(last_event_id)
+    return StreamingResponse(_sse(service_of(request), principal_of(request).tenant, run_id,
+                                  after), media_type="text/event-stream",
+                             headers={"cache-control": "no-store"})
+
+
+async def _sse(service: BackgroundService, tenant: str, run_id: str,
+               after: int) -> AsyncIterator[str]:
+    """Events after `after`, then new ones as they are stored, until the run has ended.
+    The store is the one source (a restart or a second watcher sees the same ids); the
+    service wakes this watcher when the run records an event."""
+    watcher = service.watch(run_id)
+    newest, last = await asyncio.to_thread(service.store.last, run_id)
+    if after < newest:
+        last = ""  # there is more to send; a resumed stream at the end may end at once
+    after = min(after, newest)
+    try:
+        while True:
+            watcher[1].clear()  # before reading: an event stored meanwhile wakes us again
+            batch = await asyncio.to_thread(service.store.events, run_id, after)
+            for seq, event in batch:
+                yield f"id: {seq}\ndata: {json.dumps(event)}\n\n"
+                after, last = seq, event["type"]
+            if last in ENDS:  # the status is final before the end event is stored
+                run = await asyncio.to_thread(service.store.get, tenant, run_id)
+                if run is None or run["status"] not in ("queued", "running"):
+                    return
+            try:
+                await asyncio.wait_for(watcher[1].wait(), KEEPALIVE_S)
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+    finally:
+        service.unwatch(run_id, watcher)

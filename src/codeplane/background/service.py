@@ -1,0 +1,313 @@
+"""Background agents: a run works in a checkout of its own, goes on after the request that
+started it has returned, and ends with a commit on branch `codeplane/<id>` plus a patch.
+
+The agent itself is the ordinary `Agent` started through the server's `RunManager` (same loop,
+same per-tenant cap, same `run_end`); this module adds what outlives one agent run: a
+checkout, follow-up turns, the commit and patch, and a durable record (`store.py`) that a
+restart can read. A supervisor thread per background run starts each turn, waits for it and
+finishes the run, so a turn's end never blocks inside the agent's own event delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codeplane.agent.env import local_environment
+from codeplane.agent.loop import Agent, AgentConfig, Event
+from codeplane.agent.runs import Run, RunManager
+from codeplane.background.store import Store
+from codeplane.core.chat import ChatModel
+
+log = logging.getLogger("codeplane.background")
+GIT_TIMEOUT = 120.0
+CLOSE_WAIT_S = 15.0  # how long shutdown waits for cancelled runs to record their end
+# Host-side git over a tree the agent wrote: no hooks, no fsmonitor, a fixed identity. (The
+# agent cannot write .git: its tools refuse it and the sandbox mounts it read-only.)
+SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
+            "-c", "user.name=codeplane", "-c", "user.email=agent@codeplane.invalid",
+            "-c", "commit.gpgsign=false")
+ModelFactory = Callable[[str], ChatModel]  # agent run id -> the model client for that turn
+Watcher = tuple[asyncio.AbstractEventLoop, asyncio.Event]
+
+
+class GitError(Exception):
+    """A git step failed; the message says which and why."""
+
+
+def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run git with the safe settings above; its stdout, or GitError with its stderr."""
+    try:
+        done = subprocess.run(["git", *SAFE_GIT, *args], cwd=cwd, capture_output=True, check=False,
+                              text=True, timeout=GIT_TIMEOUT, env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired:
+        raise GitError(f"git {args[0]} took longer than {GIT_TIMEOUT:.0f}s") from None
+    if done.returncode != 0:
+        raise GitError(f"git {args[0]} failed: {done.stderr.strip()[:500]}")
+    return done.stdout
+
+
+def resolve_ref(repo: Path, ref: str) -> str:
+    """The commit `ref` names in `repo`; GitError if it names none."""
+    return git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options",
+               f"{ref}^{{commit}}").strip()
+
+
+def checkout(repo: Path, commit: str, dest: Path) -> None:
+    """A private working copy of `repo` at `commit` in `dest`: a `git clone --shared` (objects
+    borrowed from the source, so it costs milliseconds and little disk). The fleet's warm pool
+    of copy-on-write sandboxes is meant to replace exactly this function."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    git(dest.parent, "clone", "--quiet", "--shared", "--no-checkout", "--", str(repo),
+        str(dest))
+    git(dest, "checkout", "--quiet", "--detach", commit)
+
+
+def working_diff(dest: Path, base: str) -> str:
+    """Everything changed in the checkout since `base`, new files included, as a diff; a
+    scratch index outside the tree keeps the checkout's own index untouched."""
+    with tempfile.TemporaryDirectory(prefix="codeplane-index-") as scratch:
+        env = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        git(dest, "read-tree", base, env=env)
+        git(dest, "add", "-A", env=env)
+        return git(dest, "diff", "--cached", base, env=env)
+
+
+def commit_result(dest: Path, branch: str, base: str, message: str) -> tuple[str | None, str]:
+    """Commit the checkout's changes on `branch`: (commit or None if nothing changed, the
+    patch from `base` in `git format-patch` form, empty when nothing changed)."""
+    git(dest, "checkout", "--quiet", "-B", branch)
+    git(dest, "add", "-A")
+    if git(dest, "status", "--porcelain"):
+        git(dest, "commit", "--quiet", "-m", message)
+    head = git(dest, "rev-parse", "HEAD").strip()
+    if head == base:
+        return None, ""
+    return head, git(dest, "format-patch", "--stdout", f"{base}..{head}")
+
+
+@dataclass
+class Live:
+    """What only this process knows about a running background run."""
+    tenant: str
+    dest: Path
+    base: str
+    task: str
+    model: ModelFactory
+    config: AgentConfig
+    pending: list[str] = field(default_factory=list)
+    run: Run | None = None
+    cancelled: bool = False
+    turns: int = 0
+    last_diff: str = ""
+    running: bool = True
+    thread: threading.Thread | None = None
+
+
+class BackgroundService:
+    """Every background run of one server. Built once (`server/services.py`); on start-up
+    any run a previous process left "running" is marked interrupted."""
+
+    def __init__(self, server_dir: Path, runs: RunManager, settings: Any = None) -> None:
+        self.root = server_dir / "background"
+        self.store = Store(self.root / "runs.db")
+        self.runs, self.settings = runs, settings
+        self.store.interrupt_unfinished()
+        self._live: dict[str, Live] = {}
+        self._watchers: dict[str, set[Watcher]] = {}
+        self._lock = threading.Lock()
+
+    def launch(self, tenant: str, repo: Path, commit: str, ref: str, task: str, model: str,
+               factory: ModelFactory, config: AgentConfig) -> dict[str, Any]:
+        """Check out `commit` and start the first turn; returns the stored run at once.
+        RunLimit (from the run manager) if the tenant is at its cap."""
+        self.runs.admit(tenant)
+        run_id = uuid.uuid4().hex[:16]
+        dest = self.root / run_id / "work"
+        checkout(repo, commit, dest)
+        self.store.create({"id": run_id, "tenant": tenant, "repo": str(repo), "ref": ref,
+                           "task": task, "model": model})
+        self.store.update(run_id, branch=f"codeplane/{run_id}")
+        self.record(run_id, {"type": "checkout", "repo": str(repo), "ref": ref,
+                             "commit": commit})
+        live = Live(tenant, dest, commit, task, factory, config)
+        with self._lock:
+            self._live[run_id] = live
+        self._supervise(run_id, live, task)
+        return self.store.get(tenant, run_id) or {}
+
+    def _supervise(self, run_id: str, live: Live, task: str) -> None:
+        """Start the first turn now (so a RunLimit reaches the caller), the rest on a thread."""
+        try:
+            live.run = self._turn(run_id, live, task)
+        except Exception as exc:
+            live.running = False
+            self.store.update(run_id, status="error", error=f"could not start the agent: {exc}")
+            self.record(run_id, {"type": "end", "status": "error", "error": str(exc)})
+            raise
+        live.thread = threading.Thread(target=self._follow, args=(run_id, live), daemon=True,
+                                       name=f"background-{run_id}")
+        live.thread.start()
+
+    def _turn(self, run_id: str, live: Live, task: str) -> Run:
+        live.turns += 1
+        agent_id = f"{run_id}-{live.turns}"
+        model = live.model(agent_id)
+        agent = Agent(model, local_environment(live.dest), live.config,
+                      settings=self.settings, run_id=agent_id)
+        agent.listeners.append(lambda event: self._on_event(run_id, live, event))
+        self.record(run_id, {"type": "turn_start", "turn": live.turns, "task": task})
+        return self.runs.start(live.tenant, agent, task, model)
+
+    def _follow(self, run_id: str, live: Live) -> None:
+        """Wait for each turn; run queued follow-ups; then commit, store the patch, end."""
+        status, error = "error", None
+        try:
+            while True:
+                assert live.run is not None and live.run.thread is not None
+                live.run.thread.join()
+                result = live.run.result
+                status = result.status if result else "error"
+                error = result.error if result else "the turn ended without a result"
+                with self._lock:
+                    follow_up = live.pending.pop(0) if live.pending and not live.cancelled \
+                        else None
+                if follow_up is None:
+                    break
+                live.run = self._turn(run_id, live, continuation(live.task, follow_up))
+            if live.cancelled:
+                status = "cancelled"
+            head, patch = commit_result(live.dest, f"codeplane/{run_id}", live.base,
+                                        f"codeplane agent: {live.task[:200]}")
+            self.store.update(run_id, commit_sha=head, patch=patch)
+            self.record(run_id, {"type": "result", "branch": f"codeplane/{run_id}",
+                                 "commit": head, "patch_bytes": len(patch)})
+        except Exception as exc:  # the run must end, whatever failed
+            log.exception("background run %s failed", run_id)
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+        self.store.update(run_id, status=status, error=error)
+        self.record(run_id, {"type": "end", "status": status, "error": error})
+        with self._lock:  # a follow-up sent while the result was committed is not lost
+            late = live.pending.pop(0) if live.pending and not live.cancelled else None
+            live.running = late is not None
+        if late is not None:
+            self.store.update(run_id, status="running", error=None)
+            try:
+                self._supervise(run_id, live, continuation(live.task, late))
+            except Exception:  # recorded as the run's end by _supervise
+                log.exception("background run %s: the follow-up could not start", run_id)
+
+    def _on_event(self, run_id: str, live: Live, event: Event) -> None:
+        """Store an agent event (without the bulky prompt copies); after a tool ran, a
+        `diff` event when the checkout's changes moved."""
+        slim = {k: v for k, v in event.items() if k not in ("messages", "tools")}
+        self.record(run_id, slim)
+        if event["type"] == "tool_result":
+            diff = working_diff(live.dest, live.base)
+            if diff != live.last_diff:
+                live.last_diff = diff
+                self.record(run_id, {"type": "diff", "diff": diff})
+
+    def record(self, run_id: str, event: Event) -> int:
+        """Store an event, stamped with the wall-clock time it was recorded (`at`): what
+        a watcher's delay is measured from (bench/background.py)."""
+        seq = self.store.append(run_id, {**event, "at": round(time.time(), 4)})
+        with self._lock:
+            watchers = list(self._watchers.get(run_id, ()))
+        for loop, wake in watchers:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # that watcher's event loop has closed (shutdown)
+                self.unwatch(run_id, (loop, wake))
+        return seq
+
+    def watch(self, run_id: str) -> Watcher:
+        """A wake-up for the calling event loop, set whenever the run records an event (so
+        a watcher reads the store as soon as there is something new, not on a timer)."""
+        watcher = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            self._watchers.setdefault(run_id, set()).add(watcher)
+        return watcher
+
+    def unwatch(self, run_id: str, watcher: Watcher) -> None:
+        with self._lock:
+            left = self._watchers.get(run_id, set())
+            left.discard(watcher)
+            if not left:
+                self._watchers.pop(run_id, None)
+
+    def message(self, tenant: str, run_id: str, content: str) -> dict[str, Any] | None:
+        """Queue a follow-up for after the current turn; on a run this process finished,
+        start it again as a continuation in the same checkout (its patch then covers every
+        turn). None if the run is not this process's: one interrupted by a restart has no
+        model client left and a checkout in an unknown state."""
+        with self._lock:
+            live = self._live.get(run_id)
+            if live is None or live.tenant != tenant:
+                return None
+            if live.running:
+                live.pending.append(content)
+                return {"queued": True}
+        self.runs.admit(tenant)  # RunLimit before anything changes
+        with self._lock:
+            if live.running:  # a concurrent follow-up restarted it first
+                live.pending.append(content)
+                return {"queued": True}
+            live.running, live.cancelled = True, False
+        self.store.update(run_id, status="running", error=None)
+        self._supervise(run_id, live, continuation(live.task, content))
+        return {"queued": False}
+
+    def cancel(self, tenant: str, run_id: str) -> bool:
+        """Stop the current turn and drop queued follow-ups; False if nothing runs."""
+        with self._lock:
+            live = self._live.get(run_id)
+            if live is None or live.tenant != tenant or not live.running:
+                return False
+            live.cancelled = True
+            live.pending.clear()
+        if live.run is not None:
+            live.run.agent.cancel.set()
+        return True
+
+    def delete(self, tenant: str, run_id: str) -> bool:
+        """Erase a finished run: its record, events, patch and checkout (source code the
+        server holds only for this run). False while it runs (cancel it first)."""
+        with self._lock:
+            live = self._live.get(run_id)
+            if live is not None and live.running:
+                return False
+            self._live.pop(run_id, None)
+        self.store.delete(run_id)
+        shutil.rmtree(self.root / run_id, ignore_errors=True)
+        return True
+
+    def close(self) -> None:
+        """Cancel what runs and wait (boundedly) for each to record its end, then close the
+        store; a run still going after that is marked interrupted at the next start."""
+        with self._lock:
+            lives = [(i, live) for i, live in self._live.items() if live.running]
+        for run_id, live in lives:
+            self.cancel(live.tenant, run_id)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for _, live in lives:
+            if live.thread is not None:
+                live.thread.join(max(0.0, deadline - time.monotonic()))
+        self.store.close()
+
+
+def continuation(task: str, follow_up: str) -> str:
+    """The task of a follow-up turn: the original task for context, then the instruction."""
+    return (f"Earlier task (already worked on in this workspace): {task}\n\n"
+            f"Follow-up instruction: {follow_up}")
