@@ -1,0 +1,335 @@
+"""Apply benchmark, wild styles: sketches written the way chat models write them.
+
+The same real commits as `bench/apply.py` (tune part: its data set) plus a held-out part of
+other repositories (`bench/apply/cases.jsonl.xz`: pallets/itsdangerous, pallets/markupsafe,
+python-poetry/tomlkit), each edit derived from the real diff in styles seen from chat models:
+
+  wordings  markers in many wordings (`# ... rest of the function unchanged ...`,
+            `# (unchanged)`, `# [previous implementation]`, a bare `...`, ...)
+  body      markers indented as the block they stand for (inside function bodies)
+  header    the enclosing `def`/`class` line kept as context above a body-level marker
+  drift     context with trailing whitespace stripped, blank-line runs collapsed, single
+            blank lines dropped, and blank lines added next to markers
+  joined    a bracketed multi-line statement in the context joined onto one line
+  mixed     all of the above, chosen per hunk
+
+A style that changes nothing in a case (no header to show, nothing to join) skips it. A
+well-posedness check keeps only cases with one right answer (`well_posed`): every segment's
+leading and trailing context occurs once in the original (whitespace ignored), no marker
+wording occurs in the files, and for the whitespace styles the commit itself changes no
+blank line next to context only (a drifted blank line and a real one look alike).
+
+Usage:
+  python bench/apply/wild.py build REPO_DIR...   # (re)build the held-out part
+  python bench/apply/wild.py [--verbose]         # exact / wrong / declined per style
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import lzma
+import random
+import re
+import sys
+import tokenize
+from collections import defaultdict
+from pathlib import Path
+
+from codeplane.apply.api import apply_edit
+
+HELD_OUT = Path(__file__).with_name("cases.jsonl.xz")
+STYLES = ("wordings", "body", "header", "drift", "joined", "mixed")
+WORDINGS = (
+    "# ... existing code ...", "# ... rest of the function unchanged ...", "# (unchanged)",
+    "# existing code here", "# [previous implementation]", "...", "# ...",
+    "# rest of the code unchanged", "# ... (unchanged) ...", "# … existing methods …",
+    "# [rest of file unchanged]", "# unchanged code", "# (rest of the class omitted)",
+    "# ... other methods ...", "# keep existing code", "# remaining code unchanged",
+    "# ...existing code...", "# (previous code)",
+)
+_DEF = re.compile(r"^\s*(async\s+def|def|class)\s")
+
+
+def bench_apply():
+    """bench/apply.py (data set, case building, outcome kinds), imported by path."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_apply", Path(__file__).parents[1] / "apply.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+BA = bench_apply()
+
+
+def load_all() -> list[dict]:
+    cases = [dict(c, part="tune") for c in BA.load()]
+    with lzma.open(HELD_OUT, "rt") as fh:
+        cases += [dict(json.loads(line), part="held-out") for line in fh]
+    return cases
+
+
+# -- deriving wild sketches ------------------------------------------------------------------
+
+def indent_of(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def joinable(old: list[str]) -> dict[int, int]:
+    """Start row -> end row (exclusive) of multi-line bracketed statements with no comment,
+    multi-line string or backslash in them (the ones a model joins onto one line)."""
+    spans: dict[int, int] = {}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO("\n".join(old) + "\n").readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return spans
+    start, clean = None, True
+    for tok in tokens:
+        if tok.type in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT) \
+                and start is None:
+            continue
+        if start is None:
+            start, clean = tok.start[0] - 1, True
+        if tok.type == tokenize.COMMENT or tok.type == tokenize.STRING and \
+                tok.start[0] != tok.end[0]:
+            clean = False
+        if tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+            end = tok.end[0]
+            if clean and end - start > 1 and end - start <= 8 and not any(
+                    line.rstrip().endswith("\\") for line in old[start:end]):
+                spans[start] = end
+            start = None
+    return spans
+
+
+def join(lines: list[str]) -> str:
+    out = lines[0].rstrip()
+    for line in lines[1:]:
+        part = line.strip()
+        glue = "" if out.endswith(("(", "[", "{")) or part.startswith((")", "]", "}")) else " "
+        out += glue + part
+    return re.sub(r",\s*([)\]}])", r"\1", out)
+
+
+def headers(old: list[str]) -> list[int | None]:
+    """For each line, the nearest `def`/`class` line above it that encloses it."""
+    out: list[int | None] = []
+    stack: list[int] = []
+    for i, line in enumerate(old):
+        if line.strip():
+            while stack and len(indent_of(old[stack[-1]])) >= len(indent_of(line)):
+                stack.pop()
+        out.append(stack[-1] if stack else None)
+        if _DEF.match(line) and line.rstrip().endswith(":"):
+            stack.append(i)
+    return out
+
+
+class Maker:
+    """Builds one case's sketch in one style (randomness seeded by case and style)."""
+
+    def __init__(self, case: dict, style: str, seed: int) -> None:
+        self.old, self.new = BA.lines_of(case["original"]), BA.lines_of(case["expected"])
+        self.style = style
+        self.rng = random.Random(seed)
+        self.changed = False  # the style did something beyond the plain markers style
+        self.groups = BA.hunks(self.old, self.new, 3 if style in ("wordings", "drift",
+                                                                   "joined") else 2)
+        self.spans = joinable(self.old) if style in ("joined", "mixed") else {}
+        self.enclosing = headers(self.old) if style in ("header", "mixed") else []
+        self.used_wordings: set[str] = set()
+        self.segments: list[tuple[int, int]] = []  # (old start, old end) each segment shows
+
+    def wants(self, trait: str) -> bool:
+        return self.style == trait or self.style == "mixed" and self.rng.random() < 0.5
+
+    def marker(self, indent: str) -> str:
+        wording = self.rng.choice(WORDINGS) if self.style != "drift" else WORDINGS[0]
+        self.used_wordings.add(wording)
+        return indent + wording
+
+    def body_indent(self, near: int, step: int, fallback: str) -> str:
+        """Indentation of the elided lines next to old line `near` (going `step`)."""
+        i = near
+        while 0 <= i < len(self.old) and not self.old[i].strip():
+            i += step
+        return indent_of(self.old[i]) if 0 <= i < len(self.old) else fallback
+
+    def build(self) -> str:
+        out: list[str] = []
+        last_header = None
+        for k, group in enumerate(self.groups):
+            i1, i2 = group[0][1], group[-1][2]
+            segment = self.segment_lines(group)
+            first = next((x for x in segment if x.strip()), "")
+            body = self.wants("body")
+            header = self.enclosing[i1] if self.enclosing and i1 < len(self.old) else None
+            use_header = header is not None and header != last_header and self.wants("header") \
+                and (k == 0 or header >= self.groups[k - 1][-1][2]) and header < i1 - 1
+            if use_header:
+                if header > 0 or k > 0:
+                    out.append(self.marker(indent_of(self.old[header])))
+                out.append(self.old[header])
+                out.append(self.marker(self.body_indent(header + 1, 1, "    ")))
+                self.segments.append((header, header + 1))
+                last_header, self.changed = header, True
+            elif i1 > 0 or k > 0:
+                indent = self.body_indent(i1 - 1, -1, indent_of(first)) if body \
+                    else indent_of(first)
+                self.changed |= body and indent != indent_of(first)
+                out.append(self.marker(indent))
+            if self.wants("drift") and out and segment and segment[0].strip() \
+                    and self.rng.random() < 0.5:
+                out.append("")  # a blank line the model added under the marker
+                self.changed = True
+            out.extend(segment)
+            self.segments.append((i1, i2))
+            if k == len(self.groups) - 1 and i2 < len(self.old):
+                last = next((x for x in reversed(segment) if x.strip()), "")
+                indent = self.body_indent(i2, 1, indent_of(last)) if self.wants("body") \
+                    else indent_of(last)
+                if self.wants("drift") and segment and segment[-1].strip() \
+                        and self.rng.random() < 0.5:
+                    out.append("")
+                    self.changed = True
+                out.append(self.marker(indent))
+        return "\n".join(out) + "\n"
+
+    def segment_lines(self, group) -> list[str]:
+        """The new file's lines of one hunk, with drift and joins applied to context only
+        (equal lines whose neighbours are equal too)."""
+        lines: list[str] = []
+        for tag, a1, a2, b1, b2 in group:
+            if tag != "equal":
+                lines.extend(self.new[b1:b2])
+                continue
+            lines.extend(self.context(a1, a2))
+        return lines
+
+    def context(self, a1: int, a2: int) -> list[str]:
+        out: list[str] = []
+        drift, joins = self.wants("drift"), self.wants("joined")
+        i = a1
+        while i < a2:
+            end = self.spans.get(i)
+            if joins and end is not None and end <= a2:
+                out.append(join(self.old[i:end]))
+                self.changed, i = True, end
+                continue
+            line = self.old[i]
+            if drift and line != line.rstrip():
+                line, self.changed = line.rstrip(), True
+            blank_run = not line.strip() and a1 < i and (i + 1 < a2)
+            if drift and blank_run and out and not out[-1].strip():
+                self.changed = True  # collapse a run of blank lines
+            elif drift and blank_run and self.old[i + 1].strip() and self.old[i - 1].strip() \
+                    and self.rng.random() < 0.3:
+                self.changed = True  # drop a single blank line between context lines
+            else:
+                out.append(line)
+            i += 1
+        return out
+
+
+def well_posed(case: dict, sketch: str, maker: Maker) -> bool:
+    """One right answer: each segment's first and last context lines (whitespace ignored,
+    blank lines aside) occur once in the original; no marker wording occurs in either file;
+    no whitespace-only change in the commit where the style drifts whitespace."""
+    old, new = maker.old, maker.new
+    texts = {line.strip() for line in old + new}
+    if any(w in texts or w.strip("# ") in texts for w in maker.used_wordings):
+        return False
+    keys = [squash(line) for line in old]
+    nonblank = [i for i, k in enumerate(keys) if k]
+    flat = [keys[i] for i in nonblank]
+    for start, end in maker.segments:
+        shown = [keys[i] for i in range(start, end) if keys[i]]
+        for run in (shown[:2], shown[-2:]):
+            if run and sum(flat[j:j + len(run)] == run for j in range(len(flat))) != 1:
+                return False
+    if maker.style in ("drift", "mixed"):
+        for group in BA.hunks(old, new, 0):
+            for tag, i1, i2, j1, j2 in group:
+                if tag == "equal":
+                    continue
+                if not any(x.strip() for x in old[i1:i2] + new[j1:j2]) \
+                        or squash("".join(old[i1:i2])) == squash("".join(new[j1:j2])):
+                    return False
+    return True
+
+
+def sketches(case: dict, index: int) -> dict[str, str]:
+    """Style -> sketch, for the styles that change something and are well posed here."""
+    out = {}
+    for number, style in enumerate(STYLES):
+        maker = Maker(case, style, seed=index * 101 + number)
+        text = maker.build()
+        if (maker.changed or style == "wordings") and well_posed(case, text, maker):
+            out[style] = text
+    return out
+
+
+# -- running ---------------------------------------------------------------------------------
+
+def run(cases: list[dict], verbose: bool) -> None:
+    kinds: dict[tuple[str, str], list[str]] = defaultdict(list)
+    misses = []
+    for index, case in enumerate(cases):
+        for style, text in sketches(case, index).items():
+            result = apply_edit(case["original"], text, case["path"])
+            kind = BA.kind_of(result, case)
+            kinds[style, case["part"]].append(kind)
+            if kind != "exact":
+                misses.append((kind, style, case["repo"], case["commit"][:10], case["path"],
+                               "" if result.ok else result.diagnostics[-1][:120]))
+    print(f"wild styles: {len(cases)} real edits ({sum(c['part'] == 'tune' for c in cases)} "
+          f"tune, {sum(c['part'] == 'held-out' for c in cases)} held-out)")
+    print(f"  {'style':9s} {'n':>4s} {'exact':>6s} {'wrong':>6s} {'declined':>8s}   "
+          f"held-out exact / wrong (n)")
+    for style in STYLES:
+        every = kinds[style, "tune"] + kinds[style, "held-out"]
+        held = kinds[style, "held-out"]
+        print(f"  {style:9s} {len(every):4d} {BA._pct(every, 'exact'):5.1f}% "
+              f"{BA._pct(every, 'wrong'):5.1f}% {BA._pct(every, 'declined'):7.1f}%   "
+              f"{BA._pct(held, 'exact'):5.1f}% / {BA._pct(held, 'wrong'):4.1f}% ({len(held)})")
+    every = [k for v in kinds.values() for k in v]
+    print(f"  all {len(every)} applies: {BA._shares(every)}")
+    for miss in sorted(misses, key=lambda m: m[0] != "wrong"):
+        if miss[0] == "wrong" or verbose:
+            print("  ", *miss)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    builder = sub.add_parser("build", help="build the held-out part from git repositories")
+    builder.add_argument("repos", nargs="+", type=Path)
+    builder.add_argument("--per-bucket", type=int, default=8)
+    parser.add_argument("--verbose", action="store_true", help="also list every decline")
+    parser.add_argument("--style", choices=STYLES, help="print one case's sketch in a style")
+    parser.add_argument("--case", type=int, default=0)
+    args = parser.parse_args()
+    if args.command == "build":
+        cases = BA.build(args.repos, args.per_bucket)
+        with lzma.open(HELD_OUT, "wt", preset=9 | lzma.PRESET_EXTREME) as fh:
+            for case in cases:
+                fh.write(json.dumps(case) + "\n")
+        print(f"{len(cases)} cases -> {HELD_OUT}")
+        return
+    cases = load_all()
+    if args.style:
+        print(sketches(cases[args.case], args.case).get(args.style, "(not well posed)"))
+        return
+    run(cases, args.verbose)
+
+
+if __name__ == "__main__":
+    main()
