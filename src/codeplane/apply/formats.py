@@ -16,10 +16,20 @@ from dataclasses import dataclass, field
 _OPENERS = ("{/*", "/*", "<!--", "//", "#", "--", ";", "%", "*")
 _CLOSERS = ("*/}", "*/", "-->")
 _ELLIPSIS = re.compile(r"(\.\.\.|…)")
-_PHRASE = re.compile(
-    r"^(rest of|existing|unchanged|remaining|previous|other|same|keep|omitted|snip)\b.*"
-    r"(code|unchanged|methods|functions|file|lines|imports|implementation|as before|here|"
-    r"omitted|same)\W*$", re.IGNORECASE)
+# A marker without an ellipsis is a comment made only of these words, at least one of them
+# saying "unchanged" (`# (unchanged)`, `// existing code here`, `# [previous implementation]`,
+# `# rest of the function unchanged`); any other word makes it prose (`# TODO: the rest`).
+_KEEP_WORDS = frozenset(
+    "existing unchanged rest remaining previous omitted elided snip snipped original "
+    "earlier prior unmodified untouched intact skipped".split())
+_FILLER_WORDS = frozenset(
+    "code the of function functions method methods class classes file module body "
+    "implementation implementations here lines line imports import as before is are kept "
+    "keep stays stay remains remain this that and other others a an in for to more logic "
+    "fields properties attributes tests content contents definitions helpers block loop "
+    "statements stuff goes same above below etc also everything all".split())
+_WORD = re.compile(r"[a-z]+")
+_BRACKETS = "()[]{}<>.,:;-–—*!"
 _SEARCH = re.compile(r"^\s*<{5,9} ?SEARCH\b")
 _DIVIDER = re.compile(r"^\s*={5,9}\s*$")
 _REPLACE = re.compile(r"^\s*>{5,9} ?REPLACE\b")
@@ -76,7 +86,9 @@ def join_lines(lines: list[str], newline: str, final: bool) -> str:
 
 
 def is_marker(line: str) -> bool:
-    """True for elision comments like `# ... existing code ...` or `// rest unchanged`."""
+    """True for elision comments like `# ... existing code ...`, `// rest unchanged`,
+    `# (unchanged)`, `<!-- existing code here -->`. A bare `...` is not one here (it is
+    Python's Ellipsis in a stub): `_elides` decides it from the lines around it."""
     text = line.strip()
     opened = False
     for opener in _OPENERS:
@@ -89,13 +101,48 @@ def is_marker(line: str) -> bool:
             break
     if len(text.split()) > 9:
         return False
+    inner = text.strip(_BRACKETS + " ")
     if _ELLIPSIS.search(text):
         if opened:
-            return text.startswith(("...", "…")) or text.endswith(("...", "…"))
+            return text.startswith(("...", "…")) or text.endswith(("...", "…")) \
+                or _ELLIPSIS.fullmatch(inner.strip("()[] ")) is not None \
+                or _elision_words(_ELLIPSIS.sub(" ", inner))
         # Uncommented, `...` is Python's Ellipsis (stub bodies, `def f(): ...`): only a line
         # that starts with it and has words ("... existing code ...") is a marker.
         return text.startswith(("...", "…")) and bool(_ELLIPSIS.sub("", text).strip())
-    return opened and bool(_PHRASE.match(text))
+    return opened and _elision_words(inner)
+
+
+def _elision_words(text: str) -> bool:
+    """Only "unchanged"-vocabulary words, at least one saying the code stays as it is."""
+    words = _WORD.findall(text.lower())
+    return bool(words) and len(words) <= 8 and any(w in _KEEP_WORDS for w in words) \
+        and all(w in _KEEP_WORDS or w in _FILLER_WORDS for w in words) \
+        and len(re.sub(r"[a-z\s" + re.escape(_BRACKETS) + r"'…]", "", text.lower())) == 0
+
+
+def _elides(lines: list[str], i: int, literal: set[str]) -> bool:
+    """Whether sketch line `i` is an elision marker. A marker-like comment that exists
+    verbatim in the original is the file's own comment. A bare `...` is a marker unless the
+    original has such a line, or it is the body of a `def`/`class` header the original does
+    not have (a new stub: `def f(self): ...` written on two lines); under a header the file
+    has it stands for that body, which must never be read as "body is `...`"."""
+    line = lines[i]
+    if line.strip() in literal:
+        return False
+    if is_marker(line):
+        return True
+    if line.strip() not in ("...", "…"):
+        return False
+    above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), None)
+    if above is not None and above.rstrip().endswith(":") \
+            and _indent_width(above) < _indent_width(line):
+        return above.strip() in literal
+    return True
+
+
+def _indent_width(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
 
 
 def parse_edit(edit: str, original_lines: list[str]) -> ParsedEdit:
@@ -123,9 +170,8 @@ def _parse_sketch(lines: list[str], original_lines: list[str]) -> ParsedEdit:
     literal = {line.strip() for line in original_lines}
     segments: list[list[str]] = [[]]
     markers = 0
-    for line in lines:
-        # A marker-like comment that exists verbatim in the original is real content.
-        if is_marker(line) and line.strip() not in literal:
+    for i, line in enumerate(lines):
+        if _elides(lines, i, literal):
             markers += 1
             if segments[-1]:
                 segments.append([])
@@ -133,12 +179,12 @@ def _parse_sketch(lines: list[str], original_lines: list[str]) -> ParsedEdit:
             segments[-1].append(line)
     if not segments[-1]:
         segments.pop()
-    first_content = next((i for i, line in enumerate(lines) if not _marker_at(lines, i, literal)),
+    first_content = next((i for i, line in enumerate(lines) if not _elides(lines, i, literal)),
                          len(lines))
-    last_content = max((i for i in range(len(lines)) if not _marker_at(lines, i, literal)),
+    last_content = max((i for i in range(len(lines)) if not _elides(lines, i, literal)),
                        default=-1)
-    gap_before = any(_marker_at(lines, i, literal) for i in range(first_content))
-    gap_after = any(_marker_at(lines, i, literal) for i in range(last_content + 1, len(lines)))
+    gap_before = any(_elides(lines, i, literal) for i in range(first_content))
+    gap_after = any(_elides(lines, i, literal) for i in range(last_content + 1, len(lines)))
     trimmed = [_trim_blank_edges(s, i == 0 and not gap_before,
                                  i == len(segments) - 1 and not gap_after)
                for i, s in enumerate(segments)]
@@ -152,10 +198,6 @@ def _parse_sketch(lines: list[str], original_lines: list[str]) -> ParsedEdit:
 
 def _leading_blanks(lines: list[str]) -> int:
     return next((i for i, line in enumerate(lines) if line.strip()), len(lines))
-
-
-def _marker_at(lines: list[str], i: int, literal: set[str]) -> bool:
-    return is_marker(lines[i]) and lines[i].strip() not in literal
 
 
 def _trim_blank_edges(segment: list[str], keep_start: bool, keep_end: bool) -> list[str]:
