@@ -28,6 +28,7 @@ from codeplane.apply.align import (
     trivial,
 )
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
+from codeplane.apply.guard import check, unjoin
 
 # A line a segment rewrites right before its new lines, with no context after them, must be
 # at least this similar to the file's (token_similarity; the aligner itself takes 0.5).
@@ -66,7 +67,26 @@ def merge(original: list[str], parsed: ParsedEdit, breaks: Breaks | None = None
     if parsed.kind in ("search_replace", "unified_diff"):
         return _merge_blocks(original, parsed.blocks, ordered=parsed.kind == "unified_diff")
     assert parsed.sketch is not None
-    sketch = parsed.sketch
+    sketch, joined = unjoin(original, parsed.sketch)
+    outcome = _merge_any_sketch(original, sketch, breaks)
+    if joined and outcome.merged == original:
+        # Read as drift, the joined lines change nothing; an edit is meant to change
+        # something, so joining them is the change (a commit that joins a statement).
+        sketch = parsed.sketch
+        outcome = _merge_any_sketch(original, sketch, breaks)
+    elif joined:
+        outcome.notes.append(f"{joined} joined line(s) matched the file's multi-line "
+                             f"statement(s) through their tokens: the file's lines kept")
+    if outcome.merged is not None:
+        problem = check(original, sketch, outcome.merged)
+        if problem:
+            return MergeOutcome(None, reasons=[f"wrong-merge guard: {problem}"])
+    return outcome
+
+
+def _merge_any_sketch(original: list[str], sketch: Sketch, breaks: Breaks | None
+                      ) -> MergeOutcome:
+    """A sketch with markers, a whole file, or a marker-free fragment."""
     if not sketch.segments:
         return MergeOutcome(None, reasons=[("the edit has no content (an empty file is not "
                                             "written by a sketch)")])
@@ -405,6 +425,9 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
     if not lead or any(best.ops[k][0] != "drop" for k in lead) \
             or first[1] == 0 or not original[first[1] - 1].strip():
         return None
+    if first[0] == "match" and not trivial(norm(items[content[0]])) \
+            and any(best.ops[k][0] in ("insert", "sub") for k in content):  # type: ignore
+        return None  # an edit with context right after it: the blank line is layout
     return (f"shows a blank line before {items[content[0]].strip()[:60]!r}, where the file "
             f"has {original[first[1] - 1].strip()[:60]!r}: deleted or kept? ambiguous")
 

@@ -1,0 +1,144 @@
+"""Whitespace drift in a sketch's context, and the wrong-merge guard.
+
+Models copy context back with its whitespace changed: trailing spaces dropped, blank lines
+collapsed or added, a bracketed multi-line call joined onto one line. The rule a careful
+reader follows: context is matched modulo whitespace and keeps the file's bytes; only the
+edit's new lines are new. `unjoin` puts a joined statement back into the file's lines
+before the alignment runs (the alignment is line-based). `check` runs on every sketch merge
+before it may be called ok: any original line the merge removes or rewrites must be shown
+removed or rewritten by the sketch itself, i.e. sit between two lines the sketch shows next
+to each other in one segment, with only new lines between them. Anything else (an elision
+marker read as code, a segment reaching over code it does not show) declines with the
+reason.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+from codeplane.apply.align import SUB_MIN_SIMILARITY, norm, token_similarity
+from codeplane.apply.formats import Sketch
+
+MAX_JOINED = 8  # lines of one bracketed statement a model may join onto one line
+_TRAILING_COMMA = re.compile(r",(?=[)\]}])")
+# A line that is only a comment, an ellipsis or `pass`: what an elision marker the
+# recogniser missed looks like once it is read as code.
+_COMMENT_ONLY = re.compile(r"^\s*(#|//|/\*|\*|<!--|--|;|\.\.\.|…|pass\s*$)")
+
+
+def squash(text: str) -> str:
+    """Tokens without whitespace, and without a trailing comma before a closing bracket
+    (`f(\\n a,\\n)` joined reads `f(a)`)."""
+    return _TRAILING_COMMA.sub("", "".join(text.split()))
+
+
+def unjoin(original: list[str], sketch: Sketch) -> tuple[Sketch, int]:
+    """The sketch with every line that is a joined copy of consecutive original lines (one
+    statement spread over 2..MAX_JOINED lines, matched through its tokens) replaced by those
+    lines, and how many were replaced. Only when every place it matches has the same text
+    (placement is the alignment's job), and never for a line the file has as it is."""
+    known = {norm(line) for line in original}
+    keys = [squash(line) for line in original]
+    segments, count = [], 0
+    for segment in sketch.segments:
+        out: list[str] = []
+        for line in segment:
+            spans = [] if not line.strip() or norm(line) in known else _spans(keys, squash(line))
+            texts = {tuple(original[a:b]) for a, b in spans}
+            if len(texts) == 1:
+                out.extend(texts.pop())
+                count += 1
+            else:
+                out.append(line)
+        segments.append(out)
+    return Sketch(segments, sketch.gap_before, sketch.gap_after, sketch.marker_free,
+                  sketch.blank_edges), count
+
+
+def _spans(keys: list[str], target: str) -> list[tuple[int, int]]:
+    """Runs of 2..MAX_JOINED original lines whose squashed text is `target`."""
+    found = []
+    for start, key in enumerate(keys):
+        if not key or not target.startswith(key) or key == target:
+            continue
+        text, end = key, start + 1
+        while end < len(keys) and end - start < MAX_JOINED and len(text) < len(target):
+            text += keys[end]
+            end += 1
+            if text == target and _one_bracketed_statement(keys[start:end]):
+                found.append((start, end))
+                break
+            if not target.startswith(text):
+                break
+    return found
+
+
+_STRING = re.compile(r"\"(?:[^\"\\\\]|\\\\.)*\"|'(?:[^'\\\\]|\\\\.)*'")
+_DEPTH = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
+
+
+def _one_bracketed_statement(keys: list[str]) -> bool:
+    """The lines are one statement held together by brackets: open after every line but
+    the last, balanced after the last (not two statements, nor part of a larger one)."""
+    depth = 0
+    for k, key in enumerate(keys):
+        depth += sum(_DEPTH.get(ch, 0) for ch in _STRING.sub("", key))
+        if depth < 0 or (depth == 0) != (k == len(keys) - 1):
+            return False
+    return True
+
+
+def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
+    """Why the merge is not safe to call ok, or None: every original line with code on it
+    that the merge removes or rewrites must be shown so by the sketch (see the module)."""
+    shown = [[norm(line) for line in segment if line.strip()] for segment in sketch.segments]
+    old = [norm(line) for line in original]
+    new = [norm(line) for line in merged]
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        removed = [line for line in old[i1:i2] if line]
+        if tag == "equal" or not removed:
+            continue
+        added = [line for line in new[j1:j2] if line]
+        if added and all(_COMMENT_ONLY.match(line) for line in added) and len(removed) > 1:
+            return (f"it replaces {len(removed)} lines from line {i1 + 1} "
+                    f"({removed[0][:60]!r}) by only {added[0][:60]!r}: an elision marker "
+                    f"read as code?")
+        if _rewritten(removed, added) and any(_shows(segment, None, added, None, anywhere=True)
+                                              for segment in shown):
+            continue  # each line edited in place, as the sketch shows it
+        before = next((new[j] for j in range(j1 - 1, -1, -1) if new[j]), None)
+        after = next((new[j] for j in range(j2, len(new)) if new[j]), None)
+        if not any(_shows(segment, before, added, after) for segment in shown):
+            return (f"it removes or rewrites line {i1 + 1} ({removed[0][:60]!r}), which the "
+                    f"sketch does not show as deleted or changed")
+    return None
+
+
+def _rewritten(removed: list[str], added: list[str]) -> bool:
+    """Each removed line has an edited version among the added lines, in order (a line
+    rewritten, possibly with lines added around it, as the sketch shows it)."""
+    at = 0
+    for line in removed:
+        at = next((k + 1 for k in range(at, len(added))
+                   if token_similarity(line, added[k]) >= SUB_MIN_SIMILARITY), -1)
+        if at < 0:
+            return False
+    return True
+
+
+def _shows(segment: list[str], before: str | None, added: list[str], after: str | None,
+           anywhere: bool = False) -> bool:
+    """The segment has `before`, then exactly the `added` lines, then `after` (None: the
+    file's start or end, which the segment must reach, unless `anywhere`)."""
+    want = ([before] if before is not None else []) + added + \
+        ([after] if after is not None else [])
+    if not want:
+        return True
+    if not anywhere and before is None and segment[:len(want)] != want:
+        return False
+    if not anywhere and after is None and segment[len(segment) - len(want):] != want:
+        return False
+    size = len(want)
+    return any(segment[k:k + size] == want for k in range(len(segment) - size + 1))
