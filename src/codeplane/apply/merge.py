@@ -425,9 +425,9 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
     if not lead or any(best.ops[k][0] != "drop" for k in lead) \
             or first[1] == 0 or not original[first[1] - 1].strip():
         return None
-    if first[0] == "match" and not trivial(norm(items[content[0]])) \
-            and any(best.ops[k][0] in ("insert", "sub") for k in content):  # type: ignore
-        return None  # an edit with context right after it: the blank line is layout
+    marker = best.ops[rows[0] - 1]
+    if all(original[o].strip() for o in range(marker[1], first[1])):
+        return None  # no blank line it could be: the model's layout, nothing deleted
     return (f"shows a blank line before {items[content[0]].strip()[:60]!r}, where the file "
             f"has {original[first[1] - 1].strip()[:60]!r}: deleted or kept? ambiguous")
 

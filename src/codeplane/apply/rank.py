@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codeplane.apply.speculative import commit
 from codeplane.models.engine import ContextOverflow, LocalModel
 
 CONTEXT = 24  # lines shared before (and scored after) each difference
@@ -66,35 +65,9 @@ def _differences(first: list[str], second: list[str]):
 
 
 def _log_likelihood(model: LocalModel, prefix: list[int], tokens: list[int]) -> float:
-    """Sum of log p(token | everything before it) over `tokens`, after `prefix`. Runs on
-    llama.cpp's batch API with logits on every row, as `speculative.py` verifies drafts
-    (the engine's models keep only the last row's logits); reuses the KV cache's prefix and
-    records what it evaluated, so the engine's prefix reuse stays valid."""
-    import llama_cpp
-
-    llama = model.llama
+    """Sum of log p(token | everything before it) over `tokens`, after `prefix`, scored on
+    the model's KV cache (`models/kv.py`: batch logits, cached prefix reused)."""
     sequence = prefix + tokens
     if len(sequence) >= model.n_ctx:
         raise ContextOverflow(len(sequence), model.n_ctx)
-    keep = min(model.cached_prefix(sequence), len(prefix) - 1) if prefix else 0
-    llama._ctx.kv_cache_seq_rm(-1, keep, -1)
-    llama.n_tokens = keep
-    n_vocab = llama.n_vocab()
-    total = 0.0
-    while llama.n_tokens < len(sequence):
-        at = llama.n_tokens
-        chunk = sequence[at:at + llama.n_batch]
-        # Row r predicts sequence[at + r + 1]; only the rows predicting `tokens` need logits
-        # (the vocabulary projection is a large share of a row's cost).
-        wanted = range(max(0, len(prefix) - 1 - at), min(len(chunk), len(sequence) - 1 - at))
-        llama._batch.set_batch(batch=chunk, n_past=at, logits_all=False)
-        for r in range(len(chunk)):
-            llama._batch.batch.logits[r] = r in wanted
-        llama._ctx.decode(llama._batch)
-        for r in wanted:
-            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama._ctx.ctx, r),
-                                        shape=(n_vocab,)).astype(np.float64)
-            peak = row.max()
-            total += float(row[sequence[at + r + 1]] - peak - np.log(np.exp(row - peak).sum()))
-        commit(llama, chunk)
-    return total
+    return model.kv.score(prefix, tokens)

@@ -5,13 +5,12 @@ excellent draft: find where the output currently is in the original (prompt-look
 propose the next K original tokens, and let one forward pass check them all. Every position of
 that batch needs logits, which `Llama.eval` only keeps with `logits_all=True` (the engine's
 models are created without it, and re-creating them would cost a second copy of the weights),
-so this module drives llama.cpp's batch API directly on the shared `Llama`: eval
-[last token, draft...] with logits on every row, keep the longest prefix the model agrees
-with, and drop the rest from the KV cache. With greedy verification the output is exactly
-what plain greedy decoding would produce; only the number of passes changes.
-
-The bookkeeping (`input_ids`, `n_tokens`) is kept the way `Llama.generate` expects, so the
-engine's automatic KV prefix reuse keeps working for whoever uses the model next.
+so this module verifies through the model's KV cache (`models/kv.py`, which drives
+llama.cpp's batch API on the shared `Llama`): eval [last token, draft...] with logits on
+every row, commit the longest prefix the model agrees with, drop the rest. With greedy
+verification the output is exactly what plain greedy decoding would produce; only the number
+of passes changes. `KVCache` keeps the cache's record the way `Llama.generate` expects, so
+the engine's prefix reuse stays correct for whoever uses the model next.
 """
 
 from __future__ import annotations
@@ -148,18 +147,13 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
     forward pass. A `guide` sees every completed line and may stop the decode (an output
     that can no longer be used costs no more tokens) or force the next lines, which are
     then evaluated as one batch like an accepted draft."""
-    import llama_cpp
-
-    llama = model.llama
+    kv = model.kv
     if len(prompt) + 1 > model.n_ctx:
         raise ContextOverflow(len(prompt), model.n_ctx)
     budget = min(max_tokens, model.n_ctx - len(prompt) - 1)
     start = time.perf_counter()
-    cached = _prefill(llama, prompt)
-    n_vocab = llama.n_vocab()
-    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama._ctx.ctx, -1),
-                                   shape=(n_vocab,))
-    pending = int(np.argmax(logits))
+    cached = kv.prefill(prompt)
+    pending = int(np.argmax(kv.last_logits()))
     prompt_done = time.perf_counter()
     drafter = Drafter(sources)
     history = prompt[-MATCH_CAP:]  # the pre-filled head lines are part of the copy
@@ -183,14 +177,13 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         if verdict is not True:  # forced lines replace everything after out[:keep]
             keep, tokens = verdict
             base = min(keep, committed)
-            if keep + len(tokens) >= budget or keep - base + len(tokens) >= llama.n_batch:
+            if keep + len(tokens) >= budget or keep - base + len(tokens) >= kv.n_batch:
                 break  # no room for the forced lines: truncated ("length")
             began = time.perf_counter()
-            llama.n_tokens -= committed - base
-            llama._ctx.kv_cache_seq_rm(-1, llama.n_tokens, -1)
+            kv.truncate(kv.n_past - (committed - base))
             batch = out[base:keep] + tokens
-            preds = _verify(llama, batch, n_vocab)
-            commit(llama, batch)
+            preds = kv.verify(batch)
+            kv.commit(batch)
             trace.append((len(batch), len(batch) - 1, time.perf_counter() - began))
             out = out[:keep] + tokens
             forced += len(tokens)
@@ -199,19 +192,18 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         if stopping or len(out) >= budget:
             finish = "stop" if stopping else "length"
             break
-        room = min(budget - len(out), model.n_ctx - llama.n_tokens - 1, llama.n_batch - 1)
+        room = min(budget - len(out), model.n_ctx - kv.n_past - 1, kv.n_batch - 1)
         draft = _draft(drafter, history + out, room, acceptance.rate) if speculative else []
         began = time.perf_counter()
-        preds = _verify(llama, [pending, *draft], n_vocab)
+        preds = kv.verify([pending, *draft])
         agreed = _agreement(draft, preds, model.stop_ids)
-        commit(llama, [pending, *draft[:agreed]])
+        kv.commit([pending, *draft[:agreed]])
         trace.append((len(draft) + 1, agreed, time.perf_counter() - began))
         drafted, accepted = drafted + len(draft), accepted + agreed
         out.extend(draft[:agreed])
         drafter.advance(agreed)
         acceptance.add(len(draft), agreed)
         pending, fresh = int(preds[agreed]), agreed + 1
-    llama._requires_eval = True  # logits now belong to our last batch, not to `n_tokens`
     text = model.detokenize(out)
     fence = _END.search(text)
     if fence:
@@ -297,37 +289,6 @@ class _Acceptance:
     @property
     def rate(self) -> float:
         return self.hits / self.tries
-
-
-def _prefill(llama, prompt: list[int]) -> int:
-    """Evaluate the prompt, reusing the longest cached prefix (at least the last prompt token
-    is re-evaluated so its logits are fresh). Returns the number of reused tokens."""
-    keep = min(llama.longest_token_prefix(llama._input_ids.tolist(), prompt), len(prompt) - 1)
-    llama._ctx.kv_cache_seq_rm(-1, keep, -1)
-    llama.n_tokens = keep
-    llama.eval(prompt[keep:])
-    return keep
-
-
-def _verify(llama, batch: list[int], n_vocab: int) -> np.ndarray:
-    """One forward pass over `batch` (appended after `n_tokens`) with logits for every row;
-    returns each row's argmax. `commit` then keeps only the agreed part."""
-    import llama_cpp
-
-    llama._batch.set_batch(batch=batch, n_past=llama.n_tokens, logits_all=True)
-    llama._ctx.decode(llama._batch)
-    rows = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llama._ctx.ctx),
-                                 shape=(len(batch), n_vocab))
-    return rows.argmax(axis=1)
-
-
-def commit(llama, tokens: list[int]) -> None:
-    """Record `tokens` as evaluated (the engine's prefix reuse reads `input_ids`) and drop
-    any rows after them (a rejected draft) from the KV cache."""
-    n_past = llama.n_tokens
-    llama.input_ids[n_past:n_past + len(tokens)] = tokens
-    llama.n_tokens = n_past + len(tokens)
-    llama._ctx.kv_cache_seq_rm(-1, llama.n_tokens, -1)
 
 
 def _agreement(draft: list[int], preds: np.ndarray, stop_ids: set[int]) -> int:

@@ -28,6 +28,7 @@ import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from codeplane.config import Settings
+from codeplane.models.kv import KVCache
 from codeplane.models.pull import ensure_weights
 from codeplane.models.registry import ModelRegistry, ModelSpec
 from codeplane.models.toolcalls import tools_system_note
@@ -104,6 +105,7 @@ class LocalModel:
         self.spec = spec
         self.name = spec.name
         self.n_ctx = self.llama.n_ctx()
+        self.kv = KVCache(self.llama)  # prefix reuse, batch verify, scoring, save/restore
         self.metadata = dict(self.llama.metadata)
         self.chat_template = self.metadata.get("tokenizer.chat_template")
         self._template = _compile_template(self.chat_template) if self.chat_template else None
@@ -187,7 +189,7 @@ class LocalModel:
 
     def cached_prefix(self, tokens: list[int]) -> int:
         """How many leading tokens of `tokens` are already in the KV cache."""
-        return self.llama.longest_token_prefix(self.llama._input_ids.tolist(), tokens)
+        return self.kv.shared_prefix(tokens)
 
     def generate(self, tokens: list[int], sampling: Sampling,
                  cancel: threading.Event | None = None,
