@@ -223,7 +223,7 @@ class _Lines:
     def check(self, out: list[int], stopping: bool) -> bool | tuple[int, list[int]]:
         """True: go on; False: the guide refused a line; (keep, tokens): replace the output
         after out[:keep] by these forced tokens."""
-        if self.guide is None or not stopping and b"\n" not in self.model.llama.detokenize(
+        if self.guide is None or not stopping and "\n" not in self.model.detokenize(
                 out[self.tokens:]):
             return True
         text = self.model.detokenize(out)
