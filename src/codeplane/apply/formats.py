@@ -57,6 +57,13 @@ class Sketch:
     # Blank lines trimmed off each segment's start and end where it touches a marker: the
     # merge may still use them as context (they are layout or context, nobody can tell).
     blank_edges: list[tuple[int, int]] = field(default_factory=list)
+    # Indentation width of the marker(s) before each segment and after the last (None: no
+    # marker there). A marker indented deeper than the code next to it stands for the rest
+    # of the block it is indented as (`merge._open_end`).
+    marker_indents: list[int | None] = field(default_factory=list)
+
+    def marker_indent(self, gap: int) -> int | None:
+        return self.marker_indents[gap] if gap < len(self.marker_indents) else None
 
 
 @dataclass
@@ -192,8 +199,26 @@ def _parse_sketch(lines: list[str], original_lines: list[str]) -> ParsedEdit:
     sketch = Sketch([t for t, _ in kept], gap_before, gap_after, marker_free=markers == 0,
                     blank_edges=[(_leading_blanks(s) - _leading_blanks(t),
                                   _leading_blanks(s[::-1]) - _leading_blanks(t[::-1]))
-                                 for t, s in kept])
+                                 for t, s in kept],
+                    marker_indents=_marker_indents(lines, literal))
     return ParsedEdit("sketch" if markers else "whole", sketch=sketch)
+
+
+def _marker_indents(lines: list[str], literal: set[str]) -> list[int | None]:
+    """The deepest marker indentation in each gap between segments (see `Sketch`)."""
+    indents: list[int | None] = [None]
+    in_content = False
+    for i, line in enumerate(lines):
+        if _elides(lines, i, literal):
+            if in_content:
+                indents.append(None)
+                in_content = False
+            indents[-1] = max(_indent_width(line), indents[-1] or 0)
+        elif line.strip():
+            in_content = True
+    if in_content:
+        indents.append(None)
+    return indents
 
 
 def _leading_blanks(lines: list[str]) -> int:

@@ -53,7 +53,7 @@ def unjoin(original: list[str], sketch: Sketch) -> tuple[Sketch, int]:
                 out.append(line)
         segments.append(out)
     return Sketch(segments, sketch.gap_before, sketch.gap_after, sketch.marker_free,
-                  sketch.blank_edges), count
+                  sketch.blank_edges, sketch.marker_indents), count
 
 
 def _spans(keys: list[str], target: str) -> list[tuple[int, int]]:

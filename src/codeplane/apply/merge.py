@@ -160,7 +160,8 @@ def _merge_both_ways(original: list[str], sketch: Sketch, trivial_edges: bool
     # fits two ways equally well (typically blank lines or repeated lines around an insert).
     mirrored = Sketch([segment[::-1] for segment in reversed(sketch.segments)],
                       sketch.gap_after, sketch.gap_before,
-                      blank_edges=[(b, a) for a, b in reversed(sketch.blank_edges)])
+                      blank_edges=[(b, a) for a, b in reversed(sketch.blank_edges)],
+                      marker_indents=sketch.marker_indents[::-1])
     reverse = _align_and_build(original[::-1], mirrored, sketch.segments[::-1],
                                trivial_edges=trivial_edges)
     if reverse.merged is None:  # the checks are one-sided (a segment's end): mirror them too
@@ -302,7 +303,8 @@ def _check_all(original: list[str], sketch: Sketch, aligner: Aligner, best: Alig
     for number in range(len(sketch.segments)):
         label = f"segment {number + 1} ({_quote(shown[number])})"
         problem = _open_end(original, items, owner, best, number,
-                            number + 1 < len(sketch.segments) or sketch.gap_after) \
+                            number + 1 < len(sketch.segments) or sketch.gap_after,
+                            sketch.marker_indent(number + 1)) \
             or _missing_blank(original, items, owner, best, number) \
             or _open_rewrite(original, items, owner, best, number,
                              number + 1 < len(sketch.segments) or sketch.gap_after) \
@@ -454,7 +456,8 @@ def _blank_context_only(original: list[str], items: list[str | None], owner: lis
 
 
 def _open_end(original: list[str], items: list[str | None], owner: list[int],
-              best: Alignment, number: int, marker_after: bool) -> str | None:
+              best: Alignment, number: int, marker_after: bool,
+              marker_indent: int | None = None) -> str | None:
     """A segment that ends in new lines right before a marker has no closing context, so
     it does not say how far its edit reaches. Two readings are then guesses, and declined:
     deleting original lines (they may be kept), and keeping the block the segment was
@@ -485,6 +488,9 @@ def _open_end(original: list[str], items: list[str | None], owner: list[int],
     out -= len(_indent(items[content[-1]]))  # type: ignore[arg-type]
     base = base[:max(0, len(base) - out)] if out > 0 else base
     touching = follow == after  # no blank line between
+    if marker_indent is not None and len(indent) >= marker_indent \
+            > len(_indent(items[content[-1]])):  # type: ignore[arg-type]
+        return None  # the marker is indented as that block: it stands for the rest, kept
     if indent.startswith(base) and (len(indent) > len(base) or touching):
         return (f"ends with new lines, and the file continues inside the same block "
                 f"({original[follow].strip()[:60]!r}): replaced or kept? ambiguous")
