@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from codeplane.apply.api import apply_edit
+from codeplane.apply.formats import parse_edit
+from codeplane.apply.guard import check
 
 STORE = '''import os
 
@@ -197,3 +199,82 @@ def test_new_stub_body_is_code_not_a_marker() -> None:
 
 def _code(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
+
+
+def test_body_marker_keeps_the_rest_of_the_body_before_new_code() -> None:
+    """The marker is indented as `load`'s body: it stands for the rest of that body, so a
+    new method after it goes below the body, nothing of it replaced."""
+    sketch = """# ... existing code ...
+    def load(self):
+        for name in os.listdir(self.root):
+        # ... existing code ...
+
+    def reload(self):
+        self.items = {}
+        return self.load()
+
+    def save(self, name, text):
+# ... existing code ...
+"""
+    result = apply_edit(STORE, sketch, "store.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == STORE.replace(
+        "    def save(", "    def reload(self):\n        self.items = {}\n"
+        "        return self.load()\n\n    def save(")
+
+
+def test_guard_declines_code_replaced_by_a_comment_or_not_shown() -> None:
+    """The guard on its own (whatever the alignment did): code replaced by nothing but a
+    comment (a marker wording read as code), and code removed at a marker's edge, which
+    the sketch does not show as deleted, are not ok; the right merge is."""
+    original = STORE.splitlines()
+    sketch = parse_edit("""    def load(self):
+        for name in os.listdir(self.root):
+        # (the loop stays as it was)
+        self.loaded = True
+        return dict(self.items)
+# ... existing code ...
+""", original).sketch
+    loop = original.index("        for name in os.listdir(self.root):")
+    as_code = original[:loop + 1] + ["        # (the loop stays as it was)"] + original[loop + 3:]
+    assert "elision marker read as code" in (check(original, sketch, as_code) or "")
+    right = EXPECTED.splitlines()
+    sketch = parse_edit("# ...\n        self.loaded = True\n        return dict(self.items)\n"
+                        "# ...\n", original).sketch
+    assert check(original, sketch, right) is None
+    lost = [line for line in right if "fh.read()" not in line]
+    assert "does not show as deleted" in (check(original, sketch, lost) or "")
+
+
+def test_joined_call_in_context_keeps_the_files_lines() -> None:
+    original = ('def build(root):\n    store = Store(\n        root,\n        cache=True,\n'
+                '    )\n    store.load()\n    return store\n\n\ndef other():\n    pass\n')
+    sketch = ('def build(root):\n    store = Store(root, cache=True)\n    store.load()\n'
+              '    store.check()\n    return store\n# ... existing code ...\n')
+    result = apply_edit(original, sketch, "b.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original.replace("    store.load()\n",
+                                             "    store.load()\n    store.check()\n")
+
+
+def test_context_without_trailing_whitespace_keeps_the_files_bytes() -> None:
+    original = "def f(x):   \n    y = x + 1  \n    return y\n\n\ndef g():\n    pass\n"
+    sketch = "def f(x):\n    y = x + 1\n    return y * 2\n# ... existing code ...\n"
+    result = apply_edit(original, sketch, "f.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original.replace("return y\n", "return y * 2\n")
+
+
+def test_blank_line_added_under_a_marker_is_layout_where_it_can_be_nothing_else() -> None:
+    """No blank line in the code the marker stands for: the sketch's blank line cannot be
+    context for a deletion, so it is the model's layout and nothing is deleted."""
+    sketch = """# ... existing code ...
+
+        self.root = root
+        self.items = {}
+        self.loaded = None
+# ... existing code ...
+"""
+    result = apply_edit(STORE, sketch, "store.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == STORE.replace("self.loaded = False", "self.loaded = None")

@@ -19,15 +19,19 @@ _ELLIPSIS = re.compile(r"(\.\.\.|…)")
 # A marker without an ellipsis is a comment made only of these words, at least one of them
 # saying "unchanged" (`# (unchanged)`, `// existing code here`, `# [previous implementation]`,
 # `# rest of the function unchanged`); any other word makes it prose (`# TODO: the rest`).
-_KEEP_WORDS = frozenset(
-    "existing unchanged rest remaining previous omitted elided snip snipped original "
-    "earlier prior unmodified untouched intact skipped".split())
-_FILLER_WORDS = frozenset(
-    "code the of function functions method methods class classes file module body "
-    "implementation implementations here lines line imports import as before is are kept "
-    "keep stays stay remains remain this that and other others a an in for to more logic "
-    "fields properties attributes tests content contents definitions helpers block loop "
-    "statements stuff goes same above below etc also everything all".split())
+_KEEP_WORDS = frozenset({
+    "existing", "unchanged", "rest", "remaining", "previous", "omitted", "elided", "snip",
+    "snipped", "original", "earlier", "prior", "unmodified", "untouched", "intact", "skipped",
+})
+_FILLER_WORDS = frozenset({
+    "code", "the", "of", "function", "functions", "method", "methods", "class", "classes",
+    "file", "module", "body", "implementation", "implementations", "here", "lines", "line",
+    "imports", "import", "as", "before", "is", "are", "kept", "keep", "stays", "stay",
+    "remains", "remain", "this", "that", "and", "other", "others", "a", "an", "in", "for",
+    "to", "more", "logic", "fields", "properties", "attributes", "tests", "content",
+    "contents", "definitions", "helpers", "block", "loop", "statements", "stuff", "goes",
+    "same", "above", "below", "etc", "also", "everything", "all",
+})
 _WORD = re.compile(r"[a-z]+")
 _BRACKETS = "()[]{}<>.,:;-–—*!"
 _SEARCH = re.compile(r"^\s*<{5,9} ?SEARCH\b")
@@ -112,7 +116,7 @@ def is_marker(line: str) -> bool:
     if _ELLIPSIS.search(text):
         if opened:
             return text.startswith(("...", "…")) or text.endswith(("...", "…")) \
-                or _ELLIPSIS.fullmatch(inner.strip("()[] ")) is not None \
+                or not _ELLIPSIS.sub("", inner).strip(_BRACKETS + " ") \
                 or _elision_words(_ELLIPSIS.sub(" ", inner))
         # Uncommented, `...` is Python's Ellipsis (stub bodies, `def f(): ...`): only a line
         # that starts with it and has words ("... existing code ...") is a marker.

@@ -60,16 +60,17 @@ def _spans(keys: list[str], target: str) -> list[tuple[int, int]]:
     """Runs of 2..MAX_JOINED original lines whose squashed text is `target`."""
     found = []
     for start, key in enumerate(keys):
-        if not key or not target.startswith(key) or key == target:
+        if not key or key == target or not target.startswith(key.rstrip(",")):
             continue
         text, end = key, start + 1
-        while end < len(keys) and end - start < MAX_JOINED and len(text) < len(target):
+        while end < len(keys) and end - start < MAX_JOINED:
             text += keys[end]
             end += 1
-            if text == target and _one_bracketed_statement(keys[start:end]):
+            joined = _TRAILING_COMMA.sub("", text)
+            if joined == target and _one_bracketed_statement(keys[start:end]):
                 found.append((start, end))
                 break
-            if not target.startswith(text):
+            if not target.startswith(joined.rstrip(",")):
                 break
     return found
 

@@ -419,7 +419,10 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
                    best: Alignment, number: int) -> str | None:
     """The sketch shows a blank line between a marker and the segment, but the line before
     the segment's first line is code: that code may have been deleted (the blank
-    line was the only context) or the blank line may be layout. Not guessed."""
+    line was the only context) or the blank line may be layout. Not guessed, unless the
+    first line is context and reading the blank line as context is impossible (no blank
+    line in the marker's stretch) or absurd (it would delete the header of the block the
+    first line is in): models add such blank lines, the merge keeps the file's."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     content = [k for k in rows if items[k].strip()]  # type: ignore[union-attr]
     lead = rows[:rows.index(content[0])] if content else []
@@ -427,11 +430,24 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
     if not lead or any(best.ops[k][0] != "drop" for k in lead) \
             or first[1] == 0 or not original[first[1] - 1].strip():
         return None
+    if first[0] != "match":
+        return _blank_before(items, content[0], original, first)
     marker = best.ops[rows[0] - 1]
-    if all(original[o].strip() for o in range(marker[1], first[1])):
+    blank = max((o for o in range(marker[1], first[1]) if not original[o].strip()),
+                default=None)
+    if blank is None:
         return None  # no blank line it could be: the model's layout, nothing deleted
-    return (f"shows a blank line before {items[content[0]].strip()[:60]!r}, where the file "
-            f"has {original[first[1] - 1].strip()[:60]!r}: deleted or kept? ambiguous")
+    depth = len(_indent(original[first[1]]))
+    if any(line.strip() and len(_indent(line)) < depth
+           for line in original[blank + 1:first[1]]):
+        return None  # as context it would delete the header of the block the segment is in
+    return _blank_before(items, content[0], original, first)
+
+
+def _blank_before(items: list[str | None], k: int, original: list[str], first: tuple) -> str:
+    shown = (items[k] or "").strip()[:60]
+    return (f"shows a blank line before {shown!r}, where the file has "
+            f"{original[first[1] - 1].strip()[:60]!r}: deleted or kept? ambiguous")
 
 
 def _blank_context_only(original: list[str], items: list[str | None], owner: list[int],

@@ -14,8 +14,6 @@ import difflib
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from codeplane.models.engine import ContextOverflow, LocalModel
 
 CONTEXT = 24  # lines shared before (and scored after) each difference
