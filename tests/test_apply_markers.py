@@ -266,15 +266,17 @@ def test_context_without_trailing_whitespace_keeps_the_files_bytes() -> None:
 
 
 def test_blank_line_added_under_a_marker_is_layout_where_it_can_be_nothing_else() -> None:
-    """No blank line in the code the marker stands for: the sketch's blank line cannot be
-    context for a deletion, so it is the model's layout and nothing is deleted."""
+    """Read as context, the blank line would delete `def load(self):` and keep its body:
+    with the segment opening on three context lines in a row, it is the model's layout."""
     sketch = """# ... existing code ...
 
-        self.root = root
-        self.items = {}
-        self.loaded = None
+        for name in os.listdir(self.root):
+            with open(os.path.join(self.root, name)) as fh:
+                self.items[name] = fh.read()
+        self.loaded = True
+        return dict(self.items)
 # ... existing code ...
 """
     result = apply_edit(STORE, sketch, "store.py")
     assert result.ok, result.diagnostics
-    assert result.merged == STORE.replace("self.loaded = False", "self.loaded = None")
+    assert result.merged == EXPECTED

@@ -18,8 +18,10 @@ python-poetry/tomlkit), each edit derived from the real diff in styles seen from
 A style that changes nothing in a case (no header to show, nothing to join) skips it. A
 well-posedness check keeps only cases with one right answer (`well_posed`): every segment's
 leading and trailing context occurs once in the original (whitespace ignored), no marker
-wording occurs in the files, and for the whitespace styles the commit itself changes no
-blank line next to context only (a drifted blank line and a real one look alike).
+wording occurs in the files, the commit does not delete or rewrite the file's first or last
+lines (a sketch reaching the file's edge without a marker reads the same as one whose
+marker was forgotten), and for the whitespace styles the commit itself changes no blank
+line next to context only (a drifted blank line and a real one look alike).
 
 Usage:
   python bench/apply/wild.py build REPO_DIR...   # (re)build the held-out part
@@ -241,6 +243,13 @@ def well_posed(case: dict, sketch: str, maker: Maker) -> bool:
     old, new = maker.old, maker.new
     texts = {line.strip() for line in old + new}
     if any(w in texts or w.strip("# ") in texts for w in maker.used_wordings):
+        return False
+    # Without a marker at an end the sketch reaches the file's edge, and the merge keeps
+    # what lies beyond it (models forget the closing marker): a commit that deletes the
+    # file's last (first) lines reads the same as one with the marker forgotten.
+    ops = [op for g in BA.hunks(old, new, 0) for op in g if op[0] != "equal"]
+    if ops and ops[-1][2] == len(old) and ops[-1][4] == len(new) and ops[-1][1] < ops[-1][2] \
+            or ops and ops[0][1] == 0 and ops[0][3] == 0 and ops[0][1] < ops[0][2]:
         return False
     keys = [squash(line) for line in old]
     nonblank = [i for i, k in enumerate(keys) if k]

@@ -422,7 +422,8 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
     line was the only context) or the blank line may be layout. Not guessed, unless the
     first line is context and reading the blank line as context is impossible (no blank
     line in the marker's stretch) or absurd (it would delete the header of the block the
-    first line is in): models add such blank lines, the merge keeps the file's."""
+    first line is in, while the segment opens with context lines in a row): models add
+    such blank lines, and the merge keeps the file's."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     content = [k for k in rows if items[k].strip()]  # type: ignore[union-attr]
     lead = rows[:rows.index(content[0])] if content else []
@@ -438,10 +439,22 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
     if blank is None:
         return None  # no blank line it could be: the model's layout, nothing deleted
     depth = len(_indent(original[first[1]]))
-    if any(line.strip() and len(_indent(line)) < depth
+    if _anchored_start(original, best, content) and any(
+            line.strip() and len(_indent(line)) < depth
            for line in original[blank + 1:first[1]]):
         return None  # as context it would delete the header of the block the segment is in
     return _blank_before(items, content[0], original, first)
+
+
+def _anchored_start(original: list[str], best: Alignment, content: list[int],
+                    lines: int = 3) -> bool:
+    """The segment's first `lines` non-blank lines are context, in a row in the file (blank
+    lines aside): the segment's place is not in doubt, only the blank line above it."""
+    ops = [best.ops[k] for k in content[:lines]]
+    if len(ops) < lines or any(op[0] != "match" for op in ops):
+        return False
+    return all(not any(line.strip() for line in original[a[1] + 1:b[1]]) and b[1] > a[1]
+               for a, b in zip(ops, ops[1:]))
 
 
 def _blank_before(items: list[str | None], k: int, original: list[str], first: tuple) -> str:
