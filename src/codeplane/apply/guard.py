@@ -21,6 +21,10 @@ from codeplane.apply.align import SUB_MIN_SIMILARITY, norm, token_similarity
 from codeplane.apply.formats import Sketch
 
 MAX_JOINED = 8  # lines of one bracketed statement a model may join onto one line
+# Code replaced by one comment this short reads as an elision marker no recogniser knew
+# (`# (the loop stays as it was)`); a real commit's comment says more (click bc32a92cd2:
+# "# The wrapper must not close a stream it does not own.").
+MARKERISH_WORDS = 7
 _TRAILING_COMMA = re.compile(r",(?=[)\]}])")
 # A line that is only a comment, an ellipsis or `pass`: what an elision marker the
 # recogniser missed looks like once it is read as code.
@@ -102,8 +106,10 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
         if tag == "equal" or not removed:
             continue
         added = [line for line in new[j1:j2] if line]
-        if added and all(_COMMENT_ONLY.match(line) for line in added) and len(removed) > 1:
-            return (f"it replaces {len(removed)} lines from line {i1 + 1} "
+        code = [line for line in removed if not _COMMENT_ONLY.match(line)]
+        if len(added) == 1 and _COMMENT_ONLY.match(added[0]) and len(code) > 1 \
+                and (len(added[0].split()) <= MARKERISH_WORDS or "..." in added[0]):
+            return (f"it replaces {len(code)} lines of code from line {i1 + 1} "
                     f"({removed[0][:60]!r}) by only {added[0][:60]!r}: an elision marker "
                     f"read as code?")
         if _rewritten(removed, added) and any(_shows(segment, None, added, None, anywhere=True)
