@@ -280,3 +280,22 @@ def test_blank_line_added_under_a_marker_is_layout_where_it_can_be_nothing_else(
     result = apply_edit(STORE, sketch, "store.py")
     assert result.ok, result.diagnostics
     assert result.merged == EXPECTED
+
+
+@pytest.mark.parametrize("wording", WORDINGS)
+def test_marker_wording_never_deletes_what_it_stands_for(wording: str) -> None:
+    """No marker at either end, a body marker between two context lines: before the
+    recogniser knew the wording, it was read as a new comment and the `with` block it stands
+    for was deleted with ok: true. Now it merges exactly or declines; never deletes."""
+    sketch = f"""    def load(self):
+        for name in os.listdir(self.root):
+        {wording}
+        self.loaded = True
+        return dict(self.items)
+
+    def save(self, name, text):
+"""
+    result = apply_edit(STORE, sketch, "store.py")
+    if result.ok:
+        assert result.merged == EXPECTED
+    assert "fh.read()" in (result.merged or STORE)
