@@ -90,6 +90,7 @@ def agent_cmd(
         signal.signal(signal.SIGINT, previous)
         record.close()
         chat.close()
+        env.close()
     result.transcript = str(record.path)
     if json_:
         print_json(result.to_dict())
@@ -184,7 +185,10 @@ def tool_cmd(
     if not isinstance(parsed, dict):
         fail("arguments must be a JSON object, e.g. '{\"path\": \"README.md\"}'")
     env = open_environment(path, no_sandbox, network, backend)
-    result = toolset.execute(env, name, parsed, ToolContext(settings=settings(config)))
+    try:
+        result = toolset.execute(env, name, parsed, ToolContext(settings=settings(config)))
+    finally:
+        env.close()
     if json_:
         print_json(result.to_dict())
     else:

@@ -74,6 +74,10 @@ class Environment:
                                      drain_bytes=TOOL_OUTPUT_BYTES)
         return self.workspace.exec(argv, limits, stderr=stderr)
 
+    def close(self) -> None:
+        """Give the workspace back (a pooled backend reuses it)."""
+        self.workspace.close()
+
     def metadata(self) -> dict[str, Any]:
         return {**self.workspace.describe(), "network": self.limits.network,
                 "timeout": self.limits.timeout}
