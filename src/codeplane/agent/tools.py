@@ -4,9 +4,10 @@ ctx), gathered in a `Toolset` (`default_toolset()` builds the standard one).
 `Toolset.execute()` is the only entry point - the agent loop, `codeplane tool`, the server
 and future training environment servers all call it, so arguments, errors and result formats
 are the same everywhere. Tools touch the workspace only through `env.workspace` (read, write,
-stat, list, exec), so they run unchanged on every workspace backend. Tools never raise at the caller: a failure is a result with `ok=False` whose text
-tells the model what to do instead. Results longer than `max_chars` are cut at a line boundary
-with a note saying how much was shown and how to see the rest.
+stat, list, exec), so they run unchanged on every workspace backend. Tools never raise at the
+caller: a failure is a result with `ok=False` whose text tells the model what to do instead.
+Results longer than `max_chars` are cut at a line boundary with a note saying how much was
+shown and how to see the rest.
 """
 
 from __future__ import annotations
@@ -471,8 +472,9 @@ def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[st
             raise ToolError(f"listing files failed ({res.killed})")
         yield from sorted(_strip_dot(p) for p in res.output.split("\0") if p)
         return
-    if _kind(env, base) != "dir":
-        yield env.relative(base)
+    kind = _kind(env, base)
+    if kind != "dir":
+        yield from [env.relative(base)] if kind else []
         return
     for entry in env.workspace.list(base):  # symlinked directories are not entered
         if entry.stat.kind != "dir":
