@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from codeplane.agent.env import local_environment
 from codeplane.cli import app
-from codeplane.sandbox import BwrapRunner, HostRunner, Limits, SandboxUnavailable
+from codeplane.sandbox import BwrapRunner, Limits, SandboxUnavailable
 
 
 @pytest.fixture
@@ -171,7 +171,8 @@ def test_fails_closed_without_bubblewrap(ws: Path, monkeypatch) -> None:
     with pytest.raises(SandboxUnavailable, match="not installed"):
         local_environment(ws)
     env = local_environment(ws, sandbox=False)  # the explicit opt-out works
-    assert isinstance(env.runner, HostRunner) and env.metadata()["sandboxed"] is False
+    assert not env.workspace.sandboxed and env.metadata()["runner"] == "host"
+    assert env.metadata()["sandboxed"] is False
 
 
 def test_agent_and_tool_refuse_without_sandbox_unless_told(ws: Path, tmp_path: Path) -> None:

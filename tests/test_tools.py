@@ -1,5 +1,8 @@
 """Agent tools on real files, real ripgrep/ruff/tree-sitter and a real sandbox; the tool
-scheduler's concurrency rules; `codeplane tool`."""
+scheduler's concurrency rules; `codeplane tool`.
+
+Every test that takes `env` runs once per workspace backend in the table (bwrap, host, and
+whatever is added), so a backend that breaks a tool fails here."""
 
 from __future__ import annotations
 
@@ -13,22 +16,23 @@ import pytest
 from typer.testing import CliRunner
 
 from codeplane.agent import tools as T
-from codeplane.agent.env import LocalEnvironment, local_environment
+from codeplane.agent.env import Environment, local_environment
 from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel
 from codeplane.cli import app
+from codeplane.sandbox import BACKENDS
 
 CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> LocalEnvironment:
+@pytest.fixture(params=list(BACKENDS))
+def env(request, tmp_path: Path) -> Environment:
     root = tmp_path / "repo"
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "calc.py").write_text(CALC)
     (root / "pkg" / "__init__.py").write_text("")
     (root / "README.md").write_text("# demo\nadd and mul\n")
     (root / "web.js").write_text("function ok() { return 1; }\n")
-    return local_environment(root)
+    return local_environment(root, backend=request.param)
 
 
 def run(env, name, **args) -> T.ToolResult:
@@ -36,12 +40,12 @@ def run(env, name, **args) -> T.ToolResult:
 
 
 def test_registry_has_the_conventional_tools() -> None:
-    names = {s["function"]["name"] for s in T.schemas()}
+    names = {s["function"]["name"] for s in T.default_toolset().schemas()}
     assert names == {"read_file", "list_dir", "file_search", "grep", "codebase_search",
                      "edit_file", "create_file", "delete_file", "read_lints",
                      "run_terminal_cmd", "todo_write"}
     props = {s["function"]["name"]: s["function"]["parameters"]["properties"]
-             for s in T.schemas()}
+             for s in T.default_toolset().schemas()}
     assert {"old_string", "new_string", "path"} <= set(props["edit_file"])
     assert "command" in props["run_terminal_cmd"] and "todos" in props["todo_write"]
     assert "pattern" in props["grep"] and "query" in props["codebase_search"]
@@ -217,11 +221,11 @@ def test_lints_and_grep_without_sandbox_run_the_same_programs(env) -> None:
     assert "invalid regular expression" in bad.output or "no matches" in bad.output
 
 
-def test_run_terminal_cmd_is_sandboxed(env) -> None:
+def test_run_terminal_cmd_runs_in_the_workspace(env) -> None:
     res = run(env, "run_terminal_cmd", command="python -c 'import pkg.calc; print(1)'; exit 3")
     assert res.output.splitlines() == ["$ python -c 'import pkg.calc; print(1)'; exit 3", "1",
                                        "[exit code 3]"]
-    assert res.data["sandboxed"] and res.data["exit_code"] == 3
+    assert res.data["sandboxed"] is env.workspace.sandboxed and res.data["exit_code"] == 3
     slow = run(env, "run_terminal_cmd", command="sleep 20", timeout=1)
     assert slow.output.endswith("[killed: timeout after 1s]")
 
@@ -263,7 +267,7 @@ def test_argument_errors_are_results_not_crashes(env) -> None:
 
 def test_conflict_rules(env) -> None:
     def c(a, b):
-        return T.conflicts(env, a, b)
+        return T.default_toolset().conflicts(env, a, b)
     read_a, read_b = ("read_file", {"path": "pkg/calc.py"}), ("grep", {"pattern": "x"})
     edit_a = ("edit_file", {"path": "pkg/calc.py"})
     edit_other = ("create_file", {"path": "README.md"})
@@ -275,8 +279,8 @@ def test_conflict_rules(env) -> None:
 
 
 @pytest.fixture
-def slow_tools():
-    """Two extra registry entries whose work takes a measurable time."""
+def slow_tools() -> tuple[T.Toolset, list]:
+    """The standard tools plus two whose work takes a measurable time, and their log."""
     log: list[tuple[str, float, float]] = []
 
     def slow(env, args, ctx):
@@ -286,10 +290,9 @@ def slow_tools():
         return f"done {args['path']}", {}
 
     props = {"path": {"type": "string"}}
-    T.TOOLS["slow_read"] = T.Tool("slow_read", "", props, ("path",), slow, "read")
-    T.TOOLS["slow_write"] = T.Tool("slow_write", "", props, ("path",), slow, "write")
-    yield log
-    del T.TOOLS["slow_read"], T.TOOLS["slow_write"]
+    return T.default_toolset().with_tools(
+        T.Tool("slow_read", "", props, ("path",), slow, "read"),
+        T.Tool("slow_write", "", props, ("path",), slow, "write")), log
 
 
 def _calls(*pairs):
@@ -298,24 +301,26 @@ def _calls(*pairs):
 
 
 def test_parallel_calls_run_concurrently_and_keep_call_order(env, slow_tools) -> None:
-    agent = Agent(HttpChatModel("http://127.0.0.1:9/v1", "unused"), env)
+    toolset, _ = slow_tools
+    agent = Agent(HttpChatModel("http://127.0.0.1:9/v1", "unused"), env, toolset=toolset)
     start = time.monotonic()
     results = agent._execute(1, _calls(*[("slow_read", f"f{i}") for i in range(4)]))
     assert time.monotonic() - start < 0.9  # serial would be 1.2 s
     assert [r.output for r in results] == ["done f0", "done f1", "done f2", "done f3"]
     serial = Agent(HttpChatModel("http://127.0.0.1:9/v1", "unused"), env,
-                   AgentConfig(parallel=False))
+                   AgentConfig(parallel=False), toolset=toolset)
     start = time.monotonic()
     serial._execute(1, _calls(*[("slow_read", f"f{i}") for i in range(4)]))
     assert time.monotonic() - start >= 1.2
 
 
 def test_calls_touching_the_same_file_serialize(env, slow_tools) -> None:
-    agent = Agent(HttpChatModel("http://127.0.0.1:9/v1", "unused"), env)
+    toolset, log = slow_tools
+    agent = Agent(HttpChatModel("http://127.0.0.1:9/v1", "unused"), env, toolset=toolset)
     agent._execute(1, _calls(("slow_write", "a.py"), ("slow_read", "a.py"),
                              ("slow_write", "b.py")))
     spans = {p: [] for p in ("a.py", "b.py")}
-    for path, start, end in slow_tools:
+    for path, start, end in log:
         spans[path].append((start, end))
     (_, w_end), (r_start, _) = sorted(spans["a.py"])
     assert r_start >= w_end  # the read of a.py waited for the write of a.py
@@ -325,7 +330,8 @@ def test_calls_touching_the_same_file_serialize(env, slow_tools) -> None:
 def test_tool_command(env) -> None:
     runner = CliRunner()
     res = runner.invoke(app, ["tool", "read_file", '{"path": "pkg/calc.py", "end_line": 1}',
-                              "--path", str(env.root), "--json"])
+                              "--path", str(env.root), "--json", "--backend",
+                              env.metadata()["runner"]])
     assert res.exit_code == 0
     body = json.loads(res.output)
     assert body["ok"] and "\ndef add(a, b):\n[lines 2-6 not shown" in body["output"]
@@ -338,6 +344,12 @@ def test_tool_command(env) -> None:
     assert res.exit_code == 2 and "unknown tool" in res.output
     listed = json.loads(runner.invoke(app, ["tool", "--json"]).output)
     assert len(listed) == 11
+    res = runner.invoke(app, ["tool", "list_dir", "{}", "--path", str(env.root), "--backend",
+                              "nosuch"])
+    assert res.exit_code == 2 and "unknown workspace backend 'nosuch'" in res.output
+    res = runner.invoke(app, ["tool", "list_dir", "{}", "--path", str(env.root),
+                              "--backend", "bwrap", "--no-sandbox"])
+    assert res.exit_code == 2 and "cannot be combined" in res.output
 
 
 def test_tool_results_are_thread_safe_under_load(env) -> None:

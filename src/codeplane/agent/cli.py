@@ -1,5 +1,5 @@
 """`codeplane agent "TASK"` and `codeplane tool NAME 'JSON_ARGS'`: thin layers over the loop
-and the tool registry. Progress streams with Rich; `--json` prints only the result object."""
+and the standard toolset. Progress streams with Rich; `--json` prints only the result object."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import typer
 from rich.syntax import Syntax
 
-from codeplane.agent.env import LocalEnvironment, ToolError, local_environment
+from codeplane.agent.env import Environment, ToolError, local_environment
 from codeplane.agent.loop import Agent, AgentConfig, Event, HttpChatModel, Transcript
-from codeplane.agent.tools import TOOLS, ToolContext, execute
+from codeplane.agent.tools import ToolContext, default_toolset
 from codeplane.clikit import (
     ConfigOption,
     JsonOption,
@@ -24,19 +24,25 @@ from codeplane.clikit import (
     server_url,
     settings,
 )
-from codeplane.sandbox import SandboxUnavailable
+from codeplane.sandbox import BACKENDS, SandboxUnavailable
 
 PathOption = Annotated[Path, typer.Option("--path", help="Workspace directory (default: .).")]
 NoSandbox = Annotated[bool, typer.Option(
     "--no-sandbox", help="Run commands directly on the host, without bubblewrap (unsafe).")]
 Network = Annotated[bool, typer.Option(
     "--network", help="Allow network access inside the sandbox (default: none).")]
+BackendOption = Annotated[str | None, typer.Option(
+    "--backend", help=f"Workspace backend: {', '.join(BACKENDS)} (default: bwrap; "
+                      "--no-sandbox means host).")]
 
 
-def open_environment(path: Path, no_sandbox: bool, network: bool = False) -> LocalEnvironment:
+def open_environment(path: Path, no_sandbox: bool, network: bool = False,
+                     backend: str | None = None) -> Environment:
+    if no_sandbox and backend not in (None, "host"):
+        fail(f"--no-sandbox runs on the host; it cannot be combined with --backend {backend}")
     try:
         return local_environment(path.expanduser().resolve(), sandbox=not no_sandbox,
-                                 network=network)
+                                 network=network, backend=backend)
     except (SandboxUnavailable, ToolError) as exc:
         fail(f"{exc}" if isinstance(exc, ToolError) else f"refusing to run: {exc}")
 
@@ -59,11 +65,12 @@ def agent_cmd(
     serial: Annotated[bool, typer.Option(help="Run a turn's tool calls one by one.")] = False,
     no_sandbox: NoSandbox = False,
     network: Network = False,
+    backend: BackendOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Give the coding agent a task; it reads, searches, edits and runs commands until done."""
     cfg = settings(config)
-    env = open_environment(path, no_sandbox, network)
+    env = open_environment(path, no_sandbox, network, backend)
     if not task.strip():
         fail("task is empty")
     name = model or cfg.agent.get("model", "code-medium")
@@ -74,7 +81,7 @@ def agent_cmd(
     agent.listeners.append(record)
     if not json_:
         agent.listeners.append(_show)
-        if not env.runner.sandboxed:
+        if not env.workspace.sandboxed:
             console.print("[bold yellow]warning:[/] commands run unsandboxed on the host")
     previous = signal.signal(signal.SIGINT, lambda *_: _cancel(agent, previous))
     try:
@@ -83,6 +90,7 @@ def agent_cmd(
         signal.signal(signal.SIGINT, previous)
         record.close()
         chat.close()
+        env.close()
     result.transcript = str(record.path)
     if json_:
         print_json(result.to_dict())
@@ -156,26 +164,31 @@ def tool_cmd(
     json_: JsonOption = False,
     no_sandbox: NoSandbox = False,
     network: Network = False,
+    backend: BackendOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Execute one agent tool exactly as the agent would (for debugging and environments)."""
+    toolset = default_toolset()
     if name is None:
         if json_:
-            print_json([t.schema() for t in TOOLS.values()])
-        for spec in [] if json_ else TOOLS.values():
+            print_json(toolset.schemas())
+        for spec in [] if json_ else toolset.tools.values():
             console.print(f"[cyan]{spec.name}[/]({', '.join(spec.properties)}): "
                           f"{spec.description}", highlight=False)
         return
-    if name not in TOOLS:
-        fail(f"unknown tool {name!r}; available: {', '.join(TOOLS)}")
+    if name not in toolset:
+        fail(f"unknown tool {name!r}; available: {', '.join(toolset.tools)}")
     try:
         parsed = json.loads(args)
     except ValueError as exc:
         fail(f"arguments are not valid JSON: {exc}")
     if not isinstance(parsed, dict):
         fail("arguments must be a JSON object, e.g. '{\"path\": \"README.md\"}'")
-    env = open_environment(path, no_sandbox, network)
-    result = execute(env, name, parsed, ToolContext(settings=settings(config)))
+    env = open_environment(path, no_sandbox, network, backend)
+    try:
+        result = toolset.execute(env, name, parsed, ToolContext(settings=settings(config)))
+    finally:
+        env.close()
     if json_:
         print_json(result.to_dict())
     else:

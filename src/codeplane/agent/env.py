@@ -1,9 +1,9 @@
-"""The Environment every tool runs against: a workspace root plus a command runner.
+"""The Environment every tool runs against: a `Workspace` (any backend) plus command limits.
 
 One interface for the product and for RL training: `codeplane agent`, `codeplane tool`, the
-server's agent runs and future training environment servers all build a `LocalEnvironment` and
-call the same tool functions on it. Paths given by the model are resolved here and refused if
-they (or any symlink along them) lead outside the workspace.
+server's agent runs and future training environment servers all build an `Environment` on a
+workspace and call the same `Toolset` on it. Paths given by the model are resolved here and
+refused if they (or any symlink along them) lead outside the workspace.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from codeplane.sandbox import BwrapRunner, CommandResult, HostRunner, Limits, Runner
-from codeplane.sandbox.files import Refused, confine
+from codeplane.sandbox import CommandResult, Limits, Workspace, open_workspace
+from codeplane.sandbox.files import Refused
+from codeplane.sandbox.workspace import DEFAULT_BACKEND, UnknownBackend
 
 TOOL_OUTPUT_BYTES = 64 << 20  # what a trusted tool (rg, ruff) may print before it is killed
 
@@ -23,27 +24,13 @@ class ToolError(Exception):
     """A tool cannot do what was asked; the message goes back to the model verbatim."""
 
 
-class Environment(Protocol):
-    root: Path
-    limits: Limits
+class Environment:
+    """A workspace as the tools see it: model-given paths resolved and confined, commands
+    run under this run's limits."""
 
-    def resolve(self, path: str, write: bool = False) -> Path: ...
-
-    def run(self, command: str, timeout: float | None = None,
-            cancel: threading.Event | None = None) -> CommandResult: ...
-
-    def exec(self, argv: list[str], timeout: float = 60, stderr: bool = False
-             ) -> CommandResult: ...
-
-    def metadata(self) -> dict[str, Any]: ...
-
-
-class LocalEnvironment:
-    """A directory on this machine; commands go through `runner` (bubblewrap by default)."""
-
-    def __init__(self, root: Path, runner: Runner, limits: Limits | None = None) -> None:
-        self.root = root.resolve()
-        self.runner = runner
+    def __init__(self, workspace: Workspace, limits: Limits | None = None) -> None:
+        self.workspace = workspace
+        self.root = workspace.root
         self.limits = limits or Limits()
 
     def resolve(self, path: str, write: bool = False) -> Path:
@@ -58,7 +45,7 @@ class LocalEnvironment:
         if str(raw).startswith(inner):  # small models drop the leading "/" of the root
             raw = Path(str(raw)[len(inner):])
         try:
-            real = confine(self.root, raw)
+            real = self.workspace.real(raw)
         except Refused as exc:
             raise ToolError(f"{exc}; only files under {self.root} are accessible") from None
         git = self.root / ".git"
@@ -74,7 +61,7 @@ class LocalEnvironment:
         limits = self.limits
         if timeout is not None:
             limits = dataclasses.replace(limits, timeout=min(timeout, limits.timeout))
-        return self.runner.run(command, self.root, limits, cancel)
+        return self.workspace.exec(command, limits, cancel)
 
     def exec(self, argv: list[str], timeout: float = 60, stderr: bool = False
              ) -> CommandResult:
@@ -85,19 +72,30 @@ class LocalEnvironment:
         limits = dataclasses.replace(self.limits, timeout=min(timeout, self.limits.timeout),
                                      output_bytes=TOOL_OUTPUT_BYTES,
                                      drain_bytes=TOOL_OUTPUT_BYTES)
-        return self.runner.exec(argv, self.root, limits, stderr)
+        return self.workspace.exec(argv, limits, stderr=stderr)
+
+    def close(self) -> None:
+        """Give the workspace back (a pooled backend reuses it)."""
+        self.workspace.close()
 
     def metadata(self) -> dict[str, Any]:
-        return {"root": str(self.root), "sandboxed": self.runner.sandboxed,
-                **self.runner.describe(), "network": self.limits.network,
+        return {**self.workspace.describe(), "network": self.limits.network,
                 "timeout": self.limits.timeout}
 
 
+LocalEnvironment = Environment  # the name callers before the Workspace interface import
+
+
 def local_environment(root: Path, sandbox: bool = True, network: bool = False,
-                      timeout: float = 120.0) -> LocalEnvironment:
-    """The default environment. Fails closed: raises SandboxUnavailable if bubblewrap cannot
-    run, unless the caller explicitly asked for `sandbox=False` (--no-sandbox)."""
+                      timeout: float = 120.0, backend: str | None = None) -> Environment:
+    """The environment for a directory on this machine, on `backend` (default bwrap;
+    `sandbox=False` means host, as --no-sandbox asks). Fails closed: raises
+    SandboxUnavailable if bubblewrap cannot run."""
     if not root.is_dir():
         raise ToolError(f"workspace {root} is not a directory")
-    runner: Runner = BwrapRunner(root, network=network) if sandbox else HostRunner(root)
-    return LocalEnvironment(root, runner, Limits(network=network, timeout=timeout))
+    name = backend or (DEFAULT_BACKEND if sandbox else "host")
+    try:
+        workspace = open_workspace(root, name, network)
+    except UnknownBackend as exc:
+        raise ToolError(str(exc)) from None
+    return Environment(workspace, Limits(network=network, timeout=timeout))

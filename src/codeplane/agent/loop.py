@@ -42,14 +42,13 @@ from codeplane.agent.prompts import (
 )
 from codeplane.agent.tools import (
     CORE,
-    TOOLS,
     ToolContext,
     ToolResult,
-    conflicts,
-    execute,
+    Toolset,
+    default_toolset,
     list_files,
     mentioned,
-    schemas,
+    shown_text,
     syntax_errors,
 )
 from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling, Turn, TurnBuilder
@@ -171,15 +170,17 @@ class Agent:
     def __init__(self, model: ChatModel, env: Environment, config: AgentConfig | None = None,
                  on_event: Callable[[Event], None] | None = None,
                  cancel: threading.Event | None = None, settings: Any = None,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, toolset: Toolset | None = None) -> None:
         self.model, self.env = model, env
+        self.toolset = toolset or default_toolset()
         self.config = config or AgentConfig()
         self.cancel = cancel or threading.Event()
         self.ctx = ToolContext(settings=settings, cancel=self.cancel,
                                read_before_edit=self.config.read_before_edit)
         self.listeners = [on_event] if on_event else []
         self.run_id = run_id or uuid.uuid4().hex[:16]
-        self.tools = schemas(CORE, core=True) if self.config.toolset == "core" else schemas()
+        self.tools = (self.toolset.schemas(CORE, core=True) if self.config.toolset == "core"
+                      else self.toolset.schemas())
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._failed_writes = 0
@@ -277,7 +278,7 @@ class Agent:
         Secret files (`.env`, keys, credentials) are never pre-read: the prompt leaves this
         machine when the model is a provider, and a task naming `id_rsa` is no consent."""
         named = [f for f in mentioned(task, files) if not _SECRET_FILES.match_file(f)]
-        parts = [execute(self.env, "read_file", {"path": path}, self.ctx,
+        parts = [self.toolset.execute(self.env, "read_file", {"path": path}, self.ctx,
                          self.config.max_result_chars).output
                  for path in named[: self.config.preread]]
         parts = [p for p in parts if _PRIVATE_KEY not in p]
@@ -362,8 +363,8 @@ class Agent:
                 t["function"]["name"] for t in self.tools}:
             return []
         names = set(_DEFINES.findall(blocks[0]))
-        owners = sorted(self.env.relative(p) for p in self.ctx.seen if p.is_file()
-                        and names & set(_DEFINES.findall(p.read_text(errors="replace"))))
+        owners = sorted(self.env.relative(p) for p in self.ctx.seen
+                        if names & set(_DEFINES.findall(shown_text(self.env, p) or "")))
         if len(owners) != 1:
             return []
         args = json.dumps({"path": owners[0], "code_edit": blocks[0]})
@@ -395,8 +396,9 @@ class Agent:
             why = ("every edit you tried failed" if self._failed_writes
                    else "you have not edited any file")
             return NOTHING_CHANGED.format(why=why), True
-        errors = [e for p in sorted(self.ctx.written) if p.is_file()
-                  for e in syntax_errors(p, None, self.env.relative(p))]
+        errors = [e for p in sorted(self.ctx.written)
+                  if (source := shown_text(self.env, p)) is not None
+                  for e in syntax_errors(p, source, self.env.relative(p))]
         if errors:
             return BROKEN.format(errors="\n".join(errors[:5])), True
         if self._needs_check():
@@ -423,7 +425,7 @@ class Agent:
             elif len(run) < self.config.max_calls_per_turn:
                 run.append(i)
                 first[key] = i
-                spec = TOOLS.get(calls[i]["function"]["name"])
+                spec = self.toolset.get(calls[i]["function"]["name"])
                 if spec is not None and spec.access in ("write", "exec"):
                     first = {}
         results = dict(zip(run, self._execute(step, [calls[i] for i in run]), strict=True))
@@ -454,10 +456,11 @@ class Agent:
         if not self.config.parallel:
             return [self._one(step, i, c, parsed[i]) for i, c in enumerate(calls)]
         futures: list[Future] = [Future() for _ in calls]
-        deps = [[futures[j] for j in range(i) if conflicts(self.env, parsed[j], parsed[i])]
+        deps = [[futures[j] for j in range(i)
+                 if self.toolset.conflicts(self.env, parsed[j], parsed[i])]
                 for i in range(len(calls))]
         inline = [i for i, (name, _) in enumerate(parsed)
-                  if name not in TOOLS or TOOLS[name].inline]
+                  if (spec := self.toolset.get(name)) is None or spec.inline]
         for i in range(len(calls)):
             if i not in inline:
                 self._workers().submit(self._settle, futures[i], deps[i], step, i, calls[i],
@@ -484,8 +487,10 @@ class Agent:
         name, args = parsed
         base = {"step": step, "index": index, "call_id": call.get("id", ""), "name": name}
         self.emit({"type": "tool_start", **base, "arguments": args})
-        result = execute(self.env, name, args, self.ctx, self.config.max_result_chars)
-        if not result.ok and name in TOOLS and TOOLS[name].access == "write":
+        result = self.toolset.execute(self.env, name, args, self.ctx,
+                                      self.config.max_result_chars)
+        spec = self.toolset.get(name)
+        if not result.ok and spec is not None and spec.access == "write":
             self._failed_writes += 1
         self.emit({"type": "tool_result", **base, **result.to_dict()})
         return result

@@ -75,6 +75,7 @@ class Run:
             self._fail(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             model.close()
+            self.agent.env.close()  # a pooled workspace goes back to its pool
 
     def _fail(self, error: str) -> None:
         agent = self.agent

@@ -1,10 +1,13 @@
-"""The agent's tools: one registry, JSON-schema'd, each a function of (Environment, args, ctx).
+"""The agent's tools: `Tool` objects, JSON-schema'd, each a function of (Environment, args,
+ctx), gathered in a `Toolset` (`default_toolset()` builds the standard one).
 
-`execute()` is the only entry point - the agent loop, `codeplane tool`, the server and future
-training environment servers all call it, so arguments, errors and result formats are the same
-everywhere. Tools never raise at the caller: a failure is a result with `ok=False` whose text
-tells the model what to do instead. Results longer than `max_chars` are cut at a line boundary
-with a note saying how much was shown and how to see the rest.
+`Toolset.execute()` is the only entry point - the agent loop, `codeplane tool`, the server
+and future training environment servers all call it, so arguments, errors and result formats
+are the same everywhere. Tools touch the workspace only through `env.workspace` (read, write,
+stat, list, exec), so they run unchanged on every workspace backend. Tools never raise at the
+caller: a failure is a result with `ok=False` whose text tells the model what to do instead.
+Results longer than `max_chars` are cut at a line boundary with a note saying how much was
+shown and how to see the rest.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import base64
 import difflib
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -20,21 +24,14 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from codeplane.agent.env import Environment, ToolError
-from codeplane.sandbox.files import (
-    Refused,
-    TextFile,
-    TooLarge,
-    decode,
-    read_bytes,
-    remove,
-    write_atomic,
-)
+from codeplane.sandbox.files import Refused, TextFile, TooLarge, decode
+from codeplane.sandbox.workspace import FileStat
 
 MAX_CHARS = 8000
 MAX_FILE_BYTES = 8 << 20  # larger files are refused before reading (logs, data, sparse files)
@@ -106,17 +103,14 @@ class Tool:
                                                  "parameters": params}}
 
 
-TOOLS: dict[str, Tool] = {}
-
-
 def tool(name: str, description: str, properties: dict[str, Any], required: tuple[str, ...],
          access: str, more: str = "narrow the request",
-         inline: bool = False) -> Callable[[Impl], Impl]:
-    def register(impl: Impl) -> Impl:
-        TOOLS[name] = Tool(name, description, properties, required, impl, access, more,
-                           inline)
-        return impl
-    return register
+         inline: bool = False) -> Callable[[Impl], Tool]:
+    """Turns an implementation into a `Tool` (nothing is registered anywhere: a `Toolset`
+    lists the tools it offers)."""
+    def make(impl: Impl) -> Tool:
+        return Tool(name, description, properties, required, impl, access, more, inline)
+    return make
 
 
 # The "core" set for small local models: fewer tools and arguments to choose from.
@@ -125,14 +119,65 @@ CORE = ["read_file", "list_dir", "grep", "edit_file", "create_file", "delete_fil
 _ADVANCED = ("code_edit", "case_sensitive")  # optional arguments the core set leaves out
 
 
-def schemas(names: list[str] | None = None, core: bool = False) -> list[dict[str, Any]]:
-    out = [TOOLS[n].schema() for n in (names or list(TOOLS))]
-    if core:
-        for fn in (s["function"] for s in out):
-            props = fn["parameters"]["properties"]
-            fn["parameters"]["properties"] = {k: v for k, v in props.items()
-                                              if k not in _ADVANCED}
-    return out
+class Toolset:
+    """The tools one agent, command or environment server offers, by name."""
+
+    def __init__(self, tools: Iterable[Tool]) -> None:
+        self.tools = {t.name: t for t in tools}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tools
+
+    def get(self, name: str) -> Tool | None:
+        return self.tools.get(name)
+
+    def with_tools(self, *extra: Tool) -> Toolset:
+        """This set plus (or with replaced) `extra` tools."""
+        return Toolset([*self.tools.values(), *extra])
+
+    def schemas(self, names: list[str] | None = None,
+                core: bool = False) -> list[dict[str, Any]]:
+        out = [self.tools[n].schema() for n in (names or list(self.tools))]
+        if core:
+            for fn in (s["function"] for s in out):
+                props = fn["parameters"]["properties"]
+                fn["parameters"]["properties"] = {k: v for k, v in props.items()
+                                                  if k not in _ADVANCED}
+        return out
+
+    def execute(self, env: Environment, name: str, args: dict[str, Any] | str,
+                ctx: ToolContext | None = None, max_chars: int = MAX_CHARS) -> ToolResult:
+        """Run one tool call exactly as the agent would."""
+        start = time.monotonic()
+        ctx = ctx or ToolContext()
+        spec = self.tools.get(name)
+        try:
+            if spec is None:
+                raise ToolError(f"unknown tool {name!r}; available: {', '.join(self.tools)}")
+            text, data = spec.impl(env, _check_args(spec, args), ctx)
+            ok = True
+        except ToolError as exc:
+            text, data, ok = f"error: {exc}", {}, False
+        except Exception as exc:  # noqa: BLE001 - a tool bug must not kill the agent loop
+            text, data, ok = f"error: {name} failed: {type(exc).__name__}: {exc}", {}, False
+        text, cut = truncate(text, max_chars, spec.more if spec else "")
+        return ToolResult(name, ok, text, round(time.monotonic() - start, 4), cut, data)
+
+    def conflicts(self, env: Environment, a: tuple[str, dict], b: tuple[str, dict]) -> bool:
+        """Must call b wait for call a? Writes to overlapping paths and commands
+        serialize."""
+        ta, tb = self.tools.get(a[0]), self.tools.get(b[0])
+        if ta is None or tb is None:
+            return False
+        kinds = {ta.access, tb.access}
+        if "state" in kinds:
+            return kinds == {"state"}
+        if kinds == {"read"}:
+            return False
+        if "exec" in kinds:  # a command may touch any file: it is a barrier
+            return True
+        pa, pb = _touched(env, a[1]), _touched(env, b[1])
+        return pa is None or pb is None or pa == pb or pa in pb.parents or pb in pa.parents
 
 
 def mentioned(text: str, files: list[str]) -> list[str]:
@@ -162,26 +207,6 @@ def _missing(env: Environment, given: str) -> ToolError:
     return ToolError(f"{given} does not exist{hint}")
 
 
-def execute(env: Environment, name: str, args: dict[str, Any] | str,
-            ctx: ToolContext | None = None, max_chars: int = MAX_CHARS) -> ToolResult:
-    """Run one tool call exactly as the agent would."""
-    start = time.monotonic()
-    ctx = ctx or ToolContext()
-    try:
-        spec = TOOLS.get(name)
-        if spec is None:
-            raise ToolError(f"unknown tool {name!r}; available: {', '.join(TOOLS)}")
-        text, data = spec.impl(env, _check_args(spec, args), ctx)
-        ok = True
-    except ToolError as exc:
-        text, data, ok = f"error: {exc}", {}, False
-    except Exception as exc:  # noqa: BLE001 - a tool bug must not kill the agent loop
-        text, data, ok = f"error: {name} failed: {type(exc).__name__}: {exc}", {}, False
-    more = TOOLS[name].more if name in TOOLS else ""
-    text, cut = truncate(text, max_chars, more)
-    return ToolResult(name, ok, text, round(time.monotonic() - start, 4), cut, data)
-
-
 def truncate(text: str, limit: int, more: str = "narrow the request") -> tuple[str, bool]:
     if len(text) <= limit:
         return text, False
@@ -191,22 +216,6 @@ def truncate(text: str, limit: int, more: str = "narrow the request") -> tuple[s
     shown, total = head.count("\n") + 1, text.count("\n") + 1
     return (f"{head}\n[truncated: showed {len(head)} of {len(text)} characters "
             f"({shown} of {total} lines); {more}]"), True
-
-
-def conflicts(env: Environment, a: tuple[str, dict], b: tuple[str, dict]) -> bool:
-    """Must call b wait for call a? Writes to overlapping paths and commands serialize."""
-    ta, tb = TOOLS.get(a[0]), TOOLS.get(b[0])
-    if ta is None or tb is None:
-        return False
-    kinds = {ta.access, tb.access}
-    if "state" in kinds:
-        return kinds == {"state"}
-    if kinds == {"read"}:
-        return False
-    if "exec" in kinds:  # a command may touch any file: it is a barrier
-        return True
-    pa, pb = _touched(env, a[1]), _touched(env, b[1])
-    return pa is None or pb is None or pa == pb or pa in pb.parents or pb in pa.parents
 
 
 def _touched(env: Environment, args: dict) -> Path | None:
@@ -257,9 +266,10 @@ PATH = {"type": "string", "description": "Path relative to the workspace root."}
       ("path",), "read", "call read_file with start_line/end_line for the rest", inline=True)
 def read_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args["path"])
-    if path.is_dir():
+    kind = _kind(env, path)
+    if kind == "dir":
         raise ToolError(f"{args['path']} is a directory; use list_dir")
-    if not path.exists():
+    if kind is None:
         raise _missing(env, args["path"])
     fmt = _text(env, path)
     lines = _lines(fmt.shown)
@@ -292,16 +302,16 @@ def _lines(text: str) -> list[str]:
       (), "read", "list a sub-directory", inline=True)
 def list_dir(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args.get("path") or ".")
-    if not path.is_dir():
+    if _kind(env, path) != "dir":
         raise ToolError(f"{args.get('path')} is not a directory")
     rows = []
-    for entry in sorted(path.iterdir(), key=lambda p: (not p.is_dir(), p.name)):
-        if entry.is_symlink():
-            rows.append(f"{entry.name} -> {os.readlink(entry)}")
-        elif entry.is_dir():
+    for entry in sorted(env.workspace.list(path), key=lambda e: (e.stat.kind != "dir", e.name)):
+        if entry.stat.kind == "symlink":
+            rows.append(f"{entry.name} -> {entry.stat.target}")
+        elif entry.stat.kind == "dir":
             rows.append(f"{entry.name}/")
         else:
-            rows.append(f"{entry.name} ({entry.stat().st_size} bytes)")
+            rows.append(f"{entry.name} ({entry.stat.size} bytes)")
     return f"{env.relative(path)}:\n" + ("\n".join(rows) or "(empty)"), {"entries": len(rows)}
 
 
@@ -383,7 +393,7 @@ def grep(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
 
 def _is_file(env: Environment, rel: str) -> bool:
     try:
-        return env.resolve(rel).is_file()
+        return _kind(env, env.resolve(rel)) == "file"
     except (ToolError, ValueError, OSError):  # outside the workspace, or not a path at all
         return False
 
@@ -462,13 +472,15 @@ def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[st
             raise ToolError(f"listing files failed ({res.killed})")
         yield from sorted(_strip_dot(p) for p in res.output.split("\0") if p)
         return
-    if base.is_file():
-        yield env.relative(base)
+    kind = _kind(env, base)
+    if kind != "dir":
+        yield from [env.relative(base)] if kind else []
         return
-    for dirpath, dirnames, filenames in os.walk(base):  # followlinks=False: no escapes
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and d[0] != ".")
-        for name in sorted(filenames):
-            yield env.relative(Path(dirpath) / name)
+    for entry in env.workspace.list(base):  # symlinked directories are not entered
+        if entry.stat.kind != "dir":
+            yield env.relative(base / entry.name)
+        elif entry.name not in _SKIP_DIRS and entry.name[0] != ".":
+            yield from list_files(env, base / entry.name, use_rg=False)
 
 
 @tool("codebase_search", "Semantic search: find code by meaning ('where are passwords "
@@ -514,7 +526,7 @@ def codebase_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str
       ("path",), "write", inline=True)
 def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args["path"], write=True)
-    if not path.exists():
+    if _kind(env, path) is None:
         err = _missing(env, args["path"])
         raise ToolError(f"{err}; use create_file for new files")
     if ctx.read_before_edit and path not in ctx.seen:
@@ -564,7 +576,7 @@ def _found_elsewhere(env: Environment, ctx: ToolContext, path: Path, old: str | 
     say which."""
     if not old or old in _text(env, path).text:
         return ""
-    others = [p for p in sorted(ctx.seen) if p != path and p.is_file() and old in _quiet(env, p)]
+    others = [p for p in sorted(ctx.seen) if p != path and old in _quiet(env, p)]
     return f" (it does occur in {env.relative(others[0])}: edit that file)" \
         if len(others) == 1 else ""
 
@@ -600,12 +612,13 @@ def _apply_sketch(before: str, sketch: str, rel: str, ctx: ToolContext) -> str:
       inline=True)
 def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args["path"], write=True)
-    if path.is_dir():
+    kind = _kind(env, path)
+    if kind == "dir":
         raise ToolError(f"{args['path']} is a directory")
-    if ctx.read_before_edit and path.exists() and path not in ctx.seen:
+    exists = kind is not None
+    if ctx.read_before_edit and exists and path not in ctx.seen:
         raise ToolError(f"{env.relative(path)} already exists; read it with read_file first, "
                         "then change it with edit_file (or overwrite it with create_file)")
-    exists = os.path.lexists(path)
     fmt = _text(env, path) if exists else TextFile("", "utf-8")  # an overwrite keeps the format
     content = fmt.incoming(args["content"])
     _write(env, path, fmt, content)
@@ -618,16 +631,17 @@ def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
 @tool("delete_file", "Delete a file.", {"path": PATH}, ("path",), "write", inline=True)
 def delete_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     path = env.resolve(args["path"], write=True)
-    if path == env.root or path.is_dir():
+    kind = _kind(env, path)
+    if path == env.root or kind == "dir":
         raise ToolError(f"{args['path']} is a directory; only files can be deleted")
-    if not path.exists():
+    if kind is None:
         raise ToolError(f"{args['path']} does not exist")
     try:  # the diff shows what was lost; a binary or huge file is deleted without one
         before = _text(env, path).shown
     except ToolError:
         before = ""
     try:
-        remove(env.root, path)
+        env.workspace.remove(path)
     except Refused as exc:
         raise ToolError(str(exc)) from None
     ctx.changed(path)
@@ -665,8 +679,8 @@ def read_lints(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dic
     py = [f for f in files if f.endswith(".py")]
     problems = _ruff(env, py) if py else []
     for rel in files:
-        if Path(rel).suffix in _TS_LANGS:
-            problems += syntax_errors(env.root / rel, None, rel, env.root)
+        if Path(rel).suffix in _TS_LANGS and (source := shown_text(env, env.root / rel)):
+            problems += syntax_errors(env.root / rel, source, rel)
     if not problems:
         return f"no lint errors in {len(files)} file(s)", {"count": 0, "files": len(files)}
     return "\n".join(problems), {"count": len(problems), "files": len(files)}
@@ -705,16 +719,10 @@ def _ruff_binary() -> str:
     return found
 
 
-def syntax_errors(path: Path, text: str | None, rel: str | None = None,
-                  root: Path | None = None) -> list[str]:
-    """Syntax errors via tree-sitter (Python: the compiler), as 'path:line:col: message'.
-    Without `text` the file is read through the resolver, confined to `root` (default: the
-    file's own directory)."""
+def syntax_errors(path: Path, source: str, rel: str | None = None) -> list[str]:
+    """Syntax errors in `source` (the text of `path`) via tree-sitter (Python: the
+    compiler), as 'path:line:col: message'."""
     rel = rel or path.name
-    try:
-        source = text if text is not None else _read_shown(root or path.parent, path)
-    except (ToolError, Refused, OSError):
-        return []
     if path.suffix == ".py":
         try:
             compile(source, rel, "exec")
@@ -792,11 +800,18 @@ def todo_write(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dic
     return text or "(no todos)", {"todos": [dict(t) for t in items]}
 
 
+def _kind(env: Environment, path: Path) -> str | None:
+    """What is at a resolved path ("file", "dir", "symlink", "other"), None for nothing."""
+    st: FileStat | None = env.workspace.stat(path)
+    return st.kind if st else None
+
+
 def _text(env: Environment, path: Path) -> TextFile:
-    """A workspace file through the one resolver (sandbox/files.py): a regular file inside
-    the workspace, not larger than MAX_FILE_BYTES, not binary."""
+    """A workspace file through the workspace (local backends: the one resolver,
+    sandbox/files.py): a regular file inside it, not larger than MAX_FILE_BYTES, not
+    binary."""
     try:
-        return decode(read_bytes(env.root, path, MAX_FILE_BYTES), path.name)
+        return decode(env.workspace.read(path, MAX_FILE_BYTES), path.name)
     except TooLarge as exc:
         raise ToolError(f"{exc}; look at parts of it with grep, or run_terminal_cmd with "
                         "head/sed -n") from None
@@ -808,8 +823,13 @@ def _text(env: Environment, path: Path) -> TextFile:
         raise ToolError(f"cannot read {path.name}: {exc.strerror}") from None
 
 
-def _read_shown(root: Path, path: Path) -> str:
-    return decode(read_bytes(root, path, MAX_FILE_BYTES), path.name).shown
+def shown_text(env: Environment, path: Path) -> str | None:
+    """A file's text as the model sees it, or None when it cannot be read (gone, binary,
+    too large, outside the workspace)."""
+    try:
+        return _text(env, path).shown
+    except ToolError:
+        return None
 
 
 def _quiet(env: Environment, path: Path) -> str:
@@ -828,6 +848,28 @@ def _write(env: Environment, path: Path, fmt: TextFile, text: str) -> None:
         raise ToolError(f"{exc}; nothing was written (keep to characters the file's "
                         "encoding has, or use an escape sequence)") from None
     try:
-        write_atomic(env.root, path, data)
+        env.workspace.write(path, data)
     except Refused as exc:
         raise ToolError(f"{exc}; nothing was written") from None
+
+
+def default_toolset() -> Toolset:
+    """The standard tools, in the order their schemas are offered to the model."""
+    return Toolset([read_file, list_dir, file_search, grep, codebase_search, edit_file,
+                    create_file, delete_file, read_lints, run_terminal_cmd, todo_write])
+
+
+@functools.cache
+def _standard() -> Toolset:
+    return default_toolset()
+
+
+def execute(env: Environment, name: str, args: dict[str, Any] | str,
+            ctx: ToolContext | None = None, max_chars: int = MAX_CHARS) -> ToolResult:
+    """One call on the standard toolset (for callers that do not hold a Toolset)."""
+    return _standard().execute(env, name, args, ctx, max_chars)
+
+
+def schemas(names: list[str] | None = None, core: bool = False) -> list[dict[str, Any]]:
+    """The standard toolset's schemas."""
+    return _standard().schemas(names, core)

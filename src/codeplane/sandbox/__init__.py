@@ -4,6 +4,8 @@ Both runners share one process supervisor (`runner.py`): resource limits, a wall
 that kills everything the command started, and output capped to a predictable size.
 `gitguard.py` keeps git metadata read-only and sweeps away repositories a command created;
 `files.py` is the one resolver for host-side reads and writes of workspace files.
+`workspace.py` is the interface every agent tool uses (files, commands, snapshots), with its
+backends chosen by name.
 """
 
 from codeplane.sandbox.runner import (
@@ -14,6 +16,17 @@ from codeplane.sandbox.runner import (
     Runner,
     SandboxUnavailable,
 )
+from codeplane.sandbox.workspace import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    Entry,
+    FileStat,
+    Snapshot,
+    UnknownBackend,
+    Workspace,
+    open_workspace,
+)
 
-__all__ = ["BwrapRunner", "CommandResult", "HostRunner", "Limits", "Runner",
-           "SandboxUnavailable"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "BwrapRunner", "CommandResult", "Entry", "FileStat",
+           "HostRunner", "Limits", "Runner", "SandboxUnavailable", "Snapshot",
+           "UnknownBackend", "Workspace", "open_workspace"]
