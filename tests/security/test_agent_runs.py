@@ -229,7 +229,8 @@ def test_workspace_that_crashes_listing_still_ends_the_run(serve, roots) -> None
     ws = roots / "ws"
     (ws / "caf\udce9.py").write_text("x = 1\n")  # the byte 0xE9, as a Latin-1 name
     server = serve(workspace_roots=[str(roots)])
-    ended(server, post(server, run(ws)).json()["id"])
+    got = ended(server, post(server, run(ws)).json()["id"])
+    assert got["status"] != "error", got["result"]  # and the listing itself copes with it
 
 
 def test_tool_call_that_crashes_the_scheduler_still_ends_the_run(serve, roots, model) -> None:
@@ -238,7 +239,8 @@ def test_tool_call_that_crashes_the_scheduler_still_ends_the_run(serve, roots, m
     edit = {"path": "a.py", "old_string": "A = 1", "new_string": "A = 2"}
     model.script = [{"calls": [("edit_file", edit), ("edit_file", "{not json")]}]
     server = serve(workspace_roots=[str(roots)])
-    ended(server, post(server, run(roots / "ws")).json()["id"])
+    got = ended(server, post(server, run(roots / "ws")).json()["id"])
+    assert got["status"] != "error", got["result"]  # the bad call is refused as a tool result
 
 
 # -------------------------------------------------------------------- runs per tenant

@@ -218,7 +218,9 @@ def truncate(text: str, limit: int, more: str = "narrow the request") -> tuple[s
             f"({shown} of {total} lines); {more}]"), True
 
 
-def _touched(env: Environment, args: dict) -> Path | None:
+def _touched(env: Environment, args: dict | str) -> Path | None:
+    if not isinstance(args, dict):  # arguments that are not JSON: the tool will refuse them
+        return None
     try:
         return env.resolve(str(args.get("path") or "."))
     except (ToolError, TypeError):
