@@ -108,6 +108,7 @@ class Settings(BaseSettings):
     indexing: dict[str, Any] = Field(default_factory=dict)
     agent: dict[str, Any] = Field(default_factory=dict)
     tab: dict[str, Any] = Field(default_factory=dict)
+    fleet: dict[str, Any] = Field(default_factory=dict)  # [fleet]: sandbox/fleet.py
 
     config_file: Path | None = Field(None, exclude=True)
 

@@ -24,6 +24,7 @@ from codeplane.gateway import config as gwconfig
 from codeplane.gateway import routes as gateway_routes
 from codeplane.gateway.keys import KeyStore
 from codeplane.models.engine import Engine
+from codeplane.sandbox import routes as sandbox_routes
 from codeplane.search import routes as search_routes
 from codeplane.server.auth import AuthGate, BodyLimit, check_exposure
 from codeplane.server.services import build_services
@@ -62,6 +63,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(apply_routes.router)
     app.include_router(background_routes.router)
     app.include_router(background_web.ui_router())
+    app.include_router(sandbox_routes.router)  # /v1/sandboxes
 
     @app.get("/healthz")
     def healthz(request: Request) -> dict:

@@ -23,6 +23,7 @@ from codeplane.events.log import EventLog
 from codeplane.gateway.keys import KeyStore
 from codeplane.gateway.router import Gateway
 from codeplane.models.engine import Engine
+from codeplane.sandbox.fleet import Fleet, FleetSettings
 from codeplane.storage import ObjectStore, StorageError
 from codeplane.tab.service import TabService, TabSettings
 
@@ -43,6 +44,7 @@ class Services:
     runs: RunManager  # agent runs: tenant-scoped, capped, each ends with `run_end`
     events: EventLog  # the event lake: usage, apply outcomes, agent steps (no source code)
     background: BackgroundService  # background agents: durable runs in their own checkouts
+    fleet: Fleet  # sandboxes: copy-on-write workspaces, warm pools, reaped after a crash
     owns_engine: bool = True  # a shared engine (tests, embedding callers) outlives the app
     _search: SearchService | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -62,6 +64,7 @@ class Services:
     async def aclose(self) -> None:
         await asyncio.to_thread(self.background.close)  # before runs: each records its end
         await asyncio.to_thread(self.runs.close)  # cancels runs still going: each ends
+        await asyncio.to_thread(self.fleet.close)
         await self.gateway.aclose()
         try:
             await asyncio.to_thread(self.events.close)
@@ -91,10 +94,14 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
         store.sweep_staging()  # what a writer killed mid-put left behind
     except StorageError as exc:
         raise ConfigError(f"invalid [storage] settings: {exc}") from None
+    try:
+        fleet_settings = FleetSettings(**settings.fleet)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid [fleet] settings: {exc}") from None
     events = EventLog(store)
     runs = RunManager(settings.serve.max_runs_per_tenant)
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
                     gateway=Gateway(settings, engine, metrics, keys=keys, events=events),
                     tab=tab, runs=runs, events=events,
                     background=BackgroundService(settings.server_dir, runs, settings),
-                    owns_engine=owns_engine)
+                    fleet=Fleet(settings.server_dir, fleet_settings), owns_engine=owns_engine)

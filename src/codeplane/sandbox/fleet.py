@@ -1,0 +1,363 @@
+"""The sandbox service: workspaces made copy-on-write from a cached base checkout of a repo at
+a ref, warm pools per (repo, commit) refilled in the background, quotas per tenant, and the
+reaper's records so a crash leaves nothing behind after the next start.
+
+The API other compartments use is two calls: `acquire(tenant, repo, ref) -> Sandbox` (a warm
+one from the pool when there is one, else made now) and `release(id)` (everything removed).
+A `Sandbox` is a directory (`sandbox.workspace`) plus the existing `BwrapRunner` over it
+(`sandbox.runner()`), so callers run commands exactly as agent runs do.
+
+Layout under `server_dir/fleet/`: `bases/<key>/` (a checkout per repo and commit, shared
+read-only by every sandbox of it), `sandboxes/<id>/` (one per sandbox; the tree is
+`sandboxes/<id>/ws`) and `records/<id>.json` (the reaper's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from codeplane.sandbox import clone, reaper
+from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits
+
+log = logging.getLogger("codeplane.fleet")
+
+
+class FleetSettings(BaseModel):
+    """`[fleet]` in codeplane.toml: how sandboxes are made, pooled and bounded."""
+
+    model_config = {"extra": "forbid"}
+    strategy: str = Field("auto", description="overlay | reflink | git-shared | copy | auto "
+                                              "(the first that works, in measured order)")
+    pool_size: int = Field(2, ge=0, le=64, description="warm sandboxes kept per (repo, commit) "
+                                                      "once it has been asked for")
+    max_sandboxes: int = Field(128, ge=1, description="sandboxes on this host, pools included")
+    max_per_tenant: int = Field(16, ge=1, description="sandboxes one tenant may hold")
+    disk_per_tenant: int = Field(4 << 30, ge=1 << 20,
+                                 description="bytes a tenant's sandboxes may add to the disk")
+    cpu_seconds: int = Field(300, ge=1, description="per command")
+    memory_bytes: int = Field(4 << 30, ge=64 << 20, description="per command (address space)")
+    max_timeout: float = Field(600.0, gt=0, description="longest wall clock a command may ask")
+    max_file_bytes: int = Field(8 << 20, ge=1024, description="largest file read or written "
+                                                              "through the API")
+
+
+class FleetError(Exception):
+    """A request the fleet refuses; `status` is the HTTP status the routes answer with."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+@dataclass
+class Sandbox:
+    id: str
+    repo: str
+    ref: str
+    commit: str
+    path: Path  # the sandbox's own directory; the tree is path/"ws"
+    strategy: str
+    created: float = field(default_factory=time.time)
+    tenant: str | None = None  # None while it waits in a pool
+    _runner: BwrapRunner | None = field(default=None, repr=False)
+
+    @property
+    def workspace(self) -> Path:
+        return self.path / "ws"
+
+    def runner(self) -> BwrapRunner:
+        """The bubblewrap runner over this workspace, probed once on first use."""
+        if self._runner is None:
+            self._runner = BwrapRunner(self.workspace)
+        return self._runner
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "repo": self.repo, "ref": self.ref, "commit": self.commit,
+                "strategy": self.strategy, "created": self.created,
+                "workspace": str(self.workspace)}
+
+
+@dataclass
+class Pool:
+    target: int
+    ready: deque[Sandbox] = field(default_factory=deque)
+    hits: int = 0
+    misses: int = 0
+
+
+class Fleet:
+    """Every sandbox of one server. Thread-safe: routes run on a thread pool."""
+
+    def __init__(self, server_dir: Path, settings: FleetSettings | None = None) -> None:
+        self.settings = settings or FleetSettings()
+        self.root = server_dir / "fleet"
+        self.bases = self.root / "bases"
+        self.boxes = self.root / "sandboxes"
+        self.records = self.root / "records"
+        for directory in (self.bases, self.boxes, self.records):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.owner = reaper.Owner.me()
+        self.reaped = reaper.reap_orphans(self.records, self.boxes)
+        self._sweep_partial_bases()
+        self.strategy = clone.choose(self.root, self.settings.strategy)
+        self._lock = threading.Lock()
+        self._base_locks: dict[str, threading.Lock] = {}
+        self._live: dict[str, Sandbox] = {}
+        self._pools: dict[tuple[str, str], Pool] = {}
+        self._wake = threading.Condition(self._lock)
+        self._closed = False
+        self._filler = threading.Thread(target=self._fill, name="fleet-pool", daemon=True)
+        self._filler.start()
+        if any(self.reaped.values()):
+            log.warning("reaped after a crash: %s", self.reaped)
+
+    # --- the API other compartments use -------------------------------------------------
+
+    def acquire(self, tenant: str, repo: Path, ref: str = "HEAD") -> Sandbox:
+        """A sandbox of `repo` (a git directory or bundle) at `ref` for `tenant`: warm from
+        the pool if one is ready, else made now. FleetError on a quota or a bad ref."""
+        commit = resolve(repo, ref)
+        key = (str(repo), commit)
+        with self._lock:
+            self._check_quota(tenant)
+            pool = self._pools.setdefault(key, Pool(self.settings.pool_size))
+            box = pool.ready.popleft() if pool.ready else None
+            if box is not None:
+                pool.hits += 1
+                box.tenant, box.ref = tenant, ref
+                self._live[box.id] = box
+            else:
+                pool.misses += 1
+                self._check_capacity()
+            self._wake.notify()
+        if box is None:
+            box = self._make(repo, ref, commit, tenant)
+        return box
+
+    def release(self, sandbox_id: str) -> None:
+        """Remove a sandbox: processes, mounts, directory, record. Unknown ids are a no-op."""
+        with self._lock:
+            box = self._live.pop(sandbox_id, None)
+        if box is not None:
+            self._destroy(box)
+
+    # --- tenant-scoped lookups for the routes -------------------------------------------
+
+    def get(self, tenant: str, sandbox_id: str) -> Sandbox:
+        """The tenant's sandbox; another tenant's is reported as absent (404), not as 403."""
+        with self._lock:
+            box = self._live.get(sandbox_id)
+        if box is None or box.tenant != tenant:
+            raise FleetError(404, f"no sandbox {sandbox_id!r}", "sandbox_not_found")
+        return box
+
+    def list(self, tenant: str) -> list[Sandbox]:
+        with self._lock:
+            return [b for b in self._live.values() if b.tenant == tenant]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            pools = [{"repo": repo, "commit": commit, "target": p.target,
+                      "ready": len(p.ready), "hits": p.hits, "misses": p.misses,
+                      "hit_rate": round(p.hits / max(1, p.hits + p.misses), 3)}
+                     for (repo, commit), p in self._pools.items()]
+            return {"strategy": self.strategy.name, "sandboxes": self._count(),
+                    "pools": pools, "reaped_at_start": self.reaped}
+
+    def exec(self, box: Sandbox, command: str, timeout: float | None = None) -> CommandResult:
+        """A shell command in the sandbox, bounded by the fleet's limits and the tenant's
+        remaining disk quota."""
+        s = self.settings
+        limits = Limits(timeout=min(timeout or s.max_timeout, s.max_timeout),
+                        cpu_seconds=s.cpu_seconds, memory_bytes=s.memory_bytes,
+                        disk_bytes=max(1, self._disk_left(box.tenant or "")),
+                        output_bytes=64 << 10)
+        return box.runner().run(command, box.workspace, limits)
+
+    def check_write(self, box: Sandbox, size: int) -> None:
+        """Refuse a file write that would take the tenant past its disk quota."""
+        if size > self.settings.max_file_bytes:
+            raise FleetError(413, f"file is {size} bytes; the limit is "
+                                  f"{self.settings.max_file_bytes}", "file_too_large")
+        if size > self._disk_left(box.tenant or ""):
+            raise FleetError(507, "the tenant's sandbox disk quota is used up",
+                             "disk_quota_exceeded")
+
+    def diff(self, box: Sandbox) -> str:
+        """The sandbox's changes against its commit, untracked files included, as a patch.
+        git runs inside the sandbox (the tree is untrusted; `.git` is read-only there), with
+        a private index and object directory in /tmp so intent-to-add does not touch the
+        repository."""
+        script = ("cp .git/index /tmp/cp-index 2>/dev/null; mkdir -p /tmp/cp-objects &&"
+                  " export GIT_INDEX_FILE=/tmp/cp-index GIT_OBJECT_DIRECTORY=/tmp/cp-objects"
+                  " GIT_ALTERNATE_OBJECT_DIRECTORIES=\"$PWD/.git/objects\" &&"
+                  " git add --all --intent-to-add >/dev/null &&"
+                  " git -c core.quotepath=off diff --no-ext-diff --no-textconv --binary HEAD")
+        limits = Limits(timeout=60, output_bytes=self.settings.max_file_bytes,
+                        disk_bytes=1 << 20)
+        result = box.runner().run(script, box.workspace, limits)
+        if result.exit_code != 0 or result.truncated:
+            raise FleetError(422, f"diff failed: {result.output[-500:]}", "diff_failed")
+        return result.output
+
+    def close(self) -> None:
+        """Stop refilling and remove every sandbox this server made, pooled ones included."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+            boxes = list(self._live.values())
+            boxes += [b for p in self._pools.values() for b in p.ready]
+            self._live.clear()
+            self._pools.clear()
+        self._filler.join(timeout=60)
+        for box in boxes:
+            self._destroy(box)
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _count(self) -> int:
+        return len(self._live) + sum(len(p.ready) for p in self._pools.values())
+
+    def _check_quota(self, tenant: str) -> None:
+        held = sum(1 for b in self._live.values() if b.tenant == tenant)
+        if held >= self.settings.max_per_tenant:
+            raise FleetError(429, f"tenant holds {held} sandboxes; the limit is "
+                                  f"{self.settings.max_per_tenant}", "sandbox_quota_exceeded")
+
+    def _check_capacity(self) -> None:
+        if self._count() >= self.settings.max_sandboxes:
+            raise FleetError(503, "the host is at its sandbox capacity", "fleet_full")
+
+    def _disk_left(self, tenant: str) -> int:
+        used = sum(_disk_added(b) for b in self.list(tenant))
+        return self.settings.disk_per_tenant - used
+
+    def _make(self, repo: Path, ref: str, commit: str, tenant: str | None) -> Sandbox:
+        base = self._base(repo, commit)
+        sandbox_id = "sb_" + secrets.token_hex(8)
+        box = Sandbox(id=sandbox_id, repo=str(repo), ref=ref, commit=commit,
+                      path=self.boxes / sandbox_id, strategy=self.strategy.name, tenant=tenant)
+        reaper.Record(box.id, str(box.path), self.owner).write(self.records)
+        try:
+            self.strategy.make(base, box.path)
+        except BaseException:
+            self._destroy(box)
+            raise
+        with self._lock:
+            if tenant is not None:
+                self._live[box.id] = box
+        return box
+
+    def _destroy(self, box: Sandbox) -> None:
+        reaper.reap(box.path)
+        (self.records / f"{box.id}.json").unlink(missing_ok=True)
+
+    def _base(self, repo: Path, commit: str) -> Path:
+        """The cached checkout of repo at commit, built once (under a per-key lock) into a
+        temporary directory named for its owner, then renamed into place."""
+        key = hashlib.sha256(f"{repo}\0{commit}".encode()).hexdigest()[:24]
+        final = self.bases / key
+        with self._lock:
+            lock = self._base_locks.setdefault(key, threading.Lock())
+        with lock:
+            if final.is_dir():
+                return final
+            tmp = self.bases / f".tmp-{self.owner.pid}-{self.owner.start}-{key}"
+            clone.teardown(tmp)
+            clone.run_checked(["git", "clone", "--quiet", "--no-checkout", "--", str(repo), str(tmp)])
+            clone.run_checked(["git", "-C", str(tmp), "checkout", "--quiet", "--detach", commit])
+            os.replace(tmp, final)
+            return final
+
+    def _sweep_partial_bases(self) -> None:
+        for tmp in self.bases.glob(".tmp-*"):
+            pid, start = tmp.name.split("-")[1:3]
+            if not reaper.Owner(int(pid), int(start)).alive():
+                reaper.reap(tmp)
+
+    def _fill(self) -> None:
+        """Background: top every pool up to its target, one sandbox at a time."""
+        while True:
+            with self._lock:
+                while not self._closed and (want := self._wanted()) is None:
+                    self._wake.wait(timeout=5)
+                if self._closed:
+                    return
+            key, _ = want
+            try:
+                box = self._make(Path(key[0]), "HEAD", key[1], tenant=None)
+            except (clone.CloneError, OSError) as exc:
+                log.warning("pool refill for %s failed: %s", key[0], exc)
+                with self._lock:
+                    self._pools.pop(key, None)  # asked again, it is rebuilt
+                continue
+            with self._lock:
+                pool = self._pools.get(key)
+                if pool is None or self._closed:
+                    orphan = box
+                else:
+                    pool.ready.append(box)
+                    orphan = None
+            if orphan is not None:
+                self._destroy(orphan)
+
+    def _wanted(self) -> tuple[tuple[str, str], Pool] | None:
+        if self._count() >= self.settings.max_sandboxes:
+            return None
+        for key, pool in self._pools.items():
+            if len(pool.ready) < pool.target:
+                return key, pool
+        return None
+
+
+def resolve(repo: Path, ref: str) -> str:
+    """The commit `ref` names in `repo` (a git directory or bundle); FleetError otherwise.
+    The ref is passed after --end-of-options, so `--upload-pack=...` is a name, not a flag."""
+    if not ref or ref.startswith("-") or "\0" in ref or len(ref) > 256:
+        raise FleetError(400, f"invalid ref {ref!r}", "invalid_ref")
+    if repo.is_file():  # a bundle: its heads are listed without unpacking it
+        out = _git(["bundle", "list-heads", str(repo)], repo.parent)
+        for line in out.splitlines():
+            sha, _, name = line.partition(" ")
+            if name in (ref, f"refs/heads/{ref}", f"refs/tags/{ref}") or sha == ref:
+                return sha
+        raise FleetError(400, f"ref {ref!r} is not in the bundle", "unknown_ref")
+    return _git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
+                repo).strip()
+
+
+def _git(args: list[str], cwd: Path) -> str:
+    proc = subprocess.run(["git", "-c", "core.fsmonitor=false", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0",
+                               "GIT_CEILING_DIRECTORIES": str(cwd.parent)})
+    if proc.returncode != 0:
+        raise FleetError(400, f"not a git repository or unknown ref in {cwd.name}: "
+                              f"{proc.stderr.strip()[:300] or 'no such commit'}", "unknown_ref")
+    return proc.stdout
+
+
+def _disk_added(box: Sandbox) -> int:
+    """Bytes this sandbox added: its overlay upper layer, or its whole tree otherwise."""
+    top = box.path / "upper" if (box.path / "upper").is_dir() else box.workspace
+    total = 0
+    for dirpath, _, names in os.walk(top):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+

@@ -1,0 +1,142 @@
+"""`/v1/sandboxes`: the fleet over HTTP, behind the auth gate and scoped to the caller's
+tenant (another tenant's sandbox is a 404, indistinguishable from one that never existed).
+
+A repo must lie under `serve.workspace_roots` (the same policy as agent runs); file paths are
+resolved by `sandbox/files.py`, so nothing outside the sandbox's tree is read or written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, Field
+
+from codeplane.agent.routes import workspace as under_roots
+from codeplane.core.errors import APIError
+from codeplane.core.principal import principal_of
+from codeplane.sandbox import files
+from codeplane.sandbox.fleet import Fleet, FleetError, Sandbox
+
+router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
+
+
+class CreateBody(BaseModel):
+    model_config = {"extra": "forbid"}
+    repo: str = Field(..., max_length=4096, description="absolute path of a git directory (or "
+                                                         "bundle) under serve.workspace_roots")
+    ref: str = Field("HEAD", min_length=1, max_length=256)
+
+
+class ExecBody(BaseModel):
+    model_config = {"extra": "forbid"}
+    command: str = Field(..., min_length=1, max_length=64 << 10)
+    timeout: float | None = Field(None, gt=0, le=3600)
+
+
+def _fleet(request: Request) -> Fleet:
+    return request.app.state.services.fleet
+
+
+def _box(request: Request, sandbox_id: str) -> Sandbox:
+    try:
+        return _fleet(request).get(principal_of(request).tenant, sandbox_id)
+    except FleetError as exc:
+        raise _api(exc) from None
+
+
+def _api(exc: FleetError) -> APIError:
+    return APIError(exc.status, str(exc), code=exc.code,
+                    type="server_error" if exc.status >= 500 else "invalid_request_error")
+
+
+def _repo(request: Request, repo: str) -> Path:
+    """The repo's real path if it lies under the roots: a directory, or a `.bundle` file."""
+    roots = request.app.state.settings.serve.workspace_roots
+    path = Path(repo)
+    if path.suffix == ".bundle" and path.is_absolute():
+        parent = under_roots(str(path.parent), roots)
+        real = parent / path.name
+        if not real.is_file() or real.is_symlink():
+            raise APIError(400, f"bundle {repo} is not a regular file", param="repo")
+        return real
+    return under_roots(repo, roots)
+
+
+@router.post("", status_code=201)
+def create(request: Request, body: CreateBody) -> dict:
+    repo = _repo(request, body.repo)
+    try:
+        box = _fleet(request).acquire(principal_of(request).tenant, repo, body.ref)
+    except FleetError as exc:
+        raise _api(exc) from None
+    return box.describe()
+
+
+@router.get("")
+def list_(request: Request) -> dict:
+    fleet = _fleet(request)
+    boxes = fleet.list(principal_of(request).tenant)
+    return {"object": "list", "data": [b.describe() for b in boxes], "fleet": fleet.stats()}
+
+
+@router.get("/{sandbox_id}")
+def show(request: Request, sandbox_id: str) -> dict:
+    return _box(request, sandbox_id).describe()
+
+
+@router.post("/{sandbox_id}/exec")
+def exec_(request: Request, sandbox_id: str, body: ExecBody) -> dict:
+    box = _box(request, sandbox_id)
+    return _fleet(request).exec(box, body.command, body.timeout).to_dict()
+
+
+@router.get("/{sandbox_id}/files")
+def read(request: Request, sandbox_id: str,
+         path: str = Query(..., min_length=1, max_length=4096)) -> Response:
+    box = _box(request, sandbox_id)
+    try:
+        data = files.read_bytes(box.workspace, Path(path), _fleet(request).settings.max_file_bytes)
+    except files.TooLarge as exc:
+        raise APIError(413, str(exc), code="file_too_large", param="path") from None
+    except files.Refused as exc:
+        raise APIError(400, str(exc), code="path_refused", param="path") from None
+    except FileNotFoundError:
+        raise APIError(404, f"no file {path}", code="file_not_found", param="path") from None
+    except (NotADirectoryError, IsADirectoryError, ValueError) as exc:
+        raise APIError(400, f"{path}: {exc}", code="path_refused", param="path") from None
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.put("/{sandbox_id}/files")
+async def write(request: Request, sandbox_id: str,
+                path: str = Query(..., min_length=1, max_length=4096)) -> dict:
+    box = _box(request, sandbox_id)
+    data = await request.body()
+    fleet = _fleet(request)
+    try:
+        fleet.check_write(box, len(data))
+        files.write_atomic(box.workspace, Path(path), data)
+    except FleetError as exc:
+        raise _api(exc) from None
+    except files.Refused as exc:
+        raise APIError(400, str(exc), code="path_refused", param="path") from None
+    except (NotADirectoryError, IsADirectoryError, FileExistsError, ValueError) as exc:
+        raise APIError(400, f"{path}: {exc}", code="path_refused", param="path") from None
+    return {"path": path, "bytes": len(data)}
+
+
+@router.get("/{sandbox_id}/diff")
+def diff(request: Request, sandbox_id: str) -> dict:
+    box = _box(request, sandbox_id)
+    try:
+        return {"id": box.id, "commit": box.commit, "diff": _fleet(request).diff(box)}
+    except FleetError as exc:
+        raise _api(exc) from None
+
+
+@router.delete("/{sandbox_id}")
+def delete(request: Request, sandbox_id: str) -> dict:
+    box = _box(request, sandbox_id)
+    _fleet(request).release(box.id)
+    return {"id": box.id, "deleted": True}
