@@ -1,0 +1,179 @@
+"""The sandbox fleet over real HTTP on loopback: copy-on-write sandboxes from a git repo, warm
+pools, quotas, diff, release, and the reaper after a SIGKILLed `codeplane serve`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import free_port, make_settings
+from upstreams.scripted import caller, run_server, wait_for
+
+from codeplane.gateway.keys import KeyStore
+from codeplane.sandbox.clone import mounts_under
+
+
+def git_repo(path: Path, files: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
+    for argv in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-qm", "init"]):
+        subprocess.run(["git", *argv], cwd=path, env=env, check=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fleet")
+    root = tmp / "code"
+    git_repo(root / "app", {"a.txt": "hello\n", "src.py": "x = 1\n"})
+    home = tmp / "home"
+    home.mkdir()
+    (home / "codeplane.toml").write_text("[fleet]\npool_size = 1\nmax_per_tenant = 3\n")
+    server = run_server(home, None, workspace_roots=[str(root)])
+    server.root = root
+    yield server
+    server.stop()
+
+
+def create(server, tenant: str = "t1", **body) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/sandboxes", headers=caller(server, tenant),
+                      json={"repo": str(server.root / "app"), **body}, timeout=60)
+
+
+def test_sandbox_lifecycle_changes_stay_in_the_sandbox(fleet_server):
+    s, h = fleet_server, caller(fleet_server)
+    box = create(s).json()
+    url = f"{s.url}/v1/sandboxes/{box['id']}"
+    assert httpx.put(f"{url}/files", params={"path": "new/b.txt"}, content=b"written\n",
+                     headers=h).status_code == 200
+    ran = httpx.post(f"{url}/exec", json={"command": "cat new/b.txt; echo more >> a.txt"},
+                     headers=h, timeout=60).json()
+    assert ran["exit_code"] == 0 and ran["output"] == "written\n" and ran["sandboxed"]
+    assert httpx.get(f"{url}/files", params={"path": "a.txt"},
+                     headers=h).content == b"hello\nmore\n"
+    patch = httpx.get(f"{url}/diff", headers=h, timeout=60).json()["diff"]
+    assert "+more" in patch and "new file mode" in patch and "+written" in patch
+    assert (s.root / "app" / "a.txt").read_text() == "hello\n"  # the repo is untouched
+    assert not (s.root / "app" / "new").exists()
+    workspace = Path(box["workspace"])
+    assert workspace.is_dir()
+    assert httpx.delete(url, headers=h).json()["deleted"] is True
+    assert not workspace.parent.exists() and not mounts_under(workspace.parent)
+    assert httpx.get(url, headers=h).status_code == 404
+
+
+def test_second_sandbox_shares_the_base(fleet_server):
+    """Copy-on-write: a fresh sandbox adds nothing to the disk until it writes."""
+    s, h = fleet_server, caller(fleet_server)
+    boxes = [create(s).json() for _ in range(2)]
+    services = s.app.state.services
+    for box in boxes:
+        assert box["strategy"] == services.fleet.strategy.name
+        if box["strategy"] == "overlay":
+            path = Path(box["workspace"]).parent
+            assert mounts_under(path) == [path / "ws"]
+            assert not any((path / "upper").iterdir())
+        httpx.delete(f"{s.url}/v1/sandboxes/{box['id']}", headers=h)
+
+
+def test_warm_pool_refills_and_serves_hits(fleet_server):
+    s, h = fleet_server, caller(fleet_server)
+    first = create(s).json()
+
+    def pool() -> dict | None:
+        pools = httpx.get(f"{s.url}/v1/sandboxes", headers=h).json()["fleet"]["pools"]
+        return next((p for p in pools if p["commit"] == first["commit"] and p["ready"] >= 1),
+                    None)
+
+    before = wait_for(pool, what="for the pool to refill")
+    second = create(s).json()
+    after = httpx.get(f"{s.url}/v1/sandboxes", headers=h).json()
+    stats = next(p for p in after["fleet"]["pools"] if p["commit"] == first["commit"])
+    assert stats["hits"] == before["hits"] + 1
+    assert {b["id"] for b in after["data"]} >= {first["id"], second["id"]}
+    for box in (first, second):
+        httpx.delete(f"{s.url}/v1/sandboxes/{box['id']}", headers=h)
+
+
+def test_tenant_sandbox_quota(fleet_server):
+    s = fleet_server
+    made = [create(s, "quota").json()["id"] for _ in range(3)]
+    refused = create(s, "quota")
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "sandbox_quota_exceeded"
+    assert create(s, "other-tenant").status_code == 201  # the quota is per tenant
+    for sandbox_id in made:
+        httpx.delete(f"{s.url}/v1/sandboxes/{sandbox_id}", headers=caller(s, "quota"))
+
+
+def test_ref_selects_the_commit(fleet_server):
+    s, h = fleet_server, caller(fleet_server)
+    assert create(s, ref="main").status_code == 201
+    missing = create(s, ref="no-such-branch")
+    assert missing.status_code == 400 and missing.json()["error"]["code"] == "unknown_ref"
+
+
+def test_reaper_cleans_up_after_sigkill(tmp_path):
+    """A real `codeplane serve` subprocess makes sandboxes, is SIGKILLed, and leaves mounts,
+    directories and a process working in a sandbox; the restarted server removes them all."""
+    root = tmp_path / "code"
+    git_repo(root / "app", {"a.txt": "hello\n"})
+    home = tmp_path / "home"
+    settings = make_settings(home, serve={"workspace_roots": [str(root)]})
+    (home / "codeplane.toml").write_text(
+        f"[serve]\nworkspace_roots = [\"{root}\"]\n[fleet]\npool_size = 2\n")
+    _, secret = KeyStore(settings.server_dir).create("k", tenant="t1")
+    headers = {"authorization": f"Bearer {secret}"}
+    fleet_dir = settings.server_dir / "fleet" / "sandboxes"
+
+    def start() -> tuple[subprocess.Popen, str]:
+        port = free_port()
+        env = {**os.environ, "CODEPLANE_HOME": str(home),
+               "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+        with open(tmp_path / "serve.log", "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-c", "from codeplane.cli import main; "
+                                     "main()", "serve", "--port", str(port)], env=env,
+                                    stdout=log, stderr=log)
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _up(url), 60, "for codeplane serve")
+        return proc, url
+
+    proc, url = start()
+    made = [httpx.post(f"{url}/v1/sandboxes", json={"repo": str(root / "app")},
+                       headers=headers, timeout=60).json() for _ in range(2)]
+    wait_for(lambda: len(list(fleet_dir.iterdir())) >= 4, what="for the pool to fill")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    left = list(fleet_dir.iterdir())
+    assert len(left) >= 4  # two acquired, two pooled: the crash left them all
+    leftover = subprocess.Popen(["sleep", "600"], cwd=made[0]["workspace"])  # e.g. a git the
+    try:                                                            # dead server was running
+        proc, url = start()
+        assert leftover.wait(timeout=30) == -signal.SIGKILL
+        for path in left:
+            assert not path.exists() and not mounts_under(path)
+        fleet = httpx.get(f"{url}/v1/sandboxes", headers=headers).json()["fleet"]
+        assert fleet["reaped_at_start"]["sandboxes"] >= 4
+        assert fleet["reaped_at_start"]["processes"] >= 1
+        assert httpx.get(f"{url}/v1/sandboxes/{made[0]['id']}", headers=headers
+                         ).status_code == 404
+    finally:
+        leftover.kill()
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert not mounts_under(fleet_dir)  # a clean shutdown removes what it made
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
