@@ -115,7 +115,7 @@ def test_tenant_sandbox_quota(fleet_server):
 
 
 def test_ref_selects_the_commit(fleet_server):
-    s, h = fleet_server, caller(fleet_server)
+    s = fleet_server
     assert create(s, ref="main").status_code == 201
     missing = create(s, ref="no-such-branch")
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "unknown_ref"
@@ -139,8 +139,8 @@ def test_reaper_cleans_up_after_sigkill(tmp_path):
         env = {**os.environ, "CODEPLANE_HOME": str(home),
                "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
         with open(tmp_path / "serve.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-c", "from codeplane.cli import main; "
-                                     "main()", "serve", "--port", str(port)], env=env,
+            proc = subprocess.Popen([sys.executable, "-c", "from codeplane.cli import main; main()",
+                                     "serve", "--port", str(port)], env=env,
                                     stdout=log, stderr=log)
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _up(url), 60, "for codeplane serve")
