@@ -59,7 +59,7 @@ def strategies(repo: Path, scratch: Path, rounds: int) -> None:
     fleet = Fleet(scratch / "strategies", FleetSettings(pool_size=0))
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
-    base = fleet._base(repo, commit)  # noqa: SLF001 - the bench measures the base it caches
+    base = fleet.base(repo, commit)
     print(f"base checkout: {du(base) / 1e6:.1f} MB")
     for kind in clone.STRATEGIES:
         times, added = [], 0
@@ -93,17 +93,15 @@ def warm(repo: Path, scratch: Path, rounds: int) -> None:
         box = fleet.acquire("bench", repo)
         warm_t.append(time.perf_counter() - start)
         fleet.release(box.id)
-    fleet.settings.pool_size = 0
-    for pool in fleet._pools.values():  # noqa: SLF001 - cold: empty the pool for the bench
-        pool.target = 0
-        while pool.ready:
-            fleet._destroy(pool.ready.popleft())  # noqa: SLF001
+    fleet.release(first.id)
+    fleet.close()
+    fleet = Fleet(scratch / "cold", FleetSettings(pool_size=0, max_per_tenant=rounds + 4))
+    fleet.release(fleet.acquire("bench", repo).id)  # the base checkout, built once
     for _ in range(rounds):
         start = time.perf_counter()
         box = fleet.acquire("bench", repo)
         cold_t.append(time.perf_counter() - start)
         fleet.release(box.id)
-    fleet.release(first.id)
     print(f"warm acquire ({fleet.strategy.name}): p50 {statistics.median(warm_t) * 1e3:.2f} ms"
           f"  p95 {pct(warm_t, .95) * 1e3:.2f} ms  (n={rounds})")
     print(f"cold create  ({fleet.strategy.name}): p50 {statistics.median(cold_t) * 1e3:.2f} ms"

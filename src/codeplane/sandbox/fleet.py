@@ -245,7 +245,7 @@ class Fleet:
         return self.settings.disk_per_tenant - used
 
     def _make(self, repo: Path, ref: str, commit: str, tenant: str | None) -> Sandbox:
-        base = self._base(repo, commit)
+        base = self.base(repo, commit)
         sandbox_id = "sb_" + secrets.token_hex(8)
         box = Sandbox(id=sandbox_id, repo=str(repo), ref=ref, commit=commit,
                       path=self.boxes / sandbox_id, strategy=self.strategy.name, tenant=tenant)
@@ -264,7 +264,7 @@ class Fleet:
         reaper.reap(box.path)
         (self.records / f"{box.id}.json").unlink(missing_ok=True)
 
-    def _base(self, repo: Path, commit: str) -> Path:
+    def base(self, repo: Path, commit: str) -> Path:
         """The cached checkout of repo at commit, built once (under a per-key lock) into a
         temporary directory named for its owner, then renamed into place."""
         key = hashlib.sha256(f"{repo}\0{commit}".encode()).hexdigest()[:24]
