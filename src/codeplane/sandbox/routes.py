@@ -7,6 +7,7 @@ resolved by `sandbox/files.py`, so nothing outside the sandbox's tree is read or
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from fastapi import APIRouter, Query, Request, Response
@@ -112,11 +113,11 @@ def read(request: Request, sandbox_id: str,
 async def write(request: Request, sandbox_id: str,
                 path: str = Query(..., min_length=1, max_length=4096)) -> dict:
     box = _box(request, sandbox_id)
-    data = await request.body()
+    data = await request.body()  # async for the raw body; the disk work runs on a thread
     fleet = _fleet(request)
     try:
-        fleet.check_write(box, len(data))
-        files.write_atomic(box.workspace, Path(path), data)
+        await asyncio.to_thread(fleet.check_write, box, len(data))
+        await asyncio.to_thread(files.write_atomic, box.workspace, Path(path), data)
     except FleetError as exc:
         raise _api(exc) from None
     except files.Refused as exc:
