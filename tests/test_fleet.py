@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port, make_settings
+from conftest import LiveServer, free_port, make_settings
 from upstreams.scripted import caller, run_server, wait_for
 
 from codeplane.gateway.keys import KeyStore
@@ -29,16 +29,21 @@ def git_repo(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def fleet_server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fleet")
+def fleet_server_at(tmp: Path, fleet_toml: str, **gateway) -> LiveServer:
+    """A real server whose workspace root `tmp/code` holds one repo, `app`."""
     root = tmp / "code"
     git_repo(root / "app", {"a.txt": "hello\n", "src.py": "x = 1\n"})
     home = tmp / "home"
     home.mkdir()
-    (home / "codeplane.toml").write_text("[fleet]\npool_size = 1\nmax_per_tenant = 3\n")
-    server = run_server(home, None, workspace_roots=[str(root)])
-    server.root = root
+    (home / "codeplane.toml").write_text(f"[fleet]\n{fleet_toml}\n")
+    server = run_server(home, None, gateway=gateway, workspace_roots=[str(root)])
+    server.tmp, server.root = tmp, root
+    return server
+
+
+@pytest.fixture(scope="module")
+def fleet_server(tmp_path_factory):
+    server = fleet_server_at(tmp_path_factory.mktemp("fleet"), "pool_size = 1\nmax_per_tenant = 3")
     yield server
     server.stop()
 
@@ -46,7 +51,6 @@ def fleet_server(tmp_path_factory):
 def create(server, tenant: str = "t1", **body) -> httpx.Response:
     return httpx.post(f"{server.url}/v1/sandboxes", headers=caller(server, tenant),
                       json={"repo": str(server.root / "app"), **body}, timeout=60)
-
 
 def test_sandbox_lifecycle_changes_stay_in_the_sandbox(fleet_server):
     s, h = fleet_server, caller(fleet_server)
@@ -177,3 +181,17 @@ def _up(url: str) -> bool:
         return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_sandbox_from_a_git_bundle(fleet_server):
+    s, h = fleet_server, caller(fleet_server)
+    bundle = s.root / "app.bundle"
+    if not bundle.exists():
+        subprocess.run(["git", "bundle", "create", "-q", str(bundle), "main"],
+                       cwd=s.root / "app", check=True)
+    box = create(s, repo=str(bundle), ref="main")
+    assert box.status_code == 201, box.text
+    got = httpx.get(f"{s.url}/v1/sandboxes/{box.json()['id']}/files",
+                    params={"path": "a.txt"}, headers=h)
+    assert got.content == b"hello\n"
+    assert create(s, repo=str(bundle), ref="nope").status_code == 400

@@ -8,31 +8,22 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_fleet import git_repo
-from upstreams.scripted import caller, run_server
+from test_fleet import create, fleet_server_at, git_repo
+from upstreams.scripted import caller
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleet-attacks")
-    root = tmp / "code"
-    git_repo(root / "app", {"a.txt": "hello\n"})
     (tmp / "outside").mkdir()
     (tmp / "outside" / "secret.txt").write_text("top secret\n")
     git_repo(tmp / "elsewhere", {"s.txt": "not yours\n"})
-    home = tmp / "home"
-    home.mkdir()
-    (home / "codeplane.toml").write_text("[fleet]\npool_size = 0\n")
-    live = run_server(home, None, gateway={"auth": "on"}, workspace_roots=[str(root)])
-    live.tmp, live.root = tmp, root
+    live = fleet_server_at(tmp, "pool_size = 0", auth="on")
     yield live
     live.stop()
 
 
-def make(server, tenant: str = "t1", **body) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/sandboxes", headers=caller(server, tenant),
-                      json={"repo": str(server.root / "app"), **body}, timeout=60)
-
+make = create  # POST /v1/sandboxes for the repo `app`
 
 def test_no_key_no_sandbox(server):
     assert httpx.get(f"{server.url}/v1/sandboxes").status_code == 401
