@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -195,3 +196,15 @@ def test_sandbox_from_a_git_bundle(fleet_server):
                     params={"path": "a.txt"}, headers=h)
     assert got.content == b"hello\n"
     assert create(s, repo=str(bundle), ref="nope").status_code == 400
+
+
+def test_tenant_quota_holds_under_a_burst(fleet_server):
+    """Eight acquires at once against a quota of three: exactly three are made."""
+    s = fleet_server
+    caller(s, "burst")
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: create(s, "burst"), range(8)))
+    assert sorted(r.status_code for r in codes) == [201] * 3 + [429] * 5
+    for made in codes:
+        if made.status_code == 201:
+            httpx.delete(f"{s.url}/v1/sandboxes/{made.json()['id']}", headers=caller(s, "burst"))

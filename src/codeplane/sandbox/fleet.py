@@ -115,6 +115,7 @@ class Fleet:
         self._lock = threading.Lock()
         self._base_locks: dict[str, threading.Lock] = {}
         self._live: dict[str, Sandbox] = {}
+        self._pending: dict[str, int] = {}  # sandboxes being made now, per tenant
         self._pools: dict[tuple[str, str], Pool] = {}
         self._wake = threading.Condition(self._lock)
         self._closed = False
@@ -141,10 +142,17 @@ class Fleet:
             else:
                 pool.misses += 1
                 self._check_capacity()
+                self._pending[tenant] = self._pending.get(tenant, 0) + 1  # holds its slot
             self._wake.notify()
-        if box is None:
-            box = self._make(repo, ref, commit, tenant)
-        return box
+        if box is not None:
+            return box
+        try:
+            return self._make(repo, ref, commit, tenant)
+        except clone.CloneError as exc:
+            raise FleetError(503, f"could not make the sandbox: {exc}", "clone_failed") from None
+        finally:
+            with self._lock:
+                self._pending[tenant] -= 1
 
     def release(self, sandbox_id: str) -> None:
         """Remove a sandbox: processes, mounts, directory, record. Unknown ids are a no-op."""
@@ -228,10 +236,12 @@ class Fleet:
     # --- internals ----------------------------------------------------------------------
 
     def _count(self) -> int:
-        return len(self._live) + sum(len(p.ready) for p in self._pools.values())
+        return (len(self._live) + sum(len(p.ready) for p in self._pools.values())
+                + sum(self._pending.values()))
 
     def _check_quota(self, tenant: str) -> None:
         held = sum(1 for b in self._live.values() if b.tenant == tenant)
+        held += self._pending.get(tenant, 0)
         if held >= self.settings.max_per_tenant:
             raise FleetError(429, f"tenant holds {held} sandboxes; the limit is "
                                   f"{self.settings.max_per_tenant}", "sandbox_quota_exceeded")
