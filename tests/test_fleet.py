@@ -17,6 +17,7 @@ from upstreams.scripted import caller, run_server, wait_for
 
 from codeplane.gateway.keys import KeyStore
 from codeplane.sandbox.clone import mounts_under
+from codeplane.sandbox.runner import Limits
 
 
 def git_repo(path: Path, files: dict[str, str]) -> Path:
@@ -208,3 +209,18 @@ def test_tenant_quota_holds_under_a_burst(fleet_server):
     for made in codes:
         if made.status_code == 201:
             httpx.delete(f"{s.url}/v1/sandboxes/{made.json()['id']}", headers=caller(s, "burst"))
+
+
+def test_pooled_sandbox_as_a_workspace(fleet_server):
+    """The fleet's sandbox behind the `Workspace` interface the agent's tools use."""
+    fleet = fleet_server.app.state.services.fleet
+    ws = fleet.open("ws-tenant", fleet_server.root / "app", "main")
+    before = ws.snapshot()
+    ws.write(Path("made.txt"), b"made\n")
+    assert ws.read(Path("a.txt"), 100) == b"hello\n"
+    ran = ws.exec("cat made.txt && echo o > other.txt", Limits(timeout=60))
+    assert ran.exit_code == 0 and ran.output == "made\n" and ws.describe()["backend"] == "pool"
+    assert "made.txt" in ws.diff(before) and "other.txt" in ws.diff(before)
+    root = ws.root
+    ws.close()
+    assert not root.exists() and fleet.list("ws-tenant") == []

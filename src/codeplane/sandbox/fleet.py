@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 
 from codeplane.sandbox import clone, reaper
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits
+from codeplane.sandbox.workspace import LocalWorkspace, Workspace
 
 log = logging.getLogger("codeplane.fleet")
 
@@ -87,6 +88,21 @@ class Sandbox:
         return {"id": self.id, "repo": self.repo, "ref": self.ref, "commit": self.commit,
                 "strategy": self.strategy, "created": self.created,
                 "workspace": str(self.workspace)}
+
+
+class PooledWorkspace(LocalWorkspace):
+    """A fleet sandbox behind the `Workspace` interface: reads, writes and commands go through
+    the sandbox's tree and bubblewrap runner; closing gives the sandbox back."""
+
+    def __init__(self, fleet: Fleet, box: Sandbox) -> None:
+        super().__init__(box.workspace, box.runner())
+        self.fleet, self.box = fleet, box
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "backend": "pool", "sandbox": self.box.id}
+
+    def close(self) -> None:
+        self.fleet.release(self.box.id)
 
 
 @dataclass
@@ -153,6 +169,12 @@ class Fleet:
         finally:
             with self._lock:
                 self._pending[tenant] -= 1
+
+    def open(self, tenant: str, repo: Path, ref: str = "HEAD") -> Workspace:
+        """`acquire` as a `Workspace` (the agent's tools run on it unchanged); its `close()`
+        releases the sandbox. Not an entry of `workspace.BACKENDS`: that table builds a
+        workspace from a directory alone, and a pooled one needs this service and a tenant."""
+        return PooledWorkspace(self, self.acquire(tenant, repo, ref))
 
     def release(self, sandbox_id: str) -> None:
         """Remove a sandbox: processes, mounts, directory, record. Unknown ids are a no-op."""
