@@ -33,6 +33,14 @@ def settings(tmp_path: Path) -> Settings:
     return make_settings(tmp_path / "home")
 
 
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    """An empty workspace directory (sandbox and tool tests)."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    return root
+
+
 @pytest.fixture(scope="session")
 def session_settings(tmp_path_factory) -> Settings:
     return make_settings(tmp_path_factory.mktemp("session") / "home")

@@ -21,13 +21,6 @@ from codeplane.sandbox import BwrapRunner, Limits, SandboxUnavailable
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return root
-
-
-@pytest.fixture
 def box(ws: Path) -> BwrapRunner:
     return BwrapRunner(ws)
 

@@ -21,13 +21,6 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return root
-
-
-@pytest.fixture
 def outside(tmp_path: Path) -> Path:
     """A host directory outside the workspace holding a secret."""
     out = tmp_path / "outside"
