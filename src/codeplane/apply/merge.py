@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -454,7 +455,7 @@ def _anchored_start(original: list[str], best: Alignment, content: list[int],
     if len(ops) < lines or any(op[0] != "match" for op in ops):
         return False
     return all(not any(line.strip() for line in original[a[1] + 1:b[1]]) and b[1] > a[1]
-               for a, b in zip(ops, ops[1:]))
+               for a, b in pairwise(ops))
 
 
 def _blank_before(items: list[str | None], k: int, original: list[str], first: tuple) -> str:
