@@ -41,6 +41,27 @@ def ws(tmp_path: Path) -> Path:
     return root
 
 
+class LoopbackListener:
+    """A TCP listener on the host's 127.0.0.1 that records every connection it accepts: what a
+    sandbox must never reach."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list = []
+        threading.Thread(target=lambda: self.accepted.append(self.sock.accept()),
+                         daemon=True).start()
+
+
+@pytest.fixture
+def loopback_listener():
+    listener = LoopbackListener()
+    yield listener
+    listener.sock.close()
+
+
 @pytest.fixture(scope="session")
 def session_settings(tmp_path_factory) -> Settings:
     return make_settings(tmp_path_factory.mktemp("session") / "home")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -56,13 +55,8 @@ def test_commands_run_in_the_workspace(box: BwrapRunner, ws: Path) -> None:
     assert (ws / "made.txt").read_text() == "hi\n"
 
 
-def test_no_network(box: BwrapRunner, ws: Path) -> None:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    port = listener.getsockname()[1]
-    accepted: list = []
-    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+def test_no_network(box: BwrapRunner, ws: Path, loopback_listener) -> None:
+    port = loopback_listener.port
     probe = (f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2); "
              "print('CONNECTED')\"")
     res = box.run(probe, ws, Limits(timeout=10))
@@ -71,8 +65,7 @@ def test_no_network(box: BwrapRunner, ws: Path) -> None:
     external = box.run("python -c \"import socket; socket.create_connection(('192.0.2.1', 80), "
                        "2)\"", ws, Limits(timeout=10))
     assert external.exit_code != 0 and "unreachable" in external.output.lower()
-    assert accepted == []
-    listener.close()
+    assert loopback_listener.accepted == []
     # network on (slirp4netns) is tested in tests/security/test_sandbox_escapes.py: it has a
     # routed interface yet still cannot reach this listener on the host's loopback
 

@@ -4,7 +4,6 @@ real git, real sockets on loopback) and the test asserts the host saw nothing of
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -222,40 +221,17 @@ def test_nested_repositories_are_read_only(ws: Path, tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- network
 
-def _host_address() -> str | None:
-    """This machine's first non-loopback IPv4 address (traffic to it never leaves the host)."""
-    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=False)
-    addrs = [a for a in out.stdout.split() if "." in a and not a.startswith("127.")]
-    return addrs[0] if addrs else None
-
-
-def test_network_cannot_reach_host_loopback(ws: Path) -> None:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    port = listener.getsockname()[1]
-    accepted: list = []
-    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+def test_network_cannot_reach_host_loopback(ws: Path, loopback_listener) -> None:
+    port = loopback_listener.port
     box = BwrapRunner(ws)
     for host in ("127.0.0.1", "10.0.2.2"):
         res = box.run(f"python -c \"import socket; socket.create_connection(('{host}', {port}),"
                       " 3); print('CONNECTED')\"", ws, Limits(timeout=20, network=True))
         assert "CONNECTED" not in res.output, (host, res.output)
-    assert accepted == []
-    listener.close()
-    # network on is real: the sandbox has a routed interface (without it: unreachable) and,
-    # where the host has a non-loopback address, reaches a listener there
+    assert loopback_listener.accepted == []
+    # network on is real: the sandbox has a routed interface (without it: unreachable). Only
+    # loopback may be the target of a test, so no host interface address is dialled here.
     route = box.run("python -c \"import socket; s = socket.socket(socket.AF_INET, "
                     "socket.SOCK_DGRAM); s.connect(('10.0.2.2', 9)); print(s.getsockname()[0])\"",
                     ws, Limits(timeout=20, network=True))
     assert route.output.strip() == "10.0.2.100", route.output
-    address = _host_address()
-    if address:
-        public = socket.socket()
-        public.bind((address, 0))
-        public.listen()
-        res = box.run(f"python -c \"import socket; socket.create_connection(('{address}', "
-                      f"{public.getsockname()[1]}), 3); print('CONNECTED')\"", ws,
-                      Limits(timeout=20, network=True))
-        public.close()
-        assert "CONNECTED" in res.output, res.output
