@@ -37,12 +37,17 @@ class Sampling:
 @dataclass
 class Turn:
     """One assistant reply: the message (role, content, tool_calls), why it stopped, token
-    usage, and per-token logprobs when the model reports them (for training)."""
+    usage, and per-token logprobs when the model reports them. A training policy also returns
+    the exact token ids it was prompted with and sampled, and the policy version that sampled
+    them, so a trainer scores the same tokens the sampler saw (no re-tokenisation drift)."""
 
     message: dict[str, Any]
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     logprobs: list[float] | None = None
+    prompt_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    policy_version: int | None = None
 
 
 class ChatModel(Protocol):
