@@ -24,8 +24,9 @@ marker was forgotten), and for the whitespace styles the commit itself changes n
 line next to context only (a drifted blank line and a real one look alike).
 
 Usage:
-  python bench/apply/wild.py build REPO_DIR...   # (re)build the held-out part
+  python bench/apply/wild.py build REPO_DIR... [--out PATH]  # (re)build a held-out part
   python bench/apply/wild.py [--verbose]         # exact / wrong / declined per style
+  python bench/apply/wild.py --set fresh         # the second held-out slice alone
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ from pathlib import Path
 from codeplane.apply.api import apply_edit
 
 HELD_OUT = Path(__file__).with_name("cases.jsonl.xz")
+# A second held-out slice, built after the rules were tuned on the sets above and never
+# tuned on (pytest-dev/pluggy, hynek/structlog, more-itertools): `--set fresh`.
+FRESH = Path(__file__).with_name("fresh.jsonl.xz")
 STYLES = ("wordings", "body", "header", "drift", "joined", "mixed")
 WORDINGS = (
     "# ... existing code ...", "# ... rest of the function unchanged ...", "# (unchanged)",
@@ -70,11 +74,17 @@ def bench_apply():
 BA = bench_apply()
 
 
-def load_all() -> list[dict]:
-    cases = [dict(c, part="tune") for c in BA.load()]
-    with lzma.open(HELD_OUT, "rt") as fh:
-        cases += [dict(json.loads(line), part="held-out") for line in fh]
-    return cases
+def load_all(which: str = "main") -> list[dict]:
+    """The tune part and the first held-out part ("main"), or the second held-out slice
+    alone ("fresh")."""
+    if which == "fresh":
+        return _read(FRESH, "held-out")
+    return [dict(c, part="tune") for c in BA.load()] + _read(HELD_OUT, "held-out")
+
+
+def _read(path: Path, part: str) -> list[dict]:
+    with lzma.open(path, "rt") as fh:
+        return [dict(json.loads(line), part=part) for line in fh]
 
 
 # -- deriving wild sketches ------------------------------------------------------------------
@@ -317,18 +327,22 @@ def main() -> None:
     builder = sub.add_parser("build", help="build the held-out part from git repositories")
     builder.add_argument("repos", nargs="+", type=Path)
     builder.add_argument("--per-bucket", type=int, default=8)
+    builder.add_argument("--out", type=Path, default=HELD_OUT)
     parser.add_argument("--verbose", action="store_true", help="also list every decline")
+    parser.add_argument("--set", choices=("main", "fresh"), default="main",
+                        help="main: tune + first held-out part; fresh: the second held-out "
+                             "slice alone")
     parser.add_argument("--style", choices=STYLES, help="print one case's sketch in a style")
     parser.add_argument("--case", type=int, default=0)
     args = parser.parse_args()
     if args.command == "build":
         cases = BA.build(args.repos, args.per_bucket)
-        with lzma.open(HELD_OUT, "wt", preset=9 | lzma.PRESET_EXTREME) as fh:
+        with lzma.open(args.out, "wt", preset=9 | lzma.PRESET_EXTREME) as fh:
             for case in cases:
                 fh.write(json.dumps(case) + "\n")
-        print(f"{len(cases)} cases -> {HELD_OUT}")
+        print(f"{len(cases)} cases -> {args.out}")
         return
-    cases = load_all()
+    cases = load_all(args.set)
     if args.style:
         print(sketches(cases[args.case], args.case).get(args.style, "(not well posed)"))
         return
