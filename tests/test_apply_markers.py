@@ -49,6 +49,7 @@ WORDINGS = [
     "# rest of the code unchanged", "# ... (unchanged) ...", "# … existing methods …",
     "# [rest of file unchanged]", "# unchanged code", "# (rest of the class omitted)",
     "# keep existing code", "# remaining methods unchanged", "# ...existing code...",
+    "# ... other methods ...", "# remaining code unchanged", "# (previous code)",
 ]
 
 
@@ -299,3 +300,114 @@ def test_marker_wording_never_deletes_what_it_stands_for(wording: str) -> None:
     if result.ok:
         assert result.merged == EXPECTED
     assert "fh.read()" in (result.merged or STORE)
+
+
+MATCH_ARGS = '''import pytest
+
+
+class TestA:
+    def test_one(self):
+        x = make(
+            "C", "a", None
+        )
+        assert x
+
+    def test_two(self):
+        y = make(
+            "D", "b", None
+        )
+
+    @pytest.mark.skipif(OLD, reason="Pre-3.10 only.")
+    def test_old(self):
+        assert None is getattr(C, "__match_args__", None)
+
+
+@pytest.mark.skipif(
+    not OLD, reason="3.10+"
+)
+class TestB:
+    """
+    Tests for match args.
+    """
+
+    def test_b(self):
+        pass
+'''
+
+
+def test_closing_bracket_after_a_body_marker_is_the_one_at_its_depth() -> None:
+    """The commit deletes `test_old` and `TestB`'s decorator; the sketch shows the `)` that
+    ends `test_two` (at the body's depth) right above `class TestB:`. The top-level `)`
+    of the decorator is the cheaper match, and was taken: the deleted code kept, the `)`
+    re-indented, ok: true (attrs 9b98a730bf in the wild benchmark). A `)` places nothing,
+    but its indentation says which one it is."""
+    sketch = '''# ... existing code ...
+    def test_two(self):
+        # rest of the code unchanged
+        )
+
+
+class TestB:
+    """
+# ... existing code ...
+'''
+    result = apply_edit(MATCH_ARGS, sketch, "test_m.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == MATCH_ARGS.replace(MATCH_ARGS[MATCH_ARGS.index(
+        "    @pytest.mark.skipif(OLD"):MATCH_ARGS.index("class TestB")], "\n")
+
+
+COMPLETE = '''import os
+import sys
+
+
+def _bashcomplete(cmd, prog_name, complete_var=None):
+    if complete_var is None:
+        complete_var = "_%s_COMPLETE" % prog_name.upper()
+    complete_instr = os.environ.get(complete_var)
+    if not complete_instr:
+        return
+
+    from click.bashcomplete import bashcomplete
+    if bashcomplete(cmd, prog_name, complete_var, complete_instr):
+        sys.exit(1)
+
+
+def main():
+    pass
+'''
+
+
+def test_blank_line_added_under_a_marker_with_wide_context_is_layout() -> None:
+    """The model added a blank line under the marker, above `if not complete_instr:`
+    where the file has code. Read as context it would delete that code with one blank
+    line of context, but the segment closes on two lines of context: its context is not
+    one line wide, so the blank line is layout and the file keeps its lines (click
+    080179683d in the wild benchmark's `drift` style declined)."""
+    sketch = '''    # ... existing code ...
+
+    if not complete_instr:
+        return
+
+    from click._bashcomplete import bashcomplete
+    if bashcomplete(cmd, prog_name, complete_var, complete_instr):
+        sys.exit(1)
+
+# ... existing code ...
+'''
+    result = apply_edit(COMPLETE, sketch, "complete.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == COMPLETE.replace("click.bashcomplete", "click._bashcomplete")
+
+
+def test_blank_line_as_the_only_context_of_a_deletion_still_declines() -> None:
+    """A one-line-context diff deleting the import: the blank line above it, then the line
+    after it. The same sketch as a model's layout would keep the import; not guessed."""
+    sketch = '''    # ... existing code ...
+
+    if bashcomplete(cmd, prog_name, complete_var, complete_instr):
+    # ... existing code ...
+'''
+    result = apply_edit(COMPLETE, sketch, "complete.py")
+    assert not result.ok
+    assert "blank line" in result.diagnostics[-1]

@@ -52,6 +52,10 @@ INF = 1 << 40
 TRIVIAL = re.compile(r"^(\W*|pass|else:|try:|finally:|return|break|continue|\w{1,2}\W*)$")
 
 
+def _width(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
+
+
 def norm(line: str) -> str:
     return " ".join(line.split())
 
@@ -171,6 +175,38 @@ class Aligner:
         self.osig = signatures(onorm)
         self.otrivial = np.array([trivial(t) for t in onorm], dtype=bool)
         self.subcost = [self._sub_cost(it, code) for it, code in zip(items, self.icode)]
+        self.shift_forbid = self._shift_forbid()
+
+    def _shift_forbid(self) -> dict[int, np.ndarray]:
+        """For each trivial line (`)`, `pass`, `else:`), the file lines it may not match.
+        Such a line places nothing by itself, but its indentation says which copy it is:
+        where a segment's distinctive lines that the file has once each agree on how far
+        the segment is shifted, its trivial lines match only copies with that shift. (A
+        `)` shown at a method body's depth after a body marker was matched to a top-level
+        `)` further down, the code between kept, the file's `)` re-indented: attrs
+        9b98a730bf.) Segments whose distinctive lines disagree (a block re-indented on
+        purpose) or that have none get no constraint."""
+        width = np.array([_width(line) for line in self.original], dtype=np.int64)
+        counts = np.bincount(self.ocode, minlength=1) if len(self.ocode) else np.zeros(1)
+        first = {int(c): o for o, c in reversed(list(enumerate(self.ocode)))}
+        forbid: dict[int, np.ndarray] = {}
+        run: list[int] = []
+        for k, item in enumerate([*self.items, None]):
+            if item is not None:
+                run.append(k)
+                continue
+            shifts = {_width(self.items[j]) - int(width[first[self.icode[j]]])
+                      for j in run if self.icode[j] >= 0 and counts[self.icode[j]] == 1
+                      and not trivial(norm(self.items[j]))}
+            if len(shifts) == 1:
+                shift = shifts.pop()
+                for j in run:
+                    text = self.items[j]
+                    if self.icode[j] >= 0 and text.strip() and trivial(norm(text)):
+                        forbid[j] = (self.ocode == self.icode[j]) & \
+                            (width + shift != _width(text))
+            run = []
+        return forbid
 
     def _sub_cost(self, item: str | None, code: int | None) -> np.ndarray | None:
         """Cost of item replacing each original line (INF where it is not similar enough):
@@ -240,7 +276,10 @@ class Aligner:
         return row
 
     def align(self, forbid: dict[int, np.ndarray] | None = None) -> Alignment | None:
-        """Optimal alignment; `forbid[k]` masks original lines item k may not match."""
+        """Optimal alignment; `forbid[k]` masks original lines item k may not match (on top
+        of `shift_forbid`)."""
+        forbid = {k: self.shift_forbid.get(k, False) | (forbid or {}).get(k, False)
+                  for k in {*self.shift_forbid, *(forbid or {})}}
         n = len(self.original)
         cols = np.arange(n + 1, dtype=np.int64)
         prev = np.full(n + 1, INF, dtype=np.int64)

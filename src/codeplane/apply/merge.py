@@ -422,9 +422,11 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
     the segment's first line is code: that code may have been deleted (the blank
     line was the only context) or the blank line may be layout. Not guessed, unless the
     first line is context and reading the blank line as context is impossible (no blank
-    line in the marker's stretch) or absurd (it would delete the header of the block the
-    first line is in, while the segment opens with context lines in a row): models add
-    such blank lines, and the merge keeps the file's."""
+    line in the marker's stretch) or contradicts the segment's own context width: it
+    opens on three context lines in a row, or on context and closes on two in a row. A
+    sketch whose only context before a deletion is one blank line is a one-line-context
+    diff, whose other end has one line of context too (a diff's context is as wide at both
+    ends); models add such blank lines next to markers, and the merge keeps the file's."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     content = [k for k in rows if items[k].strip()]  # type: ignore[union-attr]
     lead = rows[:rows.index(content[0])] if content else []
@@ -439,19 +441,26 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
                 default=None)
     if blank is None:
         return None  # no blank line it could be: the model's layout, nothing deleted
-    depth = len(_indent(original[first[1]]))
-    if _anchored_start(original, best, content) and any(
-            line.strip() and len(_indent(line)) < depth
-           for line in original[blank + 1:first[1]]):
-        return None  # as context it would delete the header of the block the segment is in
+    if _anchored_start(original, best, content, 3) or _anchored_start(
+            original, best, content, 1) and _anchored_end(original, best, content, 2):
+        return None  # the segment's context is wider than one line: the blank is layout
     return _blank_before(items, content[0], original, first)
 
 
 def _anchored_start(original: list[str], best: Alignment, content: list[int],
-                    lines: int = 3) -> bool:
+                    lines: int) -> bool:
     """The segment's first `lines` non-blank lines are context, in a row in the file (blank
-    lines aside): the segment's place is not in doubt, only the blank line above it."""
-    ops = [best.ops[k] for k in content[:lines]]
+    lines aside)."""
+    return _context_run(original, [best.ops[k] for k in content[:lines]], lines)
+
+
+def _anchored_end(original: list[str], best: Alignment, content: list[int],
+                  lines: int) -> bool:
+    """The segment's last `lines` non-blank lines are context, in a row in the file."""
+    return _context_run(original, [best.ops[k] for k in content[-lines:]], lines)
+
+
+def _context_run(original: list[str], ops: list[tuple], lines: int) -> bool:
     if len(ops) < lines or any(op[0] != "match" for op in ops):
         return False
     return all(not any(line.strip() for line in original[a[1] + 1:b[1]]) and b[1] > a[1]
