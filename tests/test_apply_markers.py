@@ -411,3 +411,4 @@ def test_blank_line_as_the_only_context_of_a_deletion_still_declines() -> None:
     result = apply_edit(COMPLETE, sketch, "complete.py")
     assert not result.ok
     assert "blank line" in result.diagnostics[-1]
+

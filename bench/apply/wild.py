@@ -293,14 +293,35 @@ def sketches(case: dict, index: int) -> dict[str, str]:
 
 # -- running ---------------------------------------------------------------------------------
 
+# Why a sketch declined, from the merge's reason (first match wins).
+CATEGORIES = (
+    ("blank line next to a marker", ("shows a blank line",)),
+    ("open end (no context at a marker)", ("without context", "with new lines")),
+    ("fits two places", ("equally well", "two equally good", "opens like", "closes like",
+                         "occurs several times")),
+    ("no distinctive line", ("no distinctive line",)),
+    ("no-op with blank context", ("changes nothing",)),
+    ("wrong-merge guard", ("wrong-merge guard",)),
+    ("marker-less edge", ("no elision marker at its",)),
+)
+
+
+def category(reason: str) -> str:
+    return next((name for name, keys in CATEGORIES if any(k in reason for k in keys)),
+                "other")
+
+
 def run(cases: list[dict], verbose: bool) -> None:
     kinds: dict[tuple[str, str], list[str]] = defaultdict(list)
+    declines: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     misses = []
     for index, case in enumerate(cases):
         for style, text in sketches(case, index).items():
             result = apply_edit(case["original"], text, case["path"])
             kind = BA.kind_of(result, case)
             kinds[style, case["part"]].append(kind)
+            if kind == "declined":
+                declines[style][category(result.diagnostics[-1])] += 1
             if kind != "exact":
                 misses.append((kind, style, case["repo"], case["commit"][:10], case["path"],
                                "" if result.ok else result.diagnostics[-1][:120]))
@@ -316,6 +337,10 @@ def run(cases: list[dict], verbose: bool) -> None:
               f"{BA._pct(held, 'exact'):5.1f}% / {BA._pct(held, 'wrong'):4.1f}% ({len(held)})")
     every = [k for v in kinds.values() for k in v]
     print(f"  all {len(every)} applies: {BA._shares(every)}")
+    print("  declines by reason:")
+    for style in STYLES:
+        ranked = sorted(declines[style].items(), key=lambda kv: -kv[1])
+        print(f"    {style:9s} " + ", ".join(f"{name} {count}" for name, count in ranked))
     for miss in sorted(misses, key=lambda m: m[0] != "wrong"):
         if miss[0] == "wrong" or verbose:
             print("  ", *miss)

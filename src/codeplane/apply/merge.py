@@ -421,9 +421,9 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
     """The sketch shows a blank line between a marker and the segment, but the line before
     the segment's first line is code: that code may have been deleted (the blank
     line was the only context) or the blank line may be layout. Not guessed, unless the
-    first line is context and reading the blank line as context is impossible (no blank
+    first line is context, and reading the blank line as context is impossible (no blank
     line in the marker's stretch) or contradicts the segment's own context width: it
-    opens on three context lines in a row, or on context and closes on two in a row. A
+    opens on three context lines in a row, or closes on two. A
     sketch whose only context before a deletion is one blank line is a one-line-context
     diff, whose other end has one line of context too (a diff's context is as wide at both
     ends); models add such blank lines next to markers, and the merge keeps the file's."""
@@ -441,8 +441,7 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
                 default=None)
     if blank is None:
         return None  # no blank line it could be: the model's layout, nothing deleted
-    if _anchored_start(original, best, content, 3) or _anchored_start(
-            original, best, content, 1) and _anchored_end(original, best, content, 2):
+    if _anchored_start(original, best, content, 3) or _closing_context(best, rows) >= 2:
         return None  # the segment's context is wider than one line: the blank is layout
     return _blank_before(items, content[0], original, first)
 
@@ -451,20 +450,23 @@ def _anchored_start(original: list[str], best: Alignment, content: list[int],
                     lines: int) -> bool:
     """The segment's first `lines` non-blank lines are context, in a row in the file (blank
     lines aside)."""
-    return _context_run(original, [best.ops[k] for k in content[:lines]], lines)
-
-
-def _anchored_end(original: list[str], best: Alignment, content: list[int],
-                  lines: int) -> bool:
-    """The segment's last `lines` non-blank lines are context, in a row in the file."""
-    return _context_run(original, [best.ops[k] for k in content[-lines:]], lines)
-
-
-def _context_run(original: list[str], ops: list[tuple], lines: int) -> bool:
+    ops = [best.ops[k] for k in content[:lines]]
     if len(ops) < lines or any(op[0] != "match" for op in ops):
         return False
     return all(not any(line.strip() for line in original[a[1] + 1:b[1]]) and b[1] > a[1]
                for a, b in pairwise(ops))
+
+
+def _closing_context(best: Alignment, rows: list[int]) -> int:
+    """How many lines of context, blank ones counted (as a diff counts them), the segment
+    ends on: its last rows that match consecutive file lines (optional blank lines left out
+    at the marker aside)."""
+    ops = [best.ops[k] for k in rows if best.ops[k][0] != "drop"][::-1]
+    count = 0
+    while count < len(ops) and ops[count][0] == "match" and (
+            count == 0 or ops[count][1] == ops[count - 1][1] - 1):
+        count += 1
+    return count
 
 
 def _blank_before(items: list[str | None], k: int, original: list[str], first: tuple) -> str:
