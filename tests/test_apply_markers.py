@@ -412,3 +412,67 @@ def test_blank_line_as_the_only_context_of_a_deletion_still_declines() -> None:
     assert not result.ok
     assert "blank line" in result.diagnostics[-1]
 
+
+
+
+PROTOCOL = '''annotations = getattr(base, "__annotations__", {})
+
+
+def check(cls, other):
+    for attr in ATTRS:
+        for base in other.__mro__:
+            if attr in base.__dict__:
+                if base.__dict__[attr] is None:
+                    return NotImplemented
+                break
+            if attr in getattr(base, "__annotations__", {}):
+                break
+        else:
+            return NotImplemented
+    return True
+
+
+def check2(cls, other):
+    for attr in ATTRS:
+        for base in other.__mro__:
+            if attr in base.__dict__:
+                if base.__dict__[attr] is None:
+                    return NotImplemented
+                break
+            if attr in getattr(base, "__annotations__", {}):
+                break
+        else:
+            return NotImplemented
+    return False
+'''
+
+
+def test_new_line_copying_one_at_another_depth_does_not_set_the_shift() -> None:
+    """Both loops gain `annotations = ...`, a line the file has at the top level. Taken as
+    the segment's evidence of a shift, it forbade every `break` and `else:` in place and
+    the two identical segments went wrong (typing_extensions ff435a1ca4 in `markers` and
+    `dedented`): a distinctive line is evidence only if the others agree with it."""
+    sketch = '''# ... existing code ...
+                if base.__dict__[attr] is None:
+                    return NotImplemented
+                break
+            annotations = getattr(base, "__annotations__", {})
+            if attr in annotations:
+                break
+        else:
+# ... existing code ...
+                if base.__dict__[attr] is None:
+                    return NotImplemented
+                break
+            annotations = getattr(base, "__annotations__", {})
+            if attr in annotations:
+                break
+        else:
+# ... existing code ...
+'''
+    old = '            if attr in getattr(base, "__annotations__", {}):\n'
+    new = ('            annotations = getattr(base, "__annotations__", {})\n'
+           '            if attr in annotations:\n')
+    result = apply_edit(PROTOCOL, sketch, "protocol.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == PROTOCOL.replace(old, new)

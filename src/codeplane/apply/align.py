@@ -185,7 +185,8 @@ class Aligner:
         `)` shown at a method body's depth after a body marker was matched to a top-level
         `)` further down, the code between kept, the file's `)` re-indented: attrs
         9b98a730bf.) Segments whose distinctive lines disagree (a block re-indented on
-        purpose) or that have none get no constraint."""
+        purpose, a new line copying one at another depth) or that have none get no
+        constraint."""
         width = np.array([_width(line) for line in self.original], dtype=np.int64)
         counts = np.bincount(self.ocode, minlength=1) if len(self.ocode) else np.zeros(1)
         first = {int(c): o for o, c in reversed(list(enumerate(self.ocode)))}
@@ -195,10 +196,15 @@ class Aligner:
             if item is not None:
                 run.append(k)
                 continue
+            known = [j for j in run if self.icode[j] >= 0 and not trivial(norm(self.items[j]))]
             shifts = {_width(self.items[j]) - int(width[first[self.icode[j]]])
-                      for j in run if self.icode[j] >= 0 and counts[self.icode[j]] == 1
-                      and not trivial(norm(self.items[j]))}
-            if len(shifts) == 1:
+                      for j in known if counts[self.icode[j]] == 1}
+            # Every distinctive line must have a copy at that shift: a new line that copies
+            # one elsewhere in the file (at another depth) is no evidence.
+            if len(shifts) == 1 and all(
+                    np.any((self.ocode == self.icode[j]) & (width + next(iter(shifts))
+                                                            == _width(self.items[j])))
+                    for j in known):
                 shift = shifts.pop()
                 for j in run:
                     text = self.items[j]
