@@ -185,14 +185,18 @@ def edit_for(case: dict, style: str) -> str:
     }[style]()
 
 
+def final_newline_changes(case: dict) -> bool:
+    """The commit adds or removes the file's final newline (a sketch cannot say so)."""
+    return case["original"].endswith("\n") != case["expected"].endswith("\n")
+
+
 def well_posed(case: dict, style: str) -> bool:
     """Whether the style can say what the commit did (one right answer). A sketch cannot
     remove or add the file's final newline (the merge keeps the file's), and `dedented`
     strips trailing whitespace, so a commit whose new lines carry some (a whitespace-only
     line in a docstring) has no right answer there. Such (case, style) pairs are dropped
     and counted, not scored as misses."""
-    if style in ("markers", "tight", "dedented") and \
-            case["original"].endswith("\n") != case["expected"].endswith("\n"):
+    if style in ("markers", "tight", "dedented") and final_newline_changes(case):
         return False
     if style == "dedented":
         old, new = lines_of(case["original"]), lines_of(case["expected"])

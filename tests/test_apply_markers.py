@@ -476,3 +476,22 @@ def test_new_line_copying_one_at_another_depth_does_not_set_the_shift() -> None:
     result = apply_edit(PROTOCOL, sketch, "protocol.py")
     assert result.ok, result.diagnostics
     assert result.merged == PROTOCOL.replace(old, new)
+
+
+def test_line_moved_to_the_files_start_is_not_copied_twice() -> None:
+    """The sketch shows the file's start (no marker above) with `from random import seed`
+    moved up from below the imports. Read as starting anywhere, the sketch's first line
+    matched the moved line and the imports it shows above it were added a second time,
+    the file's own kept above (more-itertools e9d9d9e120 in the fresh held-out slice). The
+    reading that reaches the file's start deletes only a line the sketch shows elsewhere."""
+    original = ("from unittest import TestCase\n\nfrom nose.tools import eq_\n\n"
+                "from more_itertools import *\n\nfrom random import seed\n\n\n"
+                "def setup_module():\n    seed(1)\n\n\nclass Tests(TestCase):\n"
+                "    def test_it(self):\n        eq_(1, 1)\n")
+    sketch = ("from random import seed\nfrom unittest import TestCase\n\n"
+              "from nose.tools import eq_\n\nfrom more_itertools import *\n\n\n"
+              "def setup_module():\n# ... rest of the function unchanged ...\n")
+    result = apply_edit(original, sketch, "test_recipes.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == "from random import seed\n" + original.replace(
+        "\nfrom random import seed\n", "")

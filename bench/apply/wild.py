@@ -20,7 +20,9 @@ well-posedness check keeps only cases with one right answer (`well_posed`): ever
 leading and trailing context occurs once in the original (whitespace ignored), no marker
 wording occurs in the files, the commit does not delete or rewrite the file's first or last
 lines (a sketch reaching the file's edge without a marker reads the same as one whose
-marker was forgotten), and for the whitespace styles the commit itself changes no blank
+marker was forgotten), nor its final newline (a sketch cannot say that), no hunk deletes
+lines next to a marker with only blank lines as context (layout or context?), and for the
+whitespace styles the commit itself changes no blank
 line next to context only (a drifted blank line and a real one look alike).
 
 Usage:
@@ -251,6 +253,8 @@ def well_posed(case: dict, sketch: str, maker: Maker) -> bool:
     blank lines aside) occur once in the original; no marker wording occurs in either file;
     no whitespace-only change in the commit where the style drifts whitespace."""
     old, new = maker.old, maker.new
+    if BA.final_newline_changes(case):
+        return False  # a sketch cannot say it: the merge keeps the file's final newline
     texts = {line.strip() for line in old + new}
     if any(w in texts or w.strip("# ") in texts for w in maker.used_wordings):
         return False
@@ -260,6 +264,8 @@ def well_posed(case: dict, sketch: str, maker: Maker) -> bool:
     ops = [op for g in BA.hunks(old, new, 0) for op in g if op[0] != "equal"]
     if ops and ops[-1][2] == len(old) and ops[-1][4] == len(new) and ops[-1][1] < ops[-1][2] \
             or ops and ops[0][1] == 0 and ops[0][3] == 0 and ops[0][1] < ops[0][2]:
+        return False
+    if any(_blank_context_deletion(maker, k) for k in range(len(maker.groups))):
         return False
     keys = [squash(line) for line in old]
     nonblank = [i for i, k in enumerate(keys) if k]
@@ -278,6 +284,21 @@ def well_posed(case: dict, sketch: str, maker: Maker) -> bool:
                         or squash("".join(old[i1:i2])) == squash("".join(new[j1:j2])):
                     return False
     return True
+
+
+def _blank_context_deletion(maker: Maker, k: int) -> bool:
+    """Hunk k deletes or rewrites lines next to a marker with only blank lines as context
+    between them: models write blank lines next to markers as layout, so the sketch says
+    as much that those lines are kept as that they go (two right answers)."""
+    group, old = maker.groups[k], maker.old
+    for ops, marker in ((group, group[0][1] > 0 or k > 0),
+                        (group[::-1], k < len(maker.groups) - 1 or group[-1][2] < len(old))):
+        edge = ops[0]
+        change = next((op for op in ops if op[0] != "equal"), None)
+        if marker and change is not None and change[0] in ("replace", "delete") and \
+                (edge[0] != "equal" or not any(x.strip() for x in old[edge[1]:edge[2]])):
+            return True
+    return False
 
 
 def sketches(case: dict, index: int) -> dict[str, str]:

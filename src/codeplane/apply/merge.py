@@ -233,12 +233,14 @@ def _align_and_build(original: list[str], sketch: Sketch,
     if not (sketch.gap_before and sketch.gap_after):
         # No marker at an end: the sketch may show the file's start (end), or a marker was
         # forgotten. Read it as reaching the file's edge (where its last line need not be
-        # context) when that deletes no line the free alignment keeps, and it fits at least
+        # context) when that deletes no line the free alignment keeps, other than lines the
+        # sketch shows elsewhere (moved: an import moved to the top), and it fits at least
         # as well or every segment's edge lines still fit as context (a forgotten marker
         # would delete the code beyond, or leave its first line unplaced).
         aligner.anchor(not sketch.gap_before, not sketch.gap_after)
         anchored = aligner.align()
-        if anchored is not None and anchored.deleted <= best.deleted and (
+        if anchored is not None and _moved_only(original, sketch,
+                                                anchored.deleted - best.deleted) and (
                 anchored.cost <= best.cost or not aligner.unplaced_context(anchored)):
             best = anchored
         else:
@@ -251,6 +253,16 @@ def _align_and_build(original: list[str], sketch: Sketch,
     if isinstance(regions, str):
         return MergeOutcome(None, reasons=[regions])
     return _finish(original, sketch, items, owner, best, regions, keep_whitespace)
+
+
+def _moved_only(original: list[str], sketch: Sketch, lines: set[int]) -> bool:
+    """No lines, or lines with code that the sketch shows elsewhere (and blank lines
+    between them): a moved line, which deleting here does not lose."""
+    code = [norm(original[o]) for o in lines if original[o].strip()]
+    if not lines:
+        return True
+    shown = {norm(line) for segment in sketch.segments for line in segment}
+    return bool(code) and all(line in shown for line in code)
 
 
 def _finish(original: list[str], sketch: Sketch, items: list[str | None], owner: list[int],
