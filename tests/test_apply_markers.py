@@ -495,3 +495,51 @@ def test_line_moved_to_the_files_start_is_not_copied_twice() -> None:
     assert result.ok, result.diagnostics
     assert result.merged == "from random import seed\n" + original.replace(
         "\nfrom random import seed\n", "")
+
+
+
+RECIPES = '''def quantify(iterable, pred=bool):
+    """Return how many times the predicate is true.
+
+        >>> quantify([True, False, True])
+        2
+
+    """
+    return sum(imap(pred, iterable))
+
+
+def filter_len(func, iterable):
+    """Returns the number of items in `iterable` where `func(item)` is truthy
+
+        >>> filter_len(lambda x: x % 3 == 0, xrange(1000000))
+        333334
+
+    """
+    return sum(1 for _ in ifilter(func, iterable))
+
+
+def padnone(iterable):
+    """Returns the sequence of elements and then returns None indefinitely."""
+    return chain(iterable, repeat(None))
+'''
+
+
+def test_distinctive_line_behind_docstring_quotes_is_the_context() -> None:
+    """The commit deletes `filter_len`; the sketch's context above the deletion is the
+    closing quotes and `return sum(imap(...))` of `quantify`. Quotes place nothing, so the
+    alignment matched `filter_len`'s closing quotes, added the `return` anew and replaced
+    `filter_len`'s return with it: the deleted function kept, ok: true (more-itertools
+    61a2d7be70 in the fresh held-out slice). The line behind the quotes is the context."""
+    sketch = '''# ... existing code ...
+
+    """
+    return sum(imap(pred, iterable))
+
+
+def padnone(iterable):
+# ... existing code ...
+'''
+    result = apply_edit(RECIPES, sketch, "recipes.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == RECIPES[:RECIPES.index("def filter_len")] + \
+        RECIPES[RECIPES.index("def padnone"):]
