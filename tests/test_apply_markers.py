@@ -413,38 +413,24 @@ def test_blank_line_as_the_only_context_of_a_deletion_still_declines() -> None:
     assert "blank line" in result.diagnostics[-1]
 
 
+_CHECK = '''
 
-
-PROTOCOL = '''annotations = getattr(base, "__annotations__", {})
-
-
-def check(cls, other):
+def {name}(cls, other):
     for attr in ATTRS:
         for base in other.__mro__:
             if attr in base.__dict__:
                 if base.__dict__[attr] is None:
                     return NotImplemented
                 break
-            if attr in getattr(base, "__annotations__", {}):
+            if attr in getattr(base, "__annotations__", {{}}):
                 break
         else:
             return NotImplemented
-    return True
-
-
-def check2(cls, other):
-    for attr in ATTRS:
-        for base in other.__mro__:
-            if attr in base.__dict__:
-                if base.__dict__[attr] is None:
-                    return NotImplemented
-                break
-            if attr in getattr(base, "__annotations__", {}):
-                break
-        else:
-            return NotImplemented
-    return False
+    return {result}
 '''
+# Two functions with the same loop (the file's two places for one identical segment).
+PROTOCOL = 'annotations = getattr(base, "__annotations__", {})\n' + \
+    _CHECK.format(name="check", result="True") + _CHECK.format(name="check2", result="False")
 
 
 def test_new_line_copying_one_at_another_depth_does_not_set_the_shift() -> None:
@@ -452,7 +438,7 @@ def test_new_line_copying_one_at_another_depth_does_not_set_the_shift() -> None:
     the segment's evidence of a shift, it forbade every `break` and `else:` in place and
     the two identical segments went wrong (typing_extensions ff435a1ca4 in `markers` and
     `dedented`): a distinctive line is evidence only if the others agree with it."""
-    sketch = '''# ... existing code ...
+    segment = '''# ... existing code ...
                 if base.__dict__[attr] is None:
                     return NotImplemented
                 break
@@ -460,16 +446,8 @@ def test_new_line_copying_one_at_another_depth_does_not_set_the_shift() -> None:
             if attr in annotations:
                 break
         else:
-# ... existing code ...
-                if base.__dict__[attr] is None:
-                    return NotImplemented
-                break
-            annotations = getattr(base, "__annotations__", {})
-            if attr in annotations:
-                break
-        else:
-# ... existing code ...
 '''
+    sketch = segment * 2 + "# ... existing code ...\n"
     old = '            if attr in getattr(base, "__annotations__", {}):\n'
     new = ('            annotations = getattr(base, "__annotations__", {})\n'
            '            if attr in annotations:\n')
