@@ -167,9 +167,6 @@ class Aligner:
                 # line, so the file's copy right there is its context (and a line between
                 # them deleted) rather than a second copy added next to it.
                 self.icost[k] = INSERT_EDGE if trivial_edges else EDGE_TRIVIAL
-        for k in self._inner_edges():
-            if self.icost[k] == INSERT_KNOWN:
-                self.icost[k] = INSERT_EDGE  # behind `"""` or `)`, it is what places the segment
         self._edge_cost = list(self.icost)
         # Whether the first (last) marker, which the caller adds, may skip only blank lines:
         # the sketch shows the file's start (end). Set by the merge when it reads it so.
@@ -248,27 +245,6 @@ class Aligner:
                 continue
             out += sorted({run[0], run[-1]}) if run else []
             run = []
-        return out
-
-    def _inner_edges(self) -> list[int]:
-        """The first (last) distinctive line of every run between markers whose edge line
-        is a common one (a docstring's quotes, `)`, `else:`): the common line cannot place
-        the segment, so the distinctive line next to it is the context, and taking it as
-        new while the file has it costs as much as for an edge line (more-itertools
-        61a2d7be70: quotes, then `return sum(...)`, matched another function's quotes and
-        added the `return` anew)."""
-        out: list[int] = []
-        edges = set(self.edges())
-        for k in edges:
-            if self.icost[k] not in (INSERT_TRIVIAL, EDGE_TRIVIAL) or self.icode[k] < 0:
-                continue
-            step = 1 if self.items[k - 1] is None or k - 1 in self.optional else -1
-            j = k + step
-            while 0 <= j < len(self.items) and self.items[j] is not None \
-                    and trivial(norm(self.items[j])):
-                j += step
-            if 0 <= j < len(self.items) and self.items[j] is not None and j not in edges:
-                out.append(j)
         return out
 
     @staticmethod
