@@ -52,7 +52,8 @@ INF = 1 << 40
 TRIVIAL = re.compile(r"^(\W*|pass|else:|try:|finally:|return|break|continue|\w{1,2}\W*)$")
 
 
-def _width(line: str) -> int:
+def indent_width(line: str) -> int:
+    """Indentation in columns, a tab counting 4."""
     return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
 
 
@@ -187,7 +188,7 @@ class Aligner:
         9b98a730bf.) Segments whose distinctive lines disagree (a block re-indented on
         purpose, a new line copying one at another depth) or that have none get no
         constraint."""
-        width = np.array([_width(line) for line in self.original], dtype=np.int64)
+        width = np.array([indent_width(line) for line in self.original], dtype=np.int64)
         counts = np.bincount(self.ocode, minlength=1) if len(self.ocode) else np.zeros(1)
         first = {int(c): o for o, c in reversed(list(enumerate(self.ocode)))}
         forbid: dict[int, np.ndarray] = {}
@@ -197,20 +198,20 @@ class Aligner:
                 run.append(k)
                 continue
             known = [j for j in run if self.icode[j] >= 0 and not trivial(norm(self.items[j]))]
-            shifts = {_width(self.items[j]) - int(width[first[self.icode[j]]])
+            shifts = {indent_width(self.items[j]) - int(width[first[self.icode[j]]])
                       for j in known if counts[self.icode[j]] == 1}
             # Every distinctive line must have a copy at that shift: a new line that copies
             # one elsewhere in the file (at another depth) is no evidence.
             if len(shifts) == 1 and all(
                     np.any((self.ocode == self.icode[j]) & (width + next(iter(shifts))
-                                                            == _width(self.items[j])))
+                                                            == indent_width(self.items[j])))
                     for j in known):
                 shift = shifts.pop()
                 for j in run:
                     text = self.items[j]
                     if self.icode[j] >= 0 and text.strip() and trivial(norm(text)):
                         forbid[j] = (self.ocode == self.icode[j]) & \
-                            (width + shift != _width(text))
+                            (width + shift != indent_width(text))
             run = []
         return forbid
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from codeplane.apply.align import indent_width
+
 # Comment openers and closers of the common languages; a marker is a comment (or a bare
 # "... words ...") whose text is an ellipsis plus a few words, or a "rest unchanged" phrase.
 _OPENERS = ("{/*", "/*", "<!--", "//", "#", "--", ";", "%", "*")
@@ -147,13 +149,9 @@ def _elides(lines: list[str], i: int, literal: set[str]) -> bool:
         return False
     above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), None)
     if above is not None and above.rstrip().endswith(":") \
-            and _indent_width(above) < _indent_width(line):
+            and indent_width(above) < indent_width(line):
         return above.strip() in literal
     return True
-
-
-def _indent_width(line: str) -> int:
-    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
 
 
 def parse_edit(edit: str, original_lines: list[str]) -> ParsedEdit:
@@ -217,7 +215,7 @@ def _marker_indents(lines: list[str], literal: set[str]) -> list[int | None]:
             if in_content:
                 indents.append(None)
                 in_content = False
-            indents[-1] = max(_indent_width(line), indents[-1] or 0)
+            indents[-1] = max(indent_width(line), indents[-1] or 0)
         elif line.strip():
             in_content = True
     if in_content:

@@ -258,9 +258,9 @@ def _align_and_build(original: list[str], sketch: Sketch,
 def _moved_only(original: list[str], sketch: Sketch, lines: set[int]) -> bool:
     """No lines, or lines with code that the sketch shows elsewhere (and blank lines
     between them): a moved line, which deleting here does not lose."""
-    code = [norm(original[o]) for o in lines if original[o].strip()]
     if not lines:
         return True
+    code = [norm(original[o]) for o in lines if original[o].strip()]
     shown = {norm(line) for segment in sketch.segments for line in segment}
     return bool(code) and all(line in shown for line in code)
 
@@ -435,10 +435,10 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
     line was the only context) or the blank line may be layout. Not guessed, unless the
     first line is context, and reading the blank line as context is impossible (no blank
     line in the marker's stretch) or contradicts the segment's own context width: it
-    opens on three context lines in a row, or closes on two. A
-    sketch whose only context before a deletion is one blank line is a one-line-context
-    diff, whose other end has one line of context too (a diff's context is as wide at both
-    ends); models add such blank lines next to markers, and the merge keeps the file's."""
+    opens on three context lines in a row, or closes on two. A sketch whose only context
+    before a deletion is one blank line is a one-line-context diff, whose other end has one
+    line of context too (a diff's context is as wide at both ends); models add such blank
+    lines next to markers, and the merge keeps the file's."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     content = [k for k in rows if items[k].strip()]  # type: ignore[union-attr]
     lead = rows[:rows.index(content[0])] if content else []
