@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from codeplane.rl.algorithms import (  # noqa: E402
+from codeplane.rl.algorithms import (
     group_advantages,
     informative,
     mismatch_stats,

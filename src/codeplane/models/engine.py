@@ -29,6 +29,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from codeplane.config import Settings
 from codeplane.models.kv import KVCache
+from codeplane.models.lora import LoraSlot
 from codeplane.models.pull import ensure_weights
 from codeplane.models.registry import ModelRegistry, ModelSpec
 from codeplane.models.toolcalls import tools_system_note
@@ -65,6 +66,7 @@ class Sampling:
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int | None = None  # None: TOP_K when sampling, greedy at 0; 0: the full vocabulary
     stop: list[str] = field(default_factory=list)
     logprobs: bool = False
     seed: int | None = None
@@ -85,6 +87,11 @@ class Generation:
     token_logprobs: list[float] | None
     prompt_seconds: float
     decode_seconds: float
+    # What RL trains on: the sampled ids, plus the end-of-turn token that stopped decoding and
+    # its logprob (the policy must learn to stop; `text` and `token_logprobs` omit it).
+    token_ids: list[int] = field(default_factory=list)
+    stop_token: int | None = None
+    stop_logprob: float | None = None
 
 
 class LocalModel:
@@ -106,9 +113,10 @@ class LocalModel:
         self.name = spec.name
         self.n_ctx = self.llama.n_ctx()
         self.kv = KVCache(self.llama)  # prefix reuse, batch verify, scoring, save/restore
+        self.lora = LoraSlot(self.llama, self.kv)  # RL swaps in each new policy's adapter
         self.metadata = dict(self.llama.metadata)
         self.chat_template = self.metadata.get("tokenizer.chat_template")
-        self._template = _compile_template(self.chat_template) if self.chat_template else None
+        self._template = compile_chat_template(self.chat_template) if self.chat_template else None
         self.stop_ids = self._stop_ids()
         self.fim_ids = self._fim_ids()
         self._pieces: list[bytes] | None = None
@@ -146,16 +154,13 @@ class LocalModel:
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
                     add_generation_prompt: bool = True) -> str:
         """Render with the model's own chat template from its GGUF metadata."""
-        if self._template is None:
+        if self._template is None or self.chat_template is None:
             raise Unsupported(f"model {self.name} has no chat template in its GGUF metadata")
-        messages = [_template_message(m) for m in messages]
-        if tools and "tools" not in (self.chat_template or ""):
-            messages = _with_system_note(messages, tools_system_note(tools))
-            tools = None
-        return self._template.render(
-            messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
+        return render_chat_template(
+            self._template, self.chat_template, messages, tools,
             bos_token=self._token_text(self.llama.token_bos()),
             eos_token=self._token_text(self.llama.token_eos()),
+            add_generation_prompt=add_generation_prompt,
         )
 
     def chat_tokens(self, messages: list[dict[str, Any]], tools: list[dict] | None = None
@@ -203,7 +208,8 @@ class LocalModel:
         if sampling.seed is not None:
             self.llama.set_seed(sampling.seed)
         capture = _LogitCapture() if sampling.logprobs else None
-        top_k = TOP_K if sampling.temperature > 0 else 1  # 1: greedy
+        top_k = sampling.top_k if sampling.top_k is not None else (
+            TOP_K if sampling.temperature > 0 else 1)  # 1: greedy
         processors = [*sampling.processors, *([capture] if capture else [])]
         if sampling.grammar:
             from codeplane.models.grammar import GrammarGate  # imports llama_cpp
@@ -213,6 +219,7 @@ class LocalModel:
         out: list[int] = []
         logprobs: list[float] = []
         finish = "length"
+        stop_token: int | None = None
         start = time.perf_counter()
         first_token_at = None
         for token in self.llama.generate(
@@ -225,7 +232,7 @@ class LocalModel:
                 finish = "cancelled"
                 break
             if token in self.stop_ids:
-                finish = "stop"
+                finish, stop_token = "stop", token
                 break
             out.append(token)
             if capture is not None:
@@ -248,6 +255,9 @@ class LocalModel:
             cached_tokens=cached, completion_tokens=len(out),
             token_logprobs=logprobs if capture else None,
             prompt_seconds=first_token_at - start, decode_seconds=end - first_token_at,
+            token_ids=out, stop_token=stop_token,
+            stop_logprob=capture.logprob(stop_token) if capture and stop_token is not None
+            else None,
         )
 
 
@@ -368,7 +378,23 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
-def _compile_template(source: str):
+def render_chat_template(template: Any, source: str, messages: list[dict[str, Any]],
+                         tools: list[dict] | None, *, bos_token: str, eos_token: str,
+                         add_generation_prompt: bool = True) -> str:
+    """OpenAI messages and tools -> prompt text through a compiled chat template (`source` is
+    its text). Shared by the llama.cpp engine and the RL torch policy, so both prompt the
+    model with the same tool format."""
+    messages = [_template_message(m) for m in messages]
+    if tools and "tools" not in source:
+        messages = _with_system_note(messages, tools_system_note(tools))
+        tools = None
+    return template.render(
+        messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
+        bos_token=bos_token, eos_token=eos_token,
+    )
+
+
+def compile_chat_template(source: str):
     """Jinja environment matching Hugging Face's chat-template conventions."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 

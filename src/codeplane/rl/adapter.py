@@ -1,0 +1,130 @@
+"""The llama.cpp sampler: the trainer's LoRA written as a GGUF adapter and swapped into the
+running engine, so rollouts sample at llama.cpp speed with the current policy.
+
+The file layout is llama.cpp's own (`convert_lora_to_gguf.py`): `general.type = adapter`,
+`adapter.type = lora`, `adapter.lora.alpha`, and per adapted weight two tensors named after
+the base tensor, `<name>.lora_a` (rank x in) and `<name>.lora_b` (out x rank); llama.cpp
+scales the product by alpha / rank, as PEFT does. Written with the `gguf` package.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from codeplane.core.chat import Cancelled, Sampling, Turn
+from codeplane.models.engine import Engine, LocalModel
+from codeplane.models.engine import Sampling as EngineSampling
+from codeplane.rl.policy import assistant_turn
+
+# transformers module name -> llama.cpp tensor name, for the attention projections.
+GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
+_PEFT_KEY = re.compile(r"layers\.(\d+)\.self_attn\.(\w+)\.lora_([AB])\.weight$")
+
+
+def write_gguf_adapter(state: dict[str, torch.Tensor], path: Path, arch: str,
+                       alpha: float) -> Path:
+    """Write a PEFT LoRA state dict as a llama.cpp LoRA adapter at `path`."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+    for key in sorted(state):
+        match = _PEFT_KEY.search(key)
+        if match is None or match.group(2) not in GGUF_NAMES:
+            raise ValueError(f"LoRA tensor {key!r} has no llama.cpp counterpart")
+        layer, module, side = match.groups()
+        name = f"blk.{layer}.{GGUF_NAMES[module]}.weight.lora_{side.lower()}"
+        writer.add_tensor(name, state[key].detach().to(torch.float32).contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+class LlamaSampler:
+    """`rl.types.Sampler` over the llama.cpp engine with the current LoRA swapped in.
+
+    Sampling is over the full vocabulary at the requested temperature (applied by a logits
+    processor so the captured log-probs are those of the distribution actually sampled; the
+    engine's product default of top-40 would make them wrong for importance ratios)."""
+
+    def __init__(self, engine: Engine, model: str, adapters: Path, lora_alpha: float,
+                 seed: int = 0) -> None:
+        self.engine = engine
+        self.name = model
+        self.adapters = adapters
+        self.lora_alpha = lora_alpha
+        self.version = 0
+        self._seeds = itertools.count(seed)
+        self._seed_lock = threading.Lock()
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Write the adapter, then swap it in on the model's worker thread (between two
+        generations, never during one); older adapter files are removed."""
+        self.adapters.mkdir(parents=True, exist_ok=True)
+        arch = self.engine.run_sync(self.name, lambda m: m.metadata["general.architecture"])
+        path = write_gguf_adapter(weights, self.adapters / f"policy-v{version}.gguf", arch,
+                                  self.lora_alpha)
+
+        def swap(model: LocalModel) -> None:
+            model.lora.set(path)
+            self.version = version
+
+        self.engine.run_sync(self.name, swap)
+        for old in self.adapters.glob("policy-v*.gguf"):
+            if old != path:
+                old.unlink(missing_ok=True)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": "llama.cpp+lora", "policy_version": self.version}
+
+    def close(self) -> None:
+        """The engine belongs to the caller; nothing of ours to release."""
+
+    def complete(self, messages: list[dict], tools: list[dict], sampling: Sampling,
+                 cancel: threading.Event | None = None) -> Turn:
+        tools_used = tools if sampling.tool_choice != "none" else []
+        with self._seed_lock:
+            seed = next(self._seeds)
+        return self.engine.run_sync(
+            self.name, lambda m: self._complete(m, messages, tools_used, sampling, seed, cancel))
+
+    def _complete(self, model: LocalModel, messages: list[dict], tools: list[dict],
+                  sampling: Sampling, seed: int, cancel: threading.Event | None) -> Turn:
+        prompt = model.chat_tokens(messages, tools)
+        gen = model.generate(prompt, _engine_sampling(sampling, seed), cancel)
+        if gen.finish_reason == "cancelled":
+            raise Cancelled()
+        ids = list(gen.token_ids)
+        logprobs = list(gen.token_logprobs or [])
+        if gen.stop_token is not None and gen.stop_logprob is not None:
+            ids.append(gen.stop_token)
+            logprobs.append(gen.stop_logprob)
+        message, reason = assistant_turn(gen.text, tools, gen.finish_reason)
+        return Turn(message, reason,
+                    {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                     "total_tokens": len(prompt) + len(ids)},
+                    logprobs, prompt, ids, self.version)
+
+
+def _engine_sampling(sampling: Sampling, seed: int) -> EngineSampling:
+    if sampling.temperature <= 0:
+        return EngineSampling(max_tokens=sampling.max_tokens, temperature=0.0, logprobs=True,
+                              seed=seed)
+    inverse = 1.0 / sampling.temperature
+
+    def scale(_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        return scores * inverse
+
+    return EngineSampling(max_tokens=sampling.max_tokens, temperature=1.0, top_k=0,
+                          logprobs=True, seed=seed, processors=[scale])

@@ -1,0 +1,233 @@
+"""The PyTorch trainer: groups of episodes in, one optimiser step on the LoRA, metrics out.
+
+Implements `rl.types.Trainer`. One `step(groups)`:
+1. drops faulted episodes (compact filtering: a killed sandbox says nothing about the policy)
+   and, by default, groups whose rewards are all equal (DAPO: zero advantage, no signal);
+2. scores each group's episodes with the configured estimator (GRPO, Dr. GRPO, RLOO), every
+   completion token of an episode carrying its episode's advantage; prompt and tool-output
+   tokens are never scored (they are `Sample.prompt_ids`);
+3. recomputes the sampled tokens' log-probs in torch (micro-batches, gradients accumulated so
+   the sum equals the full-batch loss), weights them by the truncated importance ratio against
+   the sampler's own log-probs, adds the optional KL to the reference (adapter disabled), and
+   takes one AdamW step with gradient clipping.
+
+Checkpoints hold the adapter, the optimiser, the version and the RNG states: a killed trainer
+that loads one computes the same next loss as the one that wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from codeplane.config import Settings
+from codeplane.rl.algorithms import (
+    DEFAULT_AGG,
+    LossAgg,
+    group_advantages,
+    informative,
+    mismatch_stats,
+    policy_loss,
+    token_weights,
+)
+from codeplane.rl.policy import LoraShape, Policy, model_weights
+from codeplane.rl.types import Episode, Sample
+
+CHECKPOINT = "trainer.pt"
+
+
+class TrainerConfig(BaseModel):
+    """What a run's TOML `[trainer]` table holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "code-small"
+    lr: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: float = Field(32.0, gt=0)
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    loss_agg: LossAgg | None = None  # None: the estimator's own (algorithms.DEFAULT_AGG)
+    token_budget: int = Field(1024, ge=1)  # Dr. GRPO's constant normaliser, tokens/episode
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.28, ge=0)  # > eps_low: DAPO's clip-higher
+    kl_beta: float = Field(0.0, ge=0)  # 0: no reference forward at all
+    tis_cap: float | None = Field(2.0, gt=0)  # None: no importance correction
+    temperature: float = Field(1.0, gt=0)  # must equal the samplers' temperature
+    micro_batch: int = Field(4, ge=1)  # samples (model turns) per forward/backward
+    epochs: int = Field(1, ge=1)  # optimiser steps per batch; clipping acts from the 2nd
+    max_grad_norm: float = Field(1.0, gt=0)
+    drop_zero_variance: bool = True
+    seed: int = 0
+
+
+class _Item:
+    """One sample of the batch with its episode's advantage and its tokens' loss weights."""
+
+    def __init__(self, sample: Sample, advantage: float, weights: torch.Tensor) -> None:
+        if len(sample.logprobs) != len(sample.completion_ids):
+            raise ValueError(f"sample has {len(sample.completion_ids)} completion tokens but "
+                             f"{len(sample.logprobs)} logprobs")
+        self.sample = sample
+        self.advantages = torch.full((len(sample.completion_ids),), advantage,
+                                     dtype=torch.float64)
+        self.weights = weights
+        self.sampler_logp = torch.tensor(sample.logprobs, dtype=torch.float64)
+
+
+class PolicyTrainer:
+    """`rl.types.Trainer` over a torch `Policy` with a LoRA adapter."""
+
+    def __init__(self, config: TrainerConfig, settings: Settings) -> None:
+        self.config = config
+        gguf = model_weights(config.model, settings)
+        self.policy = Policy(gguf, LoraShape(config.lora_rank, config.lora_alpha), config.seed)
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr,
+                                           weight_decay=config.weight_decay)
+        self.version = 0
+        random.seed(config.seed)
+
+    # -- the step ------------------------------------------------------------------------
+
+    def step(self, groups: list[list[Episode]]) -> dict[str, float]:
+        started = time.perf_counter()
+        items, info = self._batch(groups)
+        if not items:
+            return {**info, "skipped": 1.0, "version": float(self.version)}
+        old = self._old_logprobs(items)
+        metrics: dict[str, float] = {}
+        for epoch in range(self.config.epochs):
+            stats = self._update(items, old)
+            if epoch == 0:
+                metrics = stats
+        self.version += 1
+        trainer_logp = torch.cat(old) if old else torch.cat(self._score(items, grad=False))
+        sampler_logp = torch.cat([it.sampler_logp for it in items])
+        staleness = [self.version - 1 - it.sample.version for it in items]
+        return {**info, **metrics, **mismatch_stats(trainer_logp, sampler_logp),
+                "staleness_mean": sum(staleness) / len(staleness),
+                "tokens": float(sampler_logp.numel()), "samples": float(len(items)),
+                "seconds": time.perf_counter() - started, "version": float(self.version)}
+
+    def _batch(self, groups: list[list[Episode]]) -> tuple[list[_Item], dict[str, float]]:
+        """Items to train on, with each token's advantage and loss weight."""
+        kept: list[list[Episode]] = []
+        faulted = 0
+        for group in groups:
+            clean = [e for e in group if e.fault is None]
+            faulted += len(group) - len(clean)
+            rewards = [e.reward for e in clean]
+            if clean and (informative(rewards) or not self.config.drop_zero_variance):
+                kept.append(clean)
+        episodes = [e for g in kept for e in g]
+        advantages = [a for g in kept for a in group_advantages(
+            torch.tensor([e.reward for e in g]), self.config.advantage).tolist()]
+        lengths = [sum(len(s.completion_ids) for s in e.samples) for e in episodes]
+        agg = self.config.loss_agg or DEFAULT_AGG[self.config.advantage]
+        weights = token_weights(lengths, agg, self.config.token_budget)
+        items, at = [], 0
+        for episode, advantage in zip(episodes, advantages, strict=True):
+            for sample in episode.samples:
+                n = len(sample.completion_ids)
+                if n:
+                    items.append(_Item(sample, advantage, weights[at:at + n]))
+                at += n
+        all_rewards = [e.reward for g in groups for e in g if e.fault is None]
+        return items, {
+            "groups": float(len(groups)), "groups_kept": float(len(kept)),
+            "episodes": float(len(episodes)), "faulted": float(faulted),
+            "reward_mean": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0,
+        }
+
+    def _chunks(self, items: list[_Item]) -> list[list[_Item]]:
+        size = self.config.micro_batch
+        return [items[i:i + size] for i in range(0, len(items), size)]
+
+    def _score(self, items: list[_Item], grad: bool, reference: bool = False
+               ) -> list[torch.Tensor]:
+        pairs = [(it.sample.prompt_ids, it.sample.completion_ids) for it in items]
+        with torch.set_grad_enabled(grad):
+            return [lp.double() for lp in self.policy.completion_logprobs(
+                pairs, self.config.temperature, reference=reference)]
+
+    def _old_logprobs(self, items: list[_Item]) -> list[torch.Tensor] | None:
+        """The policy's log-probs before this step's update: needed separately only when
+        the batch is used for more than one update (with one, they are the first forward's
+        values, detached)."""
+        if self.config.epochs == 1:
+            return None
+        return [lp for chunk in self._chunks(items) for lp in self._score(chunk, grad=False)]
+
+    def _update(self, items: list[_Item], old: list[torch.Tensor] | None) -> dict[str, float]:
+        cfg = self.config
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = kl = clipped = truncated = 0.0
+        at = 0
+        for chunk in self._chunks(items):
+            logp = torch.cat(self._score(chunk, grad=True))
+            before = (torch.cat(old[at:at + len(chunk)]) if old is not None
+                      else logp.detach())
+            ref = torch.cat(self._score(chunk, grad=False, reference=True)) if cfg.kl_beta \
+                else None
+            weights = torch.cat([it.weights for it in chunk])
+            parts = policy_loss(
+                logp, before, torch.cat([it.sampler_logp for it in chunk]),
+                torch.cat([it.advantages for it in chunk]), weights, eps_low=cfg.eps_low,
+                eps_high=cfg.eps_high, tis_cap=cfg.tis_cap, kl_beta=cfg.kl_beta,
+                logp_ref=ref)
+            parts.loss.backward()
+            share = float(weights.sum())
+            loss += float(parts.loss)
+            kl += parts.kl * share
+            clipped += parts.clip_fraction * share
+            truncated += parts.tis_truncated * share
+            at += len(chunk)
+        total = float(torch.cat([it.weights for it in items]).sum()) or 1.0
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        self.optimizer.step()
+        return {"loss": loss, "kl": kl / total, "clip_fraction": clipped / total,
+                "tis_truncated": truncated / total, "grad_norm": grad_norm}
+
+    # -- weights and checkpoints ---------------------------------------------------------
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The LoRA tensors a sampler loads to catch up to `version`."""
+        return self.policy.lora_state()
+
+    def save(self, directory: str) -> None:
+        """Write the checkpoint atomically (a kill mid-write leaves the previous one)."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"lora": self.policy.lora_state(), "optimizer": self.optimizer.state_dict(),
+                 "version": self.version, "torch_rng": torch.get_rng_state(),
+                 "python_rng": random.getstate()}
+        staging = path / f".{CHECKPOINT}.tmp"
+        torch.save(state, staging)
+        os.replace(staging, path / CHECKPOINT)
+        (path / "trainer.json").write_text(json.dumps(self.config.model_dump(), indent=2))
+
+    def load(self, directory: str) -> None:
+        path = Path(directory) / CHECKPOINT
+        if not path.is_file():
+            raise FileNotFoundError(f"no trainer checkpoint at {path}")
+        saved = json.loads((Path(directory) / "trainer.json").read_text())
+        shape = ("model", "lora_rank", "lora_alpha")
+        if any(saved.get(k) != getattr(self.config, k) for k in shape):
+            raise ValueError(f"checkpoint {directory} was written for another policy shape "
+                             f"({ {k: saved.get(k) for k in shape} })")
+        # weights_only: a checkpoint is data; unpickling arbitrary objects would run code.
+        state: dict[str, Any] = torch.load(path, weights_only=True)
+        self.policy.load_lora_state(state["lora"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
