@@ -75,7 +75,8 @@ def test_torch_sampler_returns_the_policys_own_tokens_and_logprobs(policy):
 
 
 def test_greedy_tool_call_is_parsed_by_the_products_parser(policy):
-    turn = TorchSampler(policy).complete(ASK, TOOLS, Sampling(max_tokens=40, temperature=0))
+    ask = [{"role": "user", "content": "Use read_file to read setup.py."}]
+    turn = TorchSampler(policy).complete(ask, TOOLS, Sampling(max_tokens=48, temperature=0))
     assert turn.finish_reason == "tool_calls", turn.message
     call = turn.message["tool_calls"][0]["function"]
     assert call["name"] == "read_file" and "setup.py" in call["arguments"]

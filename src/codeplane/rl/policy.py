@@ -68,6 +68,7 @@ def torch_weights(gguf: Path) -> Path:
                                                  dtype=torch.float32)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{gguf.stem}-"))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the copy from other local users
     try:
         # save_pretrained refuses a GGUF-loaded model (it counts as quantized), so the
         # dequantized tensors and a plain config are written directly.
