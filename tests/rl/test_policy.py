@@ -9,13 +9,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from conftest import make_settings  # noqa: E402
+from conftest import make_settings
 
-from codeplane.core.chat import Sampling  # noqa: E402
-from codeplane.models.engine import Engine  # noqa: E402
-from codeplane.models.lora import AdapterError  # noqa: E402
-from codeplane.rl.adapter import LlamaSampler, write_gguf_adapter  # noqa: E402
-from codeplane.rl.policy import LoraShape, Policy, TorchSampler, model_weights  # noqa: E402
+from codeplane.core.chat import Sampling
+from codeplane.models.engine import Engine
+from codeplane.models.lora import AdapterError
+from codeplane.rl.adapter import LlamaSampler, write_gguf_adapter
+from codeplane.rl.policy import LoraShape, Policy, TorchSampler, model_weights
 
 pytestmark = pytest.mark.model
 

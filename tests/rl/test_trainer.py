@@ -9,18 +9,17 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from conftest import make_settings  # noqa: E402
-from pydantic import ValidationError  # noqa: E402
+from conftest import make_settings
+from pydantic import ValidationError
 
-from codeplane.core.chat import Sampling  # noqa: E402
-from codeplane.rl.policy import TorchSampler  # noqa: E402
-from codeplane.rl.trainer import PolicyTrainer, TrainerConfig  # noqa: E402
-from codeplane.rl.types import Episode, Sample  # noqa: E402
+from codeplane.rl.trainer import PolicyTrainer, TrainerConfig
+from codeplane.rl.types import Episode, Sample
 
 pytestmark = pytest.mark.model
 
 CONFIG = TrainerConfig(lr=1e-3, lora_rank=4, lora_alpha=8.0, micro_batch=2, seed=11)
 PROMPTS = ["Name one prime number.", "Write a Python keyword.", "Say a colour."]
+REPLIES = [["Seven is prime.", "Nine."], ["lambda", "print it"], ["Blue.", "Red."]]
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +29,21 @@ def settings(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rollouts(settings) -> list[list[Episode]]:
-    """Three groups of two real sampled episodes (version 0); rewards 1/0, 0/1 and 1/1 (the
-    last has zero variance)."""
-    sampler = TorchSampler(PolicyTrainer(CONFIG, settings).policy, seed=2)
+    """Three groups of two episodes whose replies are scored by the initial policy, as its
+    own sampler would have reported them (version 0); rewards 1/0, 0/1 and 1/1 (the last has
+    zero variance). Real token ids of the chat template, without paying for decoding."""
+    policy = PolicyTrainer(CONFIG, settings).policy
+    stop = policy.tokenizer.eos_token_id
     groups = []
-    for g, (prompt, rewards) in enumerate(zip(PROMPTS, ([1, 0], [0, 1], [1, 1]), strict=True)):
+    for g, (prompt, replies, rewards) in enumerate(zip(PROMPTS, REPLIES, ([1, 0], [0, 1], [1, 1]),
+                                                       strict=True)):
+        ids = policy.prompt_ids([{"role": "user", "content": prompt}], [])
         group = []
-        for i, reward in enumerate(rewards):
-            turn = sampler.complete([{"role": "user", "content": prompt}], [],
-                                    Sampling(max_tokens=6, temperature=1.0))
-            sample = Sample(turn.prompt_ids, turn.token_ids, turn.logprobs, 0)
+        for reply, reward in zip(replies, rewards, strict=True):
+            completion = [*policy.tokenizer(reply)["input_ids"], stop]
+            with torch.no_grad():
+                logprobs = policy.completion_logprobs([(ids, completion)])[0].tolist()
+            sample = Sample(ids, completion, logprobs, 0)
             group.append(Episode(f"t{g}", f"g{g}", [sample], float(reward), steps=1))
         groups.append(group)
     return groups

@@ -103,13 +103,11 @@ class PolicyTrainer:
         if not items:
             return {**info, "skipped": 1.0, "version": float(self.version)}
         old = self._old_logprobs(items)
-        metrics: dict[str, float] = {}
-        for epoch in range(self.config.epochs):
-            stats = self._update(items, old)
-            if epoch == 0:
-                metrics = stats
+        metrics, scored = self._update(items, old)
+        for _ in range(self.config.epochs - 1):
+            self._update(items, old)
         self.version += 1
-        trainer_logp = torch.cat(old) if old else torch.cat(self._score(items, grad=False))
+        trainer_logp = torch.cat(scored)  # before the update: what the sampler should match
         sampler_logp = torch.cat([it.sampler_logp for it in items])
         staleness = [self.version - 1 - it.sample.version for it in items]
         return {**info, **metrics, **mismatch_stats(trainer_logp, sampler_logp),
@@ -166,13 +164,18 @@ class PolicyTrainer:
             return None
         return [lp for chunk in self._chunks(items) for lp in self._score(chunk, grad=False)]
 
-    def _update(self, items: list[_Item], old: list[torch.Tensor] | None) -> dict[str, float]:
+    def _update(self, items: list[_Item], old: list[torch.Tensor] | None
+                ) -> tuple[dict[str, float], list[torch.Tensor]]:
+        """One optimiser step over the batch; its metrics and the (detached) log-probs the
+        policy gave the batch before the step."""
         cfg = self.config
         self.optimizer.zero_grad(set_to_none=True)
         loss = kl = clipped = truncated = 0.0
         at = 0
+        scored: list[torch.Tensor] = []
         for chunk in self._chunks(items):
             logp = torch.cat(self._score(chunk, grad=True))
+            scored.append(logp.detach())
             before = (torch.cat(old[at:at + len(chunk)]) if old is not None
                       else logp.detach())
             ref = torch.cat(self._score(chunk, grad=False, reference=True)) if cfg.kl_beta \
@@ -185,7 +188,7 @@ class PolicyTrainer:
                 logp_ref=ref)
             parts.loss.backward()
             share = float(weights.sum())
-            loss += float(parts.loss)
+            loss += float(parts.loss.detach())
             kl += parts.kl * share
             clipped += parts.clip_fraction * share
             truncated += parts.tis_truncated * share
@@ -195,7 +198,7 @@ class PolicyTrainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
         self.optimizer.step()
         return {"loss": loss, "kl": kl / total, "clip_fraction": clipped / total,
-                "tis_truncated": truncated / total, "grad_norm": grad_norm}
+                "tis_truncated": truncated / total, "grad_norm": grad_norm}, scored
 
     # -- weights and checkpoints ---------------------------------------------------------
 
