@@ -1,6 +1,6 @@
-"""Background agents through a real server on loopback: the agent runs in a checkout of its
-own against the scripted model (deterministic), in the real sandbox, and ends with a commit
-and a patch; runs survive a restart; tenants cannot see each other's runs; `codeplane agents
+"""Background agents through a real server on loopback: the agent runs in a pooled sandbox of
+the fleet against the scripted model (deterministic), and ends with a commit on a branch (kept
+as a bundle once the sandbox is gone) and a patch; runs survive a restart; tenants cannot see each other's runs; `codeplane agents
 pull` applies a patch or refuses on a conflict."""
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 import test_agent
+from conftest import make_settings
+from test_fleet import serve_process
 from upstreams.scripted import caller, run_server, wait_for
 
 from codeplane.background.store import Store
+from codeplane.gateway.keys import KeyStore
+from codeplane.sandbox.clone import mounts_under
 
 API = "/v1/background-agents"
 HELLO = [{"calls": [("create_file", {"path": "hello.txt", "content": "hello\n"})]},
@@ -80,16 +84,29 @@ def sse(server, run_id: str, tenant: str = "t1", last: int | None = None) -> lis
     return out
 
 
-def test_launch_returns_at_once_and_ends_with_a_commit_and_patch(scripted, repo, server):
+def sandbox_of(server, run_id: str) -> Path:
+    """The workspace of the pooled sandbox a run is working in now."""
+    checkout = [e for _, e in _events(server, run_id) if e["type"] == "checkout"][-1]
+    return server.app.state.services.fleet.get("t1", checkout["sandbox"]).workspace
+
+
+def test_launch_returns_at_once_and_ends_with_a_commit_and_patch(scripted, repo, server,
+                                                                 tmp_path):
     scripted.script = list(HELLO)
     run = launch(server, repo)
     assert run["status"] == "running" and run["branch"] == f"codeplane/{run['id']}"
     got = ended(server, run["id"])
     assert got["status"] == "completed", got
     assert not (repo / "hello.txt").exists()  # the source checkout is untouched
-    work = server.app.state.services.background.root / run["id"] / "work"
-    assert git(work, "rev-parse", "--abbrev-ref", "HEAD").strip() == got["branch"]
-    assert git(work, "rev-parse", "HEAD").strip() == got["commit_sha"]
+    fleet = server.app.state.services.fleet
+    assert fleet.list("t1") == []  # the run's sandbox went back when it ended
+    # the branch outlives the sandbox, as a bundle any clone can fetch
+    bundle = server.app.state.services.background.root / run["id"] / "branch.bundle"
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(repo), str(clone))
+    git(clone, "fetch", "-q", str(bundle), f"{got['branch']}:{got['branch']}")
+    assert git(clone, "rev-parse", got["branch"]).strip() == got["commit_sha"]
+    assert git(clone, "show", f"{got['branch']}:hello.txt") == "hello\n"
     patch = httpx.get(f"{server.url}{API}/{run['id']}/patch", headers=caller(server)).text
     assert "+++ b/hello.txt" in patch and "+hello" in patch
     events = sse(server, run["id"])
@@ -133,7 +150,7 @@ def test_follow_up_continues_and_cancel_stops(scripted, repo, server):
     wait_for(lambda: any(e["type"] == "tool_start" for _, e in _events(server, run["id"])))
     queued = httpx.post(url + "/messages", headers=caller(server), json={"content": "add after"})
     assert queued.json()["queued"] is True  # the turn is blocked until `go` exists
-    (server.app.state.services.background.root / run["id"] / "work" / "go").touch()
+    (sandbox_of(server, run["id"]) / "go").touch()
     assert ended(server, run["id"])["status"] == "completed"
     turns = [e for _, e in _events(server, run["id"]) if e["type"] == "turn_start"]
     assert [t["turn"] for t in turns] == [1, 2] and "add after" in turns[1]["task"]
@@ -220,6 +237,58 @@ def test_runs_survive_a_restart_and_unfinished_ones_are_interrupted(scripted, re
             second.stop()
     finally:
         first.stop()
+
+
+def test_after_a_crash_a_finished_run_keeps_its_patch_and_branch_not_its_sandbox(scripted, repo,
+                                                                              tmp_path):
+    """A real `codeplane serve` is SIGKILLed while one run hangs in its sandbox: the restarted
+    server's reaper removes every sandbox (mounts, directories, the hung command) and its store
+    marks the run interrupted; the finished run's patch and branch bundle are still there."""
+    home = tmp_path / "home"
+    settings = make_settings(home)
+    (home / "codeplane.toml").write_text(
+        f'[serve]\nworkspace_roots = ["{repo.parent}"]\n[fleet]\npool_size = 0\n'
+        f'[[models]]\nname = "scripted"\nprovider = "openai"\nbase_url = "{scripted.url}"\n'
+        'model = "scripted"\n')
+    _, secret = KeyStore(settings.server_dir).create("k", tenant="t1")
+    headers = {"authorization": f"Bearer {secret}"}
+    boxes = settings.server_dir / "fleet" / "sandboxes"
+    proc, url = serve_process(home, tmp_path / "serve.log")
+    try:
+        body = {"repo": str(repo), "task": "t", "model": "scripted", "max_steps": 4}
+        scripted.script = list(HELLO)
+        done = httpx.post(url + API, headers=headers, json=body).json()
+        wait_for(lambda: httpx.get(f"{url}{API}/{done['id']}", headers=headers
+                                   ).json()["status"] == "completed", 60, "for the first run")
+        scripted.script = [{"calls": [("run_terminal_cmd", {"command": "sleep 600"})]}]
+        hung = httpx.post(url + API, headers=headers, json=body).json()
+        wait_for(lambda: _sleeping_in(boxes), 60, "for the command to start in its sandbox")
+        proc.kill()
+        proc.wait()
+        assert len(list(boxes.iterdir())) == 1  # the crash left the hung run's sandbox
+        proc, url = serve_process(home, tmp_path / "serve.log")
+        assert not _sleeping_in(boxes) and list(boxes.iterdir()) == []
+        assert not mounts_under(boxes)
+        got = httpx.get(f"{url}{API}/{hung['id']}", headers=headers).json()
+        assert got["status"] == "interrupted"
+        kept = httpx.get(f"{url}{API}/{done['id']}/patch", headers=headers).text
+        assert "+hello" in kept
+        assert (settings.server_dir / "background" / done["id"] / "branch.bundle").is_file()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _sleeping_in(boxes: Path) -> bool:
+    """Is a process working in one of the sandboxes (the hung `sleep 600`)?"""
+    return any(_cwd_under(pid, boxes) for pid in os.listdir("/proc") if pid.isdigit())
+
+
+def _cwd_under(pid: str, top: Path) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd").startswith(str(top) + "/")
+    except OSError:
+        return False
 
 
 def test_store_rolls_back_a_failed_transaction(tmp_path):

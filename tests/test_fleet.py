@@ -141,16 +141,7 @@ def test_reaper_cleans_up_after_sigkill(tmp_path):
     fleet_dir = settings.server_dir / "fleet" / "sandboxes"
 
     def start() -> tuple[subprocess.Popen, str]:
-        port = free_port()
-        env = {**os.environ, "CODEPLANE_HOME": str(home),
-               "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-        with open(tmp_path / "serve.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-c", "from codeplane.cli import main; main()",
-                                     "serve", "--port", str(port)], env=env,
-                                    stdout=log, stderr=log)
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _up(url), 60, "for codeplane serve")
-        return proc, url
+        return serve_process(home, tmp_path / "serve.log")
 
     proc, url = start()
     made = [httpx.post(f"{url}/v1/sandboxes", json={"repo": str(root / "app")},
@@ -176,6 +167,21 @@ def test_reaper_cleans_up_after_sigkill(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert not mounts_under(fleet_dir)  # a clean shutdown removes what it made
+
+
+def serve_process(home: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """A real `codeplane serve` subprocess on `home` (its codeplane.toml), once it answers:
+    what a test SIGKILLs to leave what a crash leaves."""
+    port = free_port()
+    env = {**os.environ, "CODEPLANE_HOME": str(home),
+           "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-c", "from codeplane.cli import main; main()",
+                                 "serve", "--port", str(port)], env=env,
+                                stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _up(url), 60, "for codeplane serve")
+    return proc, url
 
 
 def _up(url: str) -> bool:

@@ -22,11 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from codeplane.agent.loop import AgentConfig
 from codeplane.agent.routes import gateway_client, workspace
 from codeplane.agent.runs import RunLimit
-from codeplane.background.service import BackgroundService, GitError, resolve_ref
+from codeplane.background.service import BackgroundService
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
 from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.routes import gateway_of
+from codeplane.sandbox.fleet import FleetError
+from codeplane.sandbox.routes import api_error
 
 KEEPALIVE_S = 5.0
 ENDS = ("end", "interrupted")
@@ -72,18 +74,13 @@ def _limit(exc: RunLimit) -> APIError:
 
 @router.post("/v1/background-agents", status_code=202)
 async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
-    """Check out the repo and start the agent; returns the run at once (status running)."""
+    """Acquire a sandbox of the repo and start the agent; returns the run at once."""
     principal = principal_of(request)
     repo = workspace(body.repo, request.app.state.settings.serve.workspace_roots)
     gateway = gateway_of(request)
     if gateway.group(body.model) is None:
         raise not_found(f"model {body.model!r} does not exist; available: "
                         f"{', '.join(sorted(gateway.groups))}", param="model")
-    try:
-        commit = await asyncio.to_thread(resolve_ref, repo, body.ref)
-    except GitError:
-        raise APIError(400, f"{body.repo} is not a git repository with a commit at ref "
-                            f"{body.ref!r}", param="ref") from None
     client = gateway_client(request, gateway, principal, "background")
     loop = asyncio.get_running_loop()
 
@@ -94,13 +91,11 @@ async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
     config = AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens)
     try:
         return await asyncio.to_thread(service_of(request).launch, principal.tenant, repo,
-                                       commit, body.ref, body.task, body.model, model_for,
-                                       config)
+                                       body.ref, body.task, body.model, model_for, config)
     except RunLimit as exc:
         raise _limit(exc) from None
-    except GitError as exc:  # e.g. a repo git cannot clone (a broken object store)
-        raise APIError(400, f"cannot check out {body.repo} at {body.ref!r}: {exc}",
-                       param="repo") from None
+    except FleetError as exc:  # a quota, an unknown ref, a repo git cannot clone
+        raise api_error(exc) from None
 
 
 @router.get("/v1/background-agents")
@@ -157,6 +152,8 @@ def message(run_id: str, body: MessageRequest, request: Request) -> dict[str, An
         sent = service_of(request).message(principal_of(request).tenant, run_id, body.content)
     except RunLimit as exc:
         raise _limit(exc) from None
+    except FleetError as exc:
+        raise api_error(exc) from None
     if sent is None:
         raise APIError(409, f"background agent {run_id!r} was started by an earlier server "
                             "process and cannot be continued; launch a new run",

@@ -1,11 +1,19 @@
-"""Background agents: a run works in a checkout of its own, goes on after the request that
-started it has returned, and ends with a commit on branch `codeplane/<id>` plus a patch.
+"""Background agents: a run works in a pooled sandbox of the fleet, goes on after the request
+that started it has returned, and ends with a commit on branch `codeplane/<id>` plus a patch.
 
 The agent itself is the ordinary `Agent` started through the server's `RunManager` (same loop,
-same per-tenant cap, same `run_end`); this module adds what outlives one agent run: a
-checkout, follow-up turns, the commit and patch, and a durable record (`store.py`) that a
-restart can read. A supervisor thread per background run starts each turn, waits for it and
-finishes the run, so a turn's end never blocks inside the agent's own event delivery.
+same per-tenant cap, same `run_end`); this module adds what outlives one agent run: a sandbox
+held across turns, follow-up turns, the commit and patch, and a durable record (`store.py`)
+that a restart can read. A supervisor thread per background run starts each turn, waits for it
+and finishes the run, so a turn's end never blocks inside the agent's own event delivery.
+
+The fleet (`sandbox/fleet.py`) is the one place that makes checkouts: a run acquires a
+copy-on-write sandbox of (repo, ref) and releases it when the run ends or is deleted. What a
+finished run keeps is its patch (in the store) and its branch, as a git bundle of
+`base..codeplane/<id>` under `background/<id>/`; a follow-up on a finished run acquires a new
+sandbox at the base and fetches that branch into it. A restart therefore keeps a finished run's
+patch and branch and nothing else: the fleet's reaper removes every sandbox the dead process
+held, and the store marks its unfinished runs interrupted.
 """
 
 from __future__ import annotations
@@ -24,15 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codeplane.agent.env import local_environment
+from codeplane.agent.env import Environment
 from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.runs import Run, RunManager
 from codeplane.background.store import Store
 from codeplane.core.chat import ChatModel
+from codeplane.sandbox.fleet import Fleet, PooledWorkspace, Sandbox
+from codeplane.sandbox.runner import Limits
 
 log = logging.getLogger("codeplane.background")
 GIT_TIMEOUT = 120.0
 CLOSE_WAIT_S = 15.0  # how long shutdown waits for cancelled runs to record their end
+COMMAND_TIMEOUT_S = 120.0  # per agent command, as for agent runs
 # Host-side git over a tree the agent wrote: no hooks, no fsmonitor, a fixed identity. (The
 # agent cannot write .git: its tools refuse it and the sandbox mounts it read-only.)
 SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
@@ -58,22 +69,6 @@ def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-def resolve_ref(repo: Path, ref: str) -> str:
-    """The commit `ref` names in `repo`; GitError if it names none."""
-    return git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options",
-               f"{ref}^{{commit}}").strip()
-
-
-def checkout(repo: Path, commit: str, dest: Path) -> None:
-    """A private working copy of `repo` at `commit` in `dest`: a `git clone --shared` (objects
-    borrowed from the source, so it costs milliseconds and little disk). The fleet's warm pool
-    of copy-on-write sandboxes is meant to replace exactly this function."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    git(dest.parent, "clone", "--quiet", "--shared", "--no-checkout", "--", str(repo),
-        str(dest))
-    git(dest, "checkout", "--quiet", "--detach", commit)
-
-
 def working_diff(dest: Path, base: str) -> str:
     """Everything changed in the checkout since `base`, new files included, as a diff; a
     scratch index outside the tree keeps the checkout's own index untouched."""
@@ -97,11 +92,26 @@ def commit_result(dest: Path, branch: str, base: str, message: str) -> tuple[str
     return head, git(dest, "format-patch", "--stdout", f"{base}..{head}")
 
 
+def keep_branch(dest: Path, branch: str, base: str, bundle: Path) -> None:
+    """Save `branch` (its commits since `base`) as a bundle file: the branch outlives the
+    sandbox it was made in, and `git fetch BUNDLE BRANCH` brings it into any clone."""
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    git(dest, "bundle", "create", "--quiet", str(bundle), branch, f"^{base}")
+
+
+def restore_branch(dest: Path, branch: str, bundle: Path) -> None:
+    """Check out a kept branch in a fresh sandbox of its base (a follow-up on a finished
+    run continues from its result, and its patch then covers every turn)."""
+    git(dest, "fetch", "--quiet", "--no-tags", str(bundle), f"{branch}:{branch}")
+    git(dest, "checkout", "--quiet", branch)
+
+
 @dataclass
 class Live:
     """What only this process knows about a running background run."""
     tenant: str
-    dest: Path
+    repo: Path
+    box: Sandbox | None  # the run's sandbox while it runs; released when it ends
     base: str
     task: str
     model: ModelFactory
@@ -119,29 +129,35 @@ class BackgroundService:
     """Every background run of one server. Built once (`server/services.py`); on start-up
     any run a previous process left "running" is marked interrupted."""
 
-    def __init__(self, server_dir: Path, runs: RunManager, settings: Any = None) -> None:
+    def __init__(self, server_dir: Path, runs: RunManager, fleet: Fleet,
+                 settings: Any = None) -> None:
         self.root = server_dir / "background"
         self.store = Store(self.root / "runs.db")
-        self.runs, self.settings = runs, settings
+        self.runs, self.fleet, self.settings = runs, fleet, settings
         self.store.interrupt_unfinished()
         self._live: dict[str, Live] = {}
         self._watchers: dict[str, set[Watcher]] = {}
         self._lock = threading.Lock()
 
-    def launch(self, tenant: str, repo: Path, commit: str, ref: str, task: str, model: str,
+    def launch(self, tenant: str, repo: Path, ref: str, task: str, model: str,
                factory: ModelFactory, config: AgentConfig) -> dict[str, Any]:
-        """Check out `commit` and start the first turn; returns the stored run at once.
-        RunLimit (from the run manager) if the tenant is at its cap."""
+        """Acquire a sandbox of `repo` at `ref` and start the first turn; returns the stored
+        run at once. RunLimit (from the run manager) if the tenant is at its cap, FleetError
+        if the fleet refuses (quota, unknown ref)."""
         self.runs.admit(tenant)
+        box = self.fleet.acquire(tenant, repo, ref)
         run_id = uuid.uuid4().hex[:16]
-        dest = self.root / run_id / "work"
-        checkout(repo, commit, dest)
-        self.store.create({"id": run_id, "tenant": tenant, "repo": str(repo), "ref": ref,
-                           "task": task, "model": model})
+        try:
+            self.store.create({"id": run_id, "tenant": tenant, "repo": str(repo), "ref": ref,
+                               "task": task, "model": model})
+        except Exception:
+            self.fleet.release(box.id)
+            raise
         self.store.update(run_id, branch=f"codeplane/{run_id}")
         self.record(run_id, {"type": "checkout", "repo": str(repo), "ref": ref,
-                             "commit": commit})
-        live = Live(tenant, dest, commit, task, factory, config)
+                             "commit": box.commit, "sandbox": box.id,
+                             "strategy": box.strategy})
+        live = Live(tenant, repo, box, box.commit, task, factory, config)
         with self._lock:
             self._live[run_id] = live
         self._supervise(run_id, live, task)
@@ -153,6 +169,7 @@ class BackgroundService:
             live.run = self._turn(run_id, live, task)
         except Exception as exc:
             live.running = False
+            self._release(live)
             self.store.update(run_id, status="error", error=f"could not start the agent: {exc}")
             self.record(run_id, {"type": "end", "status": "error", "error": str(exc)})
             raise
@@ -164,8 +181,10 @@ class BackgroundService:
         live.turns += 1
         agent_id = f"{run_id}-{live.turns}"
         model = live.model(agent_id)
-        agent = Agent(model, local_environment(live.dest), live.config,
-                      settings=self.settings, run_id=agent_id)
+        box = self._sandbox(run_id, live)
+        env = Environment(PooledWorkspace(self.fleet, box, release=False),
+                          Limits(timeout=COMMAND_TIMEOUT_S))
+        agent = Agent(model, env, live.config, settings=self.settings, run_id=agent_id)
         agent.listeners.append(lambda event: self._on_event(run_id, live, event))
         self.record(run_id, {"type": "turn_start", "turn": live.turns, "task": task})
         return self.runs.start(live.tenant, agent, task, model)
@@ -188,14 +207,19 @@ class BackgroundService:
                 live.run = self._turn(run_id, live, continuation(live.task, follow_up))
             if live.cancelled:
                 status = "cancelled"
-            head, patch = commit_result(live.dest, f"codeplane/{run_id}", live.base,
+            assert live.box is not None
+            branch = f"codeplane/{run_id}"
+            head, patch = commit_result(live.box.workspace, branch, live.base,
                                         f"codeplane agent: {live.task[:200]}")
+            if head is not None:
+                keep_branch(live.box.workspace, branch, live.base, self._bundle(run_id))
             self.store.update(run_id, commit_sha=head, patch=patch)
             self.record(run_id, {"type": "result", "branch": f"codeplane/{run_id}",
                                  "commit": head, "patch_bytes": len(patch)})
         except Exception as exc:  # the run must end, whatever failed
             log.exception("background run %s failed", run_id)
             status, error = "error", f"{type(exc).__name__}: {exc}"
+        self._release(live)
         self.store.update(run_id, status=status, error=error)
         self.record(run_id, {"type": "end", "status": status, "error": error})
         with self._lock:  # a follow-up sent while the result was committed is not lost
@@ -213,8 +237,8 @@ class BackgroundService:
         `diff` event when the checkout's changes moved."""
         slim = {k: v for k, v in event.items() if k not in ("messages", "tools")}
         self.record(run_id, slim)
-        if event["type"] == "tool_result":
-            diff = working_diff(live.dest, live.base)
+        if event["type"] == "tool_result" and live.box is not None:
+            diff = working_diff(live.box.workspace, live.base)
             if diff != live.last_diff:
                 live.last_diff = diff
                 self.record(run_id, {"type": "diff", "diff": diff})
@@ -282,13 +306,15 @@ class BackgroundService:
         return True
 
     def delete(self, tenant: str, run_id: str) -> bool:
-        """Erase a finished run: its record, events, patch and checkout (source code the
-        server holds only for this run). False while it runs (cancel it first)."""
+        """Erase a finished run: its record, events, patch, kept branch and any sandbox (source
+        code the server holds only for this run). False while it runs (cancel it first)."""
         with self._lock:
             live = self._live.get(run_id)
             if live is not None and live.running:
                 return False
             self._live.pop(run_id, None)
+        if live is not None:
+            self._release(live)
         self.store.delete(run_id)
         shutil.rmtree(self.root / run_id, ignore_errors=True)
         return True
@@ -305,6 +331,29 @@ class BackgroundService:
             if live.thread is not None:
                 live.thread.join(max(0.0, deadline - time.monotonic()))
         self.store.close()
+
+    def _bundle(self, run_id: str) -> Path:
+        return self.root / run_id / "branch.bundle"
+
+    def _sandbox(self, run_id: str, live: Live) -> Sandbox:
+        """The run's sandbox; after the run ended (a follow-up), a new one at its base with
+        the kept branch checked out. FleetError if the fleet refuses."""
+        if live.box is None:
+            box = self.fleet.acquire(live.tenant, live.repo, live.base)
+            live.box = box
+            bundle = self._bundle(run_id)
+            if bundle.is_file():
+                restore_branch(box.workspace, f"codeplane/{run_id}", bundle)
+            self.record(run_id, {"type": "checkout", "repo": str(live.repo), "ref": live.base,
+                                 "commit": live.base, "sandbox": box.id,
+                                 "strategy": box.strategy})
+        return live.box
+
+    def _release(self, live: Live) -> None:
+        """Give the run's sandbox back to the fleet (everything in it is removed)."""
+        box, live.box = live.box, None
+        if box is not None:
+            self.fleet.release(box.id)
 
 
 def continuation(task: str, follow_up: str) -> str:

@@ -92,17 +92,20 @@ class Sandbox:
 
 class PooledWorkspace(LocalWorkspace):
     """A fleet sandbox behind the `Workspace` interface: reads, writes and commands go through
-    the sandbox's tree and bubblewrap runner; closing gives the sandbox back."""
+    the sandbox's tree and bubblewrap runner; closing gives the sandbox back, unless the
+    caller keeps it (`release=False`: a background run holds one sandbox across several agent
+    turns, each of which closes its workspace, and releases it itself when the run ends)."""
 
-    def __init__(self, fleet: Fleet, box: Sandbox) -> None:
+    def __init__(self, fleet: Fleet, box: Sandbox, release: bool = True) -> None:
         super().__init__(box.workspace, box.runner())
-        self.fleet, self.box = fleet, box
+        self.fleet, self.box, self.release = fleet, box, release
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "backend": "pool", "sandbox": self.box.id}
 
     def close(self) -> None:
-        self.fleet.release(self.box.id)
+        if self.release:
+            self.fleet.release(self.box.id)
 
 
 @dataclass

@@ -43,7 +43,7 @@ class Services:
     tab: TabService
     runs: RunManager  # agent runs: tenant-scoped, capped, each ends with `run_end`
     events: EventLog  # the event lake: usage, apply outcomes, agent steps (no source code)
-    background: BackgroundService  # background agents: durable runs in their own checkouts
+    background: BackgroundService  # background agents: durable runs in pooled sandboxes
     fleet: Fleet  # sandboxes: copy-on-write workspaces, warm pools, reaped after a crash
     owns_engine: bool = True  # a shared engine (tests, embedding callers) outlives the app
     _search: SearchService | None = field(default=None, repr=False)
@@ -100,8 +100,9 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
         raise ConfigError(f"invalid [fleet] settings: {exc}") from None
     events = EventLog(store)
     runs = RunManager(settings.serve.max_runs_per_tenant)
+    fleet = Fleet(settings.server_dir, fleet_settings)
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
                     gateway=Gateway(settings, engine, metrics, keys=keys, events=events),
                     tab=tab, runs=runs, events=events,
-                    background=BackgroundService(settings.server_dir, runs, settings),
-                    fleet=Fleet(settings.server_dir, fleet_settings), owns_engine=owns_engine)
+                    background=BackgroundService(settings.server_dir, runs, fleet, settings),
+                    fleet=fleet, owns_engine=owns_engine)
