@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -113,3 +114,39 @@ def live_server(session_settings: Settings, engine: Engine):
     server = LiveServer(create_app(session_settings, engine=engine), free_port()).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def pool_fleet(tmp_path_factory):
+    """One sandbox fleet for the session's `pool`-backend tests (no warm pool: every test's
+    repo is new, so a pool would only make sandboxes nobody asks for)."""
+    from codeplane.sandbox.fleet import Fleet, FleetSettings
+
+    fleet = Fleet(tmp_path_factory.mktemp("pool-fleet"), FleetSettings(pool_size=0))
+    yield fleet
+    fleet.close()
+
+
+@pytest.fixture
+def open_backend(request):
+    """`open(name, root)`: the workspace of `root` on the named backend, as a test parametrised
+    over `BACKENDS` wants it; for `pool`, root's files are committed to a git repository and
+    the sandbox comes from the session's fleet. Every workspace opened is closed after."""
+    from codeplane.sandbox import open_workspace
+
+    opened = []
+
+    def open_(name: str, root: Path, network: bool = False):
+        if name != "pool":
+            opened.append(open_workspace(root, name, network))
+            return opened[-1]
+        git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-C", str(root)]
+        for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "files"]):
+            subprocess.run([*git, *argv], check=True, capture_output=True)
+        with request.getfixturevalue("pool_fleet").serving("tests"):
+            opened.append(open_workspace(root, name, network))
+        return opened[-1]
+
+    yield open_
+    for workspace in opened:
+        workspace.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import test_agent
 from conftest import LiveServer, free_port, make_settings
 from upstreams.scripted import caller, run_server, wait_for
 
@@ -230,3 +231,53 @@ def test_pooled_sandbox_as_a_workspace(fleet_server):
     root = ws.root
     ws.close()
     assert not root.exists() and fleet.list("ws-tenant") == []
+
+
+provider, scripted = test_agent.provider, test_agent.scripted  # the scripted-model fixtures
+
+
+def test_agent_run_on_the_pool_backend(scripted, tmp_path):
+    """`POST /v1/agent/runs` with backend "pool": the agent's tools run unchanged in a pooled
+    sandbox of the repo, which the run's end gives back; server policy decides which backends
+    a request may name."""
+    root = tmp_path / "code"
+    repo = git_repo(root / "app", {"a.txt": "hello\n"})
+    server = run_server(tmp_path / "home", scripted.url, workspace_roots=[str(root)])
+    try:
+        url, h = f"{server.url}/v1/agent/runs", caller(server)
+        body = {"task": "make b", "path": str(repo), "model": "scripted", "stream": False,
+                "max_steps": 3}
+        scripted.script = [{"calls": [("create_file", {"path": "b.txt", "content": "b\n"}),
+                                      ("run_terminal_cmd", {"command": "cat a.txt b.txt"})]},
+                           {"content": "done"}]
+        run = httpx.post(url, headers=h, json={**body, "backend": "pool"}).json()
+        got = wait_for(lambda: (r := httpx.get(f"{url}/{run['id']}", headers=h).json())
+                       ["status"] != "running" and r, what="for the pool run")
+        assert got["status"] == "completed", got
+        start = next(e for e in got["transcript"] if e["type"] == "run_start")
+        assert start["environment"]["backend"] == "pool"
+        outputs = [e["output"] for e in got["transcript"] if e["type"] == "tool_result"]
+        assert "hello\nb\n" in outputs[-1]
+        assert not (repo / "b.txt").exists()  # the work stayed in the sandbox...
+        sandbox = Path(start["environment"]["root"]).parent  # ...which the run's end removes
+        wait_for(lambda: not sandbox.exists(), what="for the sandbox to go")
+        assert server.app.state.services.fleet.list("t1") == [] and not mounts_under(sandbox)
+        for backend, status, code in (("host", 403, "unsandboxed_not_allowed"),
+                                      ("nosuch", 403, "backend_not_allowed")):
+            refused = httpx.post(url, headers=h, json={**body, "backend": backend})
+            assert refused.status_code == status and refused.json()["error"]["code"] == code
+        plain = root / "plain"
+        plain.mkdir()
+        refused = httpx.post(url, headers=h, json={**body, "path": str(plain),
+                                                  "backend": "pool"})
+        assert refused.status_code == 400, refused.text  # not a git repository
+    finally:
+        server.stop()
+
+
+def test_pool_backend_needs_a_fleet(tmp_path):
+    """Outside a server (`codeplane tool --backend pool`) there is no fleet: a clear refusal."""
+    from codeplane.agent.env import ToolError, local_environment
+
+    with pytest.raises(ToolError, match="needs a server's sandbox fleet"):
+        local_environment(git_repo(tmp_path / "r", {"a": "a\n"}), backend="pool")

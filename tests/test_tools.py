@@ -19,20 +19,20 @@ from codeplane.agent import tools as T
 from codeplane.agent.env import Environment, local_environment
 from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel
 from codeplane.cli import app
-from codeplane.sandbox import BACKENDS
+from codeplane.sandbox import BACKENDS, Limits
 
 CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 
 
 @pytest.fixture(params=list(BACKENDS))
-def env(request, tmp_path: Path) -> Environment:
+def env(request, tmp_path: Path, open_backend) -> Environment:
     root = tmp_path / "repo"
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "calc.py").write_text(CALC)
     (root / "pkg" / "__init__.py").write_text("")
     (root / "README.md").write_text("# demo\nadd and mul\n")
     (root / "web.js").write_text("function ok() { return 1; }\n")
-    return local_environment(root, backend=request.param)
+    return Environment(open_backend(request.param, root), Limits(timeout=120.0))
 
 
 def run(env, name, **args) -> T.ToolResult:
@@ -90,10 +90,10 @@ def test_root_path_without_leading_slash_is_understood(env) -> None:
 
 
 def test_git_directory_is_not_writable_by_tools(env) -> None:
-    (env.root / ".git").mkdir()
+    (env.root / ".git").mkdir(exist_ok=True)  # a pooled sandbox is a git checkout already
     res = run(env, "create_file", path=".git/hooks/pre-commit", content="evil")
     assert not res.ok and "inside .git" in res.output
-    assert not (env.root / ".git/hooks").exists()
+    assert not (env.root / ".git/hooks/pre-commit").exists()
 
 
 def test_edit_file_exact_unique_replacement(env) -> None:
@@ -197,7 +197,8 @@ def test_file_search_glob_and_fuzzy(env) -> None:
 
 
 def test_list_dir(env) -> None:
-    assert run(env, "list_dir").output.splitlines() == [
+    listed = run(env, "list_dir").output.splitlines()
+    assert [ln for ln in listed if ln != ".git/"] == [  # a pooled sandbox is a git checkout
         ".:", "pkg/", "README.md (19 bytes)", "web.js (28 bytes)"]
 
 

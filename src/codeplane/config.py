@@ -45,6 +45,10 @@ class ServeSettings(BaseModel):
                     "(server-side runs refused until an operator names a root)")
     allow_unsandboxed: bool = Field(False, description="may a request ask for sandbox=false")
     allow_network: bool = Field(False, description="may a request ask for network=true")
+    backends: list[str] = Field(
+        default_factory=lambda: ["bwrap", "pool"],
+        description="workspace backends an agent run may ask for by name (`host` also needs "
+                    "allow_unsandboxed)")
     max_runs_per_tenant: int = Field(4, ge=1, description="concurrent agent runs per tenant")
     max_body_bytes: int = Field(32 << 20, ge=1024, description="larger request bodies get 413")
     trusted_proxies: list[str] = Field(

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from codeplane.agent.env import ToolError, local_environment
+from codeplane.agent.env import Environment, ToolError, local_environment
 from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.runs import Run, RunLimit, RunManager
 from codeplane.config import ServeSettings
@@ -34,6 +34,7 @@ from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.router import Client, Gateway
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox import SandboxUnavailable
+from codeplane.sandbox.fleet import FleetError
 
 KEEPALIVE = 5.0  # seconds without an event before the stream sends a comment line
 
@@ -66,6 +67,10 @@ class RunRequest(BaseModel):
     max_tokens: int = Field(1024, ge=16, le=8192)
     sandbox: bool = Field(True, description="false is refused unless serve.allow_unsandboxed")
     network: bool = Field(False, description="true is refused unless serve.allow_network")
+    backend: str | None = Field(None, max_length=64,
+                                description="workspace backend (bwrap, pool, ...); one of "
+                                            "serve.backends. pool: a copy-on-write sandbox of "
+                                            "the repo at HEAD, removed when the run ends")
     stream: bool = True
 
     _checked = field_validator("task", "path", "model")(_text)
@@ -73,6 +78,12 @@ class RunRequest(BaseModel):
 
 def check_policy(body: RunRequest, serve: ServeSettings) -> Path:
     """The run's workspace, if server policy allows this request; APIError otherwise."""
+    if body.backend == "host":  # the host backend is sandbox=false under another name
+        body = body.model_copy(update={"sandbox": False})
+    elif body.backend is not None and body.backend not in serve.backends:
+        raise APIError(403, f"backend {body.backend!r} is not allowed on this server (allowed: "
+                            f"{', '.join(serve.backends) or 'none'}; an operator sets "
+                            "serve.backends)", code="backend_not_allowed", param="backend")
     if not body.sandbox and not serve.allow_unsandboxed:
         raise APIError(403, "sandbox=false is not allowed on this server: agent commands "
                             "always run in the sandbox (an operator can allow it with "
@@ -144,10 +155,12 @@ async def create_run(body: RunRequest, request: Request):
     except RunLimit as exc:
         raise _limit(exc) from None
     try:
-        env = await asyncio.to_thread(local_environment, root, body.sandbox,
-                                      body.network)  # the sandbox probe spawns bwrap
+        env = await asyncio.to_thread(_environment, request, principal.tenant, root,
+                                      body)  # the sandbox probe spawns bwrap
     except ToolError as exc:
         raise APIError(400, str(exc), param="path") from None
+    except FleetError as exc:  # the pool backend: a quota, or not a git repository
+        raise exc.to_api() from None
     except SandboxUnavailable as exc:
         raise APIError(503, f"refusing to run: {exc}", type="server_error",
                        code="sandbox_unavailable") from None
@@ -166,6 +179,13 @@ async def create_run(body: RunRequest, request: Request):
     if not body.stream:
         return {"id": run.id, "status": "running"}
     return _stream(run, cancel_on_hangup=True)
+
+
+def _environment(request: Request, tenant: str, root: Path, body: RunRequest) -> Environment:
+    """The run's environment on the backend it asked for; the pool backend takes its
+    sandboxes from this server's fleet, for the caller's tenant."""
+    with request.app.state.services.fleet.serving(tenant):
+        return local_environment(root, body.sandbox, body.network, backend=body.backend)
 
 
 def _stream(run: Run, cancel_on_hangup: bool) -> StreamingResponse:

@@ -28,7 +28,6 @@ from codeplane.core.principal import principal_of
 from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox.fleet import FleetError
-from codeplane.sandbox.routes import api_error
 
 KEEPALIVE_S = 5.0
 ENDS = ("end", "interrupted")
@@ -95,7 +94,7 @@ async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
     except RunLimit as exc:
         raise _limit(exc) from None
     except FleetError as exc:  # a quota, an unknown ref, a repo git cannot clone
-        raise api_error(exc) from None
+        raise exc.to_api() from None
 
 
 @router.get("/v1/background-agents")
@@ -153,7 +152,7 @@ def message(run_id: str, body: MessageRequest, request: Request) -> dict[str, An
     except RunLimit as exc:
         raise _limit(exc) from None
     except FleetError as exc:
-        raise api_error(exc) from None
+        raise exc.to_api() from None
     if sent is None:
         raise APIError(409, f"background agent {run_id!r} was started by an earlier server "
                             "process and cannot be continued; launch a new run",

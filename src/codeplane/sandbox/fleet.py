@@ -22,15 +22,19 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from codeplane.core.errors import APIError
 from codeplane.sandbox import clone, reaper
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits
-from codeplane.sandbox.workspace import LocalWorkspace, Workspace
+from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspace
 
 log = logging.getLogger("codeplane.fleet")
 
@@ -60,6 +64,12 @@ class FleetError(Exception):
     def __init__(self, status: int, message: str, code: str) -> None:
         super().__init__(message)
         self.status, self.code = status, code
+
+    def to_api(self) -> APIError:
+        """This refusal as the API's error envelope (a bad ref names the `ref` param)."""
+        param = "ref" if self.code in ("invalid_ref", "unknown_ref") else None
+        return APIError(self.status, str(self), code=self.code, param=param,
+                        type="server_error" if self.status >= 500 else "invalid_request_error")
 
 
 @dataclass
@@ -96,8 +106,10 @@ class PooledWorkspace(LocalWorkspace):
     caller keeps it (`release=False`: a background run holds one sandbox across several agent
     turns, each of which closes its workspace, and releases it itself when the run ends)."""
 
-    def __init__(self, fleet: Fleet, box: Sandbox, release: bool = True) -> None:
-        super().__init__(box.workspace, box.runner())
+    def __init__(self, fleet: Fleet, box: Sandbox, release: bool = True,
+                 network: bool = False) -> None:
+        super().__init__(box.workspace,
+                         BwrapRunner(box.workspace, network=True) if network else box.runner())
         self.fleet, self.box, self.release = fleet, box, release
 
     def describe(self) -> dict[str, Any]:
@@ -106,6 +118,30 @@ class PooledWorkspace(LocalWorkspace):
     def close(self) -> None:
         if self.release:
             self.fleet.release(self.box.id)
+
+
+# The fleet and tenant the `pool` entry of `workspace.BACKENDS` serves, bound by
+# `Fleet.serving` for one block of one thread or task. That table builds a workspace from
+# (root, network) alone, and a pooled one also needs a server's fleet and a caller's tenant:
+# a context variable carries them to it without widening every backend's signature and
+# without a process-wide registry (unbound, the backend refuses).
+_SERVING: ContextVar[tuple[Fleet, str] | None] = ContextVar("codeplane_fleet", default=None)
+
+
+class PoolUnavailable(UnknownBackend):
+    """The `pool` backend was asked for outside `Fleet.serving` (no server's fleet here)."""
+
+
+def pool_workspace(root: Path, network: bool) -> Workspace:
+    """The `pool` backend: a sandbox of the git repository `root` at its HEAD, from the fleet
+    `Fleet.serving` bound (warm from its pool when one is ready). The workspace's root is the
+    sandbox's tree, not `root`: changes stay in the sandbox until it is released."""
+    bound = _SERVING.get()
+    if bound is None:
+        raise PoolUnavailable("the pool backend needs a server's sandbox fleet: use it "
+                              "through `codeplane serve` (agent runs with backend \"pool\")")
+    fleet, tenant = bound
+    return fleet.open(tenant, root, network=network)
 
 
 @dataclass
@@ -173,11 +209,22 @@ class Fleet:
             with self._lock:
                 self._pending[tenant] -= 1
 
-    def open(self, tenant: str, repo: Path, ref: str = "HEAD") -> Workspace:
+    def open(self, tenant: str, repo: Path, ref: str = "HEAD",
+             network: bool = False) -> Workspace:
         """`acquire` as a `Workspace` (the agent's tools run on it unchanged); its `close()`
-        releases the sandbox. Not an entry of `workspace.BACKENDS`: that table builds a
-        workspace from a directory alone, and a pooled one needs this service and a tenant."""
-        return PooledWorkspace(self, self.acquire(tenant, repo, ref))
+        releases the sandbox. The `pool` entry of `workspace.BACKENDS` calls this for the
+        fleet and tenant `serving` bound."""
+        return PooledWorkspace(self, self.acquire(tenant, repo, ref), network=network)
+
+    @contextmanager
+    def serving(self, tenant: str) -> Iterator[None]:
+        """Within this block, `open_workspace(root, "pool")` opens sandboxes of this fleet
+        for `tenant` (how a server's agent run asks for the pool backend by name)."""
+        token = _SERVING.set((self, tenant))
+        try:
+            yield
+        finally:
+            _SERVING.reset(token)
 
     def release(self, sandbox_id: str) -> None:
         """Remove a sandbox: processes, mounts, directory, record. Unknown ids are a no-op."""

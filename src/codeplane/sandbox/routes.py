@@ -43,14 +43,7 @@ def _box(request: Request, sandbox_id: str) -> Sandbox:
     try:
         return _fleet(request).get(principal_of(request).tenant, sandbox_id)
     except FleetError as exc:
-        raise api_error(exc) from None
-
-
-def api_error(exc: FleetError) -> APIError:
-    """The fleet's refusal as the API's error envelope (a bad ref names the `ref` param)."""
-    param = "ref" if exc.code in ("invalid_ref", "unknown_ref") else None
-    return APIError(exc.status, str(exc), code=exc.code, param=param,
-                    type="server_error" if exc.status >= 500 else "invalid_request_error")
+        raise exc.to_api() from None
 
 
 def _repo(request: Request, repo: str) -> Path:
@@ -72,7 +65,7 @@ def create(request: Request, body: CreateBody) -> dict:
     try:
         box = _fleet(request).acquire(principal_of(request).tenant, repo, body.ref)
     except FleetError as exc:
-        raise api_error(exc) from None
+        raise exc.to_api() from None
     return box.describe()
 
 
@@ -121,7 +114,7 @@ async def write(request: Request, sandbox_id: str,
         await asyncio.to_thread(fleet.check_write, box, len(data))
         await asyncio.to_thread(files.write_atomic, box.workspace, Path(path), data)
     except FleetError as exc:
-        raise api_error(exc) from None
+        raise exc.to_api() from None
     except files.Refused as exc:
         raise APIError(400, str(exc), code="path_refused", param="path") from None
     except (NotADirectoryError, IsADirectoryError, FileExistsError, ValueError) as exc:
@@ -135,7 +128,7 @@ def diff(request: Request, sandbox_id: str) -> dict:
     try:
         return {"id": box.id, "commit": box.commit, "diff": _fleet(request).diff(box)}
     except FleetError as exc:
-        raise api_error(exc) from None
+        raise exc.to_api() from None
 
 
 @router.delete("/{sandbox_id}")

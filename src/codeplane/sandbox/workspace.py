@@ -243,10 +243,17 @@ def _host(root: Path, network: bool) -> Workspace:
     return LocalWorkspace(root, HostRunner(root))
 
 
+def _pool(root: Path, network: bool) -> Workspace:
+    from codeplane.sandbox.fleet import pool_workspace  # fleet builds on this module
+
+    return pool_workspace(root, network)
+
+
 DEFAULT_BACKEND = "bwrap"
 # name -> constructor. `host` runs commands unsandboxed: callers offer it only when asked
 # explicitly (--no-sandbox, a server with allow_unsandboxed).
-BACKENDS: dict[str, Backend] = {"bwrap": _bwrap, "host": _host}
+BACKENDS: dict[str, Backend] = {"bwrap": _bwrap, "host": _host,
+                                "pool": _pool}  # a server's fleet: see fleet.Fleet.serving
 
 
 def open_workspace(root: Path, backend: str = DEFAULT_BACKEND,
