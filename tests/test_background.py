@@ -15,7 +15,7 @@ import httpx
 import pytest
 import test_agent
 from conftest import make_settings
-from test_fleet import serve_process
+from test_fleet import GitDaemon, serve_process
 from upstreams.scripted import caller, run_server, wait_for
 
 from codeplane.background.store import Store
@@ -55,7 +55,7 @@ def server(scripted, repo, tmp_path):
     live.stop()
 
 
-def launch(server, repo: Path, tenant: str = "t1", **body) -> dict:
+def launch(server, repo: Path | str, tenant: str = "t1", **body) -> dict:
     resp = httpx.post(server.url + API, headers=caller(server, tenant), json={
         "repo": str(repo), "task": "create hello.txt containing hello", "model": "scripted",
         "max_steps": 4, **body})
@@ -289,6 +289,31 @@ def _cwd_under(pid: str, top: Path) -> bool:
         return os.readlink(f"/proc/{pid}/cwd").startswith(str(top) + "/")
     except OSError:
         return False
+
+
+def test_repos_as_a_bundle_or_a_git_url(scripted, repo, tmp_path):
+    """A run from a `.bundle` under the roots, and one from a URL the policy allows (a loopback
+    `git daemon`): each ends with a patch; a URL outside the policy is refused (403)."""
+    bundle = repo.parent / "repo.bundle"
+    git(repo, "bundle", "create", "-q", str(bundle), "main")
+    daemon = GitDaemon(repo.parent)
+    live = run_server(tmp_path / "home", scripted.url, workspace_roots=[str(repo.parent)],
+                      repo_urls=[f"{daemon.url}/repo"])
+    try:
+        for source, ref in ((str(bundle), "main"), (f"{daemon.url}/repo", "HEAD")):
+            scripted.script = list(HELLO)
+            run = launch(live, source, ref=ref)
+            got = ended(live, run["id"])
+            assert got["status"] == "completed" and got["repo"] == source, got
+            patch = httpx.get(f"{live.url}{API}/{run['id']}/patch", headers=caller(live)).text
+            assert "+++ b/hello.txt" in patch
+        refused = httpx.post(live.url + API, headers=caller(live), json={
+            "repo": f"{daemon.url}/other", "task": "t", "model": "scripted"})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["code"] == "repo_url_not_allowed"
+    finally:
+        live.stop()
+        daemon.stop()
 
 
 def test_store_rolls_back_a_failed_transaction(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -32,14 +33,17 @@ def git_repo(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
-def fleet_server_at(tmp: Path, fleet_toml: str, **gateway) -> LiveServer:
-    """A real server whose workspace root `tmp/code` holds one repo, `app`."""
+def fleet_server_at(tmp: Path, fleet_toml: str, repo_urls: list[str] | None = None,
+                    **gateway) -> LiveServer:
+    """A real server whose workspace root `tmp/code` holds one repo, `app`; `repo_urls` are
+    the URL prefixes its policy lets sandboxes fetch from."""
     root = tmp / "code"
     git_repo(root / "app", {"a.txt": "hello\n", "src.py": "x = 1\n"})
     home = tmp / "home"
     home.mkdir()
     (home / "codeplane.toml").write_text(f"[fleet]\n{fleet_toml}\n")
-    server = run_server(home, None, gateway=gateway, workspace_roots=[str(root)])
+    server = run_server(home, None, gateway=gateway, workspace_roots=[str(root)],
+                        repo_urls=repo_urls or [])
     server.tmp, server.root = tmp, root
     return server
 
@@ -168,6 +172,29 @@ def test_reaper_cleans_up_after_sigkill(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert not mounts_under(fleet_dir)  # a clean shutdown removes what it made
+
+
+class GitDaemon:
+    """`git daemon` on a loopback port serving the repositories under `base` (read-only):
+    the git server URL-fetch tests and the benchmark fetch from."""
+
+    def __init__(self, base: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"git://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}",
+             "--listen=127.0.0.1", f"--port={self.port}", str(base)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: _listening(self.port), 30, "for git daemon")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def serve_process(home: Path, log_path: Path) -> tuple[subprocess.Popen, str]:

@@ -45,6 +45,10 @@ class ServeSettings(BaseModel):
                     "(server-side runs refused until an operator names a root)")
     allow_unsandboxed: bool = Field(False, description="may a request ask for sandbox=false")
     allow_network: bool = Field(False, description="may a request ask for network=true")
+    repo_urls: list[str] = Field(
+        default_factory=list,
+        description="URL prefixes (https, http or git) sandboxes and background agents may "
+                    "fetch repositories from; empty: none (docs/fleet.md)")
     backends: list[str] = Field(
         default_factory=lambda: ["bwrap", "pool"],
         description="workspace backends an agent run may ask for by name (`host` also needs "

@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from codeplane.agent.loop import AgentConfig
-from codeplane.agent.routes import gateway_client, workspace
+from codeplane.agent.routes import gateway_client
 from codeplane.agent.runs import RunLimit
 from codeplane.background.service import BackgroundService
 from codeplane.core.errors import APIError, not_found
@@ -28,6 +28,7 @@ from codeplane.core.principal import principal_of
 from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox.fleet import FleetError
+from codeplane.sandbox.routes import repo_of
 
 KEEPALIVE_S = 5.0
 ENDS = ("end", "interrupted")
@@ -48,7 +49,8 @@ def _text(value: str) -> str:
 class LaunchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     repo: str = Field(min_length=1, max_length=4096,
-                      description="absolute path of a git repository under serve.workspace_roots")
+                      description="absolute path of a git repository (or bundle) under "
+                                  "serve.workspace_roots, or a URL under serve.repo_urls")
     ref: str = Field("HEAD", min_length=1, max_length=256, pattern=r"^[^-\s][^\s]*$",
                      description="branch, tag or commit to start from (not an option)")
     task: str = Field(min_length=1, max_length=100_000)
@@ -75,7 +77,7 @@ def _limit(exc: RunLimit) -> APIError:
 async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
     """Acquire a sandbox of the repo and start the agent; returns the run at once."""
     principal = principal_of(request)
-    repo = workspace(body.repo, request.app.state.settings.serve.workspace_roots)
+    repo = repo_of(request, body.repo)
     gateway = gateway_of(request)
     if gateway.group(body.model) is None:
         raise not_found(f"model {body.model!r} does not exist; available: "

@@ -110,7 +110,7 @@ def restore_branch(dest: Path, branch: str, bundle: Path) -> None:
 class Live:
     """What only this process knows about a running background run."""
     tenant: str
-    repo: Path
+    repo: Path | str  # a path, or a URL the fleet fetches
     box: Sandbox | None  # the run's sandbox while it runs; released when it ends
     base: str
     task: str
@@ -139,7 +139,7 @@ class BackgroundService:
         self._watchers: dict[str, set[Watcher]] = {}
         self._lock = threading.Lock()
 
-    def launch(self, tenant: str, repo: Path, ref: str, task: str, model: str,
+    def launch(self, tenant: str, repo: Path | str, ref: str, task: str, model: str,
                factory: ModelFactory, config: AgentConfig) -> dict[str, Any]:
         """Acquire a sandbox of `repo` at `ref` and start the first turn; returns the stored
         run at once. RunLimit (from the run manager) if the tenant is at its cap, FleetError

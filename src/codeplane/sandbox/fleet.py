@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from codeplane.core.errors import APIError
-from codeplane.sandbox import clone, reaper
+from codeplane.sandbox import clone, reaper, remote
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits
 from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspace
 
@@ -56,6 +56,11 @@ class FleetSettings(BaseModel):
     max_timeout: float = Field(600.0, gt=0, description="longest wall clock a command may ask")
     max_file_bytes: int = Field(8 << 20, ge=1024, description="largest file read or written "
                                                               "through the API")
+    fetch_bytes: int = Field(1 << 30, ge=1 << 16, description="largest repository fetched "
+                                                             "by URL (its pack file)")
+    fetch_timeout: float = Field(300.0, gt=0, description="longest a fetch by URL may take")
+    fetch_ttl: float = Field(60.0, ge=0, description="seconds a fetched repository is used "
+                                                     "as it is before it is fetched again")
 
 
 class FleetError(Exception):
@@ -147,6 +152,7 @@ def pool_workspace(root: Path, network: bool) -> Workspace:
 @dataclass
 class Pool:
     target: int
+    source: Path  # what its sandboxes are cloned from (a URL's local mirror)
     ready: deque[Sandbox] = field(default_factory=deque)
     hits: int = 0
     misses: int = 0
@@ -155,13 +161,16 @@ class Pool:
 class Fleet:
     """Every sandbox of one server. Thread-safe: routes run on a thread pool."""
 
-    def __init__(self, server_dir: Path, settings: FleetSettings | None = None) -> None:
+    def __init__(self, server_dir: Path, settings: FleetSettings | None = None,
+                 repo_urls: list[str] | None = None) -> None:
         self.settings = settings or FleetSettings()
+        self.repo_urls = list(repo_urls or [])  # serve.repo_urls: what may be fetched
         self.root = server_dir / "fleet"
         self.bases = self.root / "bases"
         self.boxes = self.root / "sandboxes"
         self.records = self.root / "records"
-        for directory in (self.bases, self.boxes, self.records):
+        self.remotes = self.root / "remotes"  # bare mirrors of repos fetched by URL
+        for directory in (self.bases, self.boxes, self.records, self.remotes):
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.owner = reaper.Owner.me()
         self.reaped = reaper.reap_orphans(self.records, self.boxes)
@@ -172,6 +181,7 @@ class Fleet:
         self._live: dict[str, Sandbox] = {}
         self._pending: dict[str, int] = {}  # sandboxes being made now, per tenant
         self._pools: dict[tuple[str, str], Pool] = {}
+        self._fetched: dict[str, float] = {}  # URL -> monotonic time of its last fetch
         self._wake = threading.Condition(self._lock)
         self._closed = False
         self._filler = threading.Thread(target=self._fill, name="fleet-pool", daemon=True)
@@ -181,14 +191,18 @@ class Fleet:
 
     # --- the API other compartments use -------------------------------------------------
 
-    def acquire(self, tenant: str, repo: Path, ref: str = "HEAD") -> Sandbox:
-        """A sandbox of `repo` (a git directory or bundle) at `ref` for `tenant`: warm from
-        the pool if one is ready, else made now. FleetError on a quota or a bad ref."""
-        commit = resolve(repo, ref)
+    def acquire(self, tenant: str, repo: Path | str, ref: str = "HEAD") -> Sandbox:
+        """A sandbox of `repo` (a git directory or bundle, or a URL policy allows) at `ref`
+        for `tenant`: warm from the pool if one is ready, else made now. FleetError on a
+        quota, a bad ref, or a URL refused or not fetched."""
+        with self._lock:
+            self._check_quota(tenant)  # before a fetch: a tenant at its quota costs nothing
+        source = self.source(repo)
+        commit = resolve(source, ref)
         key = (str(repo), commit)
         with self._lock:
             self._check_quota(tenant)
-            pool = self._pools.setdefault(key, Pool(self.settings.pool_size))
+            pool = self._pools.setdefault(key, Pool(self.settings.pool_size, source))
             box = pool.ready.popleft() if pool.ready else None
             if box is not None:
                 pool.hits += 1
@@ -202,14 +216,14 @@ class Fleet:
         if box is not None:
             return box
         try:
-            return self._make(repo, ref, commit, tenant)
+            return self._make(source, str(repo), ref, commit, tenant)
         except clone.CloneError as exc:
             raise FleetError(503, f"could not make the sandbox: {exc}", "clone_failed") from None
         finally:
             with self._lock:
                 self._pending[tenant] -= 1
 
-    def open(self, tenant: str, repo: Path, ref: str = "HEAD",
+    def open(self, tenant: str, repo: Path | str, ref: str = "HEAD",
              network: bool = False) -> Workspace:
         """`acquire` as a `Workspace` (the agent's tools run on it unchanged); its `close()`
         releases the sandbox. The `pool` entry of `workspace.BACKENDS` calls this for the
@@ -326,10 +340,37 @@ class Fleet:
         used = sum(_disk_added(b) for b in self.list(tenant))
         return self.settings.disk_per_tenant - used
 
-    def _make(self, repo: Path, ref: str, commit: str, tenant: str | None) -> Sandbox:
-        base = self.base(repo, commit)
+    def source(self, repo: Path | str) -> Path:
+        """Where `repo`'s sandboxes are cloned from: a path as it is; a URL (checked against
+        `repo_urls`) as its local mirror, fetched when older than `fetch_ttl`, one fetch per
+        URL at a time."""
+        if isinstance(repo, Path):
+            return repo
+        try:
+            url = remote.check(repo, self.repo_urls)
+        except remote.URLRefused as exc:
+            raise FleetError(exc.status, str(exc), exc.code) from None
+        key = hashlib.sha256(url.encode()).hexdigest()[:24]
+        mirror = self.remotes / f"{key}.git"
+        with self._lock:
+            lock = self._base_locks.setdefault(f"url:{key}", threading.Lock())
+        with lock:
+            fetched = self._fetched.get(url)
+            if fetched is None or time.monotonic() - fetched > self.settings.fetch_ttl \
+                    or not mirror.is_dir():
+                try:
+                    remote.fetch(url, mirror, self._tmp(self.remotes, key),
+                                 self.settings.fetch_bytes, self.settings.fetch_timeout)
+                except remote.FetchFailed as exc:
+                    raise FleetError(exc.status, str(exc), exc.code) from None
+                self._fetched[url] = time.monotonic()
+        return mirror
+
+    def _make(self, source: Path, repo: str, ref: str, commit: str,
+              tenant: str | None) -> Sandbox:
+        base = self.base(source, commit)
         sandbox_id = "sb_" + secrets.token_hex(8)
-        box = Sandbox(id=sandbox_id, repo=str(repo), ref=ref, commit=commit,
+        box = Sandbox(id=sandbox_id, repo=repo, ref=ref, commit=commit,
                       path=self.boxes / sandbox_id, strategy=self.strategy.name, tenant=tenant)
         reaper.Record(box.id, str(box.path), self.owner).write(self.records)
         try:
@@ -356,15 +397,19 @@ class Fleet:
         with lock:
             if final.is_dir():
                 return final
-            tmp = self.bases / f".tmp-{self.owner.pid}-{self.owner.start}-{key}"
+            tmp = self._tmp(self.bases, key)
             clone.teardown(tmp)
             clone.run_checked(["git", "clone", "--quiet", "--no-checkout", "--", str(repo), str(tmp)])
             clone.run_checked(["git", "-C", str(tmp), "checkout", "--quiet", "--detach", commit])
             os.replace(tmp, final)
             return final
 
+    def _tmp(self, parent: Path, key: str) -> Path:
+        """A directory being built, named for its owner so a restart can tell it is dead."""
+        return parent / f".tmp-{self.owner.pid}-{self.owner.start}-{key}"
+
     def _sweep_partial_bases(self) -> None:
-        for tmp in self.bases.glob(".tmp-*"):
+        for tmp in [*self.bases.glob(".tmp-*"), *self.remotes.glob(".tmp-*")]:
             pid, start = tmp.name.split("-")[1:3]
             if not reaper.Owner(int(pid), int(start)).alive():
                 reaper.reap(tmp)
@@ -377,9 +422,9 @@ class Fleet:
                     self._wake.wait(timeout=5)
                 if self._closed:
                     return
-            key, _ = want
+            key, pool = want
             try:
-                box = self._make(Path(key[0]), "HEAD", key[1], tenant=None)
+                box = self._make(pool.source, key[0], "HEAD", key[1], tenant=None)
             except (clone.CloneError, OSError) as exc:
                 log.warning("pool refill for %s failed: %s", key[0], exc)
                 with self._lock:

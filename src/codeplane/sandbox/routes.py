@@ -1,7 +1,8 @@
 """`/v1/sandboxes`: the fleet over HTTP, behind the auth gate and scoped to the caller's
 tenant (another tenant's sandbox is a 404, indistinguishable from one that never existed).
 
-A repo must lie under `serve.workspace_roots` (the same policy as agent runs); file paths are
+A repo must lie under `serve.workspace_roots` (the same policy as agent runs) or be a URL
+under `serve.repo_urls` (`sandbox/remote.py`); file paths are
 resolved by `sandbox/files.py`, so nothing outside the sandbox's tree is read or written.
 """
 
@@ -16,7 +17,7 @@ from pydantic import BaseModel, Field
 from codeplane.agent.routes import workspace as under_roots
 from codeplane.core.errors import APIError
 from codeplane.core.principal import principal_of
-from codeplane.sandbox import files
+from codeplane.sandbox import files, remote
 from codeplane.sandbox.fleet import Fleet, FleetError, Sandbox
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
@@ -25,7 +26,8 @@ router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 class CreateBody(BaseModel):
     model_config = {"extra": "forbid"}
     repo: str = Field(..., max_length=4096, description="absolute path of a git directory (or "
-                                                         "bundle) under serve.workspace_roots")
+                                                         "bundle) under serve.workspace_roots, "
+                                                         "or a URL under serve.repo_urls")
     ref: str = Field("HEAD", min_length=1, max_length=256)
 
 
@@ -46,8 +48,12 @@ def _box(request: Request, sandbox_id: str) -> Sandbox:
         raise exc.to_api() from None
 
 
-def _repo(request: Request, repo: str) -> Path:
-    """The repo's real path if it lies under the roots: a directory, or a `.bundle` file."""
+def repo_of(request: Request, repo: str) -> Path | str:
+    """What a request names as its repo: a URL as it is (the fleet checks it against
+    `serve.repo_urls` and fetches it), else the real path if it lies under the roots: a
+    directory, or a `.bundle` file."""
+    if remote.is_url(repo):
+        return repo
     roots = request.app.state.settings.serve.workspace_roots
     path = Path(repo)
     if path.suffix == ".bundle" and path.is_absolute():
@@ -61,7 +67,7 @@ def _repo(request: Request, repo: str) -> Path:
 
 @router.post("", status_code=201)
 def create(request: Request, body: CreateBody) -> dict:
-    repo = _repo(request, body.repo)
+    repo = repo_of(request, body.repo)
     try:
         box = _fleet(request).acquire(principal_of(request).tenant, repo, body.ref)
     except FleetError as exc:

@@ -100,7 +100,7 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
         raise ConfigError(f"invalid [fleet] settings: {exc}") from None
     events = EventLog(store)
     runs = RunManager(settings.serve.max_runs_per_tenant)
-    fleet = Fleet(settings.server_dir, fleet_settings)
+    fleet = Fleet(settings.server_dir, fleet_settings, settings.serve.repo_urls)
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
                     gateway=Gateway(settings, engine, metrics, keys=keys, events=events),
                     tab=tab, runs=runs, events=events,
