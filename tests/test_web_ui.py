@@ -63,6 +63,29 @@ def test_cookie_sign_in_rules(server):
     assert httpx.get(url + "/ui", cookies={"codeplane_key": "cp-wrong"}).status_code == 303
 
 
+def test_fleet_page_is_tenant_scoped(server, provider, repo):
+    """A tenant's fleet page lists its own sandboxes and pool totals; another tenant's page
+    shows neither those sandboxes nor the repo they came from."""
+    provider.script = [shared.HANG]
+    run = shared.launch(server, repo)
+    jar = {"codeplane_key": caller(server)["authorization"][7:]}
+    other = {"codeplane_key": caller(server, "t2")["authorization"][7:]}
+    try:
+        mine = httpx.get(server.url + "/ui/fleet", cookies=jar)
+        assert mine.status_code == 200 and f"background {run['id']}" in mine.text
+        assert str(repo) in mine.text and "All pools (1)" in mine.text
+        theirs = httpx.get(server.url + "/ui/fleet", cookies=other)
+        assert theirs.status_code == 200 and "No sandboxes." in theirs.text
+        assert run["id"] not in theirs.text and str(repo) not in theirs.text
+        assert "All pools (1)" in theirs.text  # the totals are numbers only
+        api = httpx.get(server.url + "/v1/sandboxes", headers=caller(server, "t2")).json()
+        assert api["data"] == [] and str(repo) not in str(api)
+        assert httpx.get(server.url + "/ui/fleet").status_code == 303  # signed out
+    finally:
+        httpx.post(f"{server.url}/v1/background-agents/{run['id']}/cancel",
+                   headers=caller(server))
+
+
 def test_launch_watch_stop_follow_up_and_download_in_chromium(server, provider, repo,
                                                               artifacts, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -74,7 +97,9 @@ def test_launch_watch_stop_follow_up_and_download_in_chromium(server, provider, 
     shots = []
     with sync_api.sync_playwright() as play:
         browser = play.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        page = browser.new_page(accept_downloads=True, viewport={"width": 1200, "height": 900})
+        context = browser.new_context(accept_downloads=True,
+                                      viewport={"width": 1200, "height": 900})
+        page = context.new_page()
         expect = sync_api.expect
 
         def shot(name: str) -> None:
@@ -104,6 +129,18 @@ def test_launch_watch_stop_follow_up_and_download_in_chromium(server, provider, 
             assert page.locator("#injected").count() == 0  # the task shows as text
             expect(page.locator(".event.turn_start")).to_contain_text(XSS)
             shot("2-run-live")
+            # the fleet page (another tab, same sign-in): the run's sandbox, the pools
+            fleet = context.new_page()
+            fleet.set_viewport_size({"width": 1200, "height": 700})
+            fleet.goto(server.url + "/ui")
+            fleet.click("#nav-fleet")
+            expect(fleet).to_have_url(server.url + "/ui/fleet")
+            expect(fleet.locator("#sandboxes")).to_contain_text(f"background {run_id}")
+            expect(fleet.locator("#sandboxes")).to_contain_text(str(repo))
+            expect(fleet.locator("#pools .totals")).to_contain_text("All pools (1)")
+            fleet.screenshot(path=str(artifacts / "web-ui-fleet.png"), full_page=True)
+            shots.append(artifacts / "web-ui-fleet.png")
+            fleet.close()
             page.click("#stop")
             expect(page.locator("#status")).to_have_text("cancelled", timeout=20_000)
             expect(page.locator(".event.tool_result").nth(1)).to_contain_text("cancel")
@@ -128,4 +165,4 @@ def test_launch_watch_stop_follow_up_and_download_in_chromium(server, provider, 
         finally:
             browser.close()
             print("screenshots:", *map(str, shots), sep="\n  ")
-    assert len(shots) == 5 and all(p.stat().st_size > 5000 for p in shots)
+    assert len(shots) == 6 and all(p.stat().st_size > 5000 for p in shots)

@@ -145,8 +145,8 @@ class BackgroundService:
         run at once. RunLimit (from the run manager) if the tenant is at its cap, FleetError
         if the fleet refuses (quota, unknown ref)."""
         self.runs.admit(tenant)
-        box = self.fleet.acquire(tenant, repo, ref)
         run_id = uuid.uuid4().hex[:16]
+        box = self.fleet.acquire(tenant, repo, ref, holder=f"background {run_id}")
         try:
             self.store.create({"id": run_id, "tenant": tenant, "repo": str(repo), "ref": ref,
                                "task": task, "model": model})
@@ -339,7 +339,8 @@ class BackgroundService:
         """The run's sandbox; after the run ended (a follow-up), a new one at its base with
         the kept branch checked out. FleetError if the fleet refuses."""
         if live.box is None:
-            box = self.fleet.acquire(live.tenant, live.repo, live.base)
+            box = self.fleet.acquire(live.tenant, live.repo, live.base,
+                                     holder=f"background {run_id}")
             live.box = box
             bundle = self._bundle(run_id)
             if bundle.is_file():

@@ -1,5 +1,6 @@
-"""The web UI at `/ui`: a runs list with a launch form, and a run page that shows tool calls,
-terminal output and diffs live. Server-rendered with Jinja2; the live part is a small plain
+"""The web UI at `/ui`: a runs list with a launch form, a run page that shows tool calls,
+terminal output and diffs live, and a fleet page (`/ui/fleet`: the tenant's sandboxes, the
+pools' sizes and hit rates). Server-rendered with Jinja2; the live part is a small plain
 script (`static/app.js`, served here: no CDN, no Node build) reading the run's SSE stream and
 calling the same `/v1/background-agents` API as the CLI.
 
@@ -11,6 +12,7 @@ never run as script: the script inserts it with `textContent` only.
 
 from __future__ import annotations
 
+import time
 from importlib.resources import files
 from typing import Any
 from urllib.parse import parse_qs
@@ -84,6 +86,16 @@ def ui_router() -> APIRouter:
     def run_page(run_id: str, request: Request) -> HTMLResponse:
         return page("run.html", tenant=principal_of(request).tenant,
                     run=get_run(request, run_id))
+
+    @router.get("/ui/fleet")
+    def fleet(request: Request) -> HTMLResponse:
+        """The caller's sandboxes (another tenant's are not listed) and the pools: totals
+        over all of them, per pool only for repos the caller holds a sandbox of."""
+        tenant = principal_of(request).tenant
+        fleet = request.app.state.services.fleet
+        boxes = sorted((b.describe() for b in fleet.list(tenant)), key=lambda b: b["created"])
+        return page("fleet.html", tenant=tenant, boxes=boxes, stats=fleet.stats(tenant),
+                    now=time.time())
 
     @router.get("/ui/static/{name}")
     def static(name: str) -> Response:

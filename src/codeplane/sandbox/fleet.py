@@ -87,6 +87,7 @@ class Sandbox:
     strategy: str
     created: float = field(default_factory=time.time)
     tenant: str | None = None  # None while it waits in a pool
+    holder: str = "api"  # who uses it: "api", "agent run", "background <run id>"
     _runner: BwrapRunner | None = field(default=None, repr=False)
 
     @property
@@ -101,7 +102,7 @@ class Sandbox:
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "repo": self.repo, "ref": self.ref, "commit": self.commit,
-                "strategy": self.strategy, "created": self.created,
+                "strategy": self.strategy, "created": self.created, "holder": self.holder,
                 "workspace": str(self.workspace)}
 
 
@@ -191,7 +192,8 @@ class Fleet:
 
     # --- the API other compartments use -------------------------------------------------
 
-    def acquire(self, tenant: str, repo: Path | str, ref: str = "HEAD") -> Sandbox:
+    def acquire(self, tenant: str, repo: Path | str, ref: str = "HEAD",
+                holder: str = "api") -> Sandbox:
         """A sandbox of `repo` (a git directory or bundle, or a URL policy allows) at `ref`
         for `tenant`: warm from the pool if one is ready, else made now. FleetError on a
         quota, a bad ref, or a URL refused or not fetched."""
@@ -206,7 +208,7 @@ class Fleet:
             box = pool.ready.popleft() if pool.ready else None
             if box is not None:
                 pool.hits += 1
-                box.tenant, box.ref = tenant, ref
+                box.tenant, box.ref, box.holder = tenant, ref, holder
                 self._live[box.id] = box
             else:
                 pool.misses += 1
@@ -216,7 +218,7 @@ class Fleet:
         if box is not None:
             return box
         try:
-            return self._make(source, str(repo), ref, commit, tenant)
+            return self._make(source, str(repo), ref, commit, tenant, holder)
         except clone.CloneError as exc:
             raise FleetError(503, f"could not make the sandbox: {exc}", "clone_failed") from None
         finally:
@@ -228,7 +230,8 @@ class Fleet:
         """`acquire` as a `Workspace` (the agent's tools run on it unchanged); its `close()`
         releases the sandbox. The `pool` entry of `workspace.BACKENDS` calls this for the
         fleet and tenant `serving` bound."""
-        return PooledWorkspace(self, self.acquire(tenant, repo, ref), network=network)
+        return PooledWorkspace(self, self.acquire(tenant, repo, ref, "agent run"),
+                               network=network)
 
     @contextmanager
     def serving(self, tenant: str) -> Iterator[None]:
@@ -261,13 +264,17 @@ class Fleet:
         with self._lock:
             return [b for b in self._live.values() if b.tenant == tenant]
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, tenant: str) -> dict[str, Any]:
+        """What `tenant` may know of the fleet: totals over every pool (sizes, hits, hit
+        rate: numbers only), and per pool only for repos the tenant holds a sandbox of (a
+        pool's repo path or URL is another tenant's business)."""
         with self._lock:
-            pools = [{"repo": repo, "commit": commit, "target": p.target,
-                      "ready": len(p.ready), "hits": p.hits, "misses": p.misses,
-                      "hit_rate": round(p.hits / max(1, p.hits + p.misses), 3)}
-                     for (repo, commit), p in self._pools.items()]
+            mine = {b.repo for b in self._live.values() if b.tenant == tenant}
+            pools = [{"repo": repo, "commit": commit, **_pool_numbers([p])}
+                     for (repo, commit), p in self._pools.items() if repo in mine]
             return {"strategy": self.strategy.name, "sandboxes": self._count(),
+                    "totals": {"pools": len(self._pools),
+                               **_pool_numbers(list(self._pools.values()))},
                     "pools": pools, "reaped_at_start": self.reaped}
 
     def exec(self, box: Sandbox, command: str, timeout: float | None = None) -> CommandResult:
@@ -367,11 +374,12 @@ class Fleet:
         return mirror
 
     def _make(self, source: Path, repo: str, ref: str, commit: str,
-              tenant: str | None) -> Sandbox:
+              tenant: str | None, holder: str = "api") -> Sandbox:
         base = self.base(source, commit)
         sandbox_id = "sb_" + secrets.token_hex(8)
         box = Sandbox(id=sandbox_id, repo=repo, ref=ref, commit=commit,
-                      path=self.boxes / sandbox_id, strategy=self.strategy.name, tenant=tenant)
+                      path=self.boxes / sandbox_id, strategy=self.strategy.name, tenant=tenant,
+                      holder=holder)
         reaper.Record(box.id, str(box.path), self.owner).write(self.records)
         try:
             self.strategy.make(base, box.path)
@@ -447,6 +455,12 @@ class Fleet:
             if len(pool.ready) < pool.target:
                 return key, pool
         return None
+
+
+def _pool_numbers(pools: list[Pool]) -> dict[str, Any]:
+    hits, misses = sum(p.hits for p in pools), sum(p.misses for p in pools)
+    return {"target": sum(p.target for p in pools), "ready": sum(len(p.ready) for p in pools),
+            "hits": hits, "misses": misses, "hit_rate": round(hits / max(1, hits + misses), 3)}
 
 
 def resolve(repo: Path, ref: str) -> str:

@@ -78,8 +78,9 @@ def create(request: Request, body: CreateBody) -> dict:
 @router.get("")
 def list_(request: Request) -> dict:
     fleet = _fleet(request)
-    boxes = fleet.list(principal_of(request).tenant)
-    return {"object": "list", "data": [b.describe() for b in boxes], "fleet": fleet.stats()}
+    tenant = principal_of(request).tenant
+    return {"object": "list", "data": [b.describe() for b in fleet.list(tenant)],
+            "fleet": fleet.stats(tenant)}
 
 
 @router.get("/{sandbox_id}")
