@@ -3,13 +3,13 @@ once, and what is left behind afterwards.
 
 Everything is on 127.0.0.1: a real codeplane server (in this process) whose agents use the
 scripted OpenAI-compatible model from tests/upstreams (deterministic, no weights), in the real
-bubblewrap sandbox, each in its own `git clone --shared` checkout of a generated repository.
+bubblewrap sandbox, each in a pooled copy-on-write sandbox of the fleet (a generated repo).
 
   python bench/background.py [--agents 20] [--files 300]
 
-Prints: POST latency p50/p95 (checkout included), event delay p50/p95/max (stored -> received
-by an SSE watcher; the goal is < 200 ms), wall time for all agents, server threads and RSS
-before/after, bwrap processes left, disk per checkout.
+Prints: POST latency p50/p95 (sandbox acquire included), event delay p50/p95/max (stored ->
+received by an SSE watcher; the goal is < 200 ms), wall time for all agents, server threads and
+RSS before/after, bwrap processes and sandboxes left, what a finished run keeps on disk.
 """
 
 from __future__ import annotations
@@ -131,13 +131,14 @@ def main() -> None:
                     for i in ids]
         time.sleep(1)
         threads1, rss1, bwrap1 = run_threads(), rss_mb(), bwraps()
-        checkout = server.app.state.services.background.root / ids[0] / "work"
-        du = subprocess.run(["du", "-sk", str(checkout)], capture_output=True, text=True,
+        kept = server.app.state.services.background.root / ids[0]
+        du = subprocess.run(["du", "-sk", str(kept)], capture_output=True, text=True,
                             check=True)
+        held = len(server.app.state.services.fleet.list("t1"))
         server.stop()
         print(f"agents: {args.agents} at once, repo {args.files} files; statuses: "
               f"{ {s: statuses.count(s) for s in set(statuses)} }")
-        print(f"POST /v1/background-agents (checkout included): p50 "
+        print(f"POST /v1/background-agents (sandbox acquire included): p50 "
               f"{statistics.median(posts) * 1000:.0f} ms, p95 {pct(posts, .95) * 1000:.0f} ms")
         print(f"event delay stored -> SSE watcher ({len(delays)} events): p50 "
               f"{statistics.median(delays) * 1000:.0f} ms, p95 {pct(delays, .95) * 1000:.0f} "
@@ -145,7 +146,8 @@ def main() -> None:
         print(f"wall time, all agents to their end: {wall:.1f} s")
         print(f"run threads alive {threads0} -> {threads1}; RSS {rss0:.0f} -> {rss1:.0f} MB; "
               f"bwrap processes {bwrap0} -> {bwrap1}")
-        print(f"disk of one checkout: {du.stdout.split()[0]} KB (objects shared with the repo)")
+        print(f"sandboxes still held: {held}; a finished run keeps {du.stdout.split()[0]} KB "
+              "(its branch as a bundle; its sandbox is gone)")
     scripted.server.stop()
 
 

@@ -1,9 +1,12 @@
 """Sandbox fleet benchmark: per-strategy create time and disk (copy-on-write vs a full copy),
-warm acquire p50/p95 from the pool, then a soak of N concurrent sandboxes through a real
-`codeplane serve` on loopback, and a check that no process, mount, directory or record leaked,
-with the server's memory before and after.
+warm acquire p50/p95 from the pool, the Workspace interface's read/write/exec/list latency per
+backend (bwrap, host, pool and any other in the table), then a combined soak through one real
+`codeplane serve` on loopback: N concurrent sandboxes and M concurrent background agents (the
+scripted model from tests/upstreams), a check that no process, mount, directory or record
+leaked, and the server's memory before and after.
 
-    flock /tmp/codeplane-cpu.lock python bench/fleet.py [--files 3000] [--soak 100]
+    flock /tmp/codeplane-cpu.lock python bench/fleet.py [--files 3000] [--soak 100] \
+        [--agents 20] [--parts strategies,warm,ops,soak]
 
 Runs as root for the overlay strategy (the others are measured either way). Loopback only.
 """
@@ -11,6 +14,7 @@ Runs as root for the overlay strategy (the others are measured either way). Loop
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -19,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,9 +31,20 @@ from pathlib import Path
 import httpx
 
 from codeplane.gateway.keys import KeyStore
-from codeplane.sandbox import clone
-from codeplane.sandbox.fleet import Fleet, FleetSettings
+from codeplane.sandbox import (
+    BACKENDS,
+    Limits,
+    SandboxUnavailable,
+    UnknownBackend,
+    Workspace,
+    clone,
+    open_workspace,
+)
+from codeplane.sandbox.fleet import Fleet, FleetError, FleetSettings
 from codeplane.sandbox.reaper import kill_inside
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the scripted model
+from upstreams.scripted import ScriptedModel
 
 
 def make_repo(path: Path, files: int) -> Path:
@@ -87,7 +103,7 @@ def warm(repo: Path, scratch: Path, rounds: int) -> None:
     print(f"first acquire (base checkout + create): {(time.perf_counter() - start) * 1e3:.1f} ms")
     warm_t, cold_t = [], []
     for _ in range(rounds):
-        while not fleet.stats()["pools"][0]["ready"]:
+        while not fleet.stats("bench")["pools"][0]["ready"]:
             time.sleep(0.01)
         start = time.perf_counter()
         box = fleet.acquire("bench", repo)
@@ -116,16 +132,42 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def soak(repo_root: Path, scratch: Path, count: int) -> bool:
-    """`count` concurrent sandboxes through a real server, a command in each, all released;
-    then the server stops and nothing may remain."""
-    home = scratch / "home"
-    home.mkdir()
-    (home / "codeplane.toml").write_text(
-        f'[serve]\nworkspace_roots = ["{repo_root}"]\n[gateway]\nauth = "on"\n'
-        f"[fleet]\npool_size = 4\nmax_per_tenant = {count}\nmax_sandboxes = {count + 8}\n")
-    _, secret = KeyStore(home / "server").create("bench", tenant="bench")
-    headers = {"authorization": f"Bearer {secret}"}
+def workspace_ops(repo: Path, scratch: Path, rounds: int) -> None:
+    """The Workspace interface's latency per backend (the same calls the agent's tools make):
+    read a file, write one, run a shell command, list a directory."""
+    fleet = Fleet(scratch / "ops", FleetSettings(pool_size=0))
+    names = ["bwrap", "host", "pool", *(n for n in BACKENDS if n not in ("bwrap", "host", "pool"))]
+    for name in names:
+        try:
+            with fleet.serving("bench"):
+                ws = open_workspace(repo, name)
+        except (UnknownBackend, SandboxUnavailable, FleetError, OSError) as exc:
+            print(f"  {name:6s} unavailable: {str(exc)[:90]}")  # measure the rest
+            continue
+        print(f"  {name:6s} {measure(ws, rounds)}")
+        ws.close()
+    fleet.close()
+
+
+def measure(ws: Workspace, rounds: int) -> str:
+    ops = {"read": lambda: ws.read(Path("d1/f1.py"), 1 << 20),
+           "write": lambda: ws.write(Path("bench-out.txt"), b"x" * 4096),
+           "exec": lambda: ws.exec("true", Limits(timeout=30)),
+           "list": lambda: ws.list(Path("d1"))}
+    line = []
+    for op, call in ops.items():
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        line.append(f"{op} p50 {statistics.median(times) * 1e3:6.2f} ms "
+                    f"p95 {pct(times, .95) * 1e3:6.2f} ms")
+    ws.remove(Path("bench-out.txt"))
+    return "  ".join(line)
+
+
+def start_server(home: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -133,53 +175,154 @@ def soak(repo_root: Path, scratch: Path, count: int) -> bool:
     server = subprocess.Popen([sys.executable, "-c", "from codeplane.cli import main; main()",
                                "serve", "--port", str(port), "--log-level", "warning"],
                               env={**os.environ, "CODEPLANE_HOME": str(home)})
-    client = httpx.Client(headers=headers, timeout=120)
     while True:
         try:
-            client.get(f"{url}/healthz")
-            break
+            httpx.get(f"{url}/healthz", timeout=5)
+            return server, url
         except httpx.TransportError:
             time.sleep(0.1)
-    body = {"repo": str(repo_root / "repo")}
-    client.delete(f"{url}/v1/sandboxes/{client.post(f'{url}/v1/sandboxes', json=body).json()['id']}")
-    time.sleep(2)  # the pool fills
-    before = rss_kb(server.pid)
 
-    def one(_: int) -> float:
+
+def agents(url: str, headers: dict, repo: Path, count: int, out: dict) -> None:
+    """`count` background agents launched at once, each followed to its end over SSE; the
+    delay from an event being stored to the watcher receiving it is recorded."""
+    body = {"repo": str(repo), "task": "wait, then write a file", "model": "scripted",
+            "max_steps": 4}
+    posts, delays, ids = [], [], []
+
+    def watch(run_id: str) -> None:
+        with httpx.stream("GET", f"{url}/v1/background-agents/{run_id}/events",
+                          headers=headers, timeout=600) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    delays.append(time.time() - json.loads(line[6:])["at"])
+
+    def launch(_: int) -> str:
+        start = time.perf_counter()
+        resp = httpx.post(f"{url}/v1/background-agents", headers=headers, json=body,
+                          timeout=120)
+        posts.append(time.perf_counter() - start)
+        resp.raise_for_status()
+        return resp.json()["id"]
+
+    with ThreadPoolExecutor(count) as pool:
+        ids = list(pool.map(launch, range(count)))
+        list(pool.map(watch, ids))
+    out["statuses"] = [httpx.get(f"{url}/v1/background-agents/{i}", headers=headers
+                                 ).json()["status"] for i in ids]
+    out["posts"], out["delays"], out["ids"] = posts, delays, ids
+
+
+def sandboxes(url: str, headers: dict, repo: Path, count: int, hold: threading.Event,
+              out: dict) -> None:
+    """`count` sandboxes made at once, a command in each, held until `hold` is set (so they
+    overlap the agents), then deleted."""
+    client = httpx.Client(headers=headers, timeout=300)
+    body = {"repo": str(repo)}
+
+    def one(_: int) -> tuple[float, str]:
         start = time.perf_counter()
         box = client.post(f"{url}/v1/sandboxes", json=body).json()
-        took = time.perf_counter() - start
         assert "id" in box, box
-        return took, box["id"]
+        return time.perf_counter() - start, box["id"]
 
-    start = time.perf_counter()
     with ThreadPoolExecutor(16) as pool:
         made = list(pool.map(one, range(count)))
-    listed = client.get(f"{url}/v1/sandboxes").json()
-    with ThreadPoolExecutor(8) as pool:
         outs = list(pool.map(lambda m: client.post(f"{url}/v1/sandboxes/{m[1]}/exec",
                                                    json={"command": "ls | wc -l"}).json(),
                              made))
-    ok = sum(1 for o in outs if o.get("exit_code") == 0)
-    with ThreadPoolExecutor(16) as pool:
+        out["held"] = len(client.get(f"{url}/v1/sandboxes").json()["data"])
+        hold.wait(600)
         list(pool.map(lambda m: client.delete(f"{url}/v1/sandboxes/{m[1]}"), made))
+    out["acquire"] = [t for t, _ in made]
+    out["ok"] = sum(1 for o in outs if o.get("exit_code") == 0)
+
+
+def soak(repo_root: Path, scratch: Path, count: int, agent_count: int) -> bool:
+    """`count` concurrent sandboxes and `agent_count` concurrent background agents (the
+    scripted model) through one real server; then every sandbox must be gone while the
+    server runs (bar its warm pool), and everything after it stops."""
+    model = ScriptedModel()
+    model.server.start()
+    model.script = [{"calls": [("run_terminal_cmd",
+                                {"command": f"sleep 3; echo {i} > out{i}.txt"})]}
+                    for i in range(agent_count)]
+    home = scratch / "home"
+    home.mkdir()
+    (home / "codeplane.toml").write_text(
+        f'[serve]\nworkspace_roots = ["{repo_root}"]\nmax_runs_per_tenant = {agent_count}\n'
+        f'[gateway]\nauth = "on"\n'
+        f"[fleet]\npool_size = 4\nmax_per_tenant = {count}\n"
+        f"max_sandboxes = {count + agent_count + 8}\n"
+        f'[[models]]\nname = "scripted"\nprovider = "openai"\nbase_url = "{model.url}"\n'
+        'model = "scripted"\n')
+    keys = KeyStore(home / "server")
+    boxes_h = {"authorization": f"Bearer {keys.create('boxes', tenant='boxes')[1]}"}
+    agents_h = {"authorization": f"Bearer {keys.create('agents', tenant='agents')[1]}"}
+    server, url = start_server(home)
+    repo = repo_root / "repo"
+    warmup = httpx.post(f"{url}/v1/sandboxes", json={"repo": str(repo)}, headers=boxes_h,
+                        timeout=300).json()
+    httpx.delete(f"{url}/v1/sandboxes/{warmup['id']}", headers=boxes_h)
+    time.sleep(3)  # the pool fills
+    before = rss_kb(server.pid)
+    hold, got_boxes, got_agents = threading.Event(), {}, {}
+    start = time.perf_counter()
+    box_thread = threading.Thread(target=sandboxes, args=(url, boxes_h, repo, count, hold,
+                                                          got_boxes))
+    agent_thread = threading.Thread(target=agents, args=(url, agents_h, repo, agent_count,
+                                                         got_agents))
+    box_thread.start()
+    agent_thread.start()
+    peak = 0
+    while agent_thread.is_alive():
+        stats = httpx.get(f"{url}/v1/sandboxes", headers=agents_h, timeout=60).json()
+        peak = max(peak, stats["fleet"]["sandboxes"])
+        if got_boxes.get("held") is not None and len(got_agents) == 0 and not hold.is_set() \
+                and len(stats["data"]) >= agent_count:
+            hold.set()  # every agent holds its sandbox while the 100 are held: release them
+        time.sleep(0.2)
+    hold.set()
+    box_thread.join()
     elapsed = time.perf_counter() - start
+    settle = time.time() + 60
+    while time.time() < settle and httpx.get(f"{url}/v1/sandboxes", headers=agents_h
+                                             ).json()["data"]:
+        time.sleep(0.2)
+    left = {t: len(httpx.get(f"{url}/v1/sandboxes", headers=h).json()["data"])
+            for t, h in (("boxes", boxes_h), ("agents", agents_h))}
+    totals = httpx.get(f"{url}/v1/sandboxes", headers=boxes_h).json()["fleet"]
     after = rss_kb(server.pid)
-    http = [t for t, _ in made]
-    print(f"soak: {count} concurrent sandboxes held at once ({len(listed['data'])} listed), "
-          f"{ok}/{count} commands ok, {elapsed:.1f} s in all")
-    print(f"  HTTP acquire under load: p50 {statistics.median(http) * 1e3:.1f} ms  "
-          f"p95 {pct(http, .95) * 1e3:.1f} ms; pool {listed['fleet']['pools']}")
+    statuses = got_agents["statuses"]
+    acquire, posts, delays = got_boxes["acquire"], got_agents["posts"], got_agents["delays"]
+    print(f"soak: {count} sandboxes ({got_boxes['held']} held at once, "
+          f"{got_boxes['ok']}/{count} commands ok) and {agent_count} background agents "
+          f"({ {s: statuses.count(s) for s in set(statuses)} }) through one server; "
+          f"peak {peak} sandboxes on the host; {elapsed:.1f} s in all")
+    print(f"  HTTP sandbox acquire under load: p50 {statistics.median(acquire) * 1e3:.1f} ms  "
+          f"p95 {pct(acquire, .95) * 1e3:.1f} ms")
+    print(f"  POST /v1/background-agents under load: p50 {statistics.median(posts) * 1e3:.0f}"
+          f" ms  p95 {pct(posts, .95) * 1e3:.0f} ms")
+    print(f"  event stored -> SSE watcher ({len(delays)} events): p50 "
+          f"{statistics.median(delays) * 1e3:.0f} ms  p95 {pct(delays, .95) * 1e3:.0f} ms  "
+          f"max {max(delays) * 1e3:.0f} ms")
+    print(f"  pools: {totals['totals']}")
+    print(f"  held after the soak, server running: {left} (the warm pool keeps "
+          f"{totals['totals']['ready']})")
     print(f"  server RSS before {before / 1024:.1f} MiB, after {after / 1024:.1f} MiB")
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=60)
+    model.server.stop()
     fleet_dir = home / "server" / "fleet"
+    runs = home / "server" / "background"
+    kept = sorted({p.name for d in runs.iterdir() if d.is_dir() for p in d.iterdir()})
     leaks = {"mounts": len(clone.mounts_under(fleet_dir)),
              "sandbox dirs": len(list((fleet_dir / "sandboxes").iterdir())),
              "records": len(list((fleet_dir / "records").iterdir())),
              "processes": kill_inside(fleet_dir / "sandboxes")}
-    print(f"  leaks after shutdown: {leaks}")
-    return not any(leaks.values()) and ok == count
+    print(f"  leaks after shutdown: {leaks}; what a background run keeps: {kept}")
+    return (not any(leaks.values()) and got_boxes["ok"] == count and not any(left.values())
+            and statuses.count("completed") == agent_count)
 
 
 def main() -> None:
@@ -187,15 +330,24 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--soak", type=int, default=100)
+    parser.add_argument("--agents", type=int, default=20)
+    parser.add_argument("--parts", default="strategies,warm,ops,soak")
     args = parser.parse_args()
+    parts = args.parts.split(",")
     scratch = Path(tempfile.mkdtemp(prefix="codeplane-fleet-bench-"))
     try:
         repo = make_repo(scratch / "code" / "repo", args.files)
         print(f"repo: {args.files} files, {du(repo) / 1e6:.1f} MB with .git")
-        strategies(repo, scratch, 5)
-        warm(repo, scratch, args.rounds)
-        clean = soak(scratch / "code", scratch, args.soak)
-        print("zero leaks" if clean else "LEAKS OR FAILURES")
+        if "strategies" in parts:
+            strategies(repo, scratch, 5)
+        if "warm" in parts:
+            warm(repo, scratch, args.rounds)
+        if "ops" in parts:
+            print(f"Workspace operations per backend ({args.rounds} rounds each):")
+            workspace_ops(repo, scratch, args.rounds)
+        if "soak" in parts:
+            clean = soak(scratch / "code", scratch, args.soak, args.agents)
+            print("zero leaks" if clean else "LEAKS OR FAILURES")
     finally:
         for point in clone.mounts_under(scratch):
             subprocess.run(["umount", "-l", str(point)], check=False)
