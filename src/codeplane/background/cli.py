@@ -68,8 +68,9 @@ def _message(resp: httpx.Response) -> str:
 @agents_app.command("launch")
 def launch(
     task: Annotated[str, typer.Argument(help="What the agent should do.")],
-    repo: Annotated[str, typer.Option(help="Git repository on the server machine (a path "
-                                           "under its workspace roots).")],
+    repo: Annotated[str, typer.Option(help="Git repository: a path (or .bundle file) on the "
+                                           "server machine under its workspace roots, or a "
+                                           "URL its serve.repo_urls allows.")],
     ref: Annotated[str, typer.Option(help="Branch, tag or commit to start from.")] = "HEAD",
     model: Annotated[str, typer.Option(help="Model name.")] = "code-medium",
     max_steps: Annotated[int, typer.Option(help="Maximum model turns.", min=1)] = 25,
