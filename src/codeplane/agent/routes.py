@@ -175,6 +175,7 @@ async def create_run(body: RunRequest, request: Request):
     try:
         run = manager.start(principal.tenant, agent, body.task, model)
     except RunLimit as exc:
+        await asyncio.to_thread(env.close)  # a pooled sandbox goes back, not held unused
         raise _limit(exc) from None
     if not body.stream:
         return {"id": run.id, "status": "running"}
