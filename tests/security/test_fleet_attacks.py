@@ -163,7 +163,10 @@ def test_a_url_inside_the_policy_is_fetched_once_and_cached(remote):
         again = make(remote, repo=url)
         assert again.status_code == 201, again.text
         assert again.json()["commit"] == box["commit"] and sorted(fleet.bases.iterdir()) == bases
+        fleet.settings.fetch_ttl = 0  # due for a refetch, the server down: the cache serves
+        assert make(remote, repo=url).status_code == 201
     finally:
+        fleet.settings.fetch_ttl = 60.0
         remote.daemon = GitDaemon(remote.tmp / "served", port=remote.daemon.port)
 
 

@@ -369,7 +369,11 @@ class Fleet:
                     remote.fetch(url, mirror, self._tmp(self.remotes, key),
                                  self.settings.fetch_bytes, self.settings.fetch_timeout)
                 except remote.FetchFailed as exc:
-                    raise FleetError(exc.status, str(exc), exc.code) from None
+                    if exc.status == 413 or not mirror.is_dir():
+                        raise FleetError(exc.status, str(exc), exc.code) from None
+                    # the server is down or slow: the last fetch still serves (until the
+                    # next TTL), rather than no sandbox at all
+                    log.warning("refetch of %s failed, using the cached mirror: %s", url, exc)
                 self._fetched[url] = time.monotonic()
         return mirror
 
