@@ -1,8 +1,9 @@
 """The agent loop: Model -> tool calls -> Environment, until the model answers without tools.
 
 Three small parts, in the spirit of mini-swe-agent: a `ChatModel` (`core/chat.py`: the HTTP
-client below, or the server's in-process gateway client), an `Environment` (env.py) and
-`Agent`. Every step emits events; the same events feed the Rich CLI, the server's SSE stream
+client below, the server's in-process gateway client, or a training policy), an `Environment`
+(env.py) and `Agent`. The small-model repairs are switchable hooks (hooks.py): the product runs
+them all, a training run may run none, and `run_start` records which were on. Every step emits events; the same events feed the Rich CLI, the server's SSE stream
 and the JSONL transcript, so what a user sees, what an RL trainer replays and what the API
 returns cannot drift apart.
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 import uuid
@@ -26,20 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pathspec
 
 from codeplane.agent.env import Environment
-from codeplane.agent.prompts import (
-    BROKEN,
-    CODE_NOT_APPLIED,
-    EMPTY,
-    FAKE_RESULT,
-    NOTHING_CHANGED,
-    NUDGE,
-    SYSTEM,
-    VERIFY,
-    task_message,
-)
+from codeplane.agent.hooks import PRODUCT_HOOKS, arguments, make_hooks
+from codeplane.agent.prompts import SYSTEM, task_message
 from codeplane.agent.tools import (
     CORE,
     ToolContext,
@@ -47,13 +37,9 @@ from codeplane.agent.tools import (
     Toolset,
     default_toolset,
     list_files,
-    mentioned,
-    shown_text,
-    syntax_errors,
 )
 from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling, Turn, TurnBuilder
 from codeplane.core.sse import ChunkReader, StreamError
-from codeplane.models.toolcalls import parse_tool_calls
 
 Event = dict[str, Any]
 log = logging.getLogger("codeplane.agent")
@@ -167,11 +153,16 @@ class RunResult:
 
 
 class Agent:
+    """The loop. `hooks` names the small-model repairs to run (hooks.py; default: all of
+    them, as the product does; `()` runs the plain loop, as a training run may)."""
+
     def __init__(self, model: ChatModel, env: Environment, config: AgentConfig | None = None,
                  on_event: Callable[[Event], None] | None = None,
                  cancel: threading.Event | None = None, settings: Any = None,
-                 run_id: str | None = None, toolset: Toolset | None = None) -> None:
+                 run_id: str | None = None, toolset: Toolset | None = None,
+                 hooks: tuple[str, ...] | list[str] = PRODUCT_HOOKS) -> None:
         self.model, self.env = model, env
+        self.hooks = make_hooks(hooks)
         self.toolset = toolset or default_toolset()
         self.config = config or AgentConfig()
         self.cancel = cancel or threading.Event()
@@ -183,8 +174,7 @@ class Agent:
                       else self.toolset.schemas())
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._failed_writes = 0
-        self._has_tests = self._verified = self._change_task = False
+        self.failed_writes = 0
         self._start = time.monotonic()
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
         self.steps = self.calls_made = 0
@@ -229,14 +219,14 @@ class Agent:
     def _setup(self, task: str) -> list[dict]:
         """The first two messages, announced by `run_start`."""
         files = list(list_files(self.env, self.env.root))
-        self._has_tests = any(_TEST_FILE.search(f) for f in files)
-        self._change_task = bool(_CHANGE.search(task))
-        user = task_message(task, files) + self._preread(task, files)
+        user = task_message(task, files) + "".join(h.start(self, task, files)
+                                                   for h in self.hooks)
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
         self.emit({"type": "run_start", "time": time.time(), "task": task,
                    "model": self.model.name, "model_info": self.model.describe(),
                    "environment": self.env.metadata(), "config": asdict(self.config),
-                   "tools": self.tools, "messages": list(messages)})
+                   "hooks": [h.name for h in self.hooks], "tools": self.tools,
+                   "messages": list(messages)})
         return messages
 
     def _loop(self, messages: list[dict]) -> tuple[str, str]:
@@ -254,8 +244,7 @@ class Agent:
             calls = message.get("tool_calls") or self._repair(self.steps, message)
             force_next = False
             if not calls:
-                note, force_next = self._correction(message.get("content") or "",
-                                                    self.calls_made)
+                note, force_next = self._correction(message.get("content") or "")
                 if note and corrections < self.config.corrections:
                     corrections += 1
                     messages.append({"role": "user", "content": note})
@@ -268,24 +257,6 @@ class Agent:
                 messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
                                  "name": call["function"]["name"], "content": output})
         return "max_steps", ""
-
-    def _preread(self, task: str, files: list[str]) -> str:
-        """Files the task names, read for the model and appended to the task: like an
-        @-mention in an editor. Small models otherwise edit files they never read. Plain
-        text rather than a made-up read_file turn: after such a turn code-medium copied
-        `<tool_response>` blocks instead of acting (5 of 17 runs).
-
-        Secret files (`.env`, keys, credentials) are never pre-read: the prompt leaves this
-        machine when the model is a provider, and a task naming `id_rsa` is no consent."""
-        named = [f for f in mentioned(task, files) if not _SECRET_FILES.match_file(f)]
-        parts = [self.toolset.execute(self.env, "read_file", {"path": path}, self.ctx,
-                         self.config.max_result_chars).output
-                 for path in named[: self.config.preread]]
-        parts = [p for p in parts if _PRIVATE_KEY not in p]
-        if not parts:
-            return ""
-        return ("\n\nThe files the task names, already read for you (you may edit them):\n\n"
-                + "\n\n".join(parts))
 
     def _turn(self, step: int, messages: list[dict], tool_choice: str = "auto") -> dict:
         """One model call; on context overflow compact harder and retry once."""
@@ -330,91 +301,30 @@ class Agent:
         return changed > 0
 
     def _repair(self, step: int, message: dict) -> list[dict]:
-        """Calls to invented tool names whose arguments fit exactly one real tool, as calls
-        of that tool. code-small mostly names the tool after the task
-        (`{"name": "change_server_port", "arguments": {"path": ..., "start_line": 1}}`) and
-        repeats itself word for word after a hint; the history then shows the right name."""
+        """The first hook's recovered tool calls for a reply that made none; the reply is
+        rewritten to carry them, so the history shows the calls that ran."""
         content = message.get("content") or ""
-        params = {t["function"]["name"]: t["function"]["parameters"] for t in self.tools}
-        repaired = []
-        for call in parse_tool_calls(content, _AnyName(params))[1]:
-            args = _arguments(call.arguments)
-            fits = [name for name, p in params.items() if isinstance(args, dict) and args
-                    and set(p["required"]) <= set(args) <= set(p["properties"])]
-            if call.name in params or len(fits) != 1:
-                return []
-            repaired.append({"id": call.id, "type": "function",
-                             "function": {"name": fits[0], "arguments": call.arguments}})
-        repaired = repaired or self._code_block_edit(content)
-        if repaired:
-            message.update(content="", tool_calls=repaired)
-            self.emit({"type": "call_repair", "step": step, "original": content,
-                       "tool_calls": repaired})
-        return repaired
+        for hook in self.hooks:
+            repaired = hook.repair(self, content)
+            if repaired:
+                message.update(content="", tool_calls=repaired)
+                self.emit({"type": "call_repair", "step": step, "hook": hook.name,
+                           "original": content, "tool_calls": repaired})
+                return repaired
+        return []
 
-    def _code_block_edit(self, content: str) -> list[dict]:
-        """A reply that shows new code instead of editing - what 1.5B models do most - as
-        `edit_file(code_edit=<the code>)` on the file it belongs to, merged by the apply
-        compartment (like an editor's Apply button on a chat code block). Only before any
-        file changed, with one code block, for the one file this run has read that defines
-        one of the block's functions or classes (Python, JavaScript, TypeScript)."""
-        blocks = _FENCE.findall(content)
-        if self.ctx.written or len(blocks) != 1 or "edit_file" not in {
-                t["function"]["name"] for t in self.tools}:
-            return []
-        names = set(_DEFINES.findall(blocks[0]))
-        owners = sorted(self.env.relative(p) for p in self.ctx.seen
-                        if names & set(_DEFINES.findall(shown_text(self.env, p) or "")))
-        if len(owners) != 1:
-            return []
-        args = json.dumps({"path": owners[0], "code_edit": blocks[0]})
-        return [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                 "function": {"name": "edit_file", "arguments": args}}]
-
-    def _correction(self, content: str, calls_made: int) -> tuple[str | None, bool]:
-        """A hint instead of ending the run, when a reply is not really a final answer, and
-        whether the next turn must call a tool.
-
-        Before the answer: it names a tool that does not exist (small models invent them),
-        imitates a tool result, shows code instead of editing, or nothing was done at all.
-        At the answer, what a reviewer would check first: the task asks for a change (or the
-        answer claims one) but no file changed (code-medium said "I changed ..." after failed
-        edits in 5 of 17 tasks, or restated the task), the changed files no longer parse, or
-        tests exist and were never run after the last change."""
-        names = {t["function"]["name"] for t in self.tools}
-        bogus = {c.name for c in parse_tool_calls(content, _AnyName(names))[1]} - names
-        if bogus:
-            return (f"error: {', '.join(sorted(bogus))} is not a tool. Available tools: "
-                    f"{', '.join(sorted(names))}. Call one of them."), False
-        if "<tool_response>" in content or "<tool_call>" in content:
-            return FAKE_RESULT, False
-        if "```" in content and not self.ctx.written:
-            return CODE_NOT_APPLIED, True
-        if calls_made == 0:
-            return NUDGE, False
-        if not self.ctx.written and (self._change_task or _CLAIM.search(content)):
-            why = ("every edit you tried failed" if self._failed_writes
-                   else "you have not edited any file")
-            return NOTHING_CHANGED.format(why=why), True
-        errors = [e for p in sorted(self.ctx.written)
-                  if (source := shown_text(self.env, p)) is not None
-                  for e in syntax_errors(p, source, self.env.relative(p))]
-        if errors:
-            return BROKEN.format(errors="\n".join(errors[:5])), True
-        if self._needs_check():
-            self._verified = True
-            return VERIFY, True
-        return (EMPTY if not content.strip() else None), False
-
-    def _needs_check(self) -> bool:
-        """Python changed, the repository has tests, and no command ran since: asked once."""
-        return (self._has_tests and not self._verified and not self.ctx.checked
-                and any(p.suffix == ".py" for p in self.ctx.written)
-                and "run_terminal_cmd" in {t["function"]["name"] for t in self.tools})
+    def _correction(self, content: str) -> tuple[str | None, bool]:
+        """The first hook's hint for a reply without tool calls, and whether the next turn
+        must call a tool; (None, False) when the reply is the answer."""
+        for hook in self.hooks:
+            note, force = hook.correct(self, content)
+            if note:
+                return note, force
+        return None, False
 
     def _outputs(self, step: int, calls: list[dict], seen: dict[str, str]) -> list[str]:
         """Run a turn's calls; identical repeats get a pointer instead of a second copy."""
-        keys = [json.dumps([c["function"]["name"], _arguments(c["function"].get("arguments"))],
+        keys = [json.dumps([c["function"]["name"], arguments(c["function"].get("arguments"))],
                            sort_keys=True) for c in calls]
         first: dict[str, int] = {}  # identical calls since the last write or command
         source: dict[int, int] = {}  # index of a collapsed call -> the call it repeats
@@ -451,7 +361,7 @@ class Agent:
         the run (starting threads per turn costs ~1-4 ms each on a loaded 2-core machine);
         pure-Python tools (`Tool.inline`) run on this thread, in order, meanwhile. Serial
         mode uses no thread at all."""
-        parsed = [(c["function"]["name"], _arguments(c["function"].get("arguments")))
+        parsed = [(c["function"]["name"], arguments(c["function"].get("arguments")))
                   for c in calls]
         if not self.config.parallel:
             return [self._one(step, i, c, parsed[i]) for i, c in enumerate(calls)]
@@ -491,47 +401,9 @@ class Agent:
                                       self.config.max_result_chars)
         spec = self.toolset.get(name)
         if not result.ok and spec is not None and spec.access == "write":
-            self._failed_writes += 1
+            self.failed_writes += 1
         self.emit({"type": "tool_result", **base, **result.to_dict()})
         return result
-
-
-def _arguments(raw: Any) -> dict | str:
-    if isinstance(raw, dict):
-        return raw
-    try:
-        value = json.loads(raw or "{}")
-    except ValueError:
-        return str(raw)
-    return value if isinstance(value, dict) else str(raw)
-
-
-# Never pre-read into a prompt. Narrower than the index's ignore list (indexing/scan.py),
-# which also skips build and vendor folders that a task may rightly name.
-_SECRET_FILES = pathspec.GitIgnoreSpec.from_lines([
-    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
-    "*.keystore", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", ".ssh/", ".aws/",
-    ".gnupg/", ".netrc", ".npmrc", ".pypirc", ".git-credentials", "credentials*.json",
-    "secret*.json", "secret*.y*ml", "secret*.toml", "*.secret", ".htpasswd"])
-_PRIVATE_KEY = "PRIVATE KEY-----"  # a PEM key under any name
-_TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$)")
-# A task that asks for a change ("Fix ...", "rename ...", "should also include ...").
-_CHANGE = re.compile(r"\b(?:fix|implement|rename|add|change|create|delete|remove|update|"
-                     r"replace|refactor|move|edit|include|make)\b", re.IGNORECASE)
-# A final answer that reports a change: "I changed ...", "... and fixed it", "has been added".
-_CLAIM = re.compile(r"\b(?:changed|updated|fixed|modified|renamed|added|removed|replaced|"
-                    r"implemented|created|deleted|edited|corrected)\b", re.IGNORECASE)
-_FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
-# Definitions that tie a code block to a file: Python `def`/`class`, JS/TS `function`/`class`.
-_DEFINES = re.compile(r"^[ \t]*(?:export[ \t]+)?(?:async[ \t]+)?(?:def|class|function)"
-                      r"[ \t]+(\w+)", re.MULTILINE)
-
-
-class _AnyName(set):
-    """Lets the lenient tool-call parser find calls to names that are not tools."""
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and bool(name)
 
 
 class Transcript:
