@@ -19,16 +19,17 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
 
 from codeplane.agent.env import Environment
 from codeplane.agent.hooks import arguments
 from codeplane.agent.prompts import SYSTEM, task_message
 from codeplane.agent.tools import CORE, ToolContext, Toolset, default_toolset, list_files
 from codeplane.rl.tasks import Task, score
-from codeplane.sandbox import Limits, open_workspace
+from codeplane.sandbox import DEFAULT_BACKEND, Limits, open_workspace
 from codeplane.sandbox.runner import SandboxUnavailable
 
 FAULTS = ("sandbox_killed", "tool_timeout", "verifier_crash")
@@ -42,13 +43,18 @@ class EnvFault(Exception):
         self.kind = kind
 
 
-@dataclass(frozen=True)
-class EnvConfig:
-    backend: str = "bwrap"  # a name in sandbox.workspace.BACKENDS
-    timeout: float = 30.0  # per command
-    max_result_chars: int = 4000  # per tool output, as the product cuts it
-    toolset: str = "core"  # "core" (7 tools, simpler schemas) or "full"
-    fault_rate: float = 0.0  # injected faults per step/verify call (benchmarks only)
+class EnvConfig(BaseModel):
+    """`[env]`: the workspace and tools each environment server runs."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+    backend: str = Field(DEFAULT_BACKEND, description="a workspace backend (sandbox.BACKENDS)")
+    timeout: float = Field(30.0, gt=0, description="seconds per command")
+    max_result_chars: int = Field(4000, ge=200, description="per tool output, cut as the "
+                                                            "product cuts it")
+    toolset: Literal["core", "full"] = Field("core", description="core: 7 tools, simpler "
+                                                                 "schemas; full: all")
+    fault_rate: float = Field(0.0, ge=0, le=1, description="injected faults per call "
+                                                           "(benchmarks only)")
     seed: int = 0
 
 

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pydantic import BaseModel, Field
+
 from codeplane.core.chat import ChatModel, ModelError, Sampling
 from codeplane.rl.env import EnvConfig, EnvFault, EnvServer
 from codeplane.rl.tasks import Task
@@ -50,17 +52,23 @@ class Env(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class RolloutConfig:
-    in_flight: int = 4  # episodes running at once (one environment server each)
-    group_size: int = 4  # episodes per task (the advantage baseline)
-    groups_per_step: int = 2  # groups per trainer step
-    max_staleness: int = 1  # k: samples at most k policy versions old; 0 = synchronous
-    max_turns: int = 6  # straggler limit: model turns per episode
-    max_seconds: float = 300.0  # straggler limit: wall clock per episode
-    retries: int = 2  # fresh environments for an episode whose environment failed
-    max_tokens: int = 256  # per model turn
-    temperature: float = 1.0
+class RolloutConfig(BaseModel):
+    """`[rollout]`: how episodes are made and grouped."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+    in_flight: int = Field(4, ge=1, le=256, description="episodes running at once (one "
+                                                       "environment server each)")
+    group_size: int = Field(4, ge=1, description="episodes per task: the advantage baseline")
+    groups_per_step: int = Field(2, ge=1, description="groups per trainer step")
+    max_staleness: int = Field(1, ge=0, description="k: samples at most k policy versions "
+                                                    "old; 0 = synchronous")
+    max_turns: int = Field(6, ge=1, description="straggler limit: model turns per episode")
+    max_seconds: float = Field(300.0, gt=0, description="straggler limit: wall clock per "
+                                                        "episode")
+    retries: int = Field(2, ge=0, description="fresh environments for an episode whose "
+                                              "environment failed")
+    max_tokens: int = Field(256, ge=1, description="per model turn")
+    temperature: float = Field(1.0, ge=0)
     seed: int = 0
 
 

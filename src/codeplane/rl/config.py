@@ -1,0 +1,118 @@
+"""`codeplane rl train CONFIG`: the TOML file, validated by pydantic.
+
+One file says everything a run does, so a run is reproducible from its config and seed:
+which repositories make the tasks (train and held-out split by repository), how episodes are
+rolled out (`[rollout]`), what the environment servers run (`[env]`), which sampler and which
+trainer (`[sampler]`, `[trainer]`: the trainer's own pydantic config, embedded as a table),
+and how Ray is started (`[ray]`, local and small by default). Unknown keys are errors: a typo
+must not silently train with defaults.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from codeplane.rl.env import EnvConfig
+from codeplane.rl.rollout import RolloutConfig
+
+_STRICT = {"extra": "forbid"}
+
+
+class TasksConfig(BaseModel):
+    """`[tasks]`: repositories as PyPI sdists ("name==version", fetched once into
+    `~/.codeplane/rl/`) or local directories; train and held-out never share one."""
+
+    model_config = _STRICT
+    train: list[str] = Field(default_factory=list, description="sdists for training")
+    heldout: list[str] = Field(default_factory=list, description="sdists for held-out eval")
+    train_dirs: list[str] = Field(default_factory=list, description="local repositories")
+    heldout_dirs: list[str] = Field(default_factory=list, description="local repositories")
+    max_train: int = Field(64, ge=1, description="tasks sampled from the train repositories")
+    max_heldout: int = Field(16, ge=1, description="tasks sampled from the held-out ones")
+
+    @model_validator(mode="after")
+    def _split(self) -> TasksConfig:
+        if not (self.train or self.train_dirs):
+            raise ValueError("[tasks] needs train or train_dirs")
+        shared = set(self.train) & set(self.heldout) | set(self.train_dirs) & set(
+            self.heldout_dirs)
+        if shared:
+            raise ValueError(f"[tasks] train and held-out share {sorted(shared)}: the split "
+                             "is by repository")
+        return self
+
+
+class SamplerConfig(BaseModel):
+    """`[sampler]`: the policy that generates rollouts."""
+
+    model_config = _STRICT
+    kind: Literal["torch", "llama", "http"] = Field(
+        "llama", description="torch: the trainer's policy in torch; llama: llama.cpp with the "
+                             "current LoRA; http: any OpenAI-compatible server (rollouts and "
+                             "evaluation only: no token ids to train on)")
+    model: str = Field("code-small", description="registry name (torch, llama) or the "
+                                                 "server's model name (http)")
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="http only")
+
+
+class RayConfig(BaseModel):
+    """`[ray]`: a local Ray, loopback only, with few CPUs (the machine is shared)."""
+
+    model_config = _STRICT
+    num_cpus: int = Field(2, ge=1)
+    env_cpus: float = Field(0.25, gt=0, description="CPUs reserved per environment actor")
+    call_timeout: float = Field(120.0, gt=0, description="seconds for one environment call "
+                                                         "before it counts as a tool timeout")
+
+
+class RunConfig(BaseModel):
+    """The whole file."""
+
+    model_config = _STRICT
+    steps: int = Field(3, ge=1, description="trainer steps")
+    out: str = Field("~/.codeplane/rl/runs/default", description="JSONL, PNG, checkpoints")
+    eval_every: int = Field(0, ge=0, description="held-out evaluation every N steps "
+                                                 "(0: before the first and after the last)")
+    trainer_kind: Literal["torch", "none"] = Field(
+        "torch", description="none: rollouts and evaluation only (a baseline)")
+    tasks: TasksConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    trainer: dict[str, Any] = Field(default_factory=dict,
+                                    description="the trainer's own config (rl/trainer.py)")
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out).expanduser()
+
+
+class ConfigError(ValueError):
+    """The config file cannot be read or is invalid; the message says where."""
+
+
+def load_config(path: Path) -> RunConfig:
+    """Read and validate a run's TOML; relative directories are relative to the file."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    tasks = raw.get("tasks")
+    if isinstance(tasks, dict):
+        for key in ("train_dirs", "heldout_dirs"):
+            if isinstance(tasks.get(key), list):
+                tasks[key] = [str((path.parent / Path(d).expanduser()).resolve())
+                              if isinstance(d, str) else d for d in tasks[key]]
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(file)'}: {e['msg']}"
+                           for e in exc.errors())
+        raise ConfigError(f"{path}: {errors}") from None

@@ -1,0 +1,290 @@
+"""The training loop: rollouts on Ray feed the trainer, the trainer's weights go back to the
+sampler, and every step is measured.
+
+    collect step s (blocks until its groups are done; workers meanwhile run up to k steps
+    ahead) -> trainer.step(groups) -> sampler.load_weights(weights, version) -> advance
+
+Written per step to `out/steps.jsonl`: reward mean/std, held-out success when evaluated,
+samples/s (model turns), sampler busy % (model-call seconds / wall; above 100 % when several
+calls overlap), trainer wait % (time blocked on rollouts / wall), the staleness histogram,
+the trainer's metrics (log-prob mismatch among them) and faults. `out/curves.png` plots the
+reward and held-out curves. After every step the trainer's checkpoint and the step number go
+to `out/checkpoint/`; a killed run started again resumes there, with the same data order.
+
+Ray, torch and the trainer are imported here, lazily: nothing in the default install does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codeplane.core.chat import ChatModel
+from codeplane.rl.config import ConfigError, RunConfig
+from codeplane.rl.env import EnvConfig
+from codeplane.rl.rollout import RayEnv, RolloutConfig, RolloutManager, StepData, masked
+from codeplane.rl.tasks import Task, fetch_sdist, locate_tasks, sample_tasks
+from codeplane.rl.types import Trainer
+
+CACHE = Path("~/.codeplane/rl").expanduser()
+
+
+@dataclass
+class Progress:
+    """What the run reports as it goes and at the end (`--json`)."""
+
+    steps: int = 0
+    episodes: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    rewards: list[tuple[int, float]] = field(default_factory=list)  # (step, mean reward)
+    heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, success)
+    env_faults: Counter = field(default_factory=Counter)
+    trainer_restarts: int = 0
+    max_staleness: int = 0
+    resumed_from: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {"steps": self.steps, "episodes": self.episodes, "samples": self.samples,
+                "seconds": round(self.seconds, 1),
+                "samples_per_second": round(self.samples / self.seconds, 3)
+                if self.seconds else 0.0,
+                "reward_first": self.rewards[0][1] if self.rewards else None,
+                "reward_last": self.rewards[-1][1] if self.rewards else None,
+                "heldout_first": self.heldout[0][1] if self.heldout else None,
+                "heldout_last": self.heldout[-1][1] if self.heldout else None,
+                "env_faults": sum(self.env_faults.values()),
+                "faults": dict(self.env_faults), "trainer_restarts": self.trainer_restarts,
+                "max_staleness": self.max_staleness, "resumed_from": self.resumed_from}
+
+
+def load_tasks(specs: list[str], dirs: list[str], limit: int, seed: int) -> list[Task]:
+    """Tasks from sdists (fetched once into the cache) and local repositories."""
+    roots = [(spec, fetch_sdist(spec, CACHE)) for spec in specs]
+    roots += [(Path(d).name, Path(d)) for d in dirs]
+    tasks = [t for name, root in roots for t in locate_tasks(name, root)]
+    return sample_tasks(tasks, limit, seed)
+
+
+def make_sampler(config: RunConfig) -> ChatModel:
+    """The sampler the config names; torch and llama come from the trainer side (rl/)."""
+    kind = config.sampler.kind
+    if kind == "http":
+        from codeplane.agent.loop import HttpChatModel
+
+        return HttpChatModel(config.sampler.base_url, config.sampler.model)
+    raise ConfigError(f"sampler kind {kind!r} needs the trainer side (rl/policy.py), which "
+                      "this install does not have yet")
+
+
+def make_trainer(config: RunConfig, sampler: ChatModel) -> Trainer | None:
+    """The trainer the config names, or None for a rollout-only run."""
+    if config.trainer_kind == "none":
+        return None
+    raise ConfigError("trainer_kind 'torch' needs rl/trainer.py, which this install does not "
+                      "have yet")
+
+
+def env_factory(config: RunConfig, scratch: Path) -> Callable[[int], RayEnv]:
+    """Environment servers as Ray actors; each new one gets its own fault seed."""
+    seeds = itertools.count(config.env.seed)
+
+    def make(index: int) -> RayEnv:
+        env = config.env.model_copy(update={"seed": next(seeds)})
+        return RayEnv(EnvConfig.model_validate(env.model_dump()), config.ray.call_timeout,
+                      str(scratch), config.ray.env_cpus)
+
+    return make
+
+
+def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
+             make_env: Callable[[int], RayEnv], version: int) -> float:
+    """Held-out success: one greedy episode per task, the share with full reward."""
+    if not tasks:
+        return math.nan
+    greedy = config.rollout.model_copy(update={"group_size": 1, "groups_per_step": len(tasks),
+                                               "temperature": 0.0, "max_staleness": 0})
+    manager = RolloutManager(model, tasks, RolloutConfig.model_validate(greedy.model_dump()),
+                             make_env).start()
+    try:
+        data = manager.collect(0, version)
+    finally:
+        manager.stop()
+    return sum(e.reward == 1.0 for e in data.episodes) / len(tasks)
+
+
+def step_record(data: StepData, metrics: dict[str, Any], wall: float, waited: float,
+                model_seconds: float, faults: Counter) -> dict[str, Any]:
+    """One JSONL line."""
+    rewards = [e.reward for e in data.episodes if not masked(e)]
+    samples = sum(len(e.samples) for e in data.episodes)
+    return {"step": data.step, "episodes": len(data.episodes), "groups": len(data.groups),
+            "masked": sum(masked(e) for e in data.episodes),
+            "reward_mean": statistics.fmean(rewards) if rewards else None,
+            "reward_std": statistics.pstdev(rewards) if rewards else None,
+            "samples": samples, "samples_per_second": round(samples / wall, 3) if wall else 0,
+            "sampler_busy": round(100 * model_seconds / wall, 1) if wall else 0,
+            "trainer_wait": round(100 * waited / wall, 1) if wall else 0,
+            "staleness": {str(k): v for k, v in sorted(data.staleness.items())},
+            "stale_dropped": data.stale_dropped, "faults": dict(faults),
+            "mismatch": {k: v for k, v in metrics.items() if "mismatch" in k},
+            "trainer": metrics}
+
+
+class Run:
+    """One training run: Ray, environment servers, sampler, trainer, the step loop."""
+
+    def __init__(self, config: RunConfig, on_step: Callable[[dict], None] | None = None
+                 ) -> None:
+        self.config, self.on_step = config, on_step or (lambda record: None)
+        self.out = config.out_dir
+        self.progress = Progress()
+
+    def train(self) -> dict[str, Any]:
+        import ray
+
+        cfg = self.config
+        train_tasks = load_tasks(cfg.tasks.train, cfg.tasks.train_dirs, cfg.tasks.max_train,
+                                 cfg.rollout.seed)
+        heldout = load_tasks(cfg.tasks.heldout, cfg.tasks.heldout_dirs,
+                             cfg.tasks.max_heldout, cfg.rollout.seed)
+        if not train_tasks:
+            raise ConfigError("the train repositories have no documented definitions to ask "
+                              "about")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "scratch").mkdir(exist_ok=True)
+        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+        sampler = make_sampler(cfg)
+        try:
+            trainer = make_trainer(cfg, sampler)
+            return self._loop(sampler, trainer, train_tasks, heldout)
+        finally:
+            sampler.close()
+            ray.shutdown()
+
+    def _loop(self, sampler: ChatModel, trainer: Trainer | None, train_tasks: list[Task],
+              heldout: list[Task]) -> dict[str, Any]:
+        cfg, progress = self.config, self.progress
+        make_env = env_factory(cfg, self.out / "scratch")
+        first = self._resume(sampler, trainer)
+        version = trainer.version if trainer else 0
+        if heldout and first == 0:
+            progress.heldout.append((0, evaluate(sampler, heldout, cfg, make_env, version)))
+        manager = RolloutManager(sampler, train_tasks, cfg.rollout, make_env, first).start()
+        start = time.monotonic()
+        log = (self.out / "steps.jsonl").open("a", encoding="utf-8")
+        try:
+            for step in range(first, cfg.steps):
+                record = self._step(step, manager, sampler, trainer, heldout, make_env)
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                self.on_step(record)
+        finally:
+            manager.stop()
+            log.close()
+        progress.seconds = time.monotonic() - start
+        progress.env_faults = manager.faults
+        if heldout and (not cfg.eval_every or cfg.steps % cfg.eval_every):
+            version = trainer.version if trainer else 0
+            progress.heldout.append((cfg.steps, evaluate(sampler, heldout, cfg, make_env,
+                                                         version)))
+        plot(progress, self.out / "curves.png")
+        return progress.summary()
+
+    def _step(self, step: int, manager: RolloutManager, sampler: ChatModel,
+              trainer: Trainer | None, heldout: list[Task],
+              make_env: Callable[[int], RayEnv]) -> dict[str, Any]:
+        cfg, progress = self.config, self.progress
+        t0, busy0 = time.monotonic(), manager.model_seconds
+        data = manager.collect(step, trainer.version if trainer else 0)
+        waited = time.monotonic() - t0
+        metrics = self._train(trainer, data) if trainer and data.groups else {}
+        if trainer is not None:
+            load = getattr(sampler, "load_weights", None)
+            if load is not None:
+                load(trainer.weights(), trainer.version)
+            self._checkpoint(trainer, step + 1)
+        manager.advance(step + 1)
+        wall = time.monotonic() - t0
+        record = step_record(data, metrics, wall, waited, manager.model_seconds - busy0,
+                             manager.faults)
+        progress.steps = step + 1
+        progress.episodes += len(data.episodes)
+        progress.samples += record["samples"]
+        if record["reward_mean"] is not None:
+            progress.rewards.append((step + 1, record["reward_mean"]))
+        progress.max_staleness = max([progress.max_staleness,
+                                      *(k for k, n in data.staleness.items() if n)])
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and heldout:
+            success = evaluate(sampler, heldout, cfg, make_env,
+                               trainer.version if trainer else 0)
+            progress.heldout.append((step + 1, success))
+            record["heldout_success"] = success
+        return record
+
+    def _train(self, trainer: Trainer, data: StepData) -> dict[str, Any]:
+        """One trainer step. If the trainer raises, it is restarted from its last checkpoint
+        and the step retried once: a bad batch must not end a long run."""
+        try:
+            return trainer.step(data.groups)
+        except Exception:
+            ckpt = self.out / "checkpoint"
+            if not (ckpt / "run.json").exists():
+                raise
+            self.progress.trainer_restarts += 1
+            trainer.load(str(ckpt))
+            return trainer.step(data.groups)
+
+    def _checkpoint(self, trainer: Trainer, next_step: int) -> None:
+        ckpt = self.out / "checkpoint"
+        ckpt.mkdir(exist_ok=True)
+        trainer.save(str(ckpt))
+        (ckpt / "run.json").write_text(json.dumps({"next_step": next_step,
+                                                   "seed": self.config.rollout.seed}))
+
+    def _resume(self, sampler: ChatModel, trainer: Trainer | None) -> int:
+        """The step to start at: 0, or where a killed run's checkpoint left off."""
+        state = self.out / "checkpoint" / "run.json"
+        if trainer is None or not state.exists():
+            return 0
+        saved = json.loads(state.read_text())
+        if saved.get("seed") != self.config.rollout.seed:
+            raise ConfigError(f"{state.parent} was written with seed {saved.get('seed')}; "
+                              "resume with the same seed or choose another `out`")
+        trainer.load(str(state.parent))
+        load = getattr(sampler, "load_weights", None)
+        if load is not None:
+            load(trainer.weights(), trainer.version)
+        self.progress.resumed_from = int(saved["next_step"])
+        return self.progress.resumed_from
+
+
+def plot(progress: Progress, path: Path) -> None:
+    """Reward per step and held-out success per evaluation, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for series, marker, label in ((progress.rewards, "o", "train reward (mean)"),
+                                  (progress.heldout, "s", "held-out success")):
+        if series:
+            steps, values = zip(*series, strict=True)
+            ax.plot(steps, values, marker=marker, label=label)
+    ax.set_xlabel("trainer step")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(loc="best")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
