@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from codeplane.core.chat import ChatModel, ModelError, Sampling
+from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling
 from codeplane.rl.env import EnvConfig, EnvFault, EnvServer
 from codeplane.rl.tasks import Task
 from codeplane.rl.types import Episode, Sample
@@ -102,19 +102,24 @@ class TaskOrder:
 
 
 def run_episode(model: ChatModel, env: Env, tools: list[dict[str, Any]], task: Task,
-                group_id: str, config: RolloutConfig) -> Episode:
+                group_id: str, config: RolloutConfig,
+                cancel: threading.Event | None = None) -> Episode:
     """The plain loop (no small-model hooks: the policy is rewarded for what it did):
-    model turn, the environment runs its tool calls, until an answer or a limit."""
+    model turn, the environment runs its tool calls, until an answer or a limit. `cancel`
+    ends it early as a truncated (masked) episode."""
     start = time.monotonic()
     messages = env.reset(task)
     sampling = Sampling(config.max_tokens, config.temperature, "auto")
     samples: list[Sample] = []
     info: dict[str, Any] = {"hooks": [], "model_seconds": 0.0}
     for turn_no in range(1, config.max_turns + 1):
-        if time.monotonic() - start > config.max_seconds:
+        if time.monotonic() - start > config.max_seconds or (cancel and cancel.is_set()):
             break
         t0 = time.monotonic()
-        turn = model.complete(messages, tools, sampling)
+        try:
+            turn = model.complete(messages, tools, sampling, cancel)
+        except Cancelled:
+            break
         info["model_seconds"] += time.monotonic() - t0
         samples.append(Sample(turn.prompt_ids or [], turn.token_ids or [], turn.logprobs or [],
                               _version(turn.policy_version, model)))
@@ -158,6 +163,7 @@ class RolloutManager:
         self.model_seconds = 0.0
         self._cond = threading.Condition()
         self._stopped = False
+        self._cancel = threading.Event()  # set by stop(): running episodes end early
         self._workers = [threading.Thread(target=self._work, args=(i,), daemon=True,
                                           name=f"rollout-{i}")
                          for i in range(config.in_flight)]
@@ -201,6 +207,9 @@ class RolloutManager:
         return True
 
     def stop(self) -> None:
+        """End the workers; episodes still running (for steps nobody will collect) are cut
+        short rather than finished."""
+        self._cancel.set()
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
@@ -230,7 +239,7 @@ class RolloutManager:
                         env = self.make_env(index)
                         tools = env.tools()
                     episode = run_episode(self.model, env, tools, task, f"g{group}",
-                                          self.config)
+                                          self.config, self._cancel)
                     break
                 except EnvFault as fault:
                     self._count(fault.kind, attempt < self.config.retries)

@@ -148,7 +148,10 @@ class Run:
         self.out = config.out_dir
         self.progress = Progress()
 
-    def train(self) -> dict[str, Any]:
+    def train(self, sampler: ChatModel | None = None, trainer: Trainer | None = None
+              ) -> dict[str, Any]:
+        """The whole run. `sampler` and `trainer` replace the configured ones (benchmarks
+        drive the real loop with a scripted policy and a stand-in trainer)."""
         import ray
 
         cfg = self.config
@@ -163,9 +166,9 @@ class Run:
         (self.out / "scratch").mkdir(exist_ok=True)
         ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
-        sampler = make_sampler(cfg)
+        sampler = sampler or make_sampler(cfg)
         try:
-            trainer = make_trainer(cfg, sampler)
+            trainer = trainer or make_trainer(cfg, sampler)
             return self._loop(sampler, trainer, train_tasks, heldout)
         finally:
             sampler.close()
