@@ -74,23 +74,52 @@ def load_tasks(specs: list[str], dirs: list[str], limit: int, seed: int) -> list
     return sample_tasks(tasks, limit, seed)
 
 
-def make_sampler(config: RunConfig) -> ChatModel:
-    """The sampler the config names; torch and llama come from the trainer side (rl/)."""
+Parts = tuple[ChatModel, "Trainer | None", Callable[[], None]]
+
+
+def make_parts(config: RunConfig, out: Path) -> Parts:
+    """The sampler, the trainer and what closes them, as the config names them (the torch
+    side lives in rl/policy.py, rl/adapter.py and rl/trainer.py). The torch sampler shares
+    the trainer's model (one copy in memory); the llama.cpp sampler gets the trainer's LoRA
+    written as a GGUF adapter and swapped into the engine this run owns."""
+    trainer = None
+    tcfg: Any = None
+    if config.trainer_kind == "torch":
+        from codeplane.config import load_settings
+        from codeplane.rl.trainer import PolicyTrainer, TrainerConfig
+
+        try:
+            tcfg = TrainerConfig.model_validate({
+                "model": config.sampler.model, "seed": config.rollout.seed,
+                "temperature": config.rollout.temperature or 1.0, **config.trainer})
+        except ValueError as exc:
+            raise ConfigError(f"[trainer]: {exc}") from None
+        if config.rollout.temperature and tcfg.temperature != config.rollout.temperature:
+            raise ConfigError("[trainer] temperature must equal [rollout] temperature: the "
+                              "trainer scores tokens under the distribution they came from")
+        trainer = PolicyTrainer(tcfg, load_settings())
     kind = config.sampler.kind
     if kind == "http":
         from codeplane.agent.loop import HttpChatModel
 
-        return HttpChatModel(config.sampler.base_url, config.sampler.model)
-    raise ConfigError(f"sampler kind {kind!r} needs the trainer side (rl/policy.py), which "
-                      "this install does not have yet")
+        http = HttpChatModel(config.sampler.base_url, config.sampler.model)
+        return http, trainer, http.close
+    if trainer is None:
+        raise ConfigError(f"sampler kind {kind!r} trains: set trainer_kind = \"torch\" "
+                          "(or use kind = \"http\" for rollouts only)")
+    if kind == "torch":
+        from codeplane.rl.policy import TorchSampler
 
+        torch_sampler = TorchSampler(trainer.policy, config.sampler.model, config.rollout.seed)
+        return torch_sampler, trainer, torch_sampler.close
+    from codeplane.config import load_settings
+    from codeplane.models.engine import Engine
+    from codeplane.rl.adapter import LlamaSampler
 
-def make_trainer(config: RunConfig, sampler: ChatModel) -> Trainer | None:
-    """The trainer the config names, or None for a rollout-only run."""
-    if config.trainer_kind == "none":
-        return None
-    raise ConfigError("trainer_kind 'torch' needs rl/trainer.py, which this install does not "
-                      "have yet")
+    engine = Engine(load_settings())
+    sampler = LlamaSampler(engine, config.sampler.model, out / "adapters", tcfg.lora_alpha,
+                           config.rollout.seed)
+    return sampler, trainer, engine.close
 
 
 def env_factory(config: RunConfig, scratch: Path) -> Callable[[int], RayEnv]:
@@ -166,12 +195,13 @@ class Run:
         (self.out / "scratch").mkdir(exist_ok=True)
         ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
-        sampler = sampler or make_sampler(cfg)
+        close: Callable[[], None] = lambda: None
         try:
-            trainer = trainer or make_trainer(cfg, sampler)
+            if sampler is None:
+                sampler, trainer, close = make_parts(cfg, self.out)
             return self._loop(sampler, trainer, train_tasks, heldout)
         finally:
-            sampler.close()
+            close()
             ray.shutdown()
 
     def _loop(self, sampler: ChatModel, trainer: Trainer | None, train_tasks: list[Task],
