@@ -15,6 +15,7 @@ from helpers import GrepPolicy, make_repo
 
 from codeplane.rl.env import EnvConfig, EnvServer
 from codeplane.rl.rollout import RayEnv, RolloutConfig, RolloutManager, TaskOrder
+from codeplane.rl.run import start_ray
 from codeplane.rl.tasks import locate_tasks
 
 
@@ -100,7 +101,8 @@ def test_stragglers_are_cut_and_masked(tasks, tmp_path) -> None:
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray(2)
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
     yield ray
     ray.shutdown()
 

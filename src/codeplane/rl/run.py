@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import statistics
 import time
 from collections import Counter
@@ -168,6 +169,16 @@ def step_record(data: StepData, metrics: dict[str, Any], wall: float, waited: fl
             "trainer": metrics}
 
 
+def start_ray(num_cpus: int) -> None:
+    """A local Ray on loopback only: Ray's single-machine mode (its default on macOS and
+    Windows) binds every port to 127.0.0.1 instead of the host's network address."""
+    import ray
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+
+
 class Run:
     """One training run: Ray, environment servers, sampler, trainer, the step loop."""
 
@@ -193,8 +204,7 @@ class Run:
                               "about")
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "scratch").mkdir(exist_ok=True)
-        ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        start_ray(cfg.ray.num_cpus)
         close: Callable[[], None] = lambda: None
         try:
             if sampler is None:
