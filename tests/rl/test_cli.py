@@ -96,3 +96,57 @@ def test_bad_config_is_a_clear_error(tmp_path, body, message) -> None:
     result = cli(str(write_config(tmp_path / "bad.toml", body)), timeout=60)
     assert result.returncode == 2 and message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+class FlakyTrainer:
+    """A minimal trainer: counts groups, saves its version, and raises once at `fail_at`
+    (a bad batch, an OOM) to show the run reloads the checkpoint instead of dying."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.version, self.fail_at, self.seen = 0, fail_at, []
+
+    def step(self, groups: list) -> dict[str, float]:
+        if self.version == self.fail_at:
+            self.fail_at = None
+            raise RuntimeError("injected trainer failure")
+        self.seen.append([e.task_id for g in groups for e in g])
+        self.version += 1
+        return {"loss": 0.0, "mismatch_mean": 0.0}
+
+    def weights(self) -> int:
+        return self.version
+
+    def save(self, directory: str) -> None:
+        (Path(directory) / "flaky.json").write_text(json.dumps({"version": self.version}))
+
+    def load(self, directory: str) -> None:
+        self.version = json.loads((Path(directory) / "flaky.json").read_text())["version"]
+
+
+def test_a_killed_run_resumes_with_the_same_data_and_a_failing_trainer_restarts(
+        tmp_path) -> None:
+    pytest.importorskip("ray")
+    from helpers import GrepPolicy
+
+    from codeplane.rl.config import RunConfig
+    from codeplane.rl.run import Run
+
+    make_repo(tmp_path / "repo")
+
+    def config(steps: int, out: str) -> RunConfig:
+        return RunConfig.model_validate({
+            "steps": steps, "out": str(tmp_path / out), "trainer_kind": "none",
+            "tasks": {"train_dirs": [str(tmp_path / "repo")]},
+            "rollout": {"in_flight": 2, "group_size": 2, "groups_per_step": 1,
+                        "max_staleness": 0, "seed": 3}})
+
+    whole = FlakyTrainer(fail_at=2)
+    summary = Run(config(4, "whole")).train(GrepPolicy(), whole)
+    assert summary["trainer_restarts"] == 1 and whole.version == 4
+    first = FlakyTrainer()
+    Run(config(2, "killed")).train(GrepPolicy(), first)  # "killed" after step 2
+    policy, resumed = GrepPolicy(), FlakyTrainer()
+    summary = Run(config(4, "killed")).train(policy, resumed)
+    assert summary["resumed_from"] == 2 and resumed.version == 4
+    assert policy.loads[0] == 2  # the sampler got the checkpoint's weights first
+    assert first.seen + resumed.seen == whole.seen
