@@ -14,7 +14,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import make_repo
-from upstreams.scripted import ScriptedModel
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -29,14 +28,6 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def write_config(path: Path, body: str) -> Path:
     path.write_text(body)
     return path
-
-
-@pytest.fixture(scope="module")
-def provider():
-    p = ScriptedModel()
-    p.server.start()
-    yield p
-    p.server.stop()
 
 
 def test_train_writes_steps_curves_and_the_final_object(provider, tmp_path) -> None:

@@ -11,7 +11,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import make_repo
-from upstreams.scripted import ScriptedModel
 
 from codeplane.agent.env import local_environment
 from codeplane.agent.hooks import UnknownHook
@@ -78,14 +77,6 @@ def test_env_server_faults_are_typed(tasks, tmp_path) -> None:
     with pytest.raises(EnvFault) as verify_first:
         server.verify("x")
     assert verify_first.value.kind == "verifier_crash"
-
-
-@pytest.fixture(scope="module")
-def provider():
-    p = ScriptedModel()
-    p.server.start()
-    yield p
-    p.server.stop()
 
 
 def test_agent_without_hooks_runs_the_plain_loop_and_says_so(provider, tmp_path) -> None:
