@@ -12,6 +12,9 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
+from upstreams.scripted import ScriptedModel
+
 from codeplane.core.chat import Sampling, Turn
 
 SHAPES = '''class Circle:
@@ -74,3 +77,12 @@ class GrepPolicy:
                        "content": f"{hit.group(1)}:{hit.group(2)}" if hit else "no idea"}
         return Turn(message, "stop", {}, [-0.5, -0.25], [1, 2, 3], [7, 8],
                     policy_version=self.version)
+
+
+@pytest.fixture(scope="module")
+def provider():
+    """The scripted OpenAI-compatible model on loopback (import it into a test module)."""
+    p = ScriptedModel()
+    p.server.start()
+    yield p
+    p.server.stop()
