@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from codeplane.clikit import JsonOption, err_console, fail, print_json
 from codeplane.rl.config import ConfigError, load_config
+from codeplane.rl.run import Run
 
 rl_app = typer.Typer(help="Reinforcement learning for the coding agent (needs the [rl] extra).",
                      no_args_is_help=True)
@@ -29,11 +30,8 @@ def train_cmd(
     curves.png and checkpoints under the config's `out`. A run started again resumes."""
     try:
         run_config = load_config(config)
-        from codeplane.rl.run import Run
     except ConfigError as exc:
         fail(str(exc))
-    except ImportError as exc:
-        fail(f"{exc.name or exc} is missing: install the RL extra, pip install -e '.[rl]'")
     with Progress(TextColumn("[bold]rl train"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=err_console, transient=as_json) as bar:
@@ -50,6 +48,8 @@ def train_cmd(
             summary = Run(run_config, on_step).train()
         except ConfigError as exc:
             fail(str(exc))
+        except ImportError as exc:  # ray, torch or matplotlib: the [rl] extra
+            fail(f"{exc.name or exc} is missing: install the RL extra, pip install -e '.[rl]'")
     if as_json:
         print_json(summary)
     else:

@@ -64,7 +64,10 @@ class RayConfig(BaseModel):
 
     model_config = _STRICT
     num_cpus: int = Field(2, ge=1)
-    env_cpus: float = Field(0.25, gt=0, description="CPUs reserved per environment actor")
+    env_cpus: float = Field(0.0, ge=0, description="CPUs Ray reserves per environment actor "
+                                                   "(0: none; the processes share the "
+                                                   "machine, and evaluation actors never wait "
+                                                   "for training ones)")
     call_timeout: float = Field(120.0, gt=0, description="seconds for one environment call "
                                                          "before it counts as a tool timeout")
 

@@ -276,7 +276,7 @@ class RayEnv:
     like any environment fault; the actor is killed on close."""
 
     def __init__(self, config: EnvConfig, call_timeout: float, scratch: str | None = None,
-                 num_cpus: float = 0.25) -> None:
+                 num_cpus: float = 0.0) -> None:
         import ray
 
         self._ray = ray
