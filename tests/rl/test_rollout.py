@@ -128,3 +128,25 @@ def test_faults_in_ray_actors_are_counted_retried_and_never_raise(ray_local, tas
     assert manager.retried > 0
     ok = [e for e in episodes if e.fault is None]
     assert ok and all(e.reward == 1.0 for e in ok)  # retried episodes are whole episodes
+
+
+class BuggyPolicy(GrepPolicy):
+    """Raises an unexpected error on its second turn for the perimeter task (a bug)."""
+
+    def complete(self, messages, tools, sampling, cancel=None):
+        tool_ran = any(m["role"] == "tool" for m in messages)
+        if tool_ran and "border of a circle" in messages[1]["content"]:
+            raise TypeError("a sampler bug")
+        return super().complete(messages, tools, sampling, cancel)
+
+
+def test_an_unexpected_error_masks_the_episode_and_the_run_goes_on(tasks, tmp_path) -> None:
+    policy = BuggyPolicy()
+    config = RolloutConfig(in_flight=2, group_size=2, groups_per_step=3, seed=0)
+    manager = RolloutManager(policy, tasks, config, local_envs(tmp_path)).start()
+    data = manager.collect(0, 0)  # all three tasks, one of them hits the bug
+    manager.stop()
+    broken = [e for e in data.episodes if e.fault]
+    assert len(broken) == 2 and {e.fault for e in broken} == {"episode_error"}
+    assert "a sampler bug" in broken[0].info["error"]
+    assert len(data.groups) == 2 and manager.faults == {"episode_error": 2}

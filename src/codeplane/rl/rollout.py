@@ -26,6 +26,7 @@ Every fault is counted; none propagates to the trainer.
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import threading
 import time
@@ -40,6 +41,8 @@ from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling
 from codeplane.rl.env import EnvConfig, EnvFault, EnvServer
 from codeplane.rl.tasks import Task
 from codeplane.rl.types import Episode, Sample
+
+log = logging.getLogger("codeplane.rl")
 
 
 class Env(Protocol):
@@ -249,6 +252,13 @@ class RolloutManager:
                     self._count("sampler_error", False)
                     episode = Episode(task.id, f"g{group}", [], 0.0, fault="sampler_error",
                                       info={"error": str(exc)})
+                    break
+                except Exception as exc:  # a bug must mask one episode, not hang the run
+                    log.exception("episode of %s failed", task.id)
+                    self._count("episode_error", False)
+                    env = _discard(env)
+                    episode = Episode(task.id, f"g{group}", [], 0.0, fault="episode_error",
+                                      info={"error": f"{type(exc).__name__}: {exc}"})
                     break
             with self._cond:
                 self.model_seconds += float(episode.info.get("model_seconds", 0.0))
