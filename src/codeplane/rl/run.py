@@ -105,9 +105,7 @@ def make_parts(config: RunConfig, out: Path) -> Parts:
 
         http = HttpChatModel(config.sampler.base_url, config.sampler.model)
         return http, trainer, http.close
-    if trainer is None:
-        raise ConfigError(f"sampler kind {kind!r} trains: set trainer_kind = \"torch\" "
-                          "(or use kind = \"http\" for rollouts only)")
+    assert trainer is not None  # RunConfig refuses a torch or llama sampler without one
     if kind == "torch":
         from codeplane.rl.policy import TorchSampler
 
