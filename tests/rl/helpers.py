@@ -7,6 +7,11 @@ tools, in a real sandbox, and answers `path:line` from the grep output - so its 
 
 from __future__ import annotations
 
+import os
+
+# Before anything imports ray: Ray's single-machine mode, every port on 127.0.0.1 (run.start_ray)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
 import json
 import re
 import threading

@@ -90,14 +90,6 @@ class RunConfig(BaseModel):
     trainer: dict[str, Any] = Field(default_factory=dict,
                                     description="the trainer's own config (rl/trainer.py)")
 
-    @model_validator(mode="after")
-    def _sampler_needs_trainer(self) -> RunConfig:
-        if self.sampler.kind != "http" and self.trainer_kind == "none":
-            raise ValueError(f"[sampler] kind {self.sampler.kind!r} samples from the trainer's "
-                             "policy: set trainer_kind = \"torch\" (or kind = \"http\" for "
-                             "rollouts only)")
-        return self
-
     @property
     def out_dir(self) -> Path:
         return Path(self.out).expanduser()

@@ -69,6 +69,9 @@ class Progress:
 
 def load_tasks(specs: list[str], dirs: list[str], limit: int, seed: int) -> list[Task]:
     """Tasks from sdists (fetched once into the cache) and local repositories."""
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if missing:
+        raise ConfigError(f"[tasks] names repositories that are not directories: {missing}")
     roots = [(spec, fetch_sdist(spec, CACHE)) for spec in specs]
     roots += [(Path(d).name, Path(d)) for d in dirs]
     tasks = [t for name, root in roots for t in locate_tasks(name, root)]
@@ -105,7 +108,9 @@ def make_parts(config: RunConfig, out: Path) -> Parts:
 
         http = HttpChatModel(config.sampler.base_url, config.sampler.model)
         return http, trainer, http.close
-    assert trainer is not None  # RunConfig refuses a torch or llama sampler without one
+    if trainer is None:
+        raise ConfigError(f"[sampler] kind {kind!r} samples from the trainer's policy: set "
+                          "trainer_kind = \"torch\" (or kind = \"http\" for rollouts only)")
     if kind == "torch":
         from codeplane.rl.policy import TorchSampler
 
@@ -169,12 +174,20 @@ def step_record(data: StepData, metrics: dict[str, Any], wall: float, waited: fl
 
 def start_ray(num_cpus: int) -> None:
     """A local Ray on loopback only: Ray's single-machine mode (its default on macOS and
-    Windows) binds every port to 127.0.0.1 instead of the host's network address."""
+    Windows) binds every port to 127.0.0.1 instead of the host's network address. Ray reads
+    the switch when it is first imported, so a process that imported ray earlier without it
+    is refused rather than exposed."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
+    addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
+    if addresses != {"127.0.0.1"}:
+        ray.shutdown()
+        raise RuntimeError(f"Ray listens on {sorted(addresses)}, not only 127.0.0.1: ray was "
+                           "imported before start_ray; set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 "
+                           "before importing it")
 
 
 class Run:
