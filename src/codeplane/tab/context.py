@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from codeplane.tab.related import Related
 
 # The client has no model tokenizer; Qwen's BPE averages ~3.5 characters per token on code,
 # so 3 errs on the side of sending less than the budget.
@@ -23,6 +27,7 @@ class Budget:
     prefix_tokens: int = 1024
     suffix_tokens: int = 128
     context_tokens: int = 512
+    related_tokens: int = 384  # definitions of names near the cursor (tab/related.py)
 
 
 @dataclass(frozen=True)
@@ -107,9 +112,15 @@ def window(text: str, offset: int, budget: Budget) -> tuple[str, str]:
 
 
 def build_request(path: str, text: str, offset: int, ring: Ring | None = None,
-                  budget: Budget = Budget(), **extra: object) -> dict:
-    """The JSON body for `POST /v1/tab`."""
+                  budget: Budget = Budget(), related: Related | None = None,
+                  **extra: object) -> dict:
+    """The JSON body for `POST /v1/tab`: recently viewed snippets, then definitions of the
+    names near the cursor (both change rarely: they are the head of the prompt)."""
     prefix, suffix = window(text, offset, budget)
     snippets = ring.snippets(path, budget.context_tokens) if ring else []
+    if related is not None:
+        line = text.count("\n", 0, offset)
+        shown = (line - prefix.count("\n"), line + suffix.count("\n"))
+        snippets += related.for_cursor(path, text, offset, shown, budget.related_tokens)
     return {"path": path, "prefix": prefix, "suffix": suffix,
             "context": [{"path": c.path, "text": c.text} for c in snippets], **extra}
