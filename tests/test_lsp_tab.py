@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from test_tab_server import SOURCE
 
+from codeplane.events import query
+from codeplane.storage import ObjectStore
+
 pytestmark = pytest.mark.model
 
 
@@ -79,7 +82,7 @@ def lsp(live_server, tmp_path):
     client.close()
 
 
-def test_lsp_inline_and_fallback_completion(lsp, tmp_path):
+def test_lsp_inline_and_fallback_completion(lsp, live_server, tmp_path):
     client, events = lsp
     init = client.request("initialize", {"processId": os.getpid(), "rootUri": None,
                                          "capabilities": {}})
@@ -120,3 +123,10 @@ def test_lsp_inline_and_fallback_completion(lsp, tmp_path):
     logged = [json.loads(x) for x in events.read_text().splitlines()]
     assert [e["event"] for e in logged] == ["shown", "accepted"]
     assert logged[0]["latency_ms"] > 0 and "text" not in logged[0]
+
+    # the LSP reported the acceptance to the server: it is in the event lake
+    live_server.app.state.services.events.flush()
+    lake = query.connect(ObjectStore.open(str(
+        live_server.app.state.settings.server_dir / "objects")))
+    assert lake.execute("SELECT count(*) FROM tab_accepted WHERE suggestion_id = ?",
+                        [sid]).fetchone() == (1,)

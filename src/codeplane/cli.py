@@ -38,6 +38,7 @@ app.command("agent")(agent_cmd)
 app.command("tool")(tool_cmd)
 app.command("complete")(tab_cli.complete)
 app.command("lsp")(tab_cli.lsp)
+app.command("tab-feedback")(tab_cli.tab_feedback)
 app.command("apply")(apply_command)
 
 

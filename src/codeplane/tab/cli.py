@@ -1,8 +1,10 @@
-"""`codeplane complete` (one Tab suggestion, for scripts and tests) and `codeplane lsp`."""
+"""`codeplane complete` (one Tab suggestion, for scripts and tests), `codeplane tab-feedback`
+(accepted/rejected, for such scripts) and `codeplane lsp`."""
 
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -19,7 +21,16 @@ from codeplane.clikit import (
 )
 from codeplane.tab.client import TabClientError, check_transport
 from codeplane.tab.client import complete as request_completion
+from codeplane.tab.client import feedback as send_feedback
 from codeplane.tab.context import Budget, build_request, offset_of
+
+ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="CODEPLANE_API_KEY",
+                                            help="API key (default: $CODEPLANE_API_KEY).")]
+
+
+class Outcome(StrEnum):
+    accepted = "accepted"
+    rejected = "rejected"
 
 
 def complete(
@@ -32,6 +43,7 @@ def complete(
     min_confidence: Annotated[float | None, typer.Option(
         min=0.0, max=1.0, help="Hide suggestions less likely than this (0 shows all).")] = None,
     json_: JsonOption = False,
+    api_key: ApiKey = None,
     server: ServerOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -53,13 +65,36 @@ def complete(
     body.update({k: v for k, v in (("model", model), ("max_tokens", max_tokens),
                                    ("min_confidence", min_confidence)) if v is not None})
     try:
-        result = request_completion(server_url(server, config), body)
+        result = request_completion(server_url(server, config), body, api_key)
     except TabClientError as exc:
         fail(str(exc))
     if json_:
         print_json(result)
     elif result["text"]:
         sys.stdout.write(result["text"] + "\n")
+
+
+def tab_feedback(
+    suggestion_id: Annotated[str, typer.Argument(help="The `id` `codeplane complete --json` "
+                                                      "printed.")],
+    outcome: Annotated[Outcome, typer.Argument(help="What the user did with it.")],
+    shown_ms: Annotated[float, typer.Option(min=0, max=86_400_000,
+                                            help="How long it was on screen.")] = 0.0,
+    json_: JsonOption = False,
+    api_key: ApiKey = None,
+    server: ServerOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Report a shown Tab suggestion as accepted or rejected (the server's accept rate)."""
+    try:
+        result = send_feedback(server_url(server, config), suggestion_id, outcome.value,
+                               shown_ms, api_key)
+    except TabClientError as exc:
+        fail(str(exc))
+    if json_:
+        print_json(result)
+    else:
+        sys.stdout.write(f"{suggestion_id}: {outcome.value}\n")
 
 
 def lsp(
@@ -71,6 +106,10 @@ def lsp(
                                "server's tab.min_confidence).")] = None,
     telemetry: Annotated[bool, typer.Option(
         help="Log shown/accepted/rejected events to $CODEPLANE_HOME/client/tab/.")] = True,
+    workspace_context: Annotated[bool, typer.Option(
+        help="Send definitions of names near the cursor, found in the workspace's files, "
+             "as context (docs/tab.md).")] = True,
+    api_key: ApiKey = None,
     server: ServerOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -84,4 +123,5 @@ def lsp(
     except TabClientError as exc:
         fail(str(exc))
     log = Telemetry(default_path(cfg.client_dir) if telemetry else None)
-    create_server(url, log, debounce_ms, min_confidence).start_io()
+    create_server(url, log, debounce_ms, min_confidence, workspace_context, api_key
+                  ).start_io()

@@ -1,4 +1,5 @@
-"""HTTP client for `POST /v1/tab`, shared by `codeplane complete` and `codeplane lsp`.
+"""HTTP client for `POST /v1/tab` and `/v1/tab/feedback`, shared by `codeplane complete`,
+`codeplane tab-feedback` and `codeplane lsp`.
 
 Source code leaves the machine only over TLS: plain http is accepted for loopback servers
 and refused for anything else.
@@ -36,12 +37,34 @@ def _error(response: httpx.Response) -> TabClientError:
     return TabClientError(f"server answered {response.status_code}: {message}")
 
 
-def complete(server: str, body: dict, timeout: float = 60.0) -> dict:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """A server with keys (`[gateway] auth`) wants `Authorization: Bearer <key>`."""
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def complete(server: str, body: dict, api_key: str | None = None, timeout: float = 60.0
+             ) -> dict:
+    return _post(server, "/v1/tab", body, api_key, timeout)
+
+
+def feedback(server: str, suggestion_id: str, outcome: str, shown_ms: float,
+             api_key: str | None = None, timeout: float = 10.0) -> dict:
+    """Report that a shown suggestion was accepted or rejected (`POST /v1/tab/feedback`)."""
+    return _post(server, "/v1/tab/feedback", _verdict(suggestion_id, outcome, shown_ms),
+                 api_key, timeout)
+
+
+def _verdict(suggestion_id: str, outcome: str, shown_ms: float) -> dict:
+    return {"id": suggestion_id, "outcome": outcome, "shown_ms": round(shown_ms, 1)}
+
+
+def _post(server: str, route: str, body: dict, api_key: str | None, timeout: float) -> dict:
     url = check_transport(server)
     try:
-        response = httpx.post(f"{url}/v1/tab", json=body, timeout=timeout)
+        response = httpx.post(f"{url}{route}", json=body, headers=auth_headers(api_key),
+                              timeout=timeout)
     except httpx.HTTPError as exc:
-        raise TabClientError(f"cannot reach {url}: {exc}") from None
+        raise TabClientError(f"cannot reach {url}: {exc!r}") from None
     if response.status_code != 200:
         raise _error(response)
     return response.json()
@@ -50,15 +73,21 @@ def complete(server: str, body: dict, timeout: float = 60.0) -> dict:
 class AsyncTabClient:
     """One connection pool for an editor session (the LSP server)."""
 
-    def __init__(self, server: str, timeout: float = 30.0) -> None:
+    def __init__(self, server: str, api_key: str | None = None, timeout: float = 30.0) -> None:
         self.url = check_transport(server)
-        self._http = httpx.AsyncClient(timeout=timeout)
+        self._http = httpx.AsyncClient(timeout=timeout, headers=auth_headers(api_key))
 
     async def complete(self, body: dict) -> dict:
+        return await self._post("/v1/tab", body)
+
+    async def feedback(self, suggestion_id: str, outcome: str, shown_ms: float) -> dict:
+        return await self._post("/v1/tab/feedback", _verdict(suggestion_id, outcome, shown_ms))
+
+    async def _post(self, route: str, body: dict) -> dict:
         try:
-            response = await self._http.post(f"{self.url}/v1/tab", json=body)
+            response = await self._http.post(f"{self.url}{route}", json=body)
         except httpx.HTTPError as exc:
-            raise TabClientError(f"cannot reach {self.url}: {exc}") from None
+            raise TabClientError(f"cannot reach {self.url}: {exc!r}") from None
         if response.status_code != 200:
             raise _error(response)
         return response.json()

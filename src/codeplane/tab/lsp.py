@@ -5,15 +5,15 @@ plain `textDocument/completion` items as a fallback for editors without inline c
 Per request it builds the client-side context (window + ring of recently viewed snippets),
 asks the server's fast paths first (cache, typed-ahead: no debounce needed), then debounces
 the model path and drops requests superseded by a newer keystroke. Accepting a suggestion
-runs the `codeplane.tab.accepted` command, which the telemetry log records.
+runs the `codeplane.tab.accepted` command; accepted and rejected suggestions are logged
+locally and reported to the server (`POST /v1/tab/feedback`), which feeds the event lake.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
-from dataclasses import dataclass
+from pathlib import Path
 
 from lsprotocol import types as lsp
 from pygls import uris
@@ -21,38 +21,29 @@ from pygls.lsp.server import LanguageServer
 
 from codeplane import __version__
 from codeplane.tab.client import AsyncTabClient, TabClientError
-from codeplane.tab.context import Ring, build_request
+from codeplane.tab.context import Budget, Ring, build_request
+from codeplane.tab.related import Related, WorkspaceDefs
 from codeplane.tab.telemetry import Telemetry
 
 ACCEPT_COMMAND = "codeplane.tab.accepted"
 
 
-@dataclass
-class _Shown:
-    uri: str
-    suggestion_id: str
-    before: str  # document text before the cursor when it was shown
-    text: str
-
-    def continued_by(self, uri: str, before: str, text: str) -> bool:
-        """The same suggestion again, possibly with its start typed out meanwhile."""
-        typed = before[len(self.before):]
-        return uri == self.uri and before.startswith(self.before) and self.text == typed + text
-
-
 class TabLanguageServer(LanguageServer):
     def __init__(self, server_url: str, telemetry: Telemetry, debounce_ms: int,
-                 min_confidence: float | None) -> None:
+                 min_confidence: float | None, workspace_context: bool = True,
+                 api_key: str | None = None) -> None:
         super().__init__("codeplane-tab", __version__)
         self.options = {} if min_confidence is None else {"min_confidence": min_confidence}
-        self.tab = AsyncTabClient(server_url)
+        self.tab = AsyncTabClient(server_url, api_key)
         self.telemetry = telemetry
         self.debounce_s = debounce_ms / 1000
         self.ring = Ring()
+        self.defs = WorkspaceDefs()
+        self.related = Related(self.defs) if workspace_context else None
+        self._scanned: set[str] = set()  # languages whose workspace files were read
         self._latest: dict[str, int] = {}
-        self._ids = itertools.count(1)
         self._where: tuple[str, int] | None = None  # (uri, line) of the last request
-        self._shown: _Shown | None = None
+        self._shown: str | None = None  # id of the suggestion on screen (the server's)
 
     async def suggest(self, uri: str, position: lsp.Position) -> tuple[str, str] | None:
         """(text, suggestion id) for the cursor, or None when nothing should show."""
@@ -61,8 +52,10 @@ class TabLanguageServer(LanguageServer):
         offset = doc.offset_at_position(position)
         self._note_position(uri, position.line)
         ticket = self._latest[uri] = self._latest.get(uri, 0) + 1
-        body = build_request(self._path(uri), source, offset, self.ring, cursor_id=uri,
-                             language=doc.language_id, **self.options)
+        path = self._path(uri)
+        related = self._related(path)
+        body = build_request(path, source, offset, self.ring, Budget(), related,
+                             cursor_id=uri, language=doc.language_id, **self.options)
         try:
             result = await self.tab.complete({**body, "fast_only": True})
             if result["source"] == "miss":
@@ -75,22 +68,51 @@ class TabLanguageServer(LanguageServer):
             return None
         if self._latest.get(uri) != ticket or not result["text"]:
             return None
-        return result["text"], self._record(uri, source[:offset], result, doc.language_id)
+        return result["text"], await self._record(result, doc.language_id)
 
-    def _record(self, uri: str, before: str, result: dict, language: str | None) -> str:
-        if self._shown and self._shown.continued_by(uri, before, result["text"]):
-            return self._shown.suggestion_id
+    async def _record(self, result: dict, language: str | None) -> str:
+        """Log a newly shown suggestion; the one it replaces counts as rejected. The server
+        keeps one id across typed-ahead, so a suggestion being typed out is not replaced."""
+        suggestion_id = result["id"]
+        if self._shown == suggestion_id:
+            return suggestion_id
         if self._shown:
-            self.telemetry.rejected(self._shown.suggestion_id)
-        suggestion_id = f"s{next(self._ids)}"
-        self._shown = _Shown(uri, suggestion_id, before, result["text"])
+            await self.report(self._shown, "rejected")
+        self._shown = suggestion_id
         self.telemetry.shown(suggestion_id, latency_ms=result["latency_ms"],
                              chars=len(result["text"]), source=result["source"],
                              confidence=result.get("confidence"), language=language)
         return suggestion_id
 
+    async def report(self, suggestion_id: str, outcome: str) -> bool:
+        """Record the outcome locally and send it to the server (unless telemetry is off);
+        False when it does not count (unknown id, or replaced before it was really seen)."""
+        event = (self.telemetry.accepted if outcome == "accepted"
+                 else self.telemetry.rejected)(suggestion_id)
+        if event is None:
+            return False
+        if self.telemetry.path is not None:
+            try:
+                await self.tab.feedback(suggestion_id, outcome, event["after_ms"])
+            except TabClientError as exc:  # expired on the server, or unreachable: local only
+                self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Log, str(exc)))
+        return True
+
+    def _related(self, path: str) -> Related | None:
+        """Definitions context over the workspace: its files of this language are read once
+        (client side, bounded), open documents are re-read as they are left or edited."""
+        if self.related is None:
+            return None
+        root = self.workspace.root_path
+        key = path.rsplit(".", 1)[-1]
+        if root and key not in self._scanned:
+            self._scanned.add(key)
+            self.defs.scan(Path(root), path)
+        return self.related
+
     def _note_position(self, uri: str, line: int) -> None:
-        """Switching files puts a chunk of the one left into the ring (recently viewed)."""
+        """Switching files puts a chunk of the one left into the ring (recently viewed)
+        and its current text into the definitions index (it may have been edited)."""
         if self._where and self._where[0] != uri:
             old_uri, old_line = self._where
             try:  # a closed document is read from disk; gone: nothing to remember
@@ -99,6 +121,7 @@ class TabLanguageServer(LanguageServer):
                 old = ""
             if old:
                 self.ring.add(self._path(old_uri), old, old_line)
+                self.defs.add(self._path(old_uri), old)
         self._where = (uri, line)
 
     def _path(self, uri: str) -> str:
@@ -115,8 +138,10 @@ def _accept(suggestion_id: str) -> lsp.Command:
 
 
 def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
-                  min_confidence: float | None = None) -> TabLanguageServer:
-    ls = TabLanguageServer(server_url, telemetry, debounce_ms, min_confidence)
+                  min_confidence: float | None = None, workspace_context: bool = True,
+                  api_key: str | None = None) -> TabLanguageServer:
+    ls = TabLanguageServer(server_url, telemetry, debounce_ms, min_confidence,
+                           workspace_context, api_key)
 
     @ls.feature(lsp.TEXT_DOCUMENT_INLINE_COMPLETION, lsp.InlineCompletionOptions())
     async def inline_completion(server: TabLanguageServer, params: lsp.InlineCompletionParams
@@ -147,10 +172,10 @@ def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
             command=_accept(sid))])
 
     @ls.command(ACCEPT_COMMAND)
-    def accepted(server: TabLanguageServer, suggestion_id: str) -> bool:
-        if server._shown and server._shown.suggestion_id == suggestion_id:
+    async def accepted(server: TabLanguageServer, suggestion_id: str) -> bool:
+        if server._shown == suggestion_id:
             server._shown = None
-        return server.telemetry.accepted(suggestion_id)
+        return await server.report(suggestion_id, "accepted")
 
     @ls.feature(lsp.SHUTDOWN)
     async def shutdown(server: TabLanguageServer, _: object) -> None:

@@ -14,6 +14,7 @@ from codeplane.core.principal import principal_of
 from codeplane.models.engine import ContextOverflow, Engine, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
+from codeplane.tab.feedback import Feedback
 from codeplane.tab.service import TabRequest, TabService
 
 router = APIRouter()
@@ -34,13 +35,29 @@ async def tab(body: TabRequest, request: Request) -> dict:
         raise APIError(400, str(exc), code="context_length_exceeded") from None
     except Unsupported as exc:
         raise APIError(400, str(exc), param="model") from None
-    if result.shown:  # what is accepted or rejected is known on the client only (docs/tab.md)
-        request.app.state.services.events.record("tab_shown", principal_of(request).tenant, {
-            "suggestion_id": (result.request_id or "")[:128], "model": svc.settings.model
-            if body.model is None else body.model, "latency_ms": result.latency_ms,
-            "chars": len(result.text), "confidence": result.confidence,
-            "source": result.source, "language": body.language})
+    if result.shown and result.source == "model":  # cache/typed-ahead: shown already
+        tenant = principal_of(request).tenant
+        fields = {"suggestion_id": result.id, "model": body.model or svc.settings.model,
+                  "latency_ms": result.latency_ms, "chars": len(result.text),
+                  "confidence": result.confidence, "source": result.source,
+                  "language": body.language}
+        request.app.state.services.events.record("tab_shown", tenant, fields)
+        svc.shown.remember(tenant, result.id, fields)
     return result.to_json()
+
+
+@router.post("/v1/tab/feedback")
+def tab_feedback(body: Feedback, request: Request) -> dict:
+    """The editor's verdict on a shown suggestion, recorded in the event lake (the accept
+    rate of `codeplane events stats`); only the tenant it was shown to may report, once."""
+    tenant = principal_of(request).tenant
+    fields = service(request).shown.take(tenant, body.id)
+    if fields is None:
+        raise not_found(f"no shown suggestion {body.id!r} awaits feedback (unknown, expired "
+                        "or already reported)")
+    request.app.state.services.events.record(f"tab_{body.outcome}", tenant,
+                                             {**fields, "after_ms": body.shown_ms})
+    return {"id": body.id, "outcome": body.outcome, "recorded": True}
 
 
 @router.get("/v1/tab/stats")

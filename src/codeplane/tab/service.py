@@ -21,6 +21,7 @@ Nothing is persisted: the cache and sessions are in-memory and bounded.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from codeplane.models.engine import Engine, LocalModel, Sampling, Unsupported
 from codeplane.tab import postprocess
+from codeplane.tab.feedback import ShownLog
 from codeplane.tab.healing import Healing, HealingMask, VocabIndex, back_off
 from codeplane.tab.postprocess import Mode
 from codeplane.tab.slots import KVSlots
@@ -96,6 +98,7 @@ class TabResult:
     cached_tokens: int = 0
     completion_tokens: int = 0
     model_ms: float = 0.0
+    id: str | None = None  # the shown suggestion's id, for feedback; kept by typed-ahead
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -106,6 +109,7 @@ class _Entry:
     text: str  # post-processed suggestion (also kept when hidden: no second model call)
     confidence: float
     shown: bool
+    id: str  # one id per model answer: its typed-ahead rest is the same suggestion
 
 
 @dataclass
@@ -133,6 +137,7 @@ class TabService:
         self._lock = threading.Lock()
         self.slots = KVSlots(settings.kv_slots)
         self._vocabs: dict[str, VocabIndex] = {}  # per model name, built on first healing
+        self.shown = ShownLog()  # for accept/reject feedback (tab/feedback.py)
         self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
                       "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
                       "slot_restores": 0}
@@ -237,7 +242,8 @@ class TabService:
         conf = postprocess.confidence((gen.token_logprobs or [])[:max(kept, 1)])
         min_conf = self.settings.min_confidence if req.min_confidence is None \
             else req.min_confidence
-        entry = _Entry(text, conf, bool(text) and conf >= min_conf)
+        entry = _Entry(text, conf, bool(text) and conf >= min_conf,
+                       f"t{secrets.token_hex(8)}")
         self._store(self._key(req, req.prefix), entry)
         result = self._result(req, start, entry, "model")
         result.prompt_tokens, result.cached_tokens = gen.prompt_tokens, gen.cached_tokens
@@ -337,7 +343,7 @@ class TabService:
                 continue
             typed = req.prefix[-back:]
             if entry.text.startswith(typed) and len(entry.text) > back:
-                rest = _Entry(entry.text[back:], entry.confidence, True)
+                rest = _Entry(entry.text[back:], entry.confidence, True, entry.id)
                 self._store(self._key(req, req.prefix), rest)
                 return "typed_ahead", rest
             return None  # the user typed something else: the old suggestion is dead
@@ -347,7 +353,7 @@ class TabService:
         reason = None if entry.shown else ("empty" if not entry.text else "low_confidence")
         return TabResult(entry.text if entry.shown else "", _ms(start), source != "model",
                          source, entry.shown, round(entry.confidence, 4), req.request_id,
-                         reason)
+                         reason, id=entry.id if entry.shown else None)
 
 
 def _line_guard(mode: Mode, prefix: str, stop: threading.Event):

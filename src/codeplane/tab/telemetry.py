@@ -1,5 +1,8 @@
 """Tab outcome log: shown / accepted / rejected events with latency, one JSON line each.
 
+Accepted and rejected outcomes also go to the server (`POST /v1/tab/feedback`, sent by the LSP),
+where they land in the event lake next to the shown event.
+
 The future online-learning pipeline reads this file; the show/hide threshold is tuned from
 it. It lives under `$CODEPLANE_HOME/client/` and holds no source code - only sizes, timings,
 confidence and where the suggestion came from. Windows follow Continue: a suggestion replaced
@@ -18,7 +21,7 @@ SEEN_AFTER_S = 0.25
 
 class Telemetry:
     def __init__(self, path: Path | None) -> None:
-        self.path = path
+        self.path = path  # None: telemetry off (nothing written, nothing reported)
         self._lock = threading.Lock()
         self._shown: dict[str, tuple[float, dict]] = {}  # id -> (shown at, fields)
 
@@ -29,29 +32,30 @@ class Telemetry:
         self._shown[suggestion_id] = (time.monotonic(), fields)
         self._write("shown", fields)
 
-    def accepted(self, suggestion_id: str) -> bool:
+    def accepted(self, suggestion_id: str) -> dict | None:
+        """The recorded event, or None if the id is not (or no longer) shown."""
         entry = self._shown.pop(suggestion_id, None)
         if entry is None:
-            return False
-        self._write("accepted", {**entry[1], "after_ms": _since(entry[0])})
-        return True
+            return None
+        return self._write("accepted", {**entry[1], "after_ms": _since(entry[0])})
 
-    def rejected(self, suggestion_id: str) -> bool:
-        """Record that the suggestion was replaced or dismissed without being accepted."""
+    def rejected(self, suggestion_id: str) -> dict | None:
+        """Record that the suggestion was replaced or dismissed without being accepted; None
+        when it was not on screen long enough to count (or is unknown)."""
         entry = self._shown.pop(suggestion_id, None)
         if entry is None or time.monotonic() - entry[0] < SEEN_AFTER_S:
-            return False
-        self._write("rejected", {**entry[1], "after_ms": _since(entry[0])})
-        return True
+            return None
+        return self._write("rejected", {**entry[1], "after_ms": _since(entry[0])})
 
-    def _write(self, event: str, fields: dict) -> None:
+    def _write(self, event: str, fields: dict) -> dict:
+        record = {"ts": round(time.time(), 3), "event": event, **fields}
         if self.path is None:
-            return
-        line = json.dumps({"ts": round(time.time(), 3), "event": event, **fields})
+            return record
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as fh:
-                fh.write(line + "\n")
+                fh.write(json.dumps(record) + "\n")
+        return record
 
 
 def _since(start: float) -> float:
