@@ -40,6 +40,7 @@ import tarfile
 import threading
 import time
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from codeplane.models.engine import Engine, LocalModel, Sampling
 from codeplane.server.app import create_app
 from codeplane.tab import postprocess
 from codeplane.tab.context import Budget, build_request
+from codeplane.tab.related import Related, WorkspaceDefs
 from codeplane.tab.service import TabRequest, TabService, TabSettings
 
 FILES = [Path(httpx.__file__).parent / "_client.py", Path(rich.__file__).parent / "table.py",
@@ -144,12 +146,15 @@ def score(text: str, actual: str) -> tuple[bool, float]:
     return text.rstrip() == target.rstrip(), difflib.SequenceMatcher(None, text, target).ratio()
 
 
-def replay_fast(http: httpx.Client, url: str, pts: list[Point]) -> dict[int, Outcome]:
+def replay_fast(http: httpx.Client, url: str, pts: list[Point], related: Related | None
+                ) -> dict[int, Outcome]:
     """Our path over real loopback HTTP, as `codeplane lsp` drives it: fast paths on every
-    keystroke (`fast_only`), the model only after a debounce-length pause."""
+    keystroke (`fast_only`), the model only after a debounce-length pause; with `related`,
+    definitions of nearby names from the rest of the package as context (as the LSP sends)."""
     done: dict[int, Outcome] = {}
     for i, p in enumerate(pts):
-        body = build_request(p.path, p.doc, p.offset, None, Budget(), cursor_id="bench")
+        body = build_request(p.path, p.doc, p.offset, None, Budget(), related,
+                             cursor_id="bench")
         start = time.perf_counter()
         r = http.post(f"{url}/v1/tab", json={**body, "fast_only": True}).json()
         if r["source"] == "miss" or not r["text"]:
@@ -160,6 +165,15 @@ def replay_fast(http: httpx.Client, url: str, pts: list[Point]) -> dict[int, Out
         done[i] = Outcome((time.perf_counter() - start) * 1000, r["text"], r["source"],
                           r["prompt_tokens"], r["cached_tokens"], r["completion_tokens"])
     return done
+
+
+def package_context() -> Related:
+    """What the LSP would index for the replayed files: the rest of their packages."""
+    defs = WorkspaceDefs()
+    for root in sorted({f.parent for f in FILES}):
+        for path in sorted(root.glob("*.py")):
+            defs.add(f"{root.name}/{path.name}", path.read_text())
+    return Related(defs)
 
 
 def serve(engine: Engine) -> tuple[str, uvicorn.Server]:
@@ -226,6 +240,7 @@ class Case:
     """A cursor position; `reference` is the rest of the line the author wrote."""
 
     kind: str  # "mid" (inside a line) | "start" (start of a line, after its indentation)
+    project: str  # the sdist's top directory: its other files are the workspace
     path: str
     doc: str
     offset: int
@@ -286,7 +301,18 @@ def make_cases(rng: random.Random, files: dict[str, str], count: int) -> list[Ca
             col, kind = indent, "start"
         before = "\n".join(lines[:n] + [line[:col]])
         doc = before + "\n" + "\n".join(lines[n + 1:])
-        out.append(Case(kind, "/".join(path.split("/")[1:]), doc, len(before), line[col:]))
+        project, rel = path.split("/", 1)
+        out.append(Case(kind, project, rel, doc, len(before), line[col:]))
+    return out
+
+
+def workspaces(files: dict[str, str]) -> dict[str, WorkspaceDefs]:
+    """Per project, the definitions an editor open on that project would find: every file of
+    the sdist (the case's own file is replaced by the edited document when it is asked)."""
+    out: dict[str, WorkspaceDefs] = {}
+    for name, text in files.items():
+        project, rel = name.split("/", 1)
+        out.setdefault(project, WorkspaceDefs()).add(rel, text)
     return out
 
 
@@ -300,33 +326,65 @@ def line_scores(text: str, reference: str) -> dict:
 
 
 def ask_cases(http: httpx.Client, url: str, model: str, cases: list[Case], plain_tokens: int,
-              others: dict[str, TabService]) -> list[dict]:
+              others: dict[str, TabService], defs: dict[str, WorkspaceDefs] | None,
+              old: list[dict], save: Callable[[list[dict]], None]) -> list[dict]:
     """Each case through the Tab service (min_confidence 0: every answer comes back, with
     its confidence) and through the plain FIM call, same window, same server; `others`
-    (other prompt layouts) answer in-process on the same engine."""
+    (other prompt layouts) answer in-process on the same engine; with `defs`, Tab is asked
+    once more with the workspace context the LSP would send (`tab_ctx`). Answers already in
+    `old` (an earlier run on the same positions) are kept, only missing ones are asked, and
+    `save` gets the rows after every case: on a busy machine a run can be resumed."""
     rows = []
     for i, c in enumerate(cases):
+        row = {"kind": c.kind, "path": c.path, "reference": c.reference}
+        if i < len(old) and all(old[i][k] == v for k, v in row.items()):
+            row = dict(old[i])
         body = build_request(c.path, c.doc, c.offset, None, Budget(), cursor_id=f"case{i}",
                              min_confidence=0.0)
-        start = time.perf_counter()
-        tab = http.post(f"{url}/v1/tab", json=body).json()
-        tab_ms = (time.perf_counter() - start) * 1000
-        start = time.perf_counter()
-        plain = http.post(f"{url}/v1/completions", json={
-            "model": model, "prompt": body["prefix"], "suffix": body["suffix"],
-            "max_tokens": plain_tokens, "temperature": 0, "stop": ["\n"]}).json()
-        plain_ms = (time.perf_counter() - start) * 1000
-        rows.append({"kind": c.kind, "path": c.path, "reference": c.reference,
-                     "tab": tab["text"], "confidence": tab["confidence"] or 0.0,
-                     "tab_ms": round(tab_ms), "plain": plain["choices"][0]["text"],
-                     "plain_ms": round(plain_ms),
-                     **{f"tab_{name}": svc.complete_sync(TabRequest(**body)).text
-                        for name, svc in others.items()}})
+        if "tab" not in row:
+            start = time.perf_counter()
+            tab = http.post(f"{url}/v1/tab", json=body).json()
+            row.update(tab=tab["text"], confidence=tab["confidence"] or 0.0,
+                       tab_ms=round((time.perf_counter() - start) * 1000))
+        if "plain" not in row:
+            start = time.perf_counter()
+            plain = http.post(f"{url}/v1/completions", json={
+                "model": model, "prompt": body["prefix"], "suffix": body["suffix"],
+                "max_tokens": plain_tokens, "temperature": 0, "stop": ["\n"]}).json()
+            row.update(plain=plain["choices"][0]["text"],
+                       plain_ms=round((time.perf_counter() - start) * 1000))
+        for name, svc in others.items():
+            if f"tab_{name}" not in row:
+                row[f"tab_{name}"] = svc.complete_sync(TabRequest(**body)).text
+        if defs is not None and "tab_ctx" not in row:
+            row.update(ask_with_context(http, url, c, i, defs[c.project]))
+        rows.append(row)
+        save(rows)
     return rows
 
 
+def ask_with_context(http: httpx.Client, url: str, c: Case, i: int, defs: WorkspaceDefs
+                     ) -> dict:
+    """Tab with definitions of the names near the cursor from the project's files."""
+    body = build_request(c.path, c.doc, c.offset, None, Budget(), Related(defs),
+                         cursor_id=f"ctx{i}", min_confidence=0.0)
+    start = time.perf_counter()
+    tab = http.post(f"{url}/v1/tab", json=body).json()
+    return {"tab_ctx": tab["text"], "conf_ctx": tab["confidence"] or 0.0,
+            "ms_ctx": round((time.perf_counter() - start) * 1000),
+            "ctx_chars": sum(len(s["text"]) for s in body["context"]),
+            "ctx_prompt_tokens": tab["prompt_tokens"]}
+
+
+def visible(rows: list[dict], min_conf: float, variant: str = "") -> list[str]:
+    """What the user sees of a Tab variant at `min_conf`: a hidden answer is nothing."""
+    text, conf = ("tab", "confidence") if not variant else (f"tab_{variant}", f"conf_{variant}")
+    return [r[text] if r[conf] >= min_conf else "" for r in rows]
+
+
 def table(rows: list[dict], min_conf: float) -> dict:
-    """The issue's side-by-side table, Tab hiding answers below `min_conf` (hidden = empty)."""
+    """The issue's side-by-side table, Tab hiding answers below `min_conf` (hidden = empty,
+    scoring 0 in every column: it is what the user sees)."""
     def agg(texts: list[str]) -> dict:
         s = [line_scores(t, r["reference"]) for t, r in zip(texts, rows)]
         n = max(len(s), 1)
@@ -335,15 +393,19 @@ def table(rows: list[dict], min_conf: float) -> dict:
                 "edit_similarity": round(sum(x["es"] for x in s) / n, 3),
                 "empty": round(sum(x["empty"] for x in s) / n, 3),
                 "whitespace_only_misses": sum(x["exact_ws"] and not x["exact"] for x in s)}
-    tab = [r["tab"] if r["confidence"] >= min_conf else "" for r in rows]
+    tab = visible(rows, min_conf)
     plain = [r["plain"] for r in rows]
-    others = {k: agg([r[k] for r in rows]) for k in rows[0] if k.startswith("tab_")
-              and k != "tab_ms"}
+    others = {f"{k}_min_confidence_0": agg([r[k] for r in rows]) for k in rows[0]
+              if k.startswith("tab_") and not k.endswith("_ms")}
+    if "conf_ctx" in rows[0]:
+        others["tab_ctx"] = agg(visible(rows, min_conf, "ctx"))
     ts = [line_scores(t, r["reference"])["exact"] for t, r in zip(tab, rows)]
     ps = [line_scores(t, r["reference"])["exact"] for t, r in zip(plain, rows)]
     shown = [i for i, t in enumerate(tab) if t.strip()]
+    lat = {k: pct([r[k] for r in rows], 50) for k in ("tab_ms", "plain_ms", "ms_ctx")
+           if k in rows[0]}
     return {"n": len(rows), "min_confidence": min_conf, "plain_fim": agg(plain),
-            "tab": agg(tab), **{f"{k}_min_confidence_0": v for k, v in others.items()},
+            "tab": agg(tab), **others,
             "paired": {"plain_right_tab_wrong": sum(p and not t for p, t in zip(ps, ts)),
                        "tab_right_plain_wrong": sum(t and not p for p, t in zip(ps, ts))},
             "where_tab_shows": {"n": len(shown), "tab_exact": _rate(ts, shown),
@@ -353,8 +415,7 @@ def table(rows: list[dict], min_conf: float) -> dict:
             "by_kind": {k: {"tab_exact": _rate(ts, idx), "plain_exact": _rate(ps, idx)}
                         for k in ("mid", "start")
                         if (idx := [i for i, r in enumerate(rows) if r["kind"] == k])},
-            "latency_ms": {"tab_p50": pct([r["tab_ms"] for r in rows], 50),
-                           "plain_p50": pct([r["plain_ms"] for r in rows], 50)}}
+            "latency_p50_ms": lat}
 
 
 def _rate(flags: list[bool], idx: list[int]) -> float:
@@ -367,17 +428,24 @@ def _mean(texts: list[str], rows: list[dict], idx: list[int]) -> float:
     return round(statistics.mean(sims), 3) if sims else 0.0
 
 
-def curve(rows: list[dict]) -> list[dict]:
+def curve(rows: list[dict], variant: str = "") -> list[dict]:
     """Show/hide precision-coverage curve: at each threshold, the share of positions where
-    Tab shows something and the share of those that are exactly right."""
+    Tab shows something, the share of those that are exactly right (and the plain call's
+    exact rate on the same positions), and Tab's exact rate and edit similarity over all
+    positions with hidden answers scoring 0."""
+    plain = [line_scores(r["plain"], r["reference"]) for r in rows]
     out = []
     for k in range(20):
         t = k / 20
-        shown = [r for r in rows if r["tab"].strip() and r["confidence"] >= t]
-        right = sum(line_scores(r["tab"], r["reference"])["exact"] for r in shown)
+        seen = [line_scores(x, r["reference"]) for x, r in zip(visible(rows, t, variant), rows)]
+        shown = [i for i, x in enumerate(seen) if not x["empty"]]
+        right = sum(seen[i]["exact"] for i in shown)
         out.append({"min_confidence": t, "shown": round(len(shown) / len(rows), 3),
                     "accepted_if_shown": round(right / len(shown), 3) if shown else None,
-                    "right": right, "wrong": len(shown) - right})
+                    "plain_exact_same_positions": _rate([p["exact"] for p in plain], shown),
+                    "right": right, "wrong": len(shown) - right,
+                    "exact_all": round(right / len(rows), 3),
+                    "edit_similarity_all": round(statistics.mean(x["es"] for x in seen), 3)})
     return out
 
 
@@ -392,15 +460,23 @@ def pick_min_confidence(points: list[dict], accept_at: float = 0.25) -> float:
 
 def run_cases(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
-    cases = make_cases(rng, sources(args.set), args.cases)
+    files = sources(args.set)
+    cases = make_cases(rng, files, args.cases)
     settings = TabSettings(model=args.model, **({"layout": args.layout} if args.layout else {}))
     engine = Engine(load_settings(tab=settings.model_dump()))
     engine.run_sync(args.model, lambda m: None)
     url, server = serve(engine)
     others = {name: TabService(engine, settings.model_copy(update={"layout": name}))
               for name in filter(None, args.compare.split(","))}
-    with httpx.Client(timeout=300) as http:
-        rows = ask_cases(http, url, args.model, cases, args.plain_tokens, others)
+    old = json.loads(args.merge.read_text())["cases"] if args.merge else []
+
+    def save(rows: list[dict]) -> None:
+        if args.json:
+            args.json.write_text(json.dumps({"partial": True, "cases": rows}, indent=1))
+
+    with httpx.Client(timeout=900) as http:
+        rows = ask_cases(http, url, args.model, cases, args.plain_tokens, others,
+                         workspaces(files) if args.context else None, old, save)
     server.should_exit = True
     engine.close()
     points = curve(rows)
@@ -430,6 +506,12 @@ def main() -> None:
     ap.add_argument("--compare", default="", help="other layouts to score in-process, "
                     "comma-separated (e.g. psm,spm)")
     ap.add_argument("--plain-tokens", type=int, default=TabSettings().max_tokens_multiline)
+    ap.add_argument("--context", action="store_true",
+                    help="send workspace context (definitions of nearby names, tab/related.py)"
+                         ": --cases asks Tab once more with it, the replay uses it")
+    ap.add_argument("--merge", type=Path, help="an earlier --cases --json file on the same "
+                    "positions (or a partial one): its answers are kept, only missing ones "
+                    "are asked")
     ap.add_argument("--rescore", type=Path, help="print the table of an earlier --cases --json "
                     "run at --min-confidence (rows keep every answer and its confidence)")
     args = ap.parse_args()
@@ -454,7 +536,7 @@ def main() -> None:
     url, server = serve(engine)
     t0 = time.perf_counter()
     with httpx.Client(timeout=120) as http:
-        fast = replay_fast(http, url, pts)
+        fast = replay_fast(http, url, pts, package_context() if args.context else None)
         stats = http.get(f"{url}/v1/tab/stats").json()
     fast_wall = time.perf_counter() - t0
     server.should_exit = True
