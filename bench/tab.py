@@ -449,13 +449,18 @@ def curve(rows: list[dict], variant: str = "") -> list[dict]:
     return out
 
 
-def pick_min_confidence(points: list[dict], accept_at: float = 0.25) -> float:
-    """The threshold with the most net value on the curve: a right suggestion is worth 1, a
-    wrong one costs accept_at / (1 - accept_at), so showing pays off exactly when P(accept)
-    reaches `accept_at` (0.25: the trade Cursor's reward makes). Ties go to the lower one."""
-    cost = accept_at / (1 - accept_at)
-    return max(points, key=lambda p: (p["right"] - cost * p["wrong"], -p["min_confidence"])
-               )["min_confidence"]
+def pick_min_confidence(points: list[dict], plain: dict) -> float:
+    """The highest threshold at which Tab still meets the issue's three goals against the
+    plain FIM call on the tuning positions, hidden answers scoring 0 (the user sees
+    nothing): exact line over all positions >= plain's, edit similarity over all positions
+    >= plain's, and exact where Tab shows >= plain's exact on those same positions. Highest,
+    because every threshold step hides suggestions, most of them wrong; 0 if none above 0
+    meets all three."""
+    ok = [p["min_confidence"] for p in points
+          if p["exact_all"] >= plain["exact"]
+          and p["edit_similarity_all"] >= plain["edit_similarity"]
+          and (p["accepted_if_shown"] or 0) >= p["plain_exact_same_positions"]]
+    return max(ok, default=0.0)
 
 
 def run_cases(args: argparse.Namespace) -> dict:
@@ -482,7 +487,8 @@ def run_cases(args: argparse.Namespace) -> dict:
     points = curve(rows)
     result = {"set": args.set, "settings": settings.model_dump(),
               "table": table(rows, args.min_confidence), "curve": points,
-              "suggested_min_confidence": pick_min_confidence(points), "cases": rows}
+              "suggested_min_confidence": pick_min_confidence(
+                  points, table(rows, 0.0)["plain_fim"]), "cases": rows}
     print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=2))
     return result
 
@@ -519,7 +525,8 @@ def main() -> None:
         rows = json.loads(args.rescore.read_text())["cases"]
         shown = curve(rows)
         print(json.dumps({"table": table(rows, args.min_confidence), "curve": shown,
-                          "suggested_min_confidence": pick_min_confidence(shown)}, indent=2))
+                          "suggested_min_confidence": pick_min_confidence(
+                              shown, table(rows, 0.0)["plain_fim"])}, indent=2))
         return
     if args.cases:
         result = run_cases(args)

@@ -20,6 +20,7 @@ from pygls import uris
 from pygls.lsp.server import LanguageServer
 
 from codeplane import __version__
+from codeplane.indexing.chunker import language_for
 from codeplane.tab.client import AsyncTabClient, TabClientError
 from codeplane.tab.context import Budget, Ring, build_request
 from codeplane.tab.related import Related, WorkspaceDefs
@@ -101,12 +102,12 @@ class TabLanguageServer(LanguageServer):
     def _related(self, path: str) -> Related | None:
         """Definitions context over the workspace: its files of this language are read once
         (client side, bounded), open documents are re-read as they are left or edited."""
-        if self.related is None:
+        language = language_for(path)
+        if self.related is None or language is None:
             return None
         root = self.workspace.root_path
-        key = path.rsplit(".", 1)[-1]
-        if root and key not in self._scanned:
-            self._scanned.add(key)
+        if root and language not in self._scanned:
+            self._scanned.add(language)
             self.defs.scan(Path(root), path)
         return self.related
 
