@@ -31,7 +31,7 @@ ACCEPT_COMMAND = "codeplane.tab.accepted"
 
 class TabLanguageServer(LanguageServer):
     def __init__(self, server_url: str, telemetry: Telemetry, debounce_ms: int,
-                 min_confidence: float | None, workspace_context: bool = True,
+                 min_confidence: float | None, workspace_context: bool = False,
                  api_key: str | None = None) -> None:
         super().__init__("codeplane-tab", __version__)
         self.options = {} if min_confidence is None else {"min_confidence": min_confidence}
@@ -139,7 +139,7 @@ def _accept(suggestion_id: str) -> lsp.Command:
 
 
 def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
-                  min_confidence: float | None = None, workspace_context: bool = True,
+                  min_confidence: float | None = None, workspace_context: bool = False,
                   api_key: str | None = None) -> TabLanguageServer:
     ls = TabLanguageServer(server_url, telemetry, debounce_ms, min_confidence,
                            workspace_context, api_key)
