@@ -22,7 +22,9 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": SRC}
+    # as a user runs it: without the loopback switch this test process set for its own Ray
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env["PYTHONPATH"] = SRC
     return subprocess.run([sys.executable, "-m", "codeplane", "rl", "train", *args],
                           capture_output=True, text=True, env=env, timeout=timeout,
                           check=False)

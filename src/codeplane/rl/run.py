@@ -203,8 +203,6 @@ class Run:
               ) -> dict[str, Any]:
         """The whole run. `sampler` and `trainer` replace the configured ones (benchmarks
         drive the real loop with a scripted policy and a stand-in trainer)."""
-        import ray
-
         cfg = self.config
         train_tasks = load_tasks(cfg.tasks.train, cfg.tasks.train_dirs, cfg.tasks.max_train,
                                  cfg.rollout.seed)
@@ -216,6 +214,8 @@ class Run:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "scratch").mkdir(exist_ok=True)
         start_ray(cfg.ray.num_cpus)
+        import ray  # only after start_ray: the loopback switch is read at ray's first import
+
         close: Callable[[], None] = lambda: None
         try:
             if sampler is None:
