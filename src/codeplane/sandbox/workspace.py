@@ -249,11 +249,18 @@ def _pool(root: Path, network: bool) -> Workspace:
     return pool_workspace(root, network)
 
 
+def _microvm(root: Path, network: bool) -> Workspace:
+    from codeplane.sandbox.microvm import open_microvm  # it builds on LocalWorkspace
+
+    return open_microvm(root, network)
+
+
 DEFAULT_BACKEND = "bwrap"
 # name -> constructor. `host` runs commands unsandboxed: callers offer it only when asked
 # explicitly (--no-sandbox, a server with allow_unsandboxed).
 BACKENDS: dict[str, Backend] = {"bwrap": _bwrap, "host": _host,
-                                "pool": _pool}  # a server's fleet: see fleet.Fleet.serving
+                                "pool": _pool,  # a server's fleet: see fleet.Fleet.serving
+                                "microvm": _microvm}
 
 
 def open_workspace(root: Path, backend: str = DEFAULT_BACKEND,
