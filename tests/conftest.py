@@ -16,6 +16,7 @@ import uvicorn
 
 from codeplane.config import Settings, load_settings
 from codeplane.models.engine import Engine
+from codeplane.sandbox.microvm import unavailable as microvm_unavailable
 
 WEIGHTS_HOME = Path(os.environ.get("CODEPLANE_TEST_WEIGHTS_HOME", "~/.codeplane")).expanduser()
 
@@ -150,3 +151,16 @@ def open_backend(request):
     yield open_
     for workspace in opened:
         workspace.close()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The tests that run once per backend of the table run on `microvm` only where it can
+    boot (KVM); tests/test_microvm.py covers it under emulation otherwise."""
+    problem = microvm_unavailable()
+    if problem is None:
+        return
+    skip = pytest.mark.skip(reason=f"microvm backend unavailable here: {problem}")
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "microvm" in callspec.params.values():
+            item.add_marker(skip)

@@ -97,6 +97,20 @@ def kvm_problem() -> str | None:
     return None
 
 
+def unavailable() -> str | None:
+    """Why the `microvm` backend (KVM only) cannot run here, or None if it can."""
+    if problem := kvm_problem():
+        return f"KVM is not usable: {problem}"
+    if shutil.which("qemu-system-x86_64") is None:
+        return "QEMU is not installed; apt-get install qemu-system-x86"
+    try:
+        _kernel_package()
+        _static_busybox()
+    except MicroVMUnavailable as exc:
+        return str(exc)
+    return None
+
+
 # ---------------------------------------------------------------- the guest image
 
 @dataclass(frozen=True)

@@ -1,0 +1,182 @@
+"""The microvm backend on a real QEMU guest: commands run under the guest's kernel, files stay
+on the host, and the guest reaches nothing of the host but its workspace (read-write) and
+the toolchain (read-only).
+
+Under KVM when it can run Debian's kernel here; otherwise under QEMU's TCG emulator, asked
+for explicitly (the backend itself refuses to run without KVM). The table's own tool and
+workspace tests run on `microvm` only with usable KVM (see `conftest.py`); the tools are run
+here on the emulated guest instead. One VM serves the module: a boot under TCG takes
+seconds."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from codeplane.agent import tools as T
+from codeplane.agent.env import Environment
+from codeplane.sandbox import BACKENDS, Limits, open_workspace
+from codeplane.sandbox.microvm import (
+    MicroVMPool,
+    MicroVMUnavailable,
+    MicroVMWorkspace,
+    guest_image,
+    kvm_problem,
+    unavailable,
+)
+
+ACCEL = "tcg" if kvm_problem() else "kvm"
+SMALL = Limits(memory_bytes=512 << 20, tmp_bytes=64 << 20, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def image():
+    try:
+        return guest_image()
+    except MicroVMUnavailable as exc:
+        pytest.skip(f"no microVM guest can be built here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def vm(image, tmp_path_factory) -> MicroVMWorkspace:
+    root = tmp_path_factory.mktemp("vm") / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "config").write_text("[core]\n")
+    ws = MicroVMWorkspace(root, accel=ACCEL, limits=SMALL, image=image)
+    yield ws
+    ws.close()
+
+
+def sh(vm: MicroVMWorkspace, command: str, **limits) -> str:
+    res = vm.exec(command, Limits(**{**SMALL.__dict__, **limits}))
+    assert res.sandboxed
+    return res.output
+
+
+def test_commands_run_in_the_guest_on_the_hosts_files(vm: MicroVMWorkspace) -> None:
+    (vm.root / "from-host.txt").write_text("host wrote this\n")
+    res = vm.exec("uname -r; cat from-host.txt; pwd; python -c 'print(6*7)'; "
+                  "echo guest > from-guest.txt", SMALL)
+    assert res.exit_code == 0, res.output
+    lines = res.output.split()  # the guest runs the kernel package's kernel, not the host's
+    assert lines[0] != os.uname().release and Path(f"/lib/modules/{lines[0]}").is_dir()
+    assert lines[1:] == ["host", "wrote", "this", str(vm.root), "42"]
+    assert (vm.root / "from-guest.txt").read_text() == "guest\n"
+    assert vm.describe()["runner"] == "microvm"
+
+
+def test_guest_cannot_read_the_hosts_files(vm: MicroVMWorkspace, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret-outside-the-workspace")
+    out = sh(vm, f"cat /etc/shadow; cat {secret}; ls /root /home; ls {tmp_path}")
+    assert "s3cret" not in out and "No such file" in out
+    shadow = Path("/etc/shadow")
+    if shadow.exists():
+        assert shadow.read_text().split(":")[0] + ":" not in out  # "root:" would be the host's
+
+
+def test_guest_cannot_reach_the_hosts_loopback(vm: MicroVMWorkspace, loopback_listener) -> None:
+    out = sh(vm, "python -c \"import socket; socket.create_connection(('127.0.0.1', "
+                 f"{loopback_listener.port}), 5); print('CONNECTED')\"; cat /proc/net/dev")
+    assert "CONNECTED" not in out and "ConnectionRefused" in out
+    devices = [line.split(":")[0].strip() for line in out.splitlines() if ":" in line]
+    assert "lo" in devices and not [d for d in devices if d not in ("lo", "Traceback (most "
+                                                                    "recent call last)")]
+    assert loopback_listener.accepted == []
+    with pytest.raises(MicroVMUnavailable, match="no network device"):
+        MicroVMWorkspace(vm.root, accel=ACCEL, limits=Limits(network=True))
+
+
+def test_toolchain_and_git_metadata_are_read_only(vm: MicroVMWorkspace) -> None:
+    prefix = os.path.realpath(sys.prefix)
+    out = sh(vm, f"touch /usr/codeplane-probe {prefix}/codeplane-probe; "
+                 "mount -o remount,rw /usr; touch /usr/codeplane-probe; "
+                 "echo '[core] fsmonitor = id' >> .git/config; "
+                 "umount .git; echo '[core] fsmonitor = id' >> .git/config")
+    assert not Path("/usr/codeplane-probe").exists()
+    assert not Path(prefix, "codeplane-probe").exists()
+    assert (vm.root / ".git" / "config").read_text() == "[core]\n", out
+    assert "Read-only file system" in out and "permission denied" in out.lower()
+
+
+def test_timeout_cancel_and_output_cap_kill_what_the_command_started(
+        vm: MicroVMWorkspace) -> None:
+    res = vm.exec("(sleep 300 &) ; sleep 300", Limits(**{**SMALL.__dict__, "timeout": 3}))
+    assert res.killed == "timeout" and res.exit_code is None
+    cancel = threading.Event()
+    threading.Timer(2, cancel.set).start()
+    res = vm.exec("sleep 300", SMALL, cancel)
+    assert res.killed == "cancelled"
+    res = vm.exec("head -c 100000 /dev/zero | tr '\\0' x", Limits(**{**SMALL.__dict__,
+                                                                     "output_bytes": 1000}))
+    assert res.truncated and len(res.output) < 1200 and res.exit_code == 0
+    # the port is clean and nothing of the killed commands survived in the guest
+    assert "sleep" not in sh(vm, "cat /proc/[0-9]*/comm")
+
+
+def test_commands_run_concurrently_and_limits_hold(vm: MicroVMWorkspace) -> None:
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda n=n: results.append(sh(vm, f"echo run{n}")))
+               for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.strip() for r in results) == ["run0", "run1", "run2"]
+    bomb = vm.exec("for i in $(seq 200); do sleep 30 & done; wait", Limits(
+        **{**SMALL.__dict__, "processes": 20, "timeout": 20}))
+    assert "fork" in bomb.output.lower() or "resource" in bomb.output.lower(), bomb.output
+
+
+def test_agent_tools_run_unchanged_on_the_guest(vm: MicroVMWorkspace) -> None:
+    env = Environment(vm, SMALL)
+    assert "return a - b" in T.execute(env, "grep", {"pattern": "a - b"}).output
+    assert "calc.py" in T.execute(env, "file_search", {"query": "calc"}).output
+    assert T.execute(env, "edit_file", {"path": "pkg/calc.py", "old_string": "a - b",
+                                        "new_string": "a + b"}).ok
+    res = T.execute(env, "run_terminal_cmd", {"command": "python -c 'import pkg.calc as c; "
+                                                         "print(c.add(2, 3))'"})
+    assert res.ok and "5" in res.output
+    snap = vm.snapshot()
+    vm.write(Path("pkg/new.py"), b"x = 1\n")
+    assert "+x = 1" in vm.diff(snap)
+
+
+def test_close_kills_the_vm(image, tmp_path: Path) -> None:
+    ws = MicroVMWorkspace(tmp_path, accel=ACCEL, limits=SMALL, image=image)
+    proc, run_dir = ws.vm.proc, ws.vm.run_dir
+    ws.close()
+    assert proc.poll() is not None and not run_dir.exists()
+
+
+def test_a_warm_pool_hands_out_booted_vms(image, tmp_path: Path) -> None:
+    made: list[Path] = []
+
+    def make_dir() -> Path:
+        made.append(tmp_path / f"box{len(made)}")
+        made[-1].mkdir()
+        return made[-1]
+
+    pool = MicroVMPool(make_dir, size=1, accel=ACCEL, limits=SMALL, image=image)
+    try:
+        assert pool.wait_ready(300)
+        ws = pool.acquire()
+        assert pool.hits == 1 and ws.root == made[0]
+        assert sh(ws, "echo ready").strip() == "ready"
+        ws.close()
+    finally:
+        pool.close()
+
+
+def test_the_backend_requires_kvm(tmp_path: Path) -> None:
+    assert "microvm" in BACKENDS
+    if unavailable() is None:
+        pytest.skip("KVM is usable here: the table's tests run on microvm")
+    with pytest.raises(MicroVMUnavailable, match="not usable|not installed|apt-get"):
+        open_workspace(tmp_path, "microvm")
