@@ -78,16 +78,15 @@ def test_guest_cannot_read_the_hosts_files(vm: MicroVMWorkspace, tmp_path: Path)
     assert "s3cret" not in out and "No such file" in out
     shadow = Path("/etc/shadow")
     if shadow.exists():
-        assert shadow.read_text().split(":")[0] + ":" not in out  # "root:" would be the host's
+        assert shadow.read_text().splitlines()[0] not in out
 
 
 def test_guest_cannot_reach_the_hosts_loopback(vm: MicroVMWorkspace, loopback_listener) -> None:
     out = sh(vm, "python -c \"import socket; socket.create_connection(('127.0.0.1', "
-                 f"{loopback_listener.port}), 5); print('CONNECTED')\"; cat /proc/net/dev")
+                 f"{loopback_listener.port}), 5); print('CONNECTED')\"")
     assert "CONNECTED" not in out and "ConnectionRefused" in out
-    devices = [line.split(":")[0].strip() for line in out.splitlines() if ":" in line]
-    assert "lo" in devices and not [d for d in devices if d not in ("lo", "Traceback (most "
-                                                                    "recent call last)")]
+    devices = sh(vm, "tail -n +3 /proc/net/dev | cut -d: -f1").split()
+    assert devices == ["lo"]  # no network device at all
     assert loopback_listener.accepted == []
     with pytest.raises(MicroVMUnavailable, match="no network device"):
         MicroVMWorkspace(vm.root, accel=ACCEL, limits=Limits(network=True))
