@@ -11,6 +11,7 @@ seconds."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -26,6 +27,7 @@ from codeplane.sandbox.microvm import (
     MicroVMWorkspace,
     guest_image,
     kvm_problem,
+    reap_orphans,
     unavailable,
 )
 
@@ -179,3 +181,32 @@ def test_the_backend_requires_kvm(tmp_path: Path) -> None:
         pytest.skip("KVM is usable here: the table's tests run on microvm")
     with pytest.raises(MicroVMUnavailable, match="not usable|not installed|apt-get"):
         open_workspace(tmp_path, "microvm")
+
+
+def test_the_vms_of_a_killed_process_are_reaped(image, tmp_path: Path) -> None:
+    script = ("import sys, time; from pathlib import Path; "
+              "from codeplane.sandbox.microvm import MicroVMWorkspace, guest_image; "
+              "from codeplane.sandbox.runner import Limits; "
+              f"ws = MicroVMWorkspace(Path({str(tmp_path)!r}), accel={ACCEL!r}, "
+              "limits=Limits(memory_bytes=256 << 20, tmp_bytes=16 << 20), image=guest_image()); "
+              "print(ws.vm.proc.pid, ws.vm.run_dir, flush=True); time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid, run_dir = owner.stdout.readline().split()
+    owner.kill()  # SIGKILL: no finalizer runs, QEMU (its own session) lives on
+    owner.wait()
+    assert Path(f"/proc/{pid}").exists()
+    assert reap_orphans() >= 1
+    assert not Path(run_dir).exists()
+    assert _dead(pid)
+
+
+def _dead(pid: str) -> bool:
+    """Gone, or a zombie left for init to reap (SIGKILL is not instant: look for a while)."""
+    for _ in range(300):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        threading.Event().wait(0.1)
+    return False

@@ -34,10 +34,12 @@ import base64
 import dataclasses
 import hashlib
 import json
+import logging
 import lzma
 import os
 import queue
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -67,6 +69,7 @@ from codeplane.sandbox.runner import (
 )
 from codeplane.sandbox.workspace import LocalWorkspace
 
+log = logging.getLogger("codeplane.microvm")
 GUEST = Path(__file__).parent / "guest"
 # and their dependencies; virtio_mmio for microvm, virtio_pci for q35
 MODULES = ("virtio_mmio", "virtio_pci", "virtio_console", "9pnet_virtio", "9p")
@@ -74,6 +77,9 @@ MODULES = ("virtio_mmio", "virtio_pci", "virtio_console", "9pnet_virtio", "9p")
 # finds virtio-mmio devices only through ACPI (no VIRTIO_MMIO_CMDLINE_DEVICES), and with
 # ACPI on, microvm offers no timer (HPET/PM timer) to calibrate the TSC without kvmclock
 MACHINES = {"kvm": "microvm", "tcg": "q35"}
+# QEMU's own seccomp filter: no exec, no setuid, no scheduler or resource tweaks
+SECCOMP = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+RUN_PREFIX = "codeplane-vm-"  # a VM's sockets, logs, pid and owner: tempdir/codeplane-vm-*
 QBOOT = Path("/usr/share/qemu/qboot.rom")  # a minimal firmware: boots in ms, not SeaBIOS's s
 PORTS = 4  # concurrent commands per VM
 BOOT_TIMEOUT = {"kvm": 30.0, "tcg": 300.0}  # seconds; TCG on a loaded host is slow
@@ -276,7 +282,8 @@ class MicroVM:
         qemu = shutil.which("qemu-system-x86_64")
         if qemu is None:
             raise MicroVMUnavailable("QEMU is not installed; apt-get install qemu-system-x86")
-        self.run_dir = Path(tempfile.mkdtemp(prefix="codeplane-vm-"))
+        self.run_dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
+        (self.run_dir / "owner").write_text(str(os.getpid()))  # for reap_orphans
         shares = [*toolchain(), Share(workspace, writable=True)]
         argv = _qemu_argv(qemu, self.run_dir, image, shares, accel, memory_bytes, tmp_bytes,
                           cpus)
@@ -339,8 +346,7 @@ def _qemu_argv(qemu: str, run_dir: Path, image: GuestImage, shares: list[Share],
     argv = [qemu, "-M", machine, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
             "-m", f"{max(memory_bytes + tmp_bytes, 256 << 20) >> 20}M", "-smp", str(cpus),
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-            "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,"
-                        "resourcecontrol=deny",
+            "-sandbox", SECCOMP,
             "-kernel", str(image.kernel), "-initrd", str(image.initrd),
             "-serial", f"file:{run_dir / 'console.log'}",
             "-pidfile", str(run_dir / "qemu.pid")]
@@ -389,8 +395,12 @@ def _resync(sock: socket.socket, deadline: float, check: Callable[[float], None]
 
 
 def _read_tail(path: Path) -> str:
+    return _read(path)[-1500:]
+
+
+def _read(path: Path) -> str:
     try:
-        return path.read_text(errors="replace")[-1500:]
+        return path.read_text(errors="replace")
     except OSError:
         return ""
 
@@ -400,6 +410,24 @@ def _stop(proc: subprocess.Popen, run_dir: Path) -> None:
         proc.kill()
     proc.wait()
     shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def reap_orphans() -> int:
+    """Kill the VMs of processes that died without closing them (a SIGKILLed server) and
+    remove their directories; how many were reaped. The QEMU pid is checked against its
+    command line (which names the run directory), so a reused pid is never killed."""
+    reaped = 0
+    for run_dir in Path(tempfile.gettempdir()).glob(f"{RUN_PREFIX}*"):
+        owner = _read(run_dir / "owner")
+        if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+            continue
+        pid = _read(run_dir / "qemu.pid").strip()
+        cmdline = _read(Path(f"/proc/{pid}/cmdline")) if pid.isdigit() else ""
+        if str(run_dir) in cmdline:
+            os.kill(int(pid), signal.SIGKILL)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        reaped += 1
+    return reaped
 
 
 # ---------------------------------------------------------------- the runner and workspace
@@ -500,6 +528,7 @@ class MicroVMPool:
         self.hits = self.misses = 0
         self.closed = threading.Event()
         self.wanted = threading.Semaphore(size)  # one token per VM still to boot
+        reap_orphans()  # a pool is long-lived: the VMs of a crashed predecessor go first
         self.filler = threading.Thread(target=self._fill, daemon=True)
         self.filler.start()
 
@@ -527,7 +556,12 @@ class MicroVMPool:
             self.wanted.acquire()
             if self.closed.is_set():
                 return
-            self.ready.put(MicroVMWorkspace(self.make_dir(), **self.options))
+            try:
+                self.ready.put(MicroVMWorkspace(self.make_dir(), **self.options))
+            except (MicroVMUnavailable, OSError) as exc:  # acquire boots on demand meanwhile
+                log.warning("microvm pool: a boot failed: %s", exc)
+                self.wanted.release()
+                self.closed.wait(5)
 
     def close(self) -> None:
         self.closed.set()
