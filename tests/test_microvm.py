@@ -76,8 +76,10 @@ def test_commands_run_in_the_guest_on_the_hosts_files(vm: MicroVMWorkspace) -> N
 def test_guest_cannot_read_the_hosts_files(vm: MicroVMWorkspace, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("s3cret-outside-the-workspace")
-    out = sh(vm, f"cat /etc/shadow; cat {secret}; ls /root /home; ls {tmp_path}")
+    out = sh(vm, f"cat /etc/shadow; cat {secret}; ls /root /home; ls {tmp_path}; "
+                 f"ln -s {secret} leak; cat leak; rm leak; mknod disk b 8 0; ls -l disk")
     assert "s3cret" not in out and "No such file" in out
+    assert not (vm.root / "disk").exists()  # no device node on the host's disk
     shadow = Path("/etc/shadow")
     if shadow.exists():
         assert shadow.read_text().splitlines()[0] not in out

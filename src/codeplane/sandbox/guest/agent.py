@@ -16,7 +16,7 @@ killed host-side reader left the stream in, the host reads up to the ack and the
 clean for the next command. Each command runs in a cgroup of its own (pids.max, memory.max;
 `cgroup.kill` ends every process it started), in a mount namespace where the paths in `ro`
 (the workspace's git metadata, or the whole workspace for a read-only program) are bound
-read-only, without CAP_SYS_ADMIN so it cannot undo them.
+read-only, without CAP_SYS_ADMIN (so it cannot undo them) or CAP_MKNOD.
 """
 
 import json
@@ -35,6 +35,10 @@ RO_BINDS = ('n=$1; shift; while [ "$n" -gt 0 ]; do '
             f'{BUSYBOX} mount -o remount,bind,ro "$1" "$1" || exit 125; '
             'shift; n=$((n-1)); done; exec "$@"')
 JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
+# capabilities a command loses: mounts (the read-only binds), modules and raw I/O (the guest
+# kernel), reboot, and mknod: with 9p's passthrough a device node made in the workspace
+# would be a real one on the host
+DROP = "-sys_admin,-sys_module,-sys_rawio,-sys_boot,-mknod"
 # util-linux from the host's /usr, by absolute path: busybox's shell prefers its own applets
 
 
@@ -89,7 +93,7 @@ def run(port: Port, request: dict) -> None:
     argv = [BUSYBOX, "sh", "-c", JOIN_CGROUP, str(cgroup / "cgroup.procs"),
             "/usr/bin/unshare", "--mount", "--propagation", "private", "--",
             BUSYBOX, "sh", "-c", RO_BINDS, "sh", str(len(request["ro"])), *request["ro"],
-            "/usr/bin/setpriv", "--bounding-set=-sys_admin,-sys_module", "--", *request["argv"]]
+            "/usr/bin/setpriv", f"--bounding-set={DROP}", "--", *request["argv"]]
     try:
         proc = subprocess.Popen(argv, cwd=request["cwd"], env=request["env"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
