@@ -29,12 +29,11 @@ from pathlib import Path
 
 GRACE = 0.5  # seconds to keep reading after the command exits (descendants may hold the pipe)
 BUSYBOX = "/bb/busybox"
-# mount each path in $2.. (count $1) onto itself read-only, then run the rest
-RO_BINDS = ('n=$1; shift; while [ "$n" -gt 0 ]; do '
-            f'{BUSYBOX} mount --bind "$1" "$1" && '
-            f'{BUSYBOX} mount -o remount,bind,ro "$1" "$1" || exit 125; '
-            'shift; n=$((n-1)); done; exec "$@"')
-JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
+# join the cgroup in $1, mount each path in $3.. (count $2) onto itself read-only, run the rest
+PREPARE = ('echo $$ > "$1" && n=$2 && shift 2 || exit 125; while [ "$n" -gt 0 ]; do '
+           f'{BUSYBOX} mount --bind "$1" "$1" && '
+           f'{BUSYBOX} mount -o remount,bind,ro "$1" "$1" || exit 125; '
+           'shift; n=$((n-1)); done; exec "$@"')
 # capabilities a command loses: mounts (the read-only binds), modules and raw I/O (the guest
 # kernel), reboot, and mknod: with 9p's passthrough a device node made in the workspace
 # would be a real one on the host
@@ -90,9 +89,9 @@ def run(port: Port, request: dict) -> None:
     cgroup.mkdir()
     (cgroup / "pids.max").write_text(str(request["pids"]))
     (cgroup / "memory.max").write_text(str(request["memory"]))
-    argv = [BUSYBOX, "sh", "-c", JOIN_CGROUP, str(cgroup / "cgroup.procs"),
-            "/usr/bin/unshare", "--mount", "--propagation", "private", "--",
-            BUSYBOX, "sh", "-c", RO_BINDS, "sh", str(len(request["ro"])), *request["ro"],
+    argv = ["/usr/bin/unshare", "--mount", "--propagation", "private", "--",
+            BUSYBOX, "sh", "-c", PREPARE, "sh", str(cgroup / "cgroup.procs"),
+            str(len(request["ro"])), *request["ro"],
             "/usr/bin/setpriv", f"--bounding-set={DROP}", "--", *request["argv"]]
     try:
         proc = subprocess.Popen(argv, cwd=request["cwd"], env=request["env"],
