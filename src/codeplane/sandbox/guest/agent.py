@@ -35,8 +35,8 @@ PREPARE = ('echo $$ > "$1" && n=$2 && shift 2 || exit 125; while [ "$n" -gt 0 ];
            f'{BUSYBOX} mount -o remount,bind,ro "$1" "$1" || exit 125; '
            'shift; n=$((n-1)); done; exec "$@"')
 # capabilities a command loses: mounts (the read-only binds), modules and raw I/O (the guest
-# kernel), reboot, and mknod: with 9p's passthrough a device node made in the workspace
-# would be a real one on the host
+# kernel), reboot, and mknod (QEMU's 9p server refuses device nodes too: two locks on the
+# host's disk)
 DROP = "-sys_admin,-sys_module,-sys_rawio,-sys_boot,-mknod"
 # util-linux from the host's /usr, by absolute path: busybox's shell prefers its own applets
 
