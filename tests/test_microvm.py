@@ -123,6 +123,18 @@ def test_timeout_cancel_and_output_cap_kill_what_the_command_started(
     assert "sleep" not in sh(vm, "cat /proc/[0-9]*/comm")
 
 
+def test_a_command_cannot_speak_for_the_agent(vm: MicroVMWorkspace) -> None:
+    """The agent's ports are hidden from commands: a forged exit frame would otherwise
+    report success for this command (or for another one running at the same time)."""
+    forged = "printf 'x\\0\\0\\0\\013{\"code\": 0}'"
+    huge = "printf 'o\\377\\377\\377\\377'"
+    res = vm.exec(f"ls /dev/vport*; for p in /dev/vport*; do {forged} > $p; {huge} > $p; "
+                  "cat $p; done; exit 3", SMALL)
+    assert "vport" in res.output and res.exit_code == 3, res.output
+    res = vm.exec("echo alive", SMALL)
+    assert res.output.strip() == "alive" and res.exit_code == 0
+
+
 def test_commands_run_concurrently_and_limits_hold(vm: MicroVMWorkspace) -> None:
     results: list[str] = []
     threads = [threading.Thread(target=lambda n=n: results.append(sh(vm, f"echo run{n}")))

@@ -287,12 +287,13 @@ class MicroVM:
         shares = [*toolchain(), Share(workspace, writable=True)]
         argv = _qemu_argv(qemu, self.run_dir, image, shares, accel, memory_bytes, tmp_bytes,
                           cpus)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.run_dir / "qemu.log", "wb"),  # noqa: SIM115
-                                     start_new_session=True)
-        # a workspace nobody closed still takes its VM down with it (and at exit)
-        self._finalizer = weakref.finalize(self, _stop, self.proc, self.run_dir)
+        with open(self.run_dir / "qemu.log", "wb") as qemu_log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=qemu_log,
+                                         start_new_session=True)
         self.ports: queue.Queue[socket.socket] = queue.Queue()
+        # a workspace nobody closed still takes its VM down with it (and at exit)
+        self._finalizer = weakref.finalize(self, _stop, self.proc, self.run_dir, self.ports)
         try:
             self._connect(BOOT_TIMEOUT[accel])
         except BaseException:
@@ -316,10 +317,10 @@ class MicroVM:
 
     def _check_alive(self, deadline: float) -> None:
         if self.proc.poll() is not None or time.monotonic() > deadline:
-            log = (self.run_dir / "qemu.log").read_text(errors="replace")[-2000:]
+            qemu_log = _read_tail(self.run_dir / "qemu.log").strip()
             console = _read_tail(self.run_dir / "console.log")
             what = "exited" if self.proc.poll() is not None else "did not answer in time"
-            raise MicroVMUnavailable(f"the microVM {what}: {log.strip()} {console}".strip())
+            raise MicroVMUnavailable(f"the microVM {what}: {qemu_log} {console}".strip())
 
     @contextmanager
     def port(self) -> Iterator[tuple[socket.socket, str]]:
@@ -405,10 +406,12 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _stop(proc: subprocess.Popen, run_dir: Path) -> None:
+def _stop(proc: subprocess.Popen, run_dir: Path, ports: queue.Queue[socket.socket]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+    while not ports.empty():
+        ports.get_nowait().close()
     shutil.rmtree(run_dir, ignore_errors=True)
 
 

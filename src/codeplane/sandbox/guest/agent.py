@@ -13,10 +13,11 @@ byte, a 4-byte big-endian length, the payload).
 
 The host sends `kill` after every command (the normal case: a no-op), so whatever state a
 killed host-side reader left the stream in, the host reads up to the ack and the port is
-clean for the next command. Each command runs in a cgroup of its own (pids.max, memory.max;
-`cgroup.kill` ends every process it started), in a mount namespace where the paths in `ro`
-(the workspace's git metadata, or the whole workspace for a read-only program) are bound
-read-only, without CAP_SYS_ADMIN (so it cannot undo them) or CAP_MKNOD.
+clean for the next command. A port has one opener at a time, the agent, so a command that
+opens one to forge frames gets EBUSY. Each command runs in a cgroup of its own (pids.max,
+memory.max; `cgroup.kill` ends every process it started), in a mount namespace where the
+paths in `ro` (the workspace's git metadata, or the whole workspace for a read-only
+program) are bound read-only, without CAP_SYS_ADMIN (so it cannot undo them) or CAP_MKNOD.
 """
 
 import json

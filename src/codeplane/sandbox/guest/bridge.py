@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 
+MAX_FRAME = 1 << 20  # the agent sends at most 64 KiB a frame: anything larger is garbage
 
 def main() -> int:
     port = socket.socket(fileno=int(sys.argv[1]))
@@ -21,14 +22,15 @@ def main() -> int:
         head = read_exact(port, 5)
         if head is None:
             break
-        payload = read_exact(port, int.from_bytes(head[1:], "big"))
+        size = int.from_bytes(head[1:], "big")
+        payload = read_exact(port, size) if size <= MAX_FRAME else None
         if payload is None:
             break
         if head[:1] == b"o":
             write_all(payload)
         elif head[:1] == b"x":
             return json.loads(payload)["code"]
-    write_all(b"\n[codeplane: the microVM's exec agent went away]\n")
+    write_all(b"\n[codeplane: the microVM's exec agent went away or broke the protocol]\n")
     return 125
 
 
