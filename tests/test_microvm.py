@@ -22,11 +22,14 @@ from codeplane.agent import tools as T
 from codeplane.agent.env import Environment
 from codeplane.sandbox import BACKENDS, Limits, open_workspace
 from codeplane.sandbox.microvm import (
+    GuestImage,
     MicroVMPool,
     MicroVMUnavailable,
     MicroVMWorkspace,
+    Share,
     guest_image,
     kvm_problem,
+    qemu_argv,
     reap_orphans,
     unavailable,
 )
@@ -224,3 +227,11 @@ def _dead(pid: str) -> bool:
             return True
         threading.Event().wait(0.1)
     return False
+
+
+def test_share_paths_qemu_or_the_kernel_cannot_carry_are_refused(tmp_path: Path) -> None:
+    image = GuestImage(tmp_path / "vmlinux", tmp_path / "initrd")
+    for path, reason in ((tmp_path / "a,b", "comma"), (tmp_path / ("w" * 1500), "too long")):
+        with pytest.raises(MicroVMUnavailable, match=reason):
+            qemu_argv("qemu", tmp_path, image, [Share(path, writable=True)], "kvm", 1 << 30,
+                       1 << 20, 1)

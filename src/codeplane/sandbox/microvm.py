@@ -8,8 +8,8 @@ without the decompressor), and an initramfs of busybox-static, the virtio/9p ker
 of that kernel, a minimal /etc (never shadow or keys; `runner._ETC`), `guest/init` and the
 exec agent `guest/agent.py`. Both are cached under `$CODEPLANE_HOME/cache/microvm/`.
 
-A VM (`MicroVM`) is `qemu-system-x86_64 -M microvm -nodefaults -no-user-config` with no
-network device, QEMU's own seccomp sandbox on, and virtio-9p shares: the workspace
+A VM (`MicroVM`) is `qemu-system-x86_64 -M microvm -nodefaults -no-user-config` (q35
+under TCG: `MACHINES` says why) with no network device, QEMU's own seccomp sandbox on, and virtio-9p shares: the workspace
 read-write (at the same path as on the host, `cache=none` so host-side writes are seen at
 once) and the toolchain read-only (`/usr`, `/opt`, the Python prefix when outside /usr:
 `readonly=on` is enforced by QEMU, not by the guest). Commands reach the guest's agent over
@@ -82,6 +82,7 @@ SECCOMP = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=de
 RUN_PREFIX = "codeplane-vm-"  # a VM's sockets, logs, pid and owner: tempdir/codeplane-vm-*
 QBOOT = Path("/usr/share/qemu/qboot.rom")  # a minimal firmware: boots in ms, not SeaBIOS's s
 PORTS = 4  # concurrent commands per VM
+CMDLINE_MAX = 1900  # x86's kernel command line holds 2048 bytes; QEMU may append its own
 BOOT_TIMEOUT = {"kvm": 30.0, "tcg": 300.0}  # seconds; TCG on a loaded host is slow
 _XZ, _GZIP = b"\xfd7zXZ\x00", b"\x1f\x8b\x08"
 
@@ -285,7 +286,7 @@ class MicroVM:
         self.run_dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
         (self.run_dir / "owner").write_text(str(os.getpid()))  # for reap_orphans
         shares = [*toolchain(), Share(workspace, writable=True)]
-        argv = _qemu_argv(qemu, self.run_dir, image, shares, accel, memory_bytes, tmp_bytes,
+        argv = qemu_argv(qemu, self.run_dir, image, shares, accel, memory_bytes, tmp_bytes,
                           cpus)
         with open(self.run_dir / "qemu.log", "wb") as qemu_log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
@@ -339,8 +340,9 @@ class MicroVM:
         self._finalizer()
 
 
-def _qemu_argv(qemu: str, run_dir: Path, image: GuestImage, shares: list[Share], accel: str,
+def qemu_argv(qemu: str, run_dir: Path, image: GuestImage, shares: list[Share], accel: str,
                memory_bytes: int, tmp_bytes: int, cpus: int) -> list[str]:
+    """QEMU's command line for a VM; what init mounts travels on the kernel's (`config`)."""
     config = [f"python - {os.path.realpath(sys.executable)}"]
     machine = MACHINES[accel]
     bus = "device" if machine == "microvm" else "pci"  # virtio over mmio or over PCI
@@ -367,8 +369,11 @@ def _qemu_argv(qemu: str, run_dir: Path, image: GuestImage, shares: list[Share],
         argv += ["-chardev", f"socket,id=p{n},path={run_dir / f'p{n}.sock'},server=on,wait=off",
                  "-device", f"virtserialport,chardev=p{n},name=codeplane.{n}"]
     encoded = base64.b64encode("".join(f"{line}\n" for line in config).encode()).decode()
-    argv += ["-append", f"console=ttyS0 quiet panic=-1 codeplane={encoded}"]
-    return argv
+    cmdline = f"console=ttyS0 quiet panic=-1 codeplane={encoded}"
+    if len(cmdline) > CMDLINE_MAX:
+        raise MicroVMUnavailable("the share paths are too long for the guest's kernel command "
+                                 f"line ({len(cmdline)} > {CMDLINE_MAX} bytes)")
+    return [*argv, "-append", cmdline]
 
 
 def _resync(sock: socket.socket, deadline: float, check: Callable[[float], None],
