@@ -8,8 +8,8 @@ without the decompressor), and an initramfs of busybox-static, the virtio/9p ker
 of that kernel, a minimal /etc (never shadow or keys; `runner._ETC`), `guest/init` and the
 exec agent `guest/agent.py`. Both are cached under `$CODEPLANE_HOME/cache/microvm/`.
 
-A VM (`MicroVM`) is `qemu-system-x86_64 -M microvm -nodefaults -no-user-config` (q35
-under TCG: `MACHINES` says why) with no network device, QEMU's own seccomp sandbox on, and virtio-9p shares: the workspace
+A VM (`MicroVM`) is `qemu-system-x86_64 -M microvm -nodefaults -no-user-config` with no
+network device, QEMU's own seccomp sandbox on, and virtio-9p shares: the workspace
 read-write (at the same path as on the host, `cache=none` so host-side writes are seen at
 once) and the toolchain read-only (`/usr`, `/opt`, the Python prefix when outside /usr:
 `readonly=on` is enforced by QEMU, not by the guest). Commands reach the guest's agent over
@@ -71,16 +71,10 @@ from codeplane.sandbox.workspace import LocalWorkspace
 
 log = logging.getLogger("codeplane.microvm")
 GUEST = Path(__file__).parent / "guest"
-# and their dependencies; virtio_mmio for microvm, virtio_pci for q35
-MODULES = ("virtio_mmio", "virtio_pci", "virtio_console", "9pnet_virtio", "9p")
-# microvm under KVM; q35 under TCG, where microvm cannot boot Debian's kernel: that kernel
-# finds virtio-mmio devices only through ACPI (no VIRTIO_MMIO_CMDLINE_DEVICES), and with
-# ACPI on, microvm offers no timer (HPET/PM timer) to calibrate the TSC without kvmclock
-MACHINES = {"kvm": "microvm", "tcg": "q35"}
+MODULES = ("virtio_mmio", "virtio_console", "9pnet_virtio", "9p")  # and their dependencies
 # QEMU's own seccomp filter: no exec, no setuid, no scheduler or resource tweaks
 SECCOMP = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 RUN_PREFIX = "codeplane-vm-"  # a VM's sockets, logs, pid and owner: tempdir/codeplane-vm-*
-QBOOT = Path("/usr/share/qemu/qboot.rom")  # a minimal firmware: boots in ms, not SeaBIOS's s
 PORTS = 4  # concurrent commands per VM
 CMDLINE_MAX = 1900  # x86's kernel command line holds 2048 bytes; QEMU may append its own
 BOOT_TIMEOUT = {"kvm": 30.0, "tcg": 300.0}  # seconds; TCG on a loaded host is slow
@@ -344,36 +338,43 @@ def qemu_argv(qemu: str, run_dir: Path, image: GuestImage, shares: list[Share], 
                memory_bytes: int, tmp_bytes: int, cpus: int) -> list[str]:
     """QEMU's command line for a VM; what init mounts travels on the kernel's (`config`)."""
     config = [f"python - {os.path.realpath(sys.executable)}"]
-    machine = MACHINES[accel]
-    bus = "device" if machine == "microvm" else "pci"  # virtio over mmio or over PCI
-    argv = [qemu, "-M", machine, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
+    argv = [qemu, "-M", "microvm", "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
             "-m", f"{max(memory_bytes + tmp_bytes, 256 << 20) >> 20}M", "-smp", str(cpus),
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-sandbox", SECCOMP,
             "-kernel", str(image.kernel), "-initrd", str(image.initrd),
             "-serial", f"file:{run_dir / 'console.log'}",
             "-pidfile", str(run_dir / "qemu.pid")]
-    if machine != "microvm" and QBOOT.exists():  # microvm uses its own qboot build already
-        argv += ["-bios", str(QBOOT)]
     for n, share in enumerate(shares):
         if "\n" in str(share.path) or "," in str(share.path):
             raise MicroVMUnavailable(f"cannot share {share.path!r} (comma or newline in path)")
         ro = "" if share.writable else ",readonly=on"
         argv += ["-fsdev", f"local,id=fs{n},path={share.path},security_model=none{ro}",
-                 "-device", f"virtio-9p-{bus},fsdev=fs{n},mount_tag=fs{n}"]
+                 "-device", f"virtio-9p-device,fsdev=fs{n},mount_tag=fs{n}"]
         if share.writable:
             config.append(f"tmp {tmp_bytes} -")  # /tmp before a workspace that lives there
         config.append(f"{'rw' if share.writable else 'ro'} fs{n} {share.path}")
-    argv += ["-device", f"virtio-serial-{bus},max_ports={PORTS + 1}"]
+    argv += ["-device", f"virtio-serial-device,max_ports={PORTS + 1}"]
     for n in range(PORTS):
         argv += ["-chardev", f"socket,id=p{n},path={run_dir / f'p{n}.sock'},server=on,wait=off",
                  "-device", f"virtserialport,chardev=p{n},name=codeplane.{n}"]
     encoded = base64.b64encode("".join(f"{line}\n" for line in config).encode()).decode()
     cmdline = f"console=ttyS0 quiet panic=-1 codeplane={encoded}"
+    if accel == "tcg":  # no kvmclock, and microvm has no HPET or PM timer to calibrate by
+        cmdline += f" tsc_early_khz={_host_tsc_khz()}"
     if len(cmdline) > CMDLINE_MAX:
         raise MicroVMUnavailable("the share paths are too long for the guest's kernel command "
                                  f"line ({len(cmdline)} > {CMDLINE_MAX} bytes)")
     return [*argv, "-append", cmdline]
+
+
+def _host_tsc_khz() -> int:
+    """The host's TSC frequency, which an emulated guest's TSC runs at (QEMU's TCG reads
+    the host's counter)."""
+    for line in _read(Path("/proc/cpuinfo")).splitlines():
+        if line.startswith("cpu MHz"):
+            return int(float(line.split(":")[1]) * 1000)
+    return 2_000_000
 
 
 def _resync(sock: socket.socket, deadline: float, check: Callable[[float], None],
