@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,8 @@ def vm(image, tmp_path_factory) -> MicroVMWorkspace:
     ws.close()
 
 
-def sh(vm: MicroVMWorkspace, command: str, **limits) -> str:
-    res = vm.exec(command, Limits(**{**SMALL.__dict__, **limits}))
+def sh(vm: MicroVMWorkspace, command: str) -> str:
+    res = vm.exec(command, SMALL)
     assert res.sandboxed
     return res.output
 
@@ -113,14 +114,13 @@ def test_toolchain_and_git_metadata_are_read_only(vm: MicroVMWorkspace) -> None:
 
 def test_timeout_cancel_and_output_cap_kill_what_the_command_started(
         vm: MicroVMWorkspace) -> None:
-    res = vm.exec("(sleep 300 &) ; sleep 300", Limits(**{**SMALL.__dict__, "timeout": 3}))
+    res = vm.exec("(sleep 300 &) ; sleep 300", replace(SMALL, timeout=3))
     assert res.killed == "timeout" and res.exit_code is None
     cancel = threading.Event()
     threading.Timer(2, cancel.set).start()
     res = vm.exec("sleep 300", SMALL, cancel)
     assert res.killed == "cancelled"
-    res = vm.exec("head -c 100000 /dev/zero | tr '\\0' x", Limits(**{**SMALL.__dict__,
-                                                                     "output_bytes": 1000}))
+    res = vm.exec("head -c 100000 /dev/zero | tr '\\0' x", replace(SMALL, output_bytes=1000))
     assert res.truncated and len(res.output) < 1200 and res.exit_code == 0
     # the port is clean and nothing of the killed commands survived in the guest
     assert "sleep" not in sh(vm, "cat /proc/[0-9]*/comm")
@@ -147,8 +147,8 @@ def test_commands_run_concurrently_and_limits_hold(vm: MicroVMWorkspace) -> None
     for t in threads:
         t.join()
     assert sorted(r.strip() for r in results) == ["run0", "run1", "run2"]
-    bomb = vm.exec("for i in $(seq 200); do sleep 30 & done; wait", Limits(
-        **{**SMALL.__dict__, "processes": 20, "timeout": 20}))
+    bomb = vm.exec("for i in $(seq 200); do sleep 30 & done; wait", replace(SMALL, processes=20,
+                                                                       timeout=20))
     assert "fork" in bomb.output.lower() or "resource" in bomb.output.lower(), bomb.output
 
 
