@@ -110,6 +110,8 @@ def test_toolchain_and_git_metadata_are_read_only(vm: MicroVMWorkspace) -> None:
     assert not Path(prefix, "codeplane-probe").exists()
     assert (vm.root / ".git" / "config").read_text() == "[core]\n", out
     assert "Read-only file system" in out and "permission denied" in out.lower()
+    out = sh(vm, "git init -q nested && git -C nested config core.fsmonitor id")
+    assert not (vm.root / "nested" / ".git").exists() and "renamed aside" in out
 
 
 def test_timeout_cancel_and_output_cap_kill_what_the_command_started(
