@@ -98,6 +98,8 @@ def test_guest_cannot_reach_the_hosts_loopback(vm: MicroVMWorkspace, loopback_li
     assert loopback_listener.accepted == []
     with pytest.raises(MicroVMUnavailable, match="no network device"):
         MicroVMWorkspace(vm.root, accel=ACCEL, limits=Limits(network=True))
+    with pytest.raises(MicroVMUnavailable, match="no network device"):
+        vm.exec("true", replace(SMALL, network=True))
 
 
 def test_toolchain_and_git_metadata_are_read_only(vm: MicroVMWorkspace) -> None:

@@ -31,7 +31,6 @@ stock kernel (tests and benchmarks on such hosts say so).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import json
 import logging
@@ -441,6 +440,10 @@ def reap_orphans() -> int:
 
 # ---------------------------------------------------------------- the runner and workspace
 
+NO_NETWORK = ("the microvm backend has no network device yet (QEMU's user-mode network would "
+              "reach the host's loopback); use the bwrap backend for network access")
+
+
 class _Port(_Session):
     """The supervisor's hooks for a read-only program: hand the bridge its port."""
 
@@ -452,7 +455,7 @@ class _GuestRun(_Sandboxed):
     """A writable command: bubblewrap's disk watchdog and `.git` sweep, plus the port."""
 
     def __init__(self, workspace: Path, limits: Limits, guard: GitGuard, fd: int) -> None:
-        super().__init__(workspace, dataclasses.replace(limits, network=False), guard, None)
+        super().__init__(workspace, limits, guard, None)
         self.pass_fds = (fd,)
 
 
@@ -481,6 +484,8 @@ class GuestRunner:
     def _exec(self, argv: list[str], text: str, cwd: Path, limits: Limits,
               cancel: threading.Event | None, stderr: bool, ro: list[str],
               session: Callable[[int], _Session]) -> CommandResult:
+        if limits.network:  # as bwrap without slirp4netns: refused, never silently dropped
+            raise MicroVMUnavailable(NO_NETWORK)
         with self.vm.port() as (sock, ident):
             request = {"op": "run", "id": ident, "argv": _prlimit(limits) + argv,
                        "cwd": str(cwd), "env": _env(), "stderr": stderr,
@@ -488,8 +493,7 @@ class GuestRunner:
             bridge = [sys.executable, "-I", "-S", str(GUEST / "bridge.py"),
                       str(sock.fileno()), json.dumps(request)]
             return supervise(bridge, text, self.workspace, {"PATH": "/usr/bin:/bin"},
-                             dataclasses.replace(limits, network=False), cancel,
-                             sandboxed=True, session=session(sock.fileno()))
+                             limits, cancel, sandboxed=True, session=session(sock.fileno()))
 
     def describe(self) -> dict[str, Any]:
         return {"runner": "microvm", "accel": self.accel, "workspace": str(self.workspace)}
@@ -503,9 +507,7 @@ class MicroVMWorkspace(LocalWorkspace):
                  cpus: int = 1, image: GuestImage | None = None) -> None:
         limits = limits or Limits()
         if limits.network:
-            raise MicroVMUnavailable("the microvm backend has no network device yet (QEMU's "
-                                     "user-mode network would reach the host's loopback); "
-                                     "use the bwrap backend for network access")
+            raise MicroVMUnavailable(NO_NETWORK)
         root = Path(os.path.realpath(root))
         self.vm = MicroVM(root, image or guest_image(), accel, limits.memory_bytes,
                           limits.tmp_bytes, cpus)
