@@ -223,7 +223,7 @@ def test_runs_survive_a_restart_and_unfinished_ones_are_interrupted(scripted, re
 
 
 def test_store_rolls_back_a_failed_transaction(tmp_path):
-    store = Store(tmp_path / "runs.db")
+    store = Store.open(tmp_path / "runs.db")
     store.create({"id": "r1", "tenant": "t", "repo": "/r", "ref": "HEAD", "task": "x",
                   "model": "m"})
     with pytest.raises(Exception, match="UNIQUE"):

@@ -119,9 +119,10 @@ class BackgroundService:
     """Every background run of one server. Built once (`server/services.py`); on start-up
     any run a previous process left "running" is marked interrupted."""
 
-    def __init__(self, server_dir: Path, runs: RunManager, settings: Any = None) -> None:
+    def __init__(self, server_dir: Path, runs: RunManager, settings: Any = None,
+                 store: Store | None = None) -> None:
         self.root = server_dir / "background"
-        self.store = Store(self.root / "runs.db")
+        self.store = store or Store.open(self.root / "runs.db")
         self.runs, self.settings = runs, settings
         self.store.interrupt_unfinished()
         self._live: dict[str, Live] = {}

@@ -110,7 +110,7 @@ class Gateway:
             self._add_local(EMBEDDER)
         self._check_fallbacks()
         self.metrics = GatewayMetrics(metrics.registry, self.deployments)
-        self.keys = keys or KeyStore(settings.server_dir)
+        self.keys = keys or KeyStore.from_settings(settings)
         self.ip_rpm: dict[str, TokenBucket] = {}
         self.ip_tpm: dict[str, TokenBucket] = {}
         self._pruned = time.monotonic()

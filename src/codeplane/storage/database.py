@@ -38,7 +38,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
-from codeplane.config import Settings
+from codeplane.config import ConfigError, Settings
 from codeplane.storage import tables
 
 log = logging.getLogger("codeplane.storage")
@@ -46,8 +46,9 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 DEFAULT_NAME = "codeplane.db"  # under $CODEPLANE_HOME/server/
 
 
-class DatabaseError(Exception):
-    """The database is misconfigured or unreachable; the message says which and where."""
+class DatabaseError(ConfigError):
+    """The database is misconfigured or unreachable; the message says which and where. A
+    ConfigError, so every command (and `serve` at start) reports it as one line, exit 2."""
 
 
 class Database:
