@@ -205,9 +205,13 @@ class Replica:
 
     def beat(self) -> None:
         """Renew the lease once, then let each sweep take over what dead replicas left."""
+        now = time.time()
         with self.db.write() as conn:
             conn.execute(update(tables.replicas).where(tables.replicas.c.id == self.id)
-                         .values(heartbeat=time.time()))
+                         .values(heartbeat=now))
+            # Long-dead leases are only history: what they owned counts as orphaned either way.
+            conn.execute(delete(tables.replicas).where(
+                tables.replicas.c.heartbeat < now - 10 * self.lease_s))
         for sweep in self.sweeps:
             try:
                 sweep()
