@@ -162,7 +162,7 @@ class SearchService:
     # -- workspaces --------------------------------------------------------------------------
     def open_workspace(self, tenant: str, ws: str, server_key: str) -> dict:
         """Create the tenant's workspace bound to this key, or check the key of an existing one."""
-        kid = key_id(server_key)
+        kid, model = key_id(server_key), self.embedder.name  # loads it outside the lock
         # The tenant's lock: the quota count and the insert are one step on every replica.
         with self.sql.lock(f"search-tenant:{tenant}"), self.sql.write() as db:
             row = db.execute(select(WORKSPACES.c.key_id).where(
@@ -176,7 +176,7 @@ class SearchService:
                         f"(indexing.max_workspaces_per_tenant); delete one first")
                 db.execute(WORKSPACES.insert().values(
                     tenant=tenant, ws=ws, sid=storage_id(tenant, ws), key_id=kid,
-                    model=self.embedder.name, created=time.time()))
+                    model=model, created=time.time()))
             elif row[0] != kid:
                 raise Forbidden("this key does not open that workspace")
         return self.status(tenant, ws, server_key)
