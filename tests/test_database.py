@@ -48,7 +48,7 @@ def expire(db: Database, replica: Replica) -> None:
 def test_migrations_build_the_schema_the_code_uses_and_run_once_when_raced(url):
     dbs = [Database(url) for _ in range(4)]
     with ThreadPoolExecutor(4) as pool:  # replicas starting together
-        assert set(pool.map(lambda db: db.upgrade(), dbs)) == {"0001"}
+        assert set(pool.map(lambda db: db.upgrade(), dbs)) == {"0002"}
     with dbs[0].engine.connect() as conn:
         found = inspect(conn)
         for table in metadata.sorted_tables:
@@ -101,6 +101,27 @@ def test_a_budget_holds_across_replicas_under_concurrent_calls(pair):
             store.settle(key, 10, 3)
     assert (a.used(key), b.held(key)) == (15, 0)
     assert b.reserve(key, 40) and not a.reserve(key, 1)  # 15 used + 40 held = 55
+
+
+def test_tokens_per_minute_hold_across_replicas_under_concurrent_calls(pair):
+    """One bucket for both replicas: 20 calls of 10 tokens at one instant against 55 tokens
+    per minute take 5; what refills and what is given back is shared too. (The clock is
+    passed in, so the test does not depend on how fast it runs.)"""
+    (db_a, rep_a), (db_b, rep_b) = pair
+    a, b = KeyStore(db_a, rep_a), KeyStore(db_b, rep_b)
+    key, _ = a.create("ci", tpm=60)  # 1 token a second
+    start, now = threading.Barrier(20), 1000.0
+
+    def call(store: KeyStore) -> float:
+        start.wait()
+        return store.take_rate(key, 10, now)
+
+    with ThreadPoolExecutor(20) as pool:
+        waits = list(pool.map(call, [a, b] * 10))
+    assert waits.count(0.0) == 6 and set(waits) == {0.0, 10.0}  # 60 - 6 * 10 = 0 left
+    assert b.take_rate(key, 5, now + 4) == 1.0  # 4 tokens refilled, 5 needed: 1 s more
+    b.adjust_rate(key, -20, now + 4)  # two calls used nothing: their share comes back
+    assert a.take_rate(key, 24, now + 4) == 0.0 and a.take_rate(key, 1, now + 4) == 1.0
 
 
 def test_a_dead_replicas_holds_are_given_back_once(pair):

@@ -184,14 +184,17 @@ def test_a_key_created_on_one_replica_works_on_the_other(cluster):
                                headers=headers).status_code == 401, 10, "for the revocation")
 
 
-def test_a_budget_holds_across_replicas_under_concurrent_calls(cluster, held):
-    """Each call holds ~45 tokens before it starts; with a 100-token budget, 2 of 10
-    simultaneous calls (5 on each replica) go through. Per-replica accounting would let
-    2 through on each."""
-    headers = cluster.key("a", "intern", "--budget-tokens", "100")
+@pytest.mark.parametrize(("limit", "refused"), [("--budget-tokens", 403), ("--tpm", 429)])
+def test_a_token_limit_holds_across_replicas_under_concurrent_calls(cluster, held, limit,
+                                                                     refused):
+    """Each call holds ~45 tokens before it starts; with a 100-token budget (or 100 tokens
+    per minute), 2 of 10 simultaneous calls (5 on each replica) go through. Per-replica
+    accounting would let 2 through on each."""
+    headers = cluster.key("a", f"intern{refused}", limit, "100")
     body = {"model": "held", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30}
     urls = [f"{cluster.replicas[n].url}/v1/chat/completions" for n in ("a", "b")] * 5
     held.release.clear()
+    held.arrived = 0
     with ThreadPoolExecutor(10) as pool:
         futures = [pool.submit(httpx.post, url, json=body, headers=headers, timeout=60)
                    for url in urls]
@@ -199,7 +202,7 @@ def test_a_budget_holds_across_replicas_under_concurrent_calls(cluster, held):
                  "for every call to be refused or forwarded")
         held.release.set()
         codes = sorted(f.result().status_code for f in futures)
-    assert codes == [200] * 2 + [403] * 8
+    assert codes == [200] * 2 + [refused] * 8
 
 
 def test_a_workspace_indexed_through_one_is_searchable_through_the_other(cluster, tmp_path):

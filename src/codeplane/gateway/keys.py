@@ -5,9 +5,10 @@ Keys are 256-bit random tokens, so a plain SHA-256 is enough to make a stolen da
 database; every replica sees a new key at once (a lookup that misses its snapshot asks the
 database) and a revocation within a second (the snapshot is re-read at most once a second).
 
-Budgets hold across replicas: a call reserves its likely cost with one conditional UPDATE of
-the key's usage row (`used + held + tokens <= budget`), which the database applies atomically,
-so N replicas serving N concurrent calls can never each spend the same remaining tokens. Each
+Budgets and tokens-per-minute hold across replicas: a call reserves its likely cost with one
+conditional UPDATE of the key's usage row (`used + held + tokens <= budget`) and of its row for
+its token bucket (`level after refill >= n`), which the database applies
+atomically, so N replicas serving N concurrent calls can never each spend the same tokens. Each
 reservation is also a `key_holds` row naming its replica: the tokens a killed replica held are
 given back by whichever replica notices its lease expired (`release_dead`). Keys without a
 budget need no such check: their usage is summed in memory and written every 10 seconds.
@@ -30,13 +31,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import case, delete, select, update
 from sqlalchemy.engine import Connection
 
 from codeplane.config import Settings
 from codeplane.gateway.config import PRIORITIES
 from codeplane.storage.database import Database, Replica
-from codeplane.storage.tables import api_keys, key_holds, key_usage
+from codeplane.storage.tables import api_keys, key_holds, key_rate, key_usage
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Row
@@ -221,8 +222,37 @@ class KeyStore:
                     id=uuid.uuid4().hex, key_id=key.id, tokens=tokens, replica=self._replica_id))
         return won
 
+    def take_rate(self, key: ApiKey, tokens: int, now: float | None = None) -> float:
+        """Take `tokens` from the key's tokens-per-minute bucket: 0.0 if taken, else the
+        seconds until they will be there (nothing taken). The refill and the spend are one
+        conditional UPDATE, so replicas share one bucket exactly (`admission.TokenBucket`'s
+        rules: a minute's worth of burst, an overdrawn bucket refuses until refilled)."""
+        if not key.tpm:
+            return 0.0
+        now = time.time() if now is None else now
+        need = float(min(tokens, key.tpm)) if tokens > 0 else 1e-9
+        level = _refilled(key.tpm, now)
+        with self.db.write() as conn:
+            conn.execute(self.db.insert(key_rate).values(
+                key_id=key.id, level=float(key.tpm), updated=now).on_conflict_do_nothing())
+            if conn.execute(update(key_rate).where(key_rate.c.key_id == key.id, level >= need)
+                            .values(level=level - tokens, updated=now)).rowcount == 1:
+                return 0.0
+            have = conn.scalar(select(level).where(key_rate.c.key_id == key.id))
+        return (need - have) * 60 / key.tpm
+
+    def adjust_rate(self, key: ApiKey, tokens: int, now: float | None = None) -> None:
+        """Spend `tokens` more of the bucket (negative: give back what a call that did not
+        run, or used less than it took, held), never above a minute's worth."""
+        if key.tpm and tokens:
+            now = time.time() if now is None else now
+            with self.db.write() as conn:
+                conn.execute(update(key_rate).where(key_rate.c.key_id == key.id).values(
+                    level=_capped(_refilled(key.tpm, now) - tokens, key.tpm), updated=now))
+
     def settle(self, key: ApiKey, held: int, used: int) -> None:
-        """Replace a reservation by what the call really used."""
+        """Replace a reservation by what the call really used (budget and this minute)."""
+        self.adjust_rate(key, used - held)
         if key.budget_tokens is None:
             self.charge(key, used)
             return
@@ -274,6 +304,15 @@ class KeyStore:
     @property
     def _replica_id(self) -> str:
         return self.replica.id if self.replica else "cli"
+
+
+def _refilled(tpm: int, now: float):
+    """The bucket's level at `now`, as a SQL expression over its row."""
+    return _capped(key_rate.c.level + (now - key_rate.c.updated) * (tpm / 60.0), tpm)
+
+
+def _capped(level, tpm: int):
+    return case((level > float(tpm), float(tpm)), else_=level)
 
 
 def _insert(conn: Connection, keys: Iterable[ApiKey], usage: dict[str, int]) -> int:

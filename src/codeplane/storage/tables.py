@@ -68,6 +68,15 @@ key_holds = Table(
     Index("key_holds_replica", "replica"),
 )
 
+# A token bucket per key with a `tpm` (a minute's worth of burst, refilled continuously): a
+# call takes its share with one conditional UPDATE that refills and spends in one step.
+key_rate = Table(
+    "key_rate", metadata,
+    Column("key_id", String(16), primary_key=True),
+    Column("level", Float, nullable=False),
+    Column("updated", Float, nullable=False),  # wall-clock seconds of the last change
+)
+
 search_workspaces = Table(
     "search_workspaces", metadata,
     Column("tenant", String(64), primary_key=True),
