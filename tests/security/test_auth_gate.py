@@ -237,13 +237,14 @@ def test_metrics_are_gated_unless_made_public(tmp_path, engine):
 
 def test_a_broken_key_file_fails_closed_not_500(tmp_path, engine, monkeypatch):
     server, keys = serve(tmp_path, engine, auth="on")
-    key_file = server.app.state.settings.server_dir / "keys.json"
     try:
-        key_file.write_text("{not json")  # before the gate's first look at the file
+        with server.app.state.services.db.write() as conn:  # before the gate's first look
+            conn.exec_driver_sql("DROP TABLE api_keys")  # a broken, unreadable key store
         reply = httpx.get(f"{server.url}/v1/models", headers={"x-api-key": keys["good"]})
         assert reply.status_code == 401  # every key refused, the server still answers
     finally:
         server.stop()
+    (tmp_path / "home" / "server" / "keys.json").write_text("{not json")  # a legacy file
     monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path / "home"))
     from codeplane.cli import app
 

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy import case, delete, select, update
 from sqlalchemy.engine import Connection
 
-from codeplane.config import Settings
+from codeplane.config import ConfigError, Settings
 from codeplane.gateway.config import PRIORITIES
-from codeplane.storage.database import Database, Replica
+from codeplane.storage.database import Database, DatabaseError, Replica
 from codeplane.storage.tables import api_keys, key_holds, key_rate, key_usage
 
 if TYPE_CHECKING:
@@ -148,11 +148,14 @@ class KeyStore:
             return 0
         usage_file = server_dir / "key_usage.json"
         try:
-            keys = [ApiKey(**entry) for entry in json.loads(source.read_text())["keys"]]
+            data = json.loads(source.read_text())
             usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
-        except (ValueError, TypeError, KeyError) as exc:
-            log.error("%s was not imported (not a key list: %s); fix or remove it", source, exc)
-            return 0
+        except ValueError as exc:  # refuse to start rather than lose keys silently
+            raise ConfigError(f"{source} is not valid JSON ({exc}); fix it or remove it") from None
+        try:
+            keys = [ApiKey(**entry) for entry in data["keys"]]
+        except (TypeError, KeyError) as exc:
+            raise ConfigError(f"{source}: not a key list ({exc}); fix it or remove it") from None
         with self.db.lock("keys:import"), self.db.write() as conn:
             added = _insert(conn, keys, usage)
         for path in (source, usage_file):
@@ -165,26 +168,33 @@ class KeyStore:
 
     def lookup(self, secret: str) -> ApiKey | None:
         """The active key with this secret. A key missing from the snapshot is looked up in
-        the database itself, so one created on another replica works at once."""
-        hashed = digest(secret)
-        key = self._snapshot().get(hashed)
-        if key is None:
-            with self.db.read() as conn:
-                row = conn.execute(select(api_keys).where(api_keys.c.hash == hashed)).first()
-            key = ApiKey.from_row(row) if row else None
-        return key if key and not key.revoked else None
+        the database itself, so one created on another replica works at once. An unreadable
+        database refuses every key (fail closed), never a 500."""
+        return self._find(api_keys.c.hash, digest(secret))
 
     def has_active(self) -> bool:
-        """Any unrevoked key (from the snapshot: at most one query a second)."""
-        return any(not k.revoked for k in self._snapshot().values())
+        """Any unrevoked key (from the snapshot: at most one query a second); True when the
+        database cannot say, so nobody is let in anonymously for want of an answer."""
+        try:
+            return any(not k.revoked for k in self._snapshot().values())
+        except DatabaseError:
+            return True
 
     def by_id(self, key_id: str) -> ApiKey | None:
         """The active key with this id (the auth gate's principal names keys by id)."""
-        key = next((k for k in self._snapshot().values() if k.id == key_id), None)
-        if key is None:
-            with self.db.read() as conn:
-                row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
-            key = ApiKey.from_row(row) if row else None
+        return self._find(api_keys.c.id, key_id)
+
+    def _find(self, column, value: str) -> ApiKey | None:
+        try:
+            key = next((k for k in self._snapshot().values()
+                        if getattr(k, column.name) == value), None)
+            if key is None:
+                with self.db.read() as conn:
+                    row = conn.execute(select(api_keys).where(column == value)).first()
+                key = ApiKey.from_row(row) if row else None
+        except DatabaseError as exc:
+            log.error("API keys unreadable, every key is refused: %s", exc)
+            return None
         return key if key and not key.revoked else None
 
     def _snapshot(self) -> dict[str, ApiKey]:

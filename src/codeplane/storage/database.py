@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, delete, event, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from codeplane.config import ConfigError, Settings
 from codeplane.storage import tables
@@ -126,7 +126,7 @@ class Database:
         """Driver errors become DatabaseError naming the database (never its password)."""
         try:
             yield
-        except OperationalError as exc:
+        except (OperationalError, ProgrammingError) as exc:
             raise DatabaseError(f"database {_safe(self.url)}: {exc.orig}") from exc
 
     # -- schema --------------------------------------------------------------------------
