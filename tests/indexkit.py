@@ -45,7 +45,7 @@ def tenant_headers(settings: Settings, tenants: list[str]) -> dict[str, dict[str
             continue
         from codeplane.gateway.keys import KeyStore
 
-        _, secret = KeyStore(settings.server_dir).create(tenant, tenant=tenant)
+        _, secret = KeyStore.from_settings(settings).create(tenant, tenant=tenant)
         out[tenant] = {"Authorization": f"Bearer {secret}"}
     return out
 

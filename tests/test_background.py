@@ -218,7 +218,9 @@ def test_runs_survive_a_restart_and_unfinished_ones_are_interrupted(scripted, re
         wait_for(lambda: any(e["type"] == "run_start" for _, e in _events(first,
                                                                          hanging["id"])))
         # a second server process on the same home starts while the run "is running":
-        # what a restart after a crash sees (the first never got to record an end)
+        # what a restart after a crash sees (the first never got to record an end, and its
+        # lease in the database has ended as a killed process's would)
+        first.app.state.services.replica.close()
         second = run_server(home, scripted.url, workspace_roots=[str(repo.parent)])
         second.callers = first.callers  # same home, same keys
         try:
@@ -317,7 +319,7 @@ def test_repos_as_a_bundle_or_a_git_url(scripted, repo, tmp_path):
 
 
 def test_store_rolls_back_a_failed_transaction(tmp_path):
-    store = Store(tmp_path / "runs.db")
+    store = Store.open(tmp_path / "runs.db")
     store.create({"id": "r1", "tenant": "t", "repo": "/r", "ref": "HEAD", "task": "x",
                   "model": "m"})
     with pytest.raises(Exception, match="UNIQUE"):

@@ -141,7 +141,7 @@ def test_reaper_cleans_up_after_sigkill(tmp_path):
     settings = make_settings(home, serve={"workspace_roots": [str(root)]})
     (home / "codeplane.toml").write_text(
         f"[serve]\nworkspace_roots = [\"{root}\"]\n[fleet]\npool_size = 2\n")
-    _, secret = KeyStore(settings.server_dir).create("k", tenant="t1")
+    _, secret = KeyStore.from_settings(settings).create("k", tenant="t1")
     headers = {"authorization": f"Bearer {secret}"}
     fleet_dir = settings.server_dir / "fleet" / "sandboxes"
 

@@ -251,7 +251,7 @@ def test_overload_sheds_batch_before_interactive(tmp_path, upstreams):
 def test_keys_auth_rate_and_budget_limits(tmp_path, upstreams):
     up = upstreams[0]
     server = start(tmp_path, [dep("chat", up.url)], gateway={"auth": "on"})
-    store = KeyStore(server.app.state.settings.server_dir)
+    store = KeyStore.from_settings(server.app.state.settings)
     _, limited = store.create("ci", rpm=2)
     _, budget = store.create("intern", budget_tokens=40)
     _, revoked = store.create("old")
@@ -270,8 +270,9 @@ def test_keys_auth_rate_and_budget_limits(tmp_path, upstreams):
         # Each call holds ~23 tokens (prompt estimate + max_tokens 8) and uses 12: the third
         # finds 24 used + 23 held > 40.
         assert codes == [200, 200, 403]
-        assert "secret" not in (tmp_path / "home" / "server" / "keys.json").read_text()
-        assert limited not in (tmp_path / "home" / "server" / "keys.json").read_text()
+        stored = b"".join(p.read_bytes()
+                          for p in (tmp_path / "home" / "server").glob("codeplane.db*"))
+        assert budget.encode() not in stored and limited.encode() not in stored
     finally:
         server.stop()
 
@@ -458,13 +459,13 @@ def test_shutdown_closes_the_services_the_app_built(tmp_path, upstreams):
     """The composition root closes what it built: the gateway flushes key usage (kept in
     memory for up to 10 s while running) when the server stops."""
     server = start(tmp_path, [dep("chat", upstreams[0].url)], gateway={"auth": "on"})
-    store = KeyStore(server.app.state.settings.server_dir)
+    store = KeyStore.from_settings(server.app.state.settings)
     key, secret = store.create("ci")
     try:
         reply = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT,
                            headers=_bearer(secret))
         assert reply.status_code == 200
-        assert not store.usage_file.exists()  # charged in memory only so far
+        assert store.used(key) == 0  # charged in the server's memory only so far
     finally:
         server.stop()
-    assert json.loads(store.usage_file.read_text()) == {key.id: 12}
+    assert store.used(key) == 12

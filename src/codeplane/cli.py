@@ -18,6 +18,7 @@ from codeplane.gateway.cli import gateway_app, keys_app
 from codeplane.indexing import cli as index_cli
 from codeplane.models.cli import app as model_app
 from codeplane.rl.cli import rl_app
+from codeplane.storage.cli import db_app
 from codeplane.tab import cli as tab_cli
 
 app = typer.Typer(
@@ -32,6 +33,7 @@ app.add_typer(gateway_app, name="gateway")
 app.add_typer(events_app, name="events")
 app.add_typer(agents_app, name="agents")
 app.add_typer(rl_app, name="rl")
+app.add_typer(db_app, name="db")
 app.command("index")(index_cli.index_cmd)
 app.command("search")(index_cli.search_cmd)
 app.command("agent")(agent_cmd)

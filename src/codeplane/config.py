@@ -84,11 +84,20 @@ class EngineSettings(BaseModel):
 
 
 class StorageSettings(BaseModel):
-    """Where the server keeps shared state. The object store holds what several replicas must
-    see (the event lake today): a local directory by default, `s3://bucket/prefix` for teams,
-    with credentials from the standard `AWS_*` variables (never from this file)."""
+    """Where the server keeps shared state. The database holds every durable row (keys and
+    usage, search metadata, runs); the object store holds files several replicas must see (the
+    event lake, LanceDB tables): a local directory by default, `s3://bucket/prefix` for teams,
+    with credentials from the standard `AWS_*` variables (never from this file). A team runs
+    any number of replicas on one PostgreSQL and one bucket (docs/deployment.md)."""
 
     model_config = {"extra": "forbid"}
+    database: str = Field(
+        "", description="sqlite:///PATH or postgresql://USER@HOST:PORT/DB (password: PGPASSWORD "
+                        "or CODEPLANE_STORAGE__DATABASE); empty: "
+                        "$CODEPLANE_HOME/server/codeplane.db")
+    lease_seconds: float = Field(
+        30.0, ge=1.0, description="a replica silent this long is presumed dead: its runs are "
+                                  "marked interrupted and its budget holds given back")
     objects: str = Field(
         "", description="object store: a directory or s3://bucket/prefix; empty: "
                         "$CODEPLANE_HOME/server/objects")

@@ -36,7 +36,7 @@ def serve(tmp_path, engine, host: str = "127.0.0.1", **gateway) -> tuple[LiveSer
     """A live server on 127.0.0.1 that believes it is bound to `host`, with one active key
     (tenant "acme"), one revoked key, and a /whoami route added after the gate was built."""
     settings = make_settings(tmp_path / "home", gateway=gateway, serve={"host": host})
-    store = KeyStore(settings.server_dir)
+    store = KeyStore.from_settings(settings)
     _, good = store.create("ci", tenant="acme")
     _, revoked = store.create("old")
     store.revoke("old")
@@ -196,25 +196,27 @@ def test_serve_refuses_to_listen_beyond_loopback_without_a_key(tmp_path, monkeyp
     created = run(app, ["keys", "create", "ci", "--tenant", "acme", "--json"])
     assert json.loads(created.output)["tenant"] == "acme"
     settings = make_settings(home)
-    check_exposure(settings.serve, "0.0.0.0", "auto", KeyStore(settings.server_dir))
+    check_exposure(settings.serve, "0.0.0.0", "auto", KeyStore.from_settings(settings))
     with pytest.raises(ConfigError, match="auth = \"off\""):
-        check_exposure(settings.serve, "0.0.0.0", "off", KeyStore(settings.server_dir))
-    check_exposure(settings.serve, "127.0.0.1", "off", KeyStore(settings.server_dir))
+        check_exposure(settings.serve, "0.0.0.0", "off", KeyStore.from_settings(settings))
+    check_exposure(settings.serve, "127.0.0.1", "off", KeyStore.from_settings(settings))
     assert run(app, ["keys", "revoke", "ci"]).exit_code == 0
     result = run(app, ["serve", "--host", "0.0.0.0", "--port", str(free_port())])
     assert result.exit_code == 2 and "keys create" in result.output
 
 
 def test_tenants_default_to_the_key_name_and_old_key_files_load(tmp_path):
-    store = KeyStore(tmp_path)
+    settings = make_settings(tmp_path / "home")
+    store = KeyStore.from_settings(settings)
     key, _ = store.create("alice")
     assert key.tenant == "alice"
     with pytest.raises(ValueError, match="tenant"):
         store.create("bob", tenant="../etc")
     legacy = {"keys": [{"id": "ab12cd34", "name": "legacy", "hash": "0" * 64, "hint": "cp-abcd",
                         "created": 0.0, "priority": "agent", "revoked": False}]}
-    (tmp_path / "keys.json").write_text(json.dumps(legacy))
-    assert [(k.name, k.tenant) for k in KeyStore(tmp_path).all()] == [("legacy", "legacy")]
+    (settings.server_dir / "keys.json").write_text(json.dumps(legacy))
+    names = [(k.name, k.tenant) for k in KeyStore.from_settings(settings).all()]
+    assert names == [("legacy", "legacy"), ("alice", "alice")]  # imported into the database
 
 
 def test_metrics_are_gated_unless_made_public(tmp_path, engine):
@@ -235,13 +237,14 @@ def test_metrics_are_gated_unless_made_public(tmp_path, engine):
 
 def test_a_broken_key_file_fails_closed_not_500(tmp_path, engine, monkeypatch):
     server, keys = serve(tmp_path, engine, auth="on")
-    key_file = server.app.state.settings.server_dir / "keys.json"
     try:
-        key_file.write_text("{not json")  # before the gate's first look at the file
+        with server.app.state.services.db.write() as conn:  # before the gate's first look
+            conn.exec_driver_sql("DROP TABLE api_keys")  # a broken, unreadable key store
         reply = httpx.get(f"{server.url}/v1/models", headers={"x-api-key": keys["good"]})
         assert reply.status_code == 401  # every key refused, the server still answers
     finally:
         server.stop()
+    (tmp_path / "home" / "server" / "keys.json").write_text("{not json")  # a legacy file
     monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path / "home"))
     from codeplane.cli import app
 

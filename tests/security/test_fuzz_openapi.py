@@ -28,7 +28,7 @@ CALLS: dict[str, int] = {}  # requests per operation, printed by the summary tes
 def fuzz_server(tmp_path_factory, engine):
     home = tmp_path_factory.mktemp("fuzz") / "home"
     cfg = make_settings(home, gateway={"auth": "on"}, tab={"model": NO_MODEL})
-    _, secret = KeyStore(cfg.server_dir).create("fuzzer", tenant="fuzz")
+    _, secret = KeyStore.from_settings(cfg).create("fuzzer", tenant="fuzz")
     server = LiveServer(create_app(cfg, engine=engine), free_port()).start()
     auth = {"authorization": f"Bearer {secret}"}
     opened = httpx.put(f"{server.url}/v1/index/workspaces/{WORKSPACE}",

@@ -145,7 +145,7 @@ def caller(server: LiveServer, tenant: str = "t1", **key_options) -> dict[str, s
     passes the server's own auth gate."""
     callers = server.__dict__.setdefault("callers", {})
     if tenant not in callers:
-        _, secret = KeyStore(server.app.state.settings.server_dir).create(
+        _, secret = KeyStore.from_settings(server.app.state.settings).create(
             tenant, tenant=tenant, **key_options)
         callers[tenant] = {"authorization": f"Bearer {secret}"}
         wait_for(lambda: httpx.get(f"{server.url}/v1/models",  # the server has seen it

@@ -3,7 +3,9 @@ ends with a `run_end` event and a terminal status.
 
 Runs live in memory only (transcripts hold source code; the server persists none). A running
 run is never evicted: only finished runs age out, oldest first, past `keep_finished` per
-tenant. Concurrent running runs are capped per tenant, so one key cannot take every core.
+tenant. Concurrent running runs are capped per tenant, so one key cannot take every core; with
+`records` (a server's database) the cap counts every replica's runs and each run's status is
+shared (`records.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections import OrderedDict
 
 from codeplane.agent.loop import Agent, Event, RunResult
+from codeplane.agent.records import RunRecords
 from codeplane.core.chat import ChatModel
 
 log = logging.getLogger("codeplane.agent")
@@ -91,8 +94,10 @@ class RunManager:
     """Every agent run of this server, by tenant. Built once by the server (`close()` at
     shutdown cancels what still runs)."""
 
-    def __init__(self, max_running_per_tenant: int, keep_finished: int = 100) -> None:
+    def __init__(self, max_running_per_tenant: int, keep_finished: int = 100,
+                 records: RunRecords | None = None) -> None:
         self.max_running, self.keep_finished = max_running_per_tenant, keep_finished
+        self.records = records
         self._runs: OrderedDict[str, Run] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -101,8 +106,12 @@ class RunManager:
         with self._lock:
             self._admit(tenant)
 
-    def _admit(self, tenant: str) -> None:
+    def _admit(self, tenant: str, claim: str | None = None) -> None:
+        """Check the cap; with `claim` (a run id) also record that run as running, in the
+        same step as the shared count when there are records."""
         running = sum(1 for r in self._runs.values() if r.tenant == tenant and not r.result)
+        if running < self.max_running and claim and self.records is not None:
+            running = self.records.claim(tenant, claim, self.max_running) or 0
         if running >= self.max_running:
             raise RunLimit(f"this tenant already has {running} agent runs running (the "
                            f"server allows {self.max_running}: serve.max_runs_per_tenant); "
@@ -113,15 +122,22 @@ class RunManager:
         of the tenant past `keep_finished` are forgotten, oldest first; running ones never."""
         run = Run(agent, tenant)
         with self._lock:
-            self._admit(tenant)
+            self._admit(tenant, claim=run.id)
             finished = [r for r in self._runs.values() if r.tenant == tenant and r.result]
             for old in finished[: max(0, len(finished) + 1 - self.keep_finished)]:
                 del self._runs[old.id]
             self._runs[run.id] = run
-        run.thread = threading.Thread(target=run.work, args=(task, model),
+        run.thread = threading.Thread(target=self._work, args=(run, task, model),
                                       name=f"agent-{run.id}", daemon=True)
         run.thread.start()
         return run
+
+    def _work(self, run: Run, task: str, model: ChatModel) -> None:
+        run.work(task, model)
+        if self.records is not None:
+            result = run.result
+            self.records.finish(run.id, result.status if result else "error",
+                                result.error if result else "ended without a result")
 
     def get(self, tenant: str, run_id: str) -> Run | None:
         """The run, if it exists and belongs to `tenant` (another tenant's run is missing)."""

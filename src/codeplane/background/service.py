@@ -130,9 +130,9 @@ class BackgroundService:
     any run a previous process left "running" is marked interrupted."""
 
     def __init__(self, server_dir: Path, runs: RunManager, fleet: Fleet,
-                 settings: Any = None) -> None:
+                 settings: Any = None, store: Store | None = None) -> None:
         self.root = server_dir / "background"
-        self.store = Store(self.root / "runs.db")
+        self.store = store or Store.open(self.root / "runs.db")
         self.runs, self.fleet, self.settings = runs, fleet, settings
         self.store.interrupt_unfinished()
         self._live: dict[str, Live] = {}

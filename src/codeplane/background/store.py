@@ -1,127 +1,156 @@
-"""The background agents' durable record: runs, their events and their results, in one small
-SQLite file under `server_dir`, so a restart loses nothing that was said.
+"""The background agents' durable record: runs, their events and their results, in the server
+database (`storage/`), so a restart loses nothing that was said and every replica can show
+any run.
 
-Every write is one transaction (`with self._db:` commits or rolls back). Events carry a per-run
-sequence number: it is the SSE event id, which is what makes `Last-Event-ID` resumption exact.
-Hand-written over the standard library's sqlite3 rather than an ORM: three tables, a handful
-of statements, and no new dependency.
+Every write is one transaction. Events carry a per-run sequence number: it is the SSE event
+id, which is what makes `Last-Event-ID` resumption exact. A run's checkout lives on the disk
+of the replica working on it (`owner`); if that replica dies (its lease in the database
+expires), whichever replica notices marks the run "interrupted" with a final event, so no run
+is ever left "running" by a process that no longer exists.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
-import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, repo TEXT NOT NULL, ref TEXT NOT NULL,
-    task TEXT NOT NULL, model TEXT NOT NULL, status TEXT NOT NULL, created REAL NOT NULL,
-    updated REAL NOT NULL, branch TEXT, commit_sha TEXT, patch TEXT, error TEXT
-);
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (run_id, seq)
-);
-CREATE INDEX IF NOT EXISTS runs_by_tenant ON runs (tenant, created);
-"""
-LIVE = ("queued", "running")  # statuses a run can only have while this process works on it
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.engine import Connection
+
+from codeplane.storage import Database, Replica
+from codeplane.storage.tables import background_events as EVENTS
+from codeplane.storage.tables import background_runs as RUNS
+
+log = logging.getLogger("codeplane.background")
+LIVE = ("queued", "running")  # statuses a run can only have while a live replica works on it
 FIELDS = ("id", "tenant", "repo", "ref", "task", "model", "status", "created", "updated",
           "branch", "commit_sha", "error")
+INTERRUPTED = "the server working on this run stopped before it ended"
 
 
 class Store:
-    """One connection shared by the server's threads, serialised by a lock (runs publish
-    events from their own threads; SQLite allows one writer at a time anyway)."""
+    """The runs of one server database; `replica` names the process that owns the runs it
+    creates (None: a store used outside a server, whose runs nobody else may own)."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.isolation_level = ""  # back to implicit transactions for `with self._db`
-        self._lock = threading.Lock()
-        with self._lock, self._db:
-            self._db.executescript(SCHEMA)
+    def __init__(self, db: Database, replica: Replica | None = None) -> None:
+        self.db, self.replica = db, replica
+        self._owns_db = False
+
+    @classmethod
+    def open(cls, path: Path) -> Store:
+        """A store of its own in the SQLite file `path` (tools and tests)."""
+        store = cls(Database(f"sqlite:///{path}"))
+        store.db.upgrade()
+        store._owns_db = True
+        return store
 
     def create(self, run: dict[str, Any]) -> None:
         now = time.time()
-        with self._lock, self._db:
-            self._db.execute(
-                "INSERT INTO runs (id, tenant, repo, ref, task, model, status, created, updated)"
-                " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
-                (run["id"], run["tenant"], run["repo"], run["ref"], run["task"], run["model"],
-                 now, now))
+        with self.db.write() as conn:
+            conn.execute(RUNS.insert().values(
+                id=run["id"], tenant=run["tenant"], repo=run["repo"], ref=run["ref"],
+                task=run["task"], model=run["model"], status="running", created=now,
+                updated=now, owner=self.replica.id if self.replica else None))
 
     def update(self, run_id: str, **values: Any) -> None:
         """Set columns of a run (status, branch, commit_sha, patch, error)."""
-        columns = ", ".join(f"{name} = ?" for name in values)
-        with self._lock, self._db:
-            self._db.execute(f"UPDATE runs SET {columns}, updated = ? WHERE id = ?",
-                             (*values.values(), time.time(), run_id))
+        with self.db.write() as conn:
+            conn.execute(update(RUNS).where(RUNS.c.id == run_id)
+                         .values(**values, updated=time.time()))
 
     def get(self, tenant: str, run_id: str) -> dict[str, Any] | None:
         """The run if it belongs to `tenant` (another tenant's run does not exist)."""
-        with self._lock:
-            row = self._db.execute(f"SELECT {', '.join(FIELDS)} FROM runs WHERE id = ? AND "
-                                   "tenant = ?", (run_id, tenant)).fetchone()
-        return dict(zip(FIELDS, row, strict=True)) if row else None
+        with self.db.read() as conn:
+            row = conn.execute(select(*(RUNS.c[f] for f in FIELDS)).where(
+                RUNS.c.id == run_id, RUNS.c.tenant == tenant)).first()
+        return dict(row._mapping) if row else None
 
     def list(self, tenant: str, limit: int = 100) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute(f"SELECT {', '.join(FIELDS)} FROM runs WHERE tenant = ? "
-                                    "ORDER BY created DESC LIMIT ?", (tenant, limit)).fetchall()
-        return [dict(zip(FIELDS, row, strict=True)) for row in rows]
+        with self.db.read() as conn:
+            rows = conn.execute(select(*(RUNS.c[f] for f in FIELDS)).where(
+                RUNS.c.tenant == tenant).order_by(RUNS.c.created.desc()).limit(limit)).all()
+        return [dict(row._mapping) for row in rows]
 
     def patch(self, run_id: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT patch FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return row[0] if row else None
+        with self.db.read() as conn:
+            return conn.scalar(select(RUNS.c.patch).where(RUNS.c.id == run_id))
 
     def append(self, run_id: str, event: dict[str, Any]) -> int:
         """Store an event as the run's next one; its sequence number (from 1)."""
-        body = json.dumps(event, default=str)
-        with self._lock, self._db:
-            (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE "
-                                       "run_id = ?", (run_id,)).fetchone()
-            self._db.execute("INSERT INTO events (run_id, seq, body) VALUES (?, ?, ?)",
-                             (run_id, last + 1, body))
-        return last + 1
+        with self.db.write() as conn:
+            return _append(conn, run_id, event)
 
     def events(self, run_id: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
         """The run's events with a sequence number above `after`, in order."""
-        with self._lock:
-            rows = self._db.execute("SELECT seq, body FROM events WHERE run_id = ? AND seq > ?"
-                                    " ORDER BY seq", (run_id, after)).fetchall()
+        with self.db.read() as conn:
+            rows = conn.execute(select(EVENTS.c.seq, EVENTS.c.body).where(
+                EVENTS.c.run_id == run_id, EVENTS.c.seq > after).order_by(EVENTS.c.seq)).all()
         return [(seq, json.loads(body)) for seq, body in rows]
 
     def delete(self, run_id: str) -> None:
         """Forget a run: its row and its events, in one transaction."""
-        with self._lock, self._db:
-            self._db.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
-            self._db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+        with self.db.write() as conn:
+            conn.execute(delete(EVENTS).where(EVENTS.c.run_id == run_id))
+            conn.execute(delete(RUNS).where(RUNS.c.id == run_id))
 
     def last(self, run_id: str) -> tuple[int, str]:
         """The run's newest event: (sequence number, type); (0, "") if it has none."""
-        with self._lock:
-            row = self._db.execute("SELECT seq, body FROM events WHERE run_id = ? ORDER BY seq "
-                                   "DESC LIMIT 1", (run_id,)).fetchone()
+        with self.db.read() as conn:
+            row = conn.execute(select(EVENTS.c.seq, EVENTS.c.body).where(
+                EVENTS.c.run_id == run_id).order_by(EVENTS.c.seq.desc()).limit(1)).first()
         return (row[0], json.loads(row[1])["type"]) if row else (0, "")
 
     def interrupt_unfinished(self) -> list[str]:
-        """At start-up: runs this process did not finish were cut by a crash or restart.
-        Each is marked "interrupted" with a final event, never left "running"."""
-        with self._lock:
-            ids = [r[0] for r in self._db.execute(
-                "SELECT id FROM runs WHERE status IN (?, ?)", LIVE).fetchall()]
+        """Runs still "running" whose owner is gone (killed, stopped, or a store without
+        replicas: every one) are marked "interrupted" with a final event. The status change is
+        conditional, so of several replicas noticing at once exactly one writes the event."""
+        orphaned = RUNS.c.status.in_(LIVE)
+        if self.replica is not None:
+            orphaned &= RUNS.c.owner.is_(None) | RUNS.c.owner.not_in(self.replica.live_ids())
+        with self.db.read() as conn:
+            ids = list(conn.scalars(select(RUNS.c.id).where(orphaned)))
+        done = []
         for run_id in ids:  # the status first: a watcher ends on the event after it
-            self.update(run_id, status="interrupted",
-                        error="the server stopped while this run was going")
-            self.append(run_id, {"type": "interrupted", "run_id": run_id,
-                                 "error": "the server stopped while this run was going"})
-        return ids
+            with self.db.write() as conn:
+                if conn.execute(update(RUNS).where(RUNS.c.id == run_id, orphaned).values(
+                        status="interrupted", error=INTERRUPTED, updated=time.time())).rowcount:
+                    _append(conn, run_id, {"type": "interrupted", "run_id": run_id,
+                                           "error": INTERRUPTED})
+                    done.append(run_id)
+        return done
+
+    def import_sqlite(self, path: Path) -> int:
+        """Copy a `runs.db` from before the server database into it once (then renamed
+        `*.imported`). Its runs have no owner, so `interrupt_unfinished` ends live ones."""
+        if not path.is_file():
+            return 0
+        with closing(sqlite3.connect(path)) as old:
+            runs = old.execute(f"SELECT {', '.join(FIELDS)}, patch FROM runs").fetchall()
+            events = old.execute("SELECT run_id, seq, body FROM events").fetchall()
+        with self.db.write() as conn:
+            if runs:
+                conn.execute(self.db.insert(RUNS).on_conflict_do_nothing(),
+                             [dict(zip((*FIELDS, "patch"), row, strict=True)) for row in runs])
+            if events:
+                conn.execute(self.db.insert(EVENTS).on_conflict_do_nothing(),
+                             [{"run_id": r, "seq": s, "body": b} for r, s, b in events])
+        path.replace(path.with_name(path.name + ".imported"))
+        log.info("imported %d background runs from %s into the database", len(runs), path)
+        return len(runs)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        if self._owns_db:
+            self.db.close()
+
+
+def _append(conn: Connection, run_id: str, event: dict[str, Any]) -> int:
+    last = conn.scalar(select(func.coalesce(func.max(EVENTS.c.seq), 0)).where(
+        EVENTS.c.run_id == run_id))
+    conn.execute(EVENTS.insert().values(run_id=run_id, seq=last + 1,
+                                        body=json.dumps(event, default=str)))
+    return last + 1

@@ -43,7 +43,7 @@ def create(
     config: ConfigOption = None,
 ) -> None:
     """Create a key. It is printed once; the server stores only its hash."""
-    store = KeyStore(settings(config).server_dir)
+    store = KeyStore.from_settings(settings(config))
     try:
         key, secret = store.create(name, rpm, tpm, budget_tokens, priority, tenant)
     except ValueError as exc:
@@ -59,7 +59,7 @@ def create(
 @keys_app.command("list")
 def list_(json_: JsonOption = False, config: ConfigOption = None) -> None:
     """List keys (hint, limits, tokens used); never the keys themselves."""
-    store = KeyStore(settings(config).server_dir)
+    store = KeyStore.from_settings(settings(config))
     rows = [{"id": k.id, "name": k.name, "tenant": k.tenant, "hint": k.hint + "...",
              "priority": k.priority,
              "rpm": k.rpm, "tpm": k.tpm, "budget_tokens": k.budget_tokens,
@@ -80,7 +80,7 @@ def revoke(name: Annotated[str, typer.Argument(help="Key name or id.")],
            config: ConfigOption = None) -> None:
     """Revoke a key; a running server refuses it within a second."""
     try:
-        key = KeyStore(settings(config).server_dir).revoke(name)
+        key = KeyStore.from_settings(settings(config)).revoke(name)
     except KeyError:
         fail(f"no active key named {name!r}")
     console.print(f"revoked {key.name} ({key.id})")

@@ -1,10 +1,19 @@
-"""Server-issued API keys, stored hashed in `$CODEPLANE_HOME/server/keys.json`.
+"""Server-issued API keys and their token usage, in the server database (`storage/`).
 
-Keys are 256-bit random tokens, so a plain SHA-256 is enough to make a stolen file useless
-(slow password hashes exist for guessable secrets). The CLI writes the file; a running server
-notices changes by mtime, so `codeplane keys create/revoke` take effect without a restart.
-Token usage (for `budget_tokens`) is kept apart in `key_usage.json`, written only by the
-server, so the CLI and the server never race on one file.
+Keys are 256-bit random tokens, so a plain SHA-256 is enough to make a stolen database useless
+(slow password hashes exist for guessable secrets). `codeplane keys create/revoke` write the
+database; every replica sees a new key at once (a lookup that misses its snapshot asks the
+database) and a revocation within a second (the snapshot is re-read at most once a second).
+
+Budgets and tokens-per-minute hold across replicas: a call reserves its likely cost with one
+conditional UPDATE of the key's usage row (`used + held + tokens <= budget`) and of its row for
+its token bucket (`level after refill >= n`), which the database applies
+atomically, so N replicas serving N concurrent calls can never each spend the same tokens. Each
+reservation is also a `key_holds` row naming its replica: the tokens a killed replica held are
+given back by whichever replica notices its lease expired (`release_dead`). Keys without a
+budget need no such check: their usage is summed in memory and written every 10 seconds.
+
+A `keys.json` (+ `key_usage.json`) from before the database is imported once and renamed.
 """
 
 from __future__ import annotations
@@ -12,21 +21,34 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import secrets
+import threading
 import time
-from dataclasses import asdict, dataclass
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from codeplane.config import ConfigError
+from sqlalchemy import case, delete, select, update
+from sqlalchemy.engine import Connection
+
+from codeplane.config import ConfigError, Settings
 from codeplane.gateway.config import PRIORITIES
+from codeplane.storage.database import Database, DatabaseError, Replica
+from codeplane.storage.tables import api_keys, key_holds, key_rate, key_usage
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Row
 
 log = logging.getLogger("codeplane.gateway")
 
 PREFIX = "cp-"
 # Tenants name what a key may see (workspaces, runs); compartments may use them in file names.
 TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SNAPSHOT_S = 1.0  # how stale a replica's view of revocations may be
+FLUSH_S = 10.0  # unbudgeted usage: a crash loses at most this much of it
 
 
 @dataclass
@@ -41,10 +63,14 @@ class ApiKey:
     budget_tokens: int | None = None
     priority: str = "agent"
     revoked: bool = False
-    tenant: str = ""  # empty in keys.json written before tenants: the key's own name
+    tenant: str = ""  # empty in a keys.json written before tenants: the key's own name
 
     def __post_init__(self) -> None:
         self.tenant = self.tenant or self.name
+
+    @classmethod
+    def from_row(cls, row: Row) -> ApiKey:
+        return cls(**{f.name: getattr(row, f.name) for f in fields(cls)})
 
 
 def digest(secret: str) -> str:
@@ -52,16 +78,23 @@ def digest(secret: str) -> str:
 
 
 class KeyStore:
-    def __init__(self, server_dir: Path) -> None:
-        self.file = server_dir / "keys.json"
-        self.usage_file = server_dir / "key_usage.json"
-        self._keys: dict[str, ApiKey] = {}  # by hash
-        self._mtime: float | None = None
-        self._checked = 0.0
-        self.usage: dict[str, int] = self._read(self.usage_file)
-        self.held: dict[str, int] = {}  # tokens reserved by calls in flight, by key id
-        self._dirty = False
+    """The keys of one server database. `replica` is set in a serving process (budget holds
+    name it); the CLI's store has none and never reserves."""
+
+    def __init__(self, db: Database, replica: Replica | None = None) -> None:
+        self.db, self.replica = db, replica
+        self._keys: dict[str, ApiKey] = {}  # by hash: this replica's snapshot
+        self._loaded = float("-inf")
+        self._lock = threading.Lock()
+        self._unflushed: dict[str, int] = {}  # unbudgeted usage not yet written, by key id
         self._flushed = time.monotonic()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, replica: Replica | None = None) -> KeyStore:
+        """The configured database's key store, with any legacy `keys.json` imported."""
+        store = cls(replica.db if replica else Database.from_settings(settings), replica)
+        store.import_json(settings.server_dir)
+        return store
 
     # -- CLI side ------------------------------------------------------------------------
 
@@ -76,122 +109,233 @@ class KeyStore:
         if not TENANT.match(tenant):
             raise ValueError(f"tenant {tenant!r} must be 1-64 letters, digits, '.', '_' or "
                              "'-', starting with a letter or digit")
-        if any(k.name == name and not k.revoked for k in self.all()):
-            raise ValueError(f"an active key named {name!r} exists; revoke it first")
         secret = PREFIX + secrets.token_urlsafe(32)
         key = ApiKey(id=secrets.token_hex(4), name=name, hash=digest(secret),
                      hint=secret[:7], created=time.time(), rpm=rpm, tpm=tpm,
                      budget_tokens=budget_tokens, priority=priority, tenant=tenant)
-        self._save([*self.all(), key])
+        with self.db.lock(f"keys:{name}"), self.db.write() as conn:
+            if conn.execute(select(api_keys.c.id).where(
+                    api_keys.c.name == name, api_keys.c.revoked.is_(False))).first():
+                raise ValueError(f"an active key named {name!r} exists; revoke it first")
+            _insert(conn, [key], {})
         return key, secret
 
     def revoke(self, name_or_id: str) -> ApiKey:
-        keys = self.all()
-        for key in keys:
-            if name_or_id in (key.name, key.id) and not key.revoked:
-                key.revoked = True
-                self._save(keys)
-                return key
-        raise KeyError(name_or_id)
+        with self.db.write() as conn:
+            row = conn.execute(select(api_keys).where(
+                (api_keys.c.name == name_or_id) | (api_keys.c.id == name_or_id),
+                api_keys.c.revoked.is_(False)).limit(1)).first()
+            if row is None:
+                raise KeyError(name_or_id)
+            conn.execute(update(api_keys).where(api_keys.c.id == row.id).values(revoked=True))
+        key = ApiKey.from_row(row)
+        key.revoked = True
+        return key
 
     def all(self) -> list[ApiKey]:
-        try:
-            return [ApiKey(**entry) for entry in self._read(self.file).get("keys", [])]
-        except (TypeError, AttributeError) as exc:
-            raise ConfigError(f"{self.file}: not a key list ({exc})") from None
+        with self.db.read() as conn:
+            rows = conn.execute(select(api_keys).order_by(api_keys.c.created)).all()
+        return [ApiKey.from_row(row) for row in rows]
 
     def active(self) -> list[ApiKey]:
         return [k for k in self.all() if not k.revoked]
 
-    def _save(self, keys: list[ApiKey]) -> None:
-        _write(self.file, {"keys": [asdict(k) for k in keys]})
+    def import_json(self, server_dir: Path) -> int:
+        """Move keys from a `keys.json` (and their usage from `key_usage.json`) into the
+        database once; the files are renamed `*.imported`. Returns how many keys came in."""
+        source = server_dir / "keys.json"
+        if not source.is_file():
+            return 0
+        usage_file = server_dir / "key_usage.json"
+        try:
+            data = json.loads(source.read_text())
+            usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
+        except ValueError as exc:  # refuse to start rather than lose keys silently
+            raise ConfigError(f"{source} is not valid JSON ({exc}); fix it or remove it") from None
+        try:
+            keys = [ApiKey(**entry) for entry in data["keys"]]
+        except (TypeError, KeyError) as exc:
+            raise ConfigError(f"{source}: not a key list ({exc}); fix it or remove it") from None
+        with self.db.lock("keys:import"), self.db.write() as conn:
+            added = _insert(conn, keys, usage)
+        for path in (source, usage_file):
+            if path.is_file():
+                path.replace(path.with_name(path.name + ".imported"))
+        log.info("imported %d API keys from %s into the database", added, source)
+        return added
 
     # -- server side ---------------------------------------------------------------------
 
     def lookup(self, secret: str) -> ApiKey | None:
-        self._reload()
-        key = self._keys.get(digest(secret))
-        return key if key and not key.revoked else None
+        """The active key with this secret. A key missing from the snapshot is looked up in
+        the database itself, so one created on another replica works at once. An unreadable
+        database refuses every key (fail closed), never a 500."""
+        return self._find(api_keys.c.hash, digest(secret))
 
     def has_active(self) -> bool:
-        """Any unrevoked key (cheap: re-reads the file at most once a second)."""
-        self._reload()
-        return any(not k.revoked for k in self._keys.values())
+        """Any unrevoked key (from the snapshot: at most one query a second); True when the
+        database cannot say, so nobody is let in anonymously for want of an answer."""
+        try:
+            return any(not k.revoked for k in self._snapshot().values())
+        except DatabaseError:
+            return True
 
     def by_id(self, key_id: str) -> ApiKey | None:
         """The active key with this id (the auth gate's principal names keys by id)."""
-        self._reload()
-        return next((k for k in self._keys.values() if k.id == key_id and not k.revoked), None)
+        return self._find(api_keys.c.id, key_id)
 
-    def _reload(self) -> None:
-        now = time.monotonic()
-        if now - self._checked < 1.0:  # stat at most once a second
-            return
-        self._checked = now
+    def _find(self, column, value: str) -> ApiKey | None:
         try:
-            mtime = self.file.stat().st_mtime
-        except FileNotFoundError:
-            mtime = None
-        if mtime != self._mtime:
-            self._mtime = mtime
-            try:
+            key = next((k for k in self._snapshot().values()
+                        if getattr(k, column.name) == value), None)
+            if key is None:
+                with self.db.read() as conn:
+                    row = conn.execute(select(api_keys).where(column == value)).first()
+                key = ApiKey.from_row(row) if row else None
+        except DatabaseError as exc:
+            log.error("API keys unreadable, every key is refused: %s", exc)
+            return None
+        return key if key and not key.revoked else None
+
+    def _snapshot(self) -> dict[str, ApiKey]:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._loaded >= SNAPSHOT_S:
                 self._keys = {k.hash: k for k in self.all()}
-            except ConfigError as exc:  # hand-edited and broken: fail closed, keep serving
-                log.error("%s; every API key is refused until it is fixed", exc)
-                self._keys = {}
+                self._loaded = now
+            return self._keys
 
     def used(self, key: ApiKey) -> int:
-        return self.usage.get(key.id, 0)
+        with self.db.read() as conn:
+            used = conn.scalar(select(key_usage.c.used).where(key_usage.c.key_id == key.id))
+        return (used or 0) + self._unflushed.get(key.id, 0)
+
+    def held(self, key: ApiKey) -> int:
+        """Tokens reserved by calls in flight on every replica."""
+        with self.db.read() as conn:
+            return conn.scalar(select(key_usage.c.held).where(
+                key_usage.c.key_id == key.id)) or 0
 
     def reserve(self, key: ApiKey, tokens: int) -> bool:
         """Hold `tokens` of the key's budget for a call about to start; False (nothing held)
-        if used + held + tokens would pass the budget. Holding before the call is what stops
-        N concurrent requests from each seeing the same unspent budget."""
-        if key.budget_tokens is not None and (
-                self.used(key) + self.held.get(key.id, 0) + tokens > key.budget_tokens):
-            return False
-        self.held[key.id] = self.held.get(key.id, 0) + tokens
-        return True
+        if used + held + tokens would pass the budget. One conditional UPDATE: the database
+        decides, so concurrent calls on any number of replicas cannot overspend."""
+        if key.budget_tokens is None:
+            return True
+        with self.db.write() as conn:
+            won = conn.execute(update(key_usage).where(
+                key_usage.c.key_id == key.id,
+                key_usage.c.used + key_usage.c.held + tokens <= key.budget_tokens,
+            ).values(held=key_usage.c.held + tokens)).rowcount == 1
+            if won:
+                conn.execute(key_holds.insert().values(
+                    id=uuid.uuid4().hex, key_id=key.id, tokens=tokens, replica=self._replica_id))
+        return won
+
+    def take_rate(self, key: ApiKey, tokens: int, now: float | None = None) -> float:
+        """Take `tokens` from the key's tokens-per-minute bucket: 0.0 if taken, else the
+        seconds until they will be there (nothing taken). The refill and the spend are one
+        conditional UPDATE, so replicas share one bucket exactly (`admission.TokenBucket`'s
+        rules: a minute's worth of burst, an overdrawn bucket refuses until refilled)."""
+        if not key.tpm:
+            return 0.0
+        now = time.time() if now is None else now
+        need = float(min(tokens, key.tpm)) if tokens > 0 else 1e-9
+        level = _refilled(key.tpm, now)
+        with self.db.write() as conn:
+            conn.execute(self.db.insert(key_rate).values(
+                key_id=key.id, level=float(key.tpm), updated=now).on_conflict_do_nothing())
+            if conn.execute(update(key_rate).where(key_rate.c.key_id == key.id, level >= need)
+                            .values(level=level - tokens, updated=now)).rowcount == 1:
+                return 0.0
+            have = conn.scalar(select(level).where(key_rate.c.key_id == key.id))
+        return (need - have) * 60 / key.tpm
+
+    def adjust_rate(self, key: ApiKey, tokens: int, now: float | None = None) -> None:
+        """Spend `tokens` more of the bucket (negative: give back what a call that did not
+        run, or used less than it took, held), never above a minute's worth."""
+        if key.tpm and tokens:
+            now = time.time() if now is None else now
+            with self.db.write() as conn:
+                conn.execute(update(key_rate).where(key_rate.c.key_id == key.id).values(
+                    level=_capped(_refilled(key.tpm, now) - tokens, key.tpm), updated=now))
 
     def settle(self, key: ApiKey, held: int, used: int) -> None:
-        """Replace a reservation by what the call really used."""
-        left = self.held.get(key.id, 0) - held
-        if left > 0:
-            self.held[key.id] = left
-        else:
-            self.held.pop(key.id, None)
-        self.charge(key, used)
+        """Replace a reservation by what the call really used (budget and this minute)."""
+        self.adjust_rate(key, used - held)
+        if key.budget_tokens is None:
+            self.charge(key, used)
+            return
+        with self.db.write() as conn:
+            hold = conn.execute(select(key_holds.c.id).where(
+                key_holds.c.key_id == key.id, key_holds.c.replica == self._replica_id,
+                key_holds.c.tokens == held).limit(1)).scalar()
+            released = hold is not None and conn.execute(
+                delete(key_holds).where(key_holds.c.id == hold)).rowcount == 1
+            conn.execute(update(key_usage).where(key_usage.c.key_id == key.id).values(
+                held=key_usage.c.held - (held if released else 0),
+                used=key_usage.c.used + used))
 
     def charge(self, key: ApiKey, tokens: int) -> None:
+        """Count tokens of an unbudgeted key; written with the next flush."""
         if tokens:
-            self.usage[key.id] = self.usage.get(key.id, 0) + tokens
-            self._dirty = True
-            if time.monotonic() - self._flushed > 10:  # a crash loses at most 10 s of usage
+            with self._lock:
+                self._unflushed[key.id] = self._unflushed.get(key.id, 0) + tokens
+            if time.monotonic() - self._flushed > FLUSH_S:
                 self.flush()
 
     def flush(self) -> None:
-        if self._dirty:
-            self._dirty = False
+        with self._lock:
+            pending, self._unflushed = self._unflushed, {}
             self._flushed = time.monotonic()
-            _write(self.usage_file, self.usage)
+        if pending:
+            with self.db.write() as conn:
+                for key_id, tokens in pending.items():
+                    conn.execute(update(key_usage).where(key_usage.c.key_id == key_id)
+                                 .values(used=key_usage.c.used + tokens))
 
-    @staticmethod
-    def _read(path: Path) -> dict:
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
-        except ValueError as exc:
-            raise ConfigError(f"{path} is not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} does not hold a JSON object")
-        return data
+    def release_dead(self) -> int:
+        """Give back the budget tokens held by replicas whose lease expired (their calls died
+        with them); each hold is released once, whoever runs this. Returns how many."""
+        if self.replica is None:
+            return 0
+        with self.db.read() as conn:
+            holds = conn.execute(select(key_holds).where(
+                key_holds.c.replica.not_in(self.replica.live_ids()))).all()
+        released = 0
+        for hold in holds:
+            with self.db.write() as conn:
+                if conn.execute(delete(key_holds).where(key_holds.c.id == hold.id)).rowcount:
+                    conn.execute(update(key_usage).where(key_usage.c.key_id == hold.key_id)
+                                 .values(held=key_usage.c.held - hold.tokens))
+                    released += 1
+        return released
+
+    @property
+    def _replica_id(self) -> str:
+        return self.replica.id if self.replica else "cli"
 
 
-def _write(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-    tmp.replace(path)
+def _refilled(tpm: int, now: float):
+    """The bucket's level at `now`, as a SQL expression over its row."""
+    return _capped(key_rate.c.level + (now - key_rate.c.updated) * (tpm / 60.0), tpm)
+
+
+def _capped(level, tpm: int):
+    return case((level > float(tpm), float(tpm)), else_=level)
+
+
+def _insert(conn: Connection, keys: Iterable[ApiKey], usage: dict[str, int]) -> int:
+    """Add keys (and their usage rows) that are not stored yet; returns how many were new."""
+    added = 0
+    for key in keys:
+        exists = conn.execute(select(api_keys.c.id).where(
+            (api_keys.c.id == key.id) | (api_keys.c.hash == key.hash))).first()
+        if exists:
+            continue
+        conn.execute(api_keys.insert().values(
+            **{f.name: getattr(key, f.name) for f in fields(ApiKey)}))
+        conn.execute(key_usage.insert().values(key_id=key.id, used=int(usage.get(key.id, 0)),
+                                               held=0))
+        added += 1
+    return added

@@ -110,7 +110,7 @@ class Gateway:
             self._add_local(EMBEDDER)
         self._check_fallbacks()
         self.metrics = GatewayMetrics(metrics.registry, self.deployments)
-        self.keys = keys or KeyStore(settings.server_dir)
+        self.keys = keys or KeyStore.from_settings(settings)
         self.ip_rpm: dict[str, TokenBucket] = {}
         self.ip_tpm: dict[str, TokenBucket] = {}
         self._pruned = time.monotonic()
@@ -184,21 +184,23 @@ class Gateway:
 
     def _reserve(self, call: Call, client: Client) -> None:
         """Hold the call's most likely cost (prompt estimate + max_tokens) against the key's
-        budget and the tokens-per-minute buckets before it starts; `_settle` swaps in the real
-        count. Runs on the event loop with no await, so concurrent calls queue up here and
-        N of them can never each spend the same remaining budget."""
+        budget, its tokens-per-minute (both in the database: they hold across replicas) and
+        the per-IP bucket before it starts; `_settle` swaps in the real count. Runs on the
+        event loop with no await, so concurrent calls queue up here and N of them can never
+        each spend the same remaining budget."""
         tokens = estimate_tokens(call)
         key, gw = client.key, self.cfg.gateway
         buckets = [(self._bucket(self.ip_tpm, client.ip, gw.ip_tpm),
                     f"client {client.ip} is over {gw.ip_tpm} tokens/min")]
-        if key is not None:
-            buckets.insert(0, (self._bucket(self.ip_tpm, f"k:{key.id}", key.tpm),
-                               f"key {key.name!r} is over {key.tpm} tokens/min"))
         for bucket, message in buckets:
             if bucket is not None and (wait := bucket.wait_s(tokens)) > 0:
                 self.metrics.shed.labels(client.priority, "rate_limit").inc()
                 raise Shed(message, wait)
+        if key is not None and (wait := self.keys.take_rate(key, tokens)) > 0:
+            self.metrics.shed.labels(client.priority, "rate_limit").inc()
+            raise Shed(f"key {key.name!r} is over {key.tpm} tokens/min", wait)
         if key is not None and not self.keys.reserve(key, tokens):
+            self.keys.adjust_rate(key, -tokens)
             raise Shed(f"key {key.name!r} has {key.budget_tokens - self.keys.used(key)} of its "
                        f"{key.budget_tokens} budget tokens left (some may be held by calls in "
                        f"flight); this call may need {tokens}", 0, code="budget_exhausted",
@@ -215,10 +217,9 @@ class Gateway:
             return
         if client.key is not None:
             self.keys.settle(client.key, held, used)
-        for name in ([f"k:{client.key.id}"] if client.key else []) + [client.ip]:
-            bucket = self.ip_tpm.get(name)
-            if bucket:
-                bucket.take(used - held)
+        bucket = self.ip_tpm.get(client.ip)
+        if bucket:
+            bucket.take(used - held)
 
     def _check(self, bucket: TokenBucket | None, cost: int, message: str,
                client: Client) -> None:

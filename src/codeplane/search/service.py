@@ -1,10 +1,16 @@
 """Server side of private search: per-workspace vector namespaces that hold no source code.
 
-What the server persists (all under `$CODEPLANE_HOME/server/search/`, or an `s3://` LanceDB URI):
-- LanceDB table `ws_<sid>`: rotated vector, encrypted path, line range, HMAC'd chunk id; `sid`
-  is derived from (tenant, workspace id), so tenants never share a table.
-- `meta.sqlite`: (tenant, workspace) -> storage id and key verifier, the Merkle nodes (encrypted
-  path, HMAC hash) and the embedding cache ((tenant, key) scope, HMAC(chunk) -> rotated vector).
+What the server persists:
+- LanceDB table `ws_<sid>` under the object store's `search/lancedb/` (a local directory or
+  `s3://bucket/prefix/search/lancedb`): rotated vector, encrypted path, line range, HMAC'd chunk
+  id; `sid` is derived from (tenant, workspace id), so tenants never share a table.
+- In the server database (`storage/tables.py`): (tenant, workspace) -> storage id and key
+  verifier, the Merkle nodes (encrypted path, HMAC hash) and the embedding cache ((tenant, key)
+  scope, HMAC(chunk) -> rotated vector).
+
+Replicas share both. Writes to one workspace's table hold the database lock `search:<sid>`
+(across replicas), so two uploads of the same file never interleave their delete and add: a
+re-sent upload (after a replica died mid-way) replaces the rows, never duplicates them.
 
 Server-side embedding: chunk text arrives only in upload requests, is embedded, and is dropped.
 Vectors are stored multiplied by an orthogonal matrix derived from the client's server key
@@ -22,18 +28,24 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, closing
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from sqlalchemy import delete, func, select
 
 from codeplane.config import Settings
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.models.embed import Embedder, embedder_from_config, rotation
 from codeplane.search.schemas import UploadChunk, UploadFile
+from codeplane.storage import Database, ObjectStore
+from codeplane.storage.tables import search_cache as CACHE
+from codeplane.storage.tables import search_nodes as NODES
+from codeplane.storage.tables import search_workspaces as WORKSPACES
 
 log = logging.getLogger("codeplane.search")
 DEFAULT_ANN_MIN_ROWS = 20_000
@@ -114,12 +126,11 @@ class SearchService:
     Every method takes the caller's tenant first: a workspace is found only inside its tenant,
     so another tenant's workspace is "not found" (404) whatever key is presented."""
 
-    def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings, embedder: Embedder | None = None,
+                 sql: Database | None = None, store: ObjectStore | None = None) -> None:
         import lancedb
 
         cfg = settings.indexing
-        root = settings.server_dir / "search"
-        root.mkdir(parents=True, exist_ok=True)
         self.config = cfg
         self._embedder = embedder
         self.ann_min_rows = int(cfg.get("ann_min_rows", DEFAULT_ANN_MIN_ROWS))
@@ -127,12 +138,16 @@ class SearchService:
         self._embed_slots = threading.BoundedSemaphore(
             int(cfg.get("embed_concurrency", DEFAULT_EMBED_CONCURRENCY)))
         self._embed_wait = float(cfg.get("embed_wait", DEFAULT_EMBED_WAIT))
-        self.db = lancedb.connect(str(cfg.get("lancedb_uri") or root / "lancedb"))
-        self.meta = sqlite3.connect(root / "meta.sqlite", check_same_thread=False,
-                                    isolation_level=None)
-        _migrate(self.meta)
-        self._lock = threading.RLock()  # sqlite connection + table handles
-        self._ws_locks: dict[str, threading.Lock] = {}
+        self._owns_sql = sql is None
+        self.sql = sql or Database.from_settings(settings)
+        store = store or ObjectStore.from_settings(settings)
+        legacy = settings.server_dir / "search"
+        _import_legacy(legacy / "meta.sqlite", self.sql)
+        uri = cfg.get("lancedb_uri") or _lance_uri(store, legacy / "lancedb")
+        # Interval 0: every read sees what other replicas committed (a table handle is cached).
+        self.db = lancedb.connect(str(uri), read_consistency_interval=timedelta(0),
+                                  storage_options=store.storage_options or None)
+        self._lock = threading.RLock()  # table handles and the rotation cache
         self._rotations: OrderedDict[str, np.ndarray] = OrderedDict()
         self._tables: dict[str, object] = {}
         self._indexer = ThreadPoolExecutor(1, thread_name_prefix="ann-index")
@@ -144,37 +159,24 @@ class SearchService:
             self._embedder = embedder_from_config(self.config)
         return self._embedder
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One SQLite transaction that always ends: committed, or rolled back on any error
-        (the connection is shared by every request; one left open blocks all later writes)."""
-        with self._lock:
-            self.meta.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.meta
-                self.meta.execute("COMMIT")
-            except BaseException:
-                if self.meta.in_transaction:
-                    self.meta.execute("ROLLBACK")
-                raise
-
     # -- workspaces --------------------------------------------------------------------------
     def open_workspace(self, tenant: str, ws: str, server_key: str) -> dict:
         """Create the tenant's workspace bound to this key, or check the key of an existing one."""
-        kid = key_id(server_key)
-        with self._tx() as db:
-            row = db.execute("SELECT key_id FROM workspaces WHERE tenant=? AND ws=?",
-                             (tenant, ws)).fetchone()
+        kid, model = key_id(server_key), self.embedder.name  # loads it outside the lock
+        # The tenant's lock: the quota count and the insert are one step on every replica.
+        with self.sql.lock(f"search-tenant:{tenant}"), self.sql.write() as db:
+            row = db.execute(select(WORKSPACES.c.key_id).where(
+                WORKSPACES.c.tenant == tenant, WORKSPACES.c.ws == ws)).first()
             if row is None:
-                (count,) = db.execute("SELECT count(*) FROM workspaces WHERE tenant=?",
-                                      (tenant,)).fetchone()
+                count = db.scalar(select(func.count()).select_from(WORKSPACES).where(
+                    WORKSPACES.c.tenant == tenant))
                 if count >= self.max_workspaces:
                     raise QuotaExceeded(
                         f"this tenant already has {count} workspaces, the limit "
                         f"(indexing.max_workspaces_per_tenant); delete one first")
-                db.execute("INSERT INTO workspaces VALUES (?,?,?,?,?,?)",
-                           (tenant, ws, storage_id(tenant, ws), kid, self.embedder.name,
-                            time.time()))
+                db.execute(WORKSPACES.insert().values(
+                    tenant=tenant, ws=ws, sid=storage_id(tenant, ws), key_id=kid,
+                    model=model, created=time.time()))
             elif row[0] != kid:
                 raise Forbidden("this key does not open that workspace")
         return self.status(tenant, ws, server_key)
@@ -188,15 +190,16 @@ class SearchService:
                 self._tables.pop(name, None)
                 if name in self.db.list_tables().tables:
                     self.db.drop_table(name)
-            with self._tx() as db:
-                db.execute("DELETE FROM nodes WHERE ws=?", (space.sid,))
-                db.execute("DELETE FROM workspaces WHERE tenant=? AND ws=?", (tenant, ws))
+            with self.sql.write() as db:
+                db.execute(delete(NODES).where(NODES.c.ws == space.sid))
+                db.execute(delete(WORKSPACES).where(WORKSPACES.c.tenant == tenant,
+                                                    WORKSPACES.c.ws == ws))
         return {"workspace": ws, "deleted": True}
 
     def _auth(self, tenant: str, ws: str, server_key: str) -> Workspace:
-        with self._lock:
-            row = self.meta.execute("SELECT sid, key_id FROM workspaces WHERE tenant=? AND ws=?",
-                                    (tenant, ws)).fetchone()
+        with self.sql.read() as db:
+            row = db.execute(select(WORKSPACES.c.sid, WORKSPACES.c.key_id).where(
+                WORKSPACES.c.tenant == tenant, WORKSPACES.c.ws == ws)).first()
         if row is None:
             raise NotFound(f"workspace {ws} is not indexed on this server")
         if row[1] != key_id(server_key):
@@ -218,12 +221,12 @@ class SearchService:
         """Each requested node's hash and its children's (name -> [hash, is_dir])."""
         sid = self._auth(tenant, ws, server_key).sid
         out = {}
-        with self._lock:
+        with self.sql.read() as db:
             for path in paths:
-                own = self.meta.execute("SELECT hash FROM nodes WHERE ws=? AND path=?",
-                                        (sid, path)).fetchone()
-                kids = self.meta.execute(
-                    "SELECT path, hash, is_dir FROM nodes WHERE ws=? AND parent=?", (sid, path))
+                own = db.execute(select(NODES.c.hash).where(
+                    NODES.c.ws == sid, NODES.c.path == path)).first()
+                kids = db.execute(select(NODES.c.path, NODES.c.hash, NODES.c.is_dir).where(
+                    NODES.c.ws == sid, NODES.c.parent == path))
                 out[path] = {"hash": own[0] if own else None,
                              "children": {p.rsplit("/", 1)[-1]: [h, bool(d)] for p, h, d in kids}}
         return out
@@ -231,9 +234,10 @@ class SearchService:
     def commit(self, tenant: str, ws: str, server_key: str, nodes: list) -> int:
         """Record directory hashes once everything under them is stored."""
         sid = self._auth(tenant, ws, server_key).sid
-        with self._tx() as db:
-            db.executemany("INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,1)",
-                           [(sid, n.path, _parent(n.path), n.hash) for n in nodes])
+        if nodes:
+            with self.sql.write() as db:
+                db.execute(self._upsert_nodes(),
+                           [_node(sid, n.path, n.hash, True) for n in nodes])
         return len(nodes)
 
     def delete(self, tenant: str, ws: str, server_key: str, paths: list[str]) -> int:
@@ -246,11 +250,11 @@ class SearchService:
             for batch in _batched(paths, 200):
                 if table is not None:
                     table.delete(_path_filter(batch))
-                with self._tx() as db:
+                with self.sql.write() as db:
                     for path in batch:
-                        db.execute(
-                            "DELETE FROM nodes WHERE ws=? AND (path=? OR substr(path,1,?)=?)",
-                            (sid, path, len(path) + 1, path + "/"))
+                        db.execute(delete(NODES).where(NODES.c.ws == sid, (
+                            NODES.c.path == path) | (
+                            func.substr(NODES.c.path, 1, len(path) + 1) == path + "/")))
         return len(paths)
 
     # -- upload ----------------------------------------------------------------------------
@@ -279,22 +283,22 @@ class SearchService:
             # Ancestors appear as placeholder directories (hash "" never matches), so a later
             # sync descends to these leaves even if this one dies before its commit.
             ancestors = {a for f in files for a in _ancestors(f.path)}
-            with self._tx() as db:
-                db.executemany("INSERT OR IGNORE INTO nodes VALUES (?,?,?,'',1)",
-                               [(space.sid, a, _parent(a)) for a in ancestors])
-                db.executemany("INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,0)",
-                               [(space.sid, f.path, _parent(f.path), f.leaf) for f in files])
+            with self.sql.write() as db:
+                if ancestors:
+                    db.execute(self.sql.insert(NODES).on_conflict_do_nothing(),
+                               [_node(space.sid, a, "", True) for a in ancestors])
+                if files:
+                    db.execute(self._upsert_nodes(),
+                               [_node(space.sid, f.path, f.leaf, False) for f in files])
         self._maybe_build_ann(space.sid)
         return {"embedded": embedded, "reused": len(rows) - embedded, "stored": len(rows)}
 
     def _cached(self, scope: str, keys: list[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
-        with self._lock:
+        with self.sql.read() as db:
             for batch in _batched(list(dict.fromkeys(keys)), 500):
-                marks = ",".join("?" * len(batch))
-                for k, blob in self.meta.execute(
-                        f"SELECT ckey, vector FROM cache WHERE key_id=? AND ckey IN ({marks})",
-                        (scope, *batch)):
+                for k, blob in db.execute(select(CACHE.c.ckey, CACHE.c.vector).where(
+                        CACHE.c.scope == scope, CACHE.c.ckey.in_(batch))):
                     out[k] = np.frombuffer(blob, dtype=np.float32)
         return out
 
@@ -315,9 +319,13 @@ class SearchService:
             embedded = self._embed(list(texts.values())) @ self._rotation(server_key).T
             fresh.update(zip(texts, embedded.astype(np.float32)))
         if fresh:
-            with self._tx() as db:
-                db.executemany("INSERT OR REPLACE INTO cache VALUES (?,?,?)",
-                               [(scope, k, v.tobytes()) for k, v in fresh.items()])
+            insert = self.sql.insert(CACHE)
+            with self.sql.write() as db:
+                db.execute(insert.on_conflict_do_update(
+                    index_elements=[CACHE.c.scope, CACHE.c.ckey],
+                    set_={"vector": insert.excluded.vector}),
+                    [{"scope": scope, "ckey": k, "vector": v.tobytes()}
+                     for k, v in fresh.items()])
         out.update(fresh)
         return out, len(fresh)
 
@@ -380,9 +388,16 @@ class SearchService:
                 "ann_index": bool(table is not None and self._has_ann(table))}
 
     # -- storage helpers -------------------------------------------------------------------
-    def _ws_lock(self, sid: str) -> threading.Lock:
-        with self._lock:
-            return self._ws_locks.setdefault(sid, threading.Lock())
+    def _ws_lock(self, sid: str) -> AbstractContextManager[None]:
+        """The workspace's vector table, exclusively, across every replica."""
+        return self.sql.lock(f"search:{sid}")
+
+    def _upsert_nodes(self):
+        insert = self.sql.insert(NODES)
+        return insert.on_conflict_do_update(
+            index_elements=[NODES.c.ws, NODES.c.path],
+            set_={"parent": insert.excluded.parent, "hash": insert.excluded.hash,
+                  "is_dir": insert.excluded.is_dir})
 
     def _table(self, sid: str, create: bool):
         name = f"ws_{sid}"
@@ -430,7 +445,43 @@ class SearchService:
 
     def close(self) -> None:
         self._indexer.shutdown(wait=True)
-        self.meta.close()
+        if self._owns_sql:
+            self.sql.close()
+
+
+def _node(sid: str, path: str, hash_: str, is_dir: bool) -> dict:
+    return {"ws": sid, "path": path, "parent": _parent(path), "hash": hash_, "is_dir": is_dir}
+
+
+def _lance_uri(store: ObjectStore, legacy: Path) -> str:
+    """LanceDB's home under the object store; a local store first adopts the directory an
+    older version kept under `server/search/lancedb` (one rename, nothing re-embedded)."""
+    uri = store.uri("search/lancedb")
+    if "://" not in uri and legacy.is_dir() and not Path(uri).exists():
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        legacy.replace(uri)
+    return uri
+
+
+def _import_legacy(path: Path, sql: Database) -> None:
+    """Copy a `meta.sqlite` from before the server database into it once (then renamed
+    `*.imported`), so workspaces, Merkle nodes and cached vectors survive the upgrade."""
+    if not path.is_file():
+        return
+    with closing(sqlite3.connect(path, isolation_level=None)) as old:
+        _migrate(old)
+        workspaces = old.execute("SELECT tenant, ws, sid, key_id, model, created "
+                                 "FROM workspaces").fetchall()
+        nodes = old.execute("SELECT ws, path, parent, hash, is_dir FROM nodes").fetchall()
+        cache = old.execute("SELECT key_id, ckey, vector FROM cache").fetchall()
+    with sql.write() as db:
+        for table, rows in ((WORKSPACES, workspaces), (NODES, nodes), (CACHE, cache)):
+            names = [c.name for c in table.columns]
+            for batch in _batched(rows, 500):
+                db.execute(sql.insert(table).on_conflict_do_nothing(),
+                           [dict(zip(names, row, strict=True)) for row in batch])
+    path.replace(path.with_name(path.name + ".imported"))
+    log.info("imported %d search workspaces from %s into the database", len(workspaces), path)
 
 
 SCHEMA = """
@@ -445,8 +496,9 @@ CREATE TABLE IF NOT EXISTS cache (key_id TEXT, ckey TEXT, vector BLOB, PRIMARY K
 
 
 def _migrate(db: sqlite3.Connection) -> None:
-    """Create the schema; a store from before tenants keeps its workspaces under the loopback
-    tenant, with their old table names (`sid` = workspace id), so nothing is re-embedded."""
+    """Bring a legacy `meta.sqlite` to its last schema before import; a store from before
+    tenants keeps its workspaces under the loopback tenant, with their old table names (`sid` =
+    workspace id), so nothing is re-embedded."""
     columns = [row[1] for row in db.execute("PRAGMA table_info(workspaces)")]
     if columns and "tenant" not in columns:
         db.executescript(

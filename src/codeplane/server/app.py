@@ -86,8 +86,9 @@ def serve(settings: Settings, host: str, port: int, log_level: str = "info") -> 
 
     settings = settings.model_copy(update={"serve": settings.serve.model_copy(
         update={"host": host, "port": port})})  # the gate decides "loopback" by the real bind
-    check_exposure(settings.serve, host, gwconfig.load(settings).gateway.auth,
-                   KeyStore(settings.server_dir))
+    keys = KeyStore.from_settings(settings)
+    check_exposure(settings.serve, host, gwconfig.load(settings).gateway.auth, keys)
+    keys.db.close()
     app = create_app(settings)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from codeplane.agent.records import RunRecords
 from codeplane.agent.runs import RunManager
 from codeplane.background.service import BackgroundService
+from codeplane.background.store import Store
 from codeplane.config import ConfigError, Settings
 from codeplane.core.metrics import Metrics
 from codeplane.events.log import EventLog
@@ -24,7 +26,7 @@ from codeplane.gateway.keys import KeyStore
 from codeplane.gateway.router import Gateway
 from codeplane.models.engine import Engine
 from codeplane.sandbox.fleet import Fleet, FleetSettings
-from codeplane.storage import ObjectStore, StorageError
+from codeplane.storage import Database, ObjectStore, Replica, StorageError
 from codeplane.tab.service import TabService, TabSettings
 
 if TYPE_CHECKING:
@@ -45,6 +47,9 @@ class Services:
     events: EventLog  # the event lake: usage, apply outcomes, agent steps (no source code)
     background: BackgroundService  # background agents: durable runs in pooled sandboxes
     fleet: Fleet  # sandboxes: copy-on-write workspaces, warm pools, reaped after a crash
+    db: Database  # every durable row (keys, usage, search metadata, runs), shared by replicas
+    replica: Replica  # this process's lease in `db`; sweeps take over what dead ones left
+    store: ObjectStore  # the event lake and LanceDB tables
     owns_engine: bool = True  # a shared engine (tests, embedding callers) outlives the app
     _search: SearchService | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -58,12 +63,13 @@ class Services:
             if self._search is None:
                 from codeplane.search.service import SearchService
 
-                self._search = SearchService(self.settings)
+                self._search = SearchService(self.settings, sql=self.db, store=self.store)
             return self._search
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.background.close)  # before runs: each records its end
         await asyncio.to_thread(self.runs.close)  # cancels runs still going: each ends
+        await asyncio.to_thread(self.replica.close)  # after the runs recorded their end
         await asyncio.to_thread(self.fleet.close)
         await self.gateway.aclose()
         try:
@@ -74,6 +80,7 @@ class Services:
             if self._search is not None:
                 self._search.close()
                 self._search = None
+        self.db.close()
         if self.owns_engine:
             self.engine.close()
 
@@ -83,8 +90,6 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     section raises ConfigError here, before the server takes traffic."""
     owns_engine = engine is None
     engine = engine or Engine(settings)
-    metrics = Metrics()
-    keys = KeyStore(settings.server_dir)
     try:
         tab = TabService(engine, TabSettings(**settings.tab))
     except ValidationError as exc:
@@ -98,11 +103,23 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
         fleet_settings = FleetSettings(**settings.fleet)
     except ValidationError as exc:
         raise ConfigError(f"invalid [fleet] settings: {exc}") from None
-    events = EventLog(store)
-    runs = RunManager(settings.serve.max_runs_per_tenant)
+    db = Database.from_settings(settings)  # migrations run here, before any traffic
+    replica = Replica(db, settings.storage.lease_seconds)
+    keys = KeyStore.from_settings(settings, replica)
+    metrics, events = Metrics(), EventLog(store)
+    records = RunRecords(db, replica)
     fleet = Fleet(settings.server_dir, fleet_settings, settings.serve.repo_urls)
+    runs = RunManager(settings.serve.max_runs_per_tenant, records=records)
+    background_store = Store(db, replica)
+    background_store.import_sqlite(settings.server_dir / "background" / "runs.db")
+    replica.sweeps += [keys.release_dead, background_store.interrupt_unfinished,
+                       records.interrupt_orphans]
+    replica.beat()  # the first sweep: what replicas that died before this start left
+    replica.start()
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
                     gateway=Gateway(settings, engine, metrics, keys=keys, events=events),
                     tab=tab, runs=runs, events=events,
-                    background=BackgroundService(settings.server_dir, runs, fleet, settings),
-                    fleet=fleet, owns_engine=owns_engine)
+                    background=BackgroundService(settings.server_dir, runs, fleet, settings,
+                                                 store=background_store),
+                    fleet=fleet, db=db, replica=replica,
+                    store=store, owns_engine=owns_engine)
