@@ -118,6 +118,8 @@ class Gateway:
     # -- set-up --------------------------------------------------------------------------
 
     def _add(self, dep: DeploymentConfig, dep_id: str, timeouts: bool = True) -> None:
+        if dep.provider in ("openai", "anthropic"):
+            dep = per_worker(dep, self.settings.serve.workers)
         if dep.provider == "openai":
             provider = OpenAIProvider(dep)
         elif dep.provider == "anthropic":
@@ -427,6 +429,17 @@ class Gateway:
                             "deployments": [d.status(now) for d in g.deployments]}
                            for g in self.groups.values()],
                 "fallbacks": self.cfg.router.fallbacks}
+
+
+def per_worker(dep: DeploymentConfig, workers: int) -> DeploymentConfig:
+    """A remote deployment's share of its limits in one of `workers` server processes: the
+    upstream sees all of them at once, so its max_parallel, rpm and tpm are split (rounded
+    up: a limit never drops to zero). Local models need no split: each process has its own."""
+    if workers == 1:
+        return dep
+    split = {f: -(-value // workers) for f in ("max_parallel", "rpm", "tpm")
+             if (value := getattr(dep, f))}
+    return dep.model_copy(update=split)
 
 
 def _total(usage: dict | None) -> int:
