@@ -135,7 +135,7 @@ def wait_ready(port: int, path: str, proc: subprocess.Popen, timeout: float = 12
 
 
 def rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children (uvicorn may fork)."""
+    """Resident memory of a process and its children (uvicorn's workers)."""
     total = 0
     pids = [pid] + [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     for p in pids:
@@ -168,7 +168,8 @@ def start_all(args, work: Path, procs: dict) -> dict[str, int]:
         f'base_url = "http://127.0.0.1:{up_port}/v1"\nmodel = "up-model"\n')
     env = {**os.environ, "CODEPLANE_HOME": str(home)}
     procs["codeplane"] = subprocess.Popen(
-        ["codeplane", "serve", "--port", str(gw_port), "--log-level", "warning"], env=env,
+        ["codeplane", "serve", "--port", str(gw_port), "--log-level", "warning",
+         "--workers", str(args.workers)], env=env,
         stdout=subprocess.DEVNULL)
     litellm = Path(args.litellm_venv) / "bin" / "litellm"
     if litellm.exists():
@@ -178,7 +179,7 @@ def start_all(args, work: Path, procs: dict) -> dict[str, int]:
             "      api_key: sk-bench\nlitellm_settings:\n  set_verbose: false\n")
         procs["litellm"] = subprocess.Popen(
             [str(litellm), "--config", str(work / "litellm.yaml"), "--port", str(ll_port),
-             "--host", "127.0.0.1", "--num_workers", "1"],
+             "--host", "127.0.0.1", "--num_workers", str(args.workers)],
             env={**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION",
                  "LITELLM_MASTER_KEY": MASTER_KEY,
                  "DISABLE_SCHEMA_UPDATE": "true"},
@@ -201,6 +202,8 @@ def main() -> None:
     parser.add_argument("--soak-rate", type=float, default=100)
     parser.add_argument("--chunks", type=int, default=8, help="content chunks per stream")
     parser.add_argument("--litellm-venv", default="/opt/litellm-venv")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="server processes for codeplane and for LiteLLM alike")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gwbench-"))
     procs: dict[str, subprocess.Popen] = {}
