@@ -1,9 +1,11 @@
 """The gateway's faster stack keeps its guarantees: an upstream redirect is never followed
-(aiohttp would follow one by default), and `codeplane serve --workers N` runs N processes on
+(aiohttp would follow one by default), any JSON an upstream streams is relayed (orjson alone
+cannot write integers past 64 bits), and `codeplane serve --workers N` runs N processes on
 one port whose combined load on a deployment stays within its `max_parallel`."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -73,6 +75,42 @@ def test_an_upstream_redirect_is_never_followed(tmp_path, monkeypatch, stream):
         server.stop()
         target.shutdown()
         redirect.shutdown()
+
+
+class _BigNumbers(BaseHTTPRequestHandler):
+    """An upstream whose stream chunk carries an integer past 64 bits."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        chunk = {"id": "c", "object": "chat.completion.chunk", "seed": 2**70,
+                 "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+        body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_stream_chunk_with_a_huge_integer_is_relayed(tmp_path):
+    upstream = _serve(_BigNumbers)
+    settings = make_settings(tmp_path / "home", models=[{
+        "name": "chat", "provider": "openai", "model": "m",
+        "base_url": f"http://127.0.0.1:{upstream.server_port}/v1"}])
+    server = LiveServer(create_app(settings, engine=Engine(settings)), free_port()).start()
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions",
+                          json={**CHAT, "stream": True}) as reply:
+            lines = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+        assert reply.status_code == 200
+        assert json.loads(lines[0])["seed"] == 2**70
+        assert lines[-1] == "[DONE]"
+    finally:
+        server.stop()
+        upstream.shutdown()
 
 
 def _codeplane(home: Path, *args: str) -> subprocess.Popen:
