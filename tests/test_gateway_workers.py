@@ -113,6 +113,29 @@ def test_a_stream_chunk_with_a_huge_integer_is_relayed(tmp_path):
         upstream.shutdown()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_huge_integer_in_a_request_still_reaches_the_upstream(tmp_path, stream):
+    """A tool schema with an integer past 64 bits (valid JSON, refused by orjson) is
+    forwarded, not answered with a 500."""
+    up = Upstream(name="up").start()
+    settings = make_settings(tmp_path / "home", models=[{
+        "name": "chat", "provider": "openai", "model": "m", "base_url": up.url}])
+    server = LiveServer(create_app(settings, engine=Engine(settings)), free_port()).start()
+    tool = ('{"type": "function", "function": {"name": "f", "parameters": {"type": "object", '
+            '"properties": {"n": {"type": "integer", "maximum": 1180591620717411303424}}}}}')
+    body = ('{"model": "chat", "max_tokens": 8, "stream": ' + json.dumps(stream)
+            + ', "messages": [{"role": "user", "content": "hi"}], "tools": [' + tool + ']}')
+    try:
+        reply = httpx.post(f"{server.url}/v1/chat/completions", content=body,
+                           headers={"content-type": "application/json"})
+        assert reply.status_code == 200, reply.text
+        sent = up.bodies[-1]["tools"][0]["function"]["parameters"]
+        assert sent["properties"]["n"]["maximum"] == 2**70
+    finally:
+        server.stop()
+        up.stop()
+
+
 def _codeplane(home: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "CODEPLANE_HOME": str(home)}
     return subprocess.Popen([sys.executable, "-c", "from codeplane.cli import main; main()",

@@ -11,7 +11,6 @@ the client has seen a token, so no output is duplicated.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import random
@@ -31,7 +30,7 @@ from codeplane.gateway.deployment import Deployment
 from codeplane.gateway.keys import ApiKey, KeyStore
 from codeplane.gateway.metrics import GatewayMetrics
 from codeplane.gateway.providers.anthropic import AnthropicProvider
-from codeplane.gateway.providers.base import Call, UpstreamError
+from codeplane.gateway.providers.base import Call, UpstreamError, json_bytes
 from codeplane.gateway.providers.local import EmbedderProvider, LocalProvider
 from codeplane.gateway.providers.openai import OpenAIProvider
 from codeplane.models.engine import Engine
@@ -470,7 +469,7 @@ def estimate_tokens(call: Call) -> int:
 
 
 def _size(value: Any) -> int:
-    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+    return len(json_bytes(value))
 
 
 async def _first_chunk(dep: Deployment, call: Call) -> tuple[dict, AsyncIterator[dict]]:

@@ -9,13 +9,11 @@ and relay JSON or server-sent events.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ConfigDict, Field
@@ -25,7 +23,7 @@ from codeplane.core.principal import principal_of
 from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest, WireModel
 from codeplane.gateway.admission import Shed
 from codeplane.gateway.config import PRIORITIES
-from codeplane.gateway.providers.base import Call, UpstreamError
+from codeplane.gateway.providers.base import Call, UpstreamError, json_bytes
 from codeplane.gateway.router import EMBEDDER, Client, Gateway
 
 log = logging.getLogger("codeplane.gateway")
@@ -95,7 +93,7 @@ async def _serve(request: Request, kind: str, body: Any, stream: bool, include_u
         call = Call(kind, await request.json(), body, stream, include_usage, client.request_id)
         if not stream:
             result = await _until_disconnect(request, gateway.complete(call, client))
-            return Response(orjson.dumps(result), media_type="application/json",
+            return Response(json_bytes(result), media_type="application/json",
                             headers=headers)
         first, rest = await gateway.stream(call, client)
     except Shed as exc:
@@ -127,11 +125,7 @@ async def _sse(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[bytes]:
 
 
 def _event(chunk: dict) -> bytes:
-    try:
-        data = orjson.dumps(chunk)
-    except TypeError:  # an integer past 64 bits from an upstream: only json can write it
-        data = json.dumps(chunk).encode()
-    return b"data: " + data + b"\n\n"
+    return b"data: " + json_bytes(chunk) + b"\n\n"
 
 
 async def _until_disconnect(request: Request, coro):

@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 
 from codeplane.gateway.config import DeploymentConfig
-from codeplane.gateway.providers.base import UpstreamError, status_error
+from codeplane.gateway.providers.base import UpstreamError, json_bytes, status_error
 
 TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, ValueError)  # ValueError: an SSE line
 # longer than aiohttp's read buffer ("Chunk too big")
@@ -81,7 +81,7 @@ class Upstream:
             reply.release()
 
     def _post(self, path: str, body: dict[str, Any]):
-        return self.session().post(self.base_url + path, data=orjson.dumps(body),
+        return self.session().post(self.base_url + path, data=json_bytes(body),
                                    headers={**self.headers, "content-type": "application/json"},
                                    allow_redirects=False)
 
