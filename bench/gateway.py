@@ -127,10 +127,11 @@ def wait_ready(port: int, path: str, proc: subprocess.Popen, timeout: float = 12
         if proc.poll() is not None:
             raise RuntimeError(f"process for port {port} exited with {proc.returncode}")
         try:
-            httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2)
-            return
+            if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2).status_code < 500:
+                return  # (llama-server answers 503 while it loads its model)
         except httpx.HTTPError:
-            time.sleep(0.3)
+            pass
+        time.sleep(0.3)
     raise RuntimeError(f"port {port} did not come up")
 
 
@@ -227,14 +228,19 @@ def main() -> None:
                 for n, r in result.items()))
         soak(args, ports, procs, path)
     finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGINT)
-        for proc in procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop(procs, work)
+
+
+def stop(procs: dict[str, subprocess.Popen], work: Path) -> None:
+    """Interrupt every process started, kill what does not exit, remove the work dir."""
+    for proc in procs.values():
+        proc.send_signal(signal.SIGINT)
+    for proc in procs.values():
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def print_row(rate: float, stream: bool, result: dict) -> None:

@@ -30,9 +30,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +38,7 @@ from pathlib import Path
 
 import httpx
 import rich
+from gateway import free_port, stop, wait_ready  # bench/gateway.py, next to this script
 
 FILES = [Path(httpx.__file__).parent / "_client.py", Path(rich.__file__).parent / "table.py",
          Path(httpx.__file__).parent / "_models.py", Path(rich.__file__).parent / "text.py"]
@@ -48,26 +46,6 @@ WEIGHTS = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"  # code-small
 LLAMA_SERVER = Path("~/.codeplane/bin/llama-server").expanduser()
 BEFORE, AFTER = 1500, 500
 MAX_TOKENS = 24
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not come up")
 
 
 def request_body(backend: str, prefix: str, suffix: str) -> dict:
@@ -140,7 +118,7 @@ def start(args, work: Path, procs: dict) -> int:
              "--port", str(port), "-np", str(args.slots), "-cb", "-c", str(2048 * args.slots),
              "-t", str(args.threads), "--no-webui"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_ready(f"http://127.0.0.1:{port}/health", procs["llama-server"])
+        wait_ready(port, "/health", procs["llama-server"], timeout=300)
         toml = (f'[[models]]\nname = "code-small-batched"\nprovider = "openai"\n'
                 f'base_url = "http://127.0.0.1:{port}/v1"\nmodel = "code-small"\n'
                 f'max_parallel = {args.slots}\n')
@@ -149,7 +127,7 @@ def start(args, work: Path, procs: dict) -> int:
     procs["codeplane"] = subprocess.Popen(
         ["codeplane", "serve", "--port", str(port), "--log-level", "warning"],
         env={**os.environ, "CODEPLANE_HOME": str(home)}, stdout=subprocess.DEVNULL)
-    wait_ready(f"http://127.0.0.1:{port}/healthz", procs["codeplane"])
+    wait_ready(port, "/healthz", procs["codeplane"], timeout=300)
     return port
 
 
@@ -180,14 +158,7 @@ def main() -> None:
                       f"p50 {row['p50_ms']:7.0f} ms, p95 {row['p95_ms']:7.0f} ms "
                       f"({row['completions']} served, {row['errors']} errors)", flush=True)
     finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGINT)
-        for proc in procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop(procs, work)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
