@@ -127,15 +127,16 @@ def wait_ready(port: int, path: str, proc: subprocess.Popen, timeout: float = 12
         if proc.poll() is not None:
             raise RuntimeError(f"process for port {port} exited with {proc.returncode}")
         try:
-            httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2)
-            return
+            if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2).status_code < 500:
+                return  # (llama-server answers 503 while it loads its model)
         except httpx.HTTPError:
-            time.sleep(0.3)
+            pass
+        time.sleep(0.3)
     raise RuntimeError(f"port {port} did not come up")
 
 
 def rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children (uvicorn may fork)."""
+    """Resident memory of a process and its children (uvicorn's workers)."""
     total = 0
     pids = [pid] + [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     for p in pids:
@@ -168,7 +169,8 @@ def start_all(args, work: Path, procs: dict) -> dict[str, int]:
         f'base_url = "http://127.0.0.1:{up_port}/v1"\nmodel = "up-model"\n')
     env = {**os.environ, "CODEPLANE_HOME": str(home)}
     procs["codeplane"] = subprocess.Popen(
-        ["codeplane", "serve", "--port", str(gw_port), "--log-level", "warning"], env=env,
+        ["codeplane", "serve", "--port", str(gw_port), "--log-level", "warning",
+         "--workers", str(args.workers)], env=env,
         stdout=subprocess.DEVNULL)
     litellm = Path(args.litellm_venv) / "bin" / "litellm"
     if litellm.exists():
@@ -178,7 +180,7 @@ def start_all(args, work: Path, procs: dict) -> dict[str, int]:
             "      api_key: sk-bench\nlitellm_settings:\n  set_verbose: false\n")
         procs["litellm"] = subprocess.Popen(
             [str(litellm), "--config", str(work / "litellm.yaml"), "--port", str(ll_port),
-             "--host", "127.0.0.1", "--num_workers", "1"],
+             "--host", "127.0.0.1", "--num_workers", str(args.workers)],
             env={**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION",
                  "LITELLM_MASTER_KEY": MASTER_KEY,
                  "DISABLE_SCHEMA_UPDATE": "true"},
@@ -201,6 +203,8 @@ def main() -> None:
     parser.add_argument("--soak-rate", type=float, default=100)
     parser.add_argument("--chunks", type=int, default=8, help="content chunks per stream")
     parser.add_argument("--litellm-venv", default="/opt/litellm-venv")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="server processes for codeplane and for LiteLLM alike")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gwbench-"))
     procs: dict[str, subprocess.Popen] = {}
@@ -224,14 +228,19 @@ def main() -> None:
                 for n, r in result.items()))
         soak(args, ports, procs, path)
     finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGINT)
-        for proc in procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop(procs, work)
+
+
+def stop(procs: dict[str, subprocess.Popen], work: Path) -> None:
+    """Interrupt every process started, kill what does not exit, remove the work dir."""
+    for proc in procs.values():
+        proc.send_signal(signal.SIGINT)
+    for proc in procs.values():
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def print_row(rate: float, stream: bool, result: dict) -> None:

@@ -63,6 +63,9 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8300).", min=1, max=65535)] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    workers: Annotated[int | None, typer.Option(
+        help="Server processes sharing the port (default 1; see docs/gateway.md).",
+        min=1, max=64)] = None,
     config: ConfigOption = None,
 ) -> None:
     """Run the HTTP server (OpenAI-compatible API plus every compartment's endpoints).
@@ -73,7 +76,8 @@ def serve(
 
     cfg = settings(config)
     try:
-        run(cfg, host or cfg.serve.host, port or cfg.serve.port, log_level)
+        run(cfg, host or cfg.serve.host, port or cfg.serve.port, log_level,
+            workers or cfg.serve.workers)
     except ConfigError as exc:  # bad [[models]]/[router]/[gateway]/[tab], or an unsafe bind
         fail(str(exc))
 

@@ -39,6 +39,9 @@ class ServeSettings(BaseModel):
     model_config = {"extra": "forbid"}
     host: str = "127.0.0.1"
     port: int = Field(8300, ge=1, le=65535)
+    workers: int = Field(1, ge=1, le=64, description="server processes on one port; each "
+                                                     "deployment's max_parallel/rpm/tpm is "
+                                                     "split between them (docs/gateway.md)")
     workspace_roots: list[Path] = Field(
         default_factory=list,
         description="directories under which agent runs and sandboxes may work; empty: none "

@@ -11,7 +11,6 @@ the client has seen a token, so no output is duplicated.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import random
@@ -31,7 +30,7 @@ from codeplane.gateway.deployment import Deployment
 from codeplane.gateway.keys import ApiKey, KeyStore
 from codeplane.gateway.metrics import GatewayMetrics
 from codeplane.gateway.providers.anthropic import AnthropicProvider
-from codeplane.gateway.providers.base import Call, UpstreamError
+from codeplane.gateway.providers.base import Call, UpstreamError, json_bytes
 from codeplane.gateway.providers.local import EmbedderProvider, LocalProvider
 from codeplane.gateway.providers.openai import OpenAIProvider
 from codeplane.models.engine import Engine
@@ -118,6 +117,8 @@ class Gateway:
     # -- set-up --------------------------------------------------------------------------
 
     def _add(self, dep: DeploymentConfig, dep_id: str, timeouts: bool = True) -> None:
+        if dep.provider in ("openai", "anthropic"):
+            dep = per_worker(dep, self.settings.serve.workers)
         if dep.provider == "openai":
             provider = OpenAIProvider(dep)
         elif dep.provider == "anthropic":
@@ -430,6 +431,17 @@ class Gateway:
                 "fallbacks": self.cfg.router.fallbacks}
 
 
+def per_worker(dep: DeploymentConfig, workers: int) -> DeploymentConfig:
+    """A remote deployment's share of its limits in one of `workers` server processes: the
+    upstream sees all of them at once, so its max_parallel, rpm and tpm are split (rounded
+    up: a limit never drops to zero). Local models need no split: each process has its own."""
+    if workers == 1:
+        return dep
+    split = {f: -(-value // workers) for f in ("max_parallel", "rpm", "tpm")
+             if (value := getattr(dep, f))}
+    return dep.model_copy(update=split)
+
+
 def _total(usage: dict | None) -> int:
     return int((usage or {}).get("total_tokens") or 0)
 
@@ -458,7 +470,7 @@ def estimate_tokens(call: Call) -> int:
 
 
 def _size(value: Any) -> int:
-    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+    return len(json_bytes(value))
 
 
 async def _first_chunk(dep: Deployment, call: Call) -> tuple[dict, AsyncIterator[dict]]:

@@ -7,6 +7,8 @@ Compartments own their routes (`APIRouter`s in their own packages) and reach ser
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 from contextlib import asynccontextmanager
 
@@ -79,13 +81,19 @@ def open_paths(settings: Settings) -> frozenset[str]:
     return OPEN_PATHS | ({"/metrics"} if settings.serve.public_metrics else set())
 
 
-def serve(settings: Settings, host: str, port: int, log_level: str = "info") -> None:
+def serve(settings: Settings, host: str, port: int, log_level: str = "info",
+          workers: int = 1) -> None:
     """Build the app (a bad config fails here, before binding), refuse a non-loopback bind
-    that could not authenticate anyone, then run uvicorn."""
+    that could not authenticate anyone, then run uvicorn: in this process, or in `workers`
+    processes sharing one listening socket, each building its own app."""
+    import functools
+
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     settings = settings.model_copy(update={"serve": settings.serve.model_copy(
-        update={"host": host, "port": port})})  # the gate decides "loopback" by the real bind
+        update={"host": host, "port": port, "workers": workers})})  # the gate decides
+    # "loopback" by the real bind; the gateway splits deployment limits between workers
     keys = KeyStore.from_settings(settings)
     check_exposure(settings.serve, host, gwconfig.load(settings).gateway.auth, keys)
     keys.db.close()
@@ -94,5 +102,16 @@ def serve(settings: Settings, host: str, port: int, log_level: str = "info") -> 
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # proxy_headers=False: uvicorn would otherwise rewrite the peer address from
     # X-Forwarded-For for any loopback peer; the gate alone decides whom to believe.
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                proxy_headers=False)
+    options = {"host": host, "port": port, "log_level": log_level,
+               "timeout_graceful_shutdown": 5, "proxy_headers": False}
+    if workers == 1:
+        uvicorn.run(app, **options)
+        return
+    # this app only proved the config: each worker builds and owns its own services, so the
+    # supervisor holds no lease, warm sandboxes or model of its own
+    asyncio.run(app.state.services.aclose())
+    # uvicorn.run wants an import string for workers; a factory keeps these settings (the
+    # CLI's overrides included). Each worker process builds its own services.
+    config = uvicorn.Config(functools.partial(create_app, settings), factory=True,
+                            workers=workers, **options)
+    Multiprocess(config, sockets=[config.bind_socket()]).run()

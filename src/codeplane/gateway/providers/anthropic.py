@@ -15,13 +15,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from codeplane.gateway.config import DeploymentConfig
-from codeplane.gateway.providers.base import Call, UpstreamError, status_error
-from codeplane.gateway.providers.openai import http_client, open_stream, transport_error
+from codeplane.gateway.providers.base import Call, UpstreamError
+from codeplane.gateway.providers.http import Upstream
 
 VERSION = "2023-06-01"
+PATH = "/v1/messages"
 STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
         "tool_use": "tool_calls", "pause_turn": "stop", "refusal": "content_filter"}
 
@@ -29,33 +28,23 @@ STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
 class AnthropicProvider:
     def __init__(self, dep: DeploymentConfig) -> None:
         self.dep = dep
-        self.client = http_client(dep)
         key = os.environ.get(dep.api_key_env, "") if dep.api_key_env else ""
-        self.headers = {"anthropic-version": VERSION, **({"x-api-key": key} if key else {})}
-
-    def _post(self, body: dict[str, Any]) -> httpx.Request:
-        return self.client.build_request("POST", f"{self.dep.base_url}/v1/messages",
-                                         json=body, headers=self.headers)
+        self.upstream = Upstream(dep, {"anthropic-version": VERSION,
+                                       **({"x-api-key": key} if key else {})})
 
     async def request(self, call: Call) -> dict[str, Any]:
-        body = to_anthropic(call, self.dep.upstream_model)
+        reply = await self.upstream.post_json(PATH, to_anthropic(call, self.dep.upstream_model))
         try:
-            reply = await self.client.send(self._post(body))
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, f"{self.dep.base_url} unreachable") from None
-        if reply.status_code >= 400:
-            raise status_error(reply.status_code, reply.text, reply.headers.get("retry-after"))
-        try:
-            return from_anthropic(reply.json(), call.raw["model"])
+            return from_anthropic(reply, call.raw["model"])
         except (ValueError, KeyError, TypeError) as exc:
             raise UpstreamError(502, f"malformed Anthropic response: {exc}",
                                 retryable=True) from None
 
     async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
         body = {**to_anthropic(call, self.dep.upstream_model), "stream": True}
-        async with open_stream(self.client, self._post(body), self.dep.base_url) as reply:
+        async with self.upstream.stream(PATH, body) as lines:
             translator = _StreamTranslator(call)
-            async for event in _events(reply):
+            async for event in _events(lines):
                 for chunk in translator.feed(event):
                     yield chunk
                 if translator.done:
@@ -64,7 +53,7 @@ class AnthropicProvider:
                                      "(connection cut)", retryable=True)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.upstream.aclose()
 
 
 def to_anthropic(call: Call, model: str) -> dict[str, Any]:
@@ -152,22 +141,19 @@ def from_anthropic(body: dict[str, Any], model: str) -> dict[str, Any]:
                       "total_tokens": prompt + completion}}
 
 
-async def _events(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    try:
-        async for line in reply.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            try:
-                event = json.loads(line[5:])
-            except ValueError:
-                raise UpstreamError(502, f"Anthropic sent a malformed event: {line[:120]!r}",
-                                    retryable=True) from None
-            if not isinstance(event, dict) or "type" not in event:
-                raise UpstreamError(502, f"Anthropic sent a malformed event: {line[:120]!r}",
-                                    retryable=True)
-            yield event
-    except httpx.HTTPError as exc:
-        raise transport_error(exc, "Anthropic stream broke") from None
+async def _events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    async for line in lines:
+        if not line.startswith("data:"):
+            continue
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            raise UpstreamError(502, f"Anthropic sent a malformed event: {line[:120]!r}",
+                                retryable=True) from None
+        if not isinstance(event, dict) or "type" not in event:
+            raise UpstreamError(502, f"Anthropic sent a malformed event: {line[:120]!r}",
+                                retryable=True)
+        yield event
 
 
 class _StreamTranslator:

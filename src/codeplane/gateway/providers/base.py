@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import orjson
 
 Kind = str  # "chat" | "completions" | "embeddings"
 
@@ -55,6 +58,16 @@ class Provider(Protocol):
         """Release connections."""
 
 
+def json_bytes(value: Any) -> bytes:
+    """Compact UTF-8 JSON. orjson because bodies and stream chunks are encoded on every
+    request; json (ASCII, escaped) for what orjson refuses and a client or an upstream may
+    send: integers past 64 bits, lone surrogates in strings."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
 def retry_after_seconds(value: str | None) -> float | None:
     """`Retry-After` in seconds (the HTTP-date form is rare from model APIs; ignored)."""
     if not value:
@@ -67,8 +80,6 @@ def retry_after_seconds(value: str | None) -> float | None:
 
 def status_error(status: int, text: str, retry_after: str | None) -> UpstreamError:
     """Map an upstream HTTP error response to an UpstreamError, keeping its message."""
-    import json
-
     message, code, param, kind = text[:500] or f"upstream returned HTTP {status}", None, None, None
     try:
         err = json.loads(text).get("error")
