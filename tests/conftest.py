@@ -165,3 +165,21 @@ def pytest_collection_modifyitems(config, items) -> None:
         if callspec is not None and any(isinstance(v, str) and v == "microvm"
                                         for v in callspec.params.values()):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def provider():
+    """The scripted OpenAI-compatible model on loopback: replays tool calls, so agent runs are
+    deterministic (one server per test module)."""
+    from upstreams.scripted import ScriptedModel
+
+    p = ScriptedModel()
+    p.server.start()
+    yield p
+    p.server.stop()
+
+
+@pytest.fixture
+def scripted(provider):
+    """The module's scripted model with an empty script and request log."""
+    return provider.reset()

@@ -17,19 +17,6 @@ from codeplane.agent.env import local_environment
 from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel, Transcript
 
 
-@pytest.fixture(scope="module")
-def provider():
-    p = ScriptedModel()
-    p.server.start()
-    yield p
-    p.server.stop()
-
-
-@pytest.fixture
-def scripted(provider: ScriptedModel) -> ScriptedModel:
-    return provider.reset()
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"

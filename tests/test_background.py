@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import test_agent
 from conftest import make_settings
 from test_fleet import GitDaemon, serve_process
 from upstreams.scripted import caller, run_server, wait_for
@@ -28,7 +27,6 @@ HELLO = [{"calls": [("create_file", {"path": "hello.txt", "content": "hello\n"})
 HANG = {"raw": ['data: {"choices": []}\n\n'], "hang": True}
 
 
-provider, scripted = test_agent.provider, test_agent.scripted  # the scripted-model fixtures
 
 
 def git(cwd: Path, *args: str) -> str:

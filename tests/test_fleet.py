@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import test_agent
 from conftest import LiveServer, free_port, make_settings
 from upstreams.scripted import caller, run_server, wait_for
 
@@ -260,7 +259,6 @@ def test_pooled_sandbox_as_a_workspace(fleet_server):
     assert not root.exists() and fleet.list("ws-tenant") == []
 
 
-provider, scripted = test_agent.provider, test_agent.scripted  # the scripted-model fixtures
 
 
 def test_agent_run_on_the_pool_backend(scripted, tmp_path):

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import test_agent
 from conftest import free_port, make_settings
 from indexkit import write
 from pgserver import pg_server  # noqa: F401  (fixture)
@@ -39,7 +38,6 @@ from codeplane.indexing.sync import sync
 from codeplane.storage import Database
 from codeplane.storage.tables import agent_runs
 
-provider = test_agent.provider  # the scripted model, served on loopback (module fixture)
 HANG = {"raw": ['data: {"choices": []}\n\n'], "hang": True}  # a model call that never ends
 BG = "/v1/background-agents"
 CODE = {f"pkg/mod{i}.py": f'def handler_{i}(request):\n    """Serve route {i} of the '

@@ -17,9 +17,6 @@ import re
 import threading
 from pathlib import Path
 
-import pytest
-from upstreams.scripted import ScriptedModel
-
 from codeplane.core.chat import Sampling, Turn
 
 SHAPES = '''class Circle:
@@ -84,10 +81,3 @@ class GrepPolicy:
                     policy_version=self.version)
 
 
-@pytest.fixture(scope="module")
-def provider():
-    """The scripted OpenAI-compatible model on loopback (import it into a test module)."""
-    p = ScriptedModel()
-    p.server.start()
-    yield p
-    p.server.stop()

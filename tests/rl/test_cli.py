@@ -13,10 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import helpers
 from helpers import make_repo
-
-provider = helpers.provider  # the scripted model fixture
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

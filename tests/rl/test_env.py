@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import helpers
 from helpers import make_repo
 
 from codeplane.agent.env import local_environment
@@ -19,7 +18,6 @@ from codeplane.agent.loop import Agent, HttpChatModel, Transcript
 from codeplane.rl.env import EnvConfig, EnvFault, EnvServer
 from codeplane.rl.tasks import locate_tasks, sample_tasks, score
 
-provider = helpers.provider  # the scripted model fixture
 
 @pytest.fixture
 def tasks(tmp_path: Path):

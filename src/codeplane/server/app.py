@@ -8,7 +8,6 @@ Compartments own their routes (`APIRouter`s in their own packages) and reach ser
 from __future__ import annotations
 
 import asyncio
-
 import logging
 from contextlib import asynccontextmanager
 
