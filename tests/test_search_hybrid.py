@@ -28,6 +28,10 @@ HOOKS = {f"hooks/{kind}.py": f'''def on_{kind}_event(event, store):
 ''' for kind in KINDS}
 SHOP = {
     **HOOKS,
+    "CHANGES.md": """## 2.1
+
+- Coupon notifications from the payment provider are acknowledged once per event.
+""",
     "hooks/dedupe.py": '''SEEN_WINDOW_S = 600
 
 
@@ -138,6 +142,17 @@ def test_prose_queries_still_rank_by_meaning(shop) -> None:
     root, cfg, _ = shop
     top = search(root, "add sales tax to the sum of line items", 3, cfg).results[0]
     assert top["path"] == "billing/invoice.py"
+
+
+def test_code_only_drops_the_changelog_that_repeats_the_request(shop) -> None:
+    """`--code`: where in the code would the change go, not which notes mention it."""
+    root, cfg, _ = shop
+    query = "acknowledge coupon notifications from the payment provider once per event"
+    everything = [r["path"] for r in search(root, query, 10, cfg, files=True).results]
+    code = [r["path"] for r in search(root, query, 10, cfg, files=True, code=True).results]
+    assert "CHANGES.md" in everything
+    assert "CHANGES.md" not in code and code[0] == "hooks/coupon.py"
+    assert all(p.endswith(".py") for p in code)
 
 
 def test_cli_files_flag_and_path_outside_the_current_directory(shop, tmp_path) -> None:

@@ -36,6 +36,7 @@ from conftest import make_settings
 from corpus import EmbeddingCache, IndexedChunk, Snapshots
 
 from codeplane.indexing import rank
+from codeplane.indexing.chunker import language_for
 from codeplane.indexing.lexical import Query, Shape, analyse
 from codeplane.indexing.state import WorkspaceState
 from codeplane.models.embed import OnnxEmbedder
@@ -154,6 +155,11 @@ def rankings(c: Candidates, level: str, weights: dict | None = None) -> dict[str
         out["RRF dense+BM25"] = files_of(rrf([c.dense, c.lexical]))
         fused = rank.fuse_chunks(c.query, c.dense, c.lexical, text_of, file_w)
         out["hybrid (fitted)"] = [p for p, _, _ in rank.rank_files(c.query, fused, file_w)]
+        # `codeplane search --files --code`: source files only (the answers here are all .py,
+        # so the baselines get the same filter to compare like with like)
+        for method in ("dense (best chunk per file)", "word count (>=4 letters)",
+                       "hybrid (fitted)"):
+            out[f"{method}, --code"] = [p for p in out[method] if language_for(p)]
     else:
         out["dense"] = [k for k, _ in c.dense]
         out["word count (>=4 letters)"] = [k for k, s in c.word_chunks if s]

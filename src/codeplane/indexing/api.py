@@ -21,6 +21,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 
 from codeplane.config import Settings
+from codeplane.indexing.chunker import language_for
 from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.lexical import analyse
 from codeplane.indexing.rank import (
@@ -67,7 +68,10 @@ def search_workspace(root: Path, query: str, limit: int, settings: Settings,
 
 
 def search(root: Path, query: str, limit: int, settings: Settings, path: str | None = None,
-           http=None, files: bool = False) -> SearchOutcome:
+           http=None, files: bool = False, code: bool = False) -> SearchOutcome:
+    """`code` keeps only source files (those with a tree-sitter grammar): "where in the code
+    would this change go" without the changelog, README or config that mention the same words
+    (measured in bench/search: held-out localisation R@5 0.89 -> 0.91; docs/indexing.md)."""
     root = Path(root).resolve()
     try:
         state = WorkspaceState(root, settings, create=False)
@@ -76,7 +80,7 @@ def search(root: Path, query: str, limit: int, settings: Settings, path: str | N
     except KeyFileError as exc:
         raise IndexUnavailable(str(exc)) from None
     try:
-        return _search(state, query, limit, settings, _relative(root, path), http, files)
+        return _search(state, query, limit, settings, _relative(root, path), http, files, code)
     finally:
         state.close()
 
@@ -94,7 +98,7 @@ def _relative(root: Path, path: str | None) -> str | None:
 
 
 def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
-            rel_prefix: str | None, http, files: bool) -> SearchOutcome:
+            rel_prefix: str | None, http, files: bool, code: bool) -> SearchOutcome:
     remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http, timeout=60,
                     vectors=client_vectors(settings.indexing, state.keys.rotation_key))
     prefix = state.cipher.encrypt(rel_prefix) if rel_prefix else None
@@ -119,6 +123,8 @@ def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
         dense.append((key, hit["score"]))
     hybrid = settings.indexing.get("fusion", "hybrid") != "dense"
     ranked = _rank(state, query, dense, max(LEXICAL_K, limit * 2), rel_prefix, files, hybrid)
+    if code:
+        ranked = [row for row in ranked if language_for(row[0])]
     if not outcome.complete:
         done = outcome.indexed_chunks
         total = done + outcome.pending_chunks

@@ -117,6 +117,8 @@ def search_cmd(
     limit: Annotated[int, typer.Option(help="Number of results.", min=1, max=100)] = 10,
     files: Annotated[bool, typer.Option(
         "--files", help="Rank files, not snippets: where would this change go?")] = False,
+    code: Annotated[bool, typer.Option(
+        "--code", help="Only source files (no changelog, README or config).")] = False,
     root: Annotated[Path | None, typer.Option(
         help="Workspace root (default: the indexed workspace containing --path, else the "
              "current dir).", file_okay=False)] = None,
@@ -129,7 +131,7 @@ def search_cmd(
     cfg = _settings(config, server)
     workspace = (root or _find_root(_start_dir(path), cfg)).resolve()
     try:
-        outcome = search(workspace, query, limit, cfg, path, files=files)
+        outcome = search(workspace, query, limit, cfg, path, files=files, code=code)
     except IndexUnavailable as exc:
         fail(str(exc))
     if json_:
