@@ -190,14 +190,15 @@ def load(name: str) -> list[dict]:
     return [json.loads(line) for line in (HERE / "data" / f"{name}.jsonl").open()]
 
 
-def collect(sets: list[str], embeddings: EmbeddingCache, home: Path
+def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefix: str = ""
             ) -> dict[str, list[tuple[dict, Candidates]]]:
-    """Candidates for every query of every set, one index per (repo, commit, blanked)."""
+    """Candidates for every query of every set, one index per (repo, commit, blanked);
+    `query_prefix` is prepended to the embedded query only (an embedder's instruction)."""
     snaps: dict[str, Snapshots] = {}
     out: dict[str, list] = {}
     for name in sets:
         rows = load(name)
-        qvecs = embeddings.vectors([r["query"] for r in rows])
+        qvecs = embeddings.vectors([query_prefix + r["query"] for r in rows])
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
             groups[(r["repo"], r.get("parent", r["commit"]))].append(i)
@@ -256,10 +257,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fit", action="store_true", help="fit weights on the tuning split")
     parser.add_argument("--sets", default="localisation,docstring,identifier")
+    parser.add_argument("--query-prefix", default="", help="e.g. bge's retrieval instruction "
+                        "'Represent this sentence for searching relevant passages: '")
     args = parser.parse_args()
     embeddings = EmbeddingCache(OnnxEmbedder())
     with tempfile.TemporaryDirectory() as tmp:
-        data = collect(args.sets.split(","), embeddings, Path(tmp))
+        data = collect(args.sets.split(","), embeddings, Path(tmp), args.query_prefix)
     weights = fit(data) if args.fit else None
     if weights:
         for level, by_shape in weights.items():
