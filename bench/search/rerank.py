@@ -20,8 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from conftest import make_settings
-from evaluate import collect, metrics, rankings
 from corpus import EmbeddingCache
+from evaluate import collect, metrics, rankings
 
 from codeplane.models.embed import OnnxEmbedder
 from codeplane.models.engine import Engine, Sampling

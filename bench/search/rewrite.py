@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 from conftest import make_settings
-from evaluate import Index, chunk_gold, load, metrics, rankings
 from corpus import EmbeddingCache, Snapshots
+from evaluate import Index, chunk_gold, load, metrics, rankings
 
 from codeplane.models.embed import OnnxEmbedder
 from codeplane.models.engine import Engine, Sampling

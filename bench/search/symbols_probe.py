@@ -14,14 +14,13 @@ every weight (tuning 0.767 -> 0.746 at 0.05, held-out 0.749 -> 0.736).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from evaluate import collect, metrics
 from corpus import EmbeddingCache, Snapshots
+from evaluate import collect, metrics
 from tree_sitter_language_pack import get_parser
 
 from codeplane.indexing import rank
