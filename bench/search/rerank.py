@@ -19,9 +19,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from conftest import make_settings
 from corpus import EmbeddingCache
-from evaluate import collect, metrics, rankings
+from evaluate import collect, make_settings, metrics, rankings
 
 from codeplane.models.embed import OnnxEmbedder
 from codeplane.models.engine import Engine, Sampling

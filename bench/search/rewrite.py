@@ -23,9 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from conftest import make_settings
 from corpus import EmbeddingCache, Snapshots
-from evaluate import Index, chunk_gold, load, metrics, rankings
+from evaluate import Index, chunk_gold, load, make_settings, metrics, rankings
 
 from codeplane.models.embed import OnnxEmbedder
 from codeplane.models.engine import Engine, Sampling
