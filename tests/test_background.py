@@ -250,7 +250,9 @@ def test_after_a_crash_a_finished_run_keeps_its_patch_and_branch_not_its_sandbox
         f'[serve]\nworkspace_roots = ["{repo.parent}"]\n[fleet]\npool_size = 0\n'
         f'[[models]]\nname = "scripted"\nprovider = "openai"\nbase_url = "{scripted.url}"\n'
         'model = "scripted"\n')
-    _, secret = KeyStore(settings.server_dir).create("k", tenant="t1")
+    keys = KeyStore.from_settings(settings)
+    _, secret = keys.create("k", tenant="t1")
+    keys.db.close()
     headers = {"authorization": f"Bearer {secret}"}
     boxes = settings.server_dir / "fleet" / "sandboxes"
     proc, url = serve_process(home, tmp_path / "serve.log")

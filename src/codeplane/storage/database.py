@@ -209,6 +209,14 @@ class Replica:
         with self.db.write() as conn:
             conn.execute(update(tables.replicas).where(tables.replicas.c.id == self.id)
                          .values(heartbeat=now))
+            # A replica on this host whose process is gone is dead now, not in `lease_s`: a
+            # laptop server restarted after a crash must not show the old runs as running.
+            here = conn.execute(select(tables.replicas.c.id, tables.replicas.c.pid,
+                                       tables.replicas.c.started).where(
+                tables.replicas.c.host == socket.gethostname())).all()
+            gone = [row.id for row in here if not _running_since(row.pid, row.started)]
+            if gone:
+                conn.execute(delete(tables.replicas).where(tables.replicas.c.id.in_(gone)))
             # Long-dead leases are only history: what they owned counts as orphaned either way.
             conn.execute(delete(tables.replicas).where(
                 tables.replicas.c.heartbeat < now - 10 * self.lease_s))
@@ -235,6 +243,18 @@ class Replica:
                 conn.execute(delete(tables.replicas).where(tables.replicas.c.id == self.id))
         except DatabaseError as exc:
             log.error("replica lease not released: %s", exc)
+
+
+def _running_since(pid: int, started: float) -> bool:
+    """Is `pid` a live process that was already running at `started` (wall clock)? A pid
+    reused by a later process is not the replica that registered it."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text()
+                    .splitlines() if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return pid == os.getpid()  # no /proc: only this process is known to be alive
+    return boot + ticks / os.sysconf("SC_CLK_TCK") <= started + 1.0
 
 
 def _driver_url(url: str) -> str:
