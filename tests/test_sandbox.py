@@ -214,3 +214,19 @@ def test_the_same_sandbox_without_root() -> None:
         assert not (ws / ".git").exists()
     finally:
         shutil.rmtree(ws, ignore_errors=True)
+
+
+def test_a_sandbox_that_cannot_start_in_time_is_unavailable_not_a_crash(ws: Path,
+                                                                        tmp_path: Path):
+    """Under overload (100 sandboxes starting at once) bwrap's start-up probe can outlast its
+    timeout: that is SandboxUnavailable (the fleet answers 503, the client may retry), not a
+    TimeoutExpired escaping as a 500."""
+    stuck = tmp_path / "bwrap"
+    stuck.write_text("#!/bin/sh\nexec sleep 30\n")
+    stuck.chmod(0o755)
+
+    class Impatient(BwrapRunner):
+        probe_seconds = 0.5
+
+    with pytest.raises(SandboxUnavailable, match="did not start a sandbox within 0.5 s"):
+        Impatient(ws, bwrap=str(stuck))

@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 
 from codeplane.core.errors import APIError
 from codeplane.sandbox import clone, reaper, remote
-from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits
+from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits, SandboxUnavailable
 from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspace
 
 log = logging.getLogger("codeplane.fleet")
@@ -285,7 +285,11 @@ class Fleet:
                         cpu_seconds=s.cpu_seconds, memory_bytes=s.memory_bytes,
                         disk_bytes=max(1, self._disk_left(box.tenant or "")),
                         output_bytes=64 << 10)
-        return box.runner().run(command, box.workspace, limits)
+        try:
+            runner = box.runner()
+        except SandboxUnavailable as exc:  # overload or a broken host: the client may retry
+            raise FleetError(503, str(exc), "sandbox_unavailable") from None
+        return runner.run(command, box.workspace, limits)
 
     def check_write(self, box: Sandbox, size: int) -> None:
         """Refuse a file write that would take the tenant past its disk quota."""

@@ -116,6 +116,7 @@ class BwrapRunner:
     """Commands in a bubblewrap sandbox rooted at one workspace."""
 
     sandboxed = True
+    probe_seconds = 20.0  # a sandbox that cannot start in this long is reported unavailable
 
     def __init__(self, workspace: Path, bwrap: str | None = None,
                  network: bool = False) -> None:
@@ -144,8 +145,15 @@ class BwrapRunner:
                                      "user-mode network stack that keeps the host's loopback "
                                      "unreachable); install it (apt-get install slirp4netns) "
                                      "or run without network")
-        probe = subprocess.run(self._argv(["true"], self.workspace, Limits(), writable=False),
-                               env=_env(), capture_output=True, timeout=20, check=False)
+        try:
+            probe = subprocess.run(self._argv(["true"], self.workspace, Limits(),
+                                              writable=False),
+                                   env=_env(), capture_output=True, timeout=self.probe_seconds,
+                                   check=False)
+        except subprocess.TimeoutExpired:
+            raise SandboxUnavailable(f"bubblewrap did not start a sandbox within "
+                                     f"{self.probe_seconds:g} s (the host is overloaded); try "
+                                     "again later") from None
         if probe.returncode != 0:
             reason = probe.stderr.decode(errors="replace").strip() or f"exit {probe.returncode}"
             raise SandboxUnavailable(f"bubblewrap cannot create a sandbox here ({reason}); "
