@@ -18,7 +18,7 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 XSS = '<img id="injected" src="x">'
-provider, repo = shared.provider, shared.repo  # the same scripted model and git repo fixtures
+repo = shared.repo  # the same git repo fixture (the scripted model is conftest's)
 
 
 @pytest.fixture
