@@ -337,6 +337,8 @@ def qemu_argv(qemu: str, run_dir: Path, image: GuestImage, shares: list[Share], 
                memory_bytes: int, tmp_bytes: int, cpus: int) -> list[str]:
     """QEMU's command line for a VM; what init mounts travels on the kernel's (`config`)."""
     config = [f"python - {os.path.realpath(sys.executable)}"]
+    if any(share.writable for share in shares):  # /tmp first: a share living under /tmp (a
+        config.append(f"tmp {tmp_bytes} -")  # workspace, a virtualenv) is mounted over it
     argv = [qemu, "-M", "microvm", "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
             "-m", f"{max(memory_bytes + tmp_bytes, 256 << 20) >> 20}M", "-smp", str(cpus),
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
@@ -350,8 +352,6 @@ def qemu_argv(qemu: str, run_dir: Path, image: GuestImage, shares: list[Share], 
         ro = "" if share.writable else ",readonly=on"
         argv += ["-fsdev", f"local,id=fs{n},path={share.path},security_model=none{ro}",
                  "-device", f"virtio-9p-device,fsdev=fs{n},mount_tag=fs{n}"]
-        if share.writable:
-            config.append(f"tmp {tmp_bytes} -")  # /tmp before a workspace that lives there
         config.append(f"{'rw' if share.writable else 'ro'} fs{n} {share.path}")
     argv += ["-device", f"virtio-serial-device,max_ports={PORTS + 1}"]
     for n in range(PORTS):
