@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from codeplane.config import load_settings
 from codeplane.gateway.keys import KeyStore
 from codeplane.sandbox import (
     BACKENDS,
@@ -261,9 +262,10 @@ def soak(repo_root: Path, scratch: Path, count: int, agent_count: int) -> bool:
         f"max_sandboxes = {count + agent_count + 8}\n"
         f'[[models]]\nname = "scripted"\nprovider = "openai"\nbase_url = "{model.url}"\n'
         'model = "scripted"\n')
-    keys = KeyStore(home / "server")
+    keys = KeyStore.from_settings(load_settings(home=home))
     boxes_h = {"authorization": f"Bearer {keys.create('boxes', tenant='boxes')[1]}"}
     agents_h = {"authorization": f"Bearer {keys.create('agents', tenant='agents')[1]}"}
+    keys.db.close()
     server, url = start_server(home)
     repo = repo_root / "repo"
     warmup = httpx.post(f"{url}/v1/sandboxes", json={"repo": str(repo)}, headers=boxes_h,
