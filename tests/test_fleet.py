@@ -3,6 +3,7 @@ pools, quotas, diff, release, and the reaper after a SIGKILLed `codeplane serve`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -183,11 +184,13 @@ class GitDaemon:
         self.proc = subprocess.Popen(
             ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}",
              "--listen=127.0.0.1", f"--port={self.port}", str(base)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         wait_for(lambda: _listening(self.port), 30, "for git daemon")
 
     def stop(self) -> None:
-        self.proc.terminate()
+        """`git daemon` runs `git-daemon` as a child: end the whole group, not the wrapper."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
         self.proc.wait(timeout=30)
 
 

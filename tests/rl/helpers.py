@@ -17,6 +17,8 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
+
 from codeplane.core.chat import Sampling, Turn
 
 SHAPES = '''class Circle:
@@ -81,3 +83,12 @@ class GrepPolicy:
                     policy_version=self.version)
 
 
+
+
+def require_ray():
+    """Ray, or a skip. `importorskip` alone takes a stray `ray/` directory on sys.path (Ray's
+    own session directory /tmp/ray, when tests run from /tmp) for the package."""
+    ray = pytest.importorskip("ray")
+    if not hasattr(ray, "init"):
+        pytest.skip("ray is not installed (only a directory named ray is on sys.path)")
+    return ray

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_repo
+from helpers import make_repo, require_ray
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -33,7 +33,7 @@ def write_config(path: Path, body: str) -> Path:
 
 
 def test_train_writes_steps_curves_and_the_final_object(provider, tmp_path) -> None:
-    pytest.importorskip("ray")
+    require_ray()
     pytest.importorskip("matplotlib")
     make_repo(tmp_path / "train_repo")
     (tmp_path / "held" / "lib").mkdir(parents=True)
@@ -120,7 +120,7 @@ class FlakyTrainer:
 
 def test_a_killed_run_resumes_with_the_same_data_and_a_failing_trainer_restarts(
         tmp_path) -> None:
-    pytest.importorskip("ray")
+    require_ray()
     from helpers import GrepPolicy
 
     from codeplane.rl.config import RunConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import GrepPolicy, make_repo
+from helpers import GrepPolicy, make_repo, require_ray
 
 from codeplane.rl.env import EnvConfig, EnvServer
 from codeplane.rl.rollout import RayEnv, RolloutConfig, RolloutManager, TaskOrder
@@ -100,7 +100,7 @@ def test_stragglers_are_cut_and_masked(tasks, tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray")
+    ray = require_ray()
     start_ray(2)
     assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
     yield ray

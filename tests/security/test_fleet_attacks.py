@@ -144,7 +144,7 @@ def remote(tmp_path_factory):
     live.daemon = daemon
     yield live
     live.stop()
-    daemon.stop()
+    live.daemon.stop()  # the one running now: a test restarts it
 
 
 def test_a_url_inside_the_policy_is_fetched_once_and_cached(remote):
