@@ -14,6 +14,7 @@ import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from codeplane.core.procs import start_ticks
 from codeplane.sandbox import clone
 
 
@@ -24,18 +25,10 @@ class Owner:
 
     @classmethod
     def me(cls) -> Owner:
-        return cls(os.getpid(), _start_time(os.getpid()))
+        return cls(os.getpid(), start_ticks(os.getpid()))
 
     def alive(self) -> bool:
-        return _start_time(self.pid) == self.start
-
-
-def _start_time(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return -1
-    return int(stat.rsplit(")", 1)[1].split()[19])  # after "pid (comm)", field 22 is 20th
+        return start_ticks(self.pid) == self.start
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from codeplane.config import ConfigError, Settings
+from codeplane.core.procs import started_at
 from codeplane.storage import tables
 
 log = logging.getLogger("codeplane.storage")
@@ -248,13 +249,10 @@ class Replica:
 def _running_since(pid: int, started: float) -> bool:
     """Is `pid` a live process that was already running at `started` (wall clock)? A pid
     reused by a later process is not the replica that registered it."""
-    try:
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text()
-                    .splitlines() if line.startswith("btime "))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return pid == os.getpid()  # no /proc: only this process is known to be alive
-    return boot + ticks / os.sysconf("SC_CLK_TCK") <= started + 1.0
+    began = started_at(pid)
+    if began is None:
+        return pid == os.getpid()  # gone, or no /proc: only this process is known alive
+    return began <= started + 1.0
 
 
 def _driver_url(url: str) -> str:
