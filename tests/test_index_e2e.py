@@ -435,3 +435,25 @@ def test_switching_embedding_mode_rebuilds_the_workspace(server, tmp_path) -> No
     hits = search_workspace(root, "convert a duration string like 1h30m into seconds", 1,
                             client_cfg)
     assert hits[0]["start_line"] == 6
+
+
+def test_an_index_built_with_another_chunk_layout_is_re_embedded(server, tmp_path) -> None:
+    """The Merkle leaf hashes the file, not the text the embedder saw: after the chunk text
+    layout (`chunker.EMBED_FORMAT`) changes, an unchanged file would keep its old vector next
+    to new ones. A client whose index was built with another layout rebuilds it; one built
+    with the current layout does not."""
+    live, _ = server
+    root = tmp_path / "utils"
+    write(root, {"durations.py": WORKSPACE["utils/durations.py"]})
+    cfg = make_settings(tmp_path / "layout-home", server=live.url)
+    first = sync(root, cfg)
+    assert sync(root, cfg).files_changed == 0
+    state = WorkspaceState(root, cfg)
+    state.put("embed_format", None)  # what a client from before EMBED_FORMAT recorded
+    state.close()
+    rebuilt = sync(root, cfg)
+    assert rebuilt.files_changed == first.files_changed == 1
+    assert rebuilt.chunks_embedded + rebuilt.chunks_reused == first.chunks_total
+    assert sync(root, cfg).files_changed == 0
+    hits = search_workspace(root, "convert a duration string like 1h30m into seconds", 1, cfg)
+    assert hits[0]["start_line"] == 6

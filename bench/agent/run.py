@@ -33,6 +33,7 @@ from pathlib import Path
 
 from codeplane.agent.env import local_environment
 from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel, Transcript
+from codeplane.agent.tools import Toolset, default_toolset
 from codeplane.sandbox import BwrapRunner, Limits
 
 HERE = Path(__file__).resolve().parent
@@ -77,11 +78,38 @@ def validate(tasks: list[tuple[str, dict]]) -> int:
     return bad
 
 
+SEARCH_MODES = ("none", "dense", "hybrid")
+
+
+def search_setup(mode: str | None, ws: Path, server_url: str, home: Path, key_file: Path
+                 ) -> tuple[Toolset | None, object, float]:
+    """(toolset, settings, seconds spent indexing) for `--search`: "none" removes
+    codebase_search from the toolset; "dense" (the old search) and "hybrid" (the default) index
+    the workspace on the run's server first. Unset: the tool is offered on an unindexed
+    workspace, as the suite always ran. One `key_file` for every task lets the server's
+    embedding cache serve tasks that share a snapshot (embedding is not what is measured)."""
+    if mode is None:
+        return None, None, 0.0
+    if mode == "none":
+        return Toolset(t for t in default_toolset().tools.values()
+                       if t.name != "codebase_search"), None, 0.0
+    from codeplane.config import load_settings
+    from codeplane.indexing.sync import sync
+
+    settings = load_settings(home=home, server=server_url,
+                             indexing={"fusion": mode, "key_file": str(key_file)})
+    started = time.monotonic()
+    sync(ws, settings)
+    return None, settings, round(time.monotonic() - started, 1)
+
+
 def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
-                  transcript: Path, variant: dict) -> dict:
+                  transcript: Path, variant: dict, toolset: Toolset | None = None,
+                  settings: object = None) -> dict:
     record = Transcript(transcript)
     agent = Agent(HttpChatModel(url, model), local_environment(ws),
-                  AgentConfig(max_steps=steps, max_tokens=512, **variant), on_event=record)
+                  AgentConfig(max_steps=steps, max_tokens=512, **variant), on_event=record,
+                  toolset=toolset, settings=settings)
     result = agent.run(task["prompt"])
     record.close()
     return {"status": result.status, "steps": result.steps, "tool_calls": result.tool_calls,
@@ -127,6 +155,9 @@ def main() -> int:
     ap.add_argument("--lock", type=Path, help="flock this file around each task")
     ap.add_argument("--config", default="{}", help="AgentConfig overrides as JSON, e.g. "
                     '\'{"toolset": "core", "required_steps": 0}\' (a variant to compare)')
+    ap.add_argument("--search", choices=SEARCH_MODES,
+                    help="codebase_search removed (none), or the workspace indexed and searched "
+                    "dense-only (the old search) or hybrid (the default); codeplane harness only")
     ap.add_argument("--label", default="", help="variant name recorded in each row")
     ap.add_argument("--summarize", type=Path, help="print the table for a results file")
     args = ap.parse_args()
@@ -174,16 +205,21 @@ def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_d
         ws = workspace(name, Path(tmp))
         transcript = runs_dir / f"{harness}{args.label and '-' + args.label}-{model}-{name}.jsonl"
         start = time.monotonic()
+        index_seconds = 0.0
         if harness == "codeplane":
+            toolset, settings, index_seconds = search_setup(
+                args.search, ws, base.removesuffix("/v1"), Path(tmp) / "client",
+                runs_dir / "search.key")
+            start = time.monotonic()
             info = run_codeplane(task, ws, base, model, args.max_steps, transcript,
-                                 json.loads(args.config))
+                                 json.loads(args.config), toolset, settings)
         else:
             info = run_mini(task, ws, base, model, args.max_steps, args.mini_python,
                             transcript, args.mini_config)
         seconds = round(time.monotonic() - start, 1)
         resolved, tail = check(name, task, ws)
     row = {"harness": harness, "label": args.label, "model": model, "task": name,
-           "resolved": resolved,
+           "resolved": resolved, "search": args.search, "index_seconds": index_seconds,
            "seconds": seconds, **info, "check_tail": "" if resolved else tail}
     print(f"{harness:9s} {model:11s} {name:24s} {'PASS' if resolved else 'fail'} "
           f"steps={info.get('steps')} {seconds:6.1f}s {info.get('status')}", flush=True)

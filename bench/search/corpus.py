@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +115,7 @@ class EmbeddingCache:
         self.db = sqlite3.connect(CACHE / "embeddings.sqlite", isolation_level=None)
         self.db.execute("CREATE TABLE IF NOT EXISTS v (k TEXT PRIMARY KEY, vec BLOB)")
         self.embedder = embedder
+        self.embedded, self.seconds = 0, 0.0  # texts embedded by this run, and how long it took
 
     def vectors(self, texts: list[str]) -> np.ndarray:
         keys = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
@@ -127,7 +129,10 @@ class EmbeddingCache:
             index = {k: t for k, t in zip(keys, texts)}
             for i in range(0, len(todo), 256):
                 part = todo[i:i + 256]
+                started = time.perf_counter()
                 vecs = self.embedder.embed([index[k] for k in part])
+                self.seconds += time.perf_counter() - started
+                self.embedded += len(part)
                 rows = [(k, v.astype(np.float32).tobytes()) for k, v in zip(part, vecs)]
                 self.db.executemany("INSERT OR REPLACE INTO v VALUES (?,?)", rows)
                 found.update(rows)

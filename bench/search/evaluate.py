@@ -34,8 +34,9 @@ sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
 from conftest import make_settings
 from corpus import EmbeddingCache, IndexedChunk, Snapshots
+from layouts import LAYOUTS, spaced
 
-from codeplane.indexing import rank
+from codeplane.indexing import chunker, rank
 from codeplane.indexing.chunker import language_for
 from codeplane.indexing.lexical import Query, Shape, analyse
 from codeplane.indexing.state import WorkspaceState
@@ -89,7 +90,7 @@ class Index:
     """One snapshot: its chunks in a real client FTS5 index and their dense vectors."""
 
     def __init__(self, snaps: Snapshots, commit: str, blank: bool, embeddings: EmbeddingCache,
-                 home: Path) -> None:
+                 home: Path, layout: str = "today") -> None:
         self.chunks: list[IndexedChunk] = snaps.chunks(commit, blank_docstrings if blank
                                                        else None)
         root = home / f"{snaps.repo.replace('/', '+')}-{commit[:10]}-{int(blank)}"
@@ -107,7 +108,7 @@ class Index:
         self.file_text: dict[str, str] = defaultdict(str)
         for c in self.chunks:
             self.file_text[c.path] += c.chunk.text.lower() + "\n"
-        self.matrix = embeddings.vectors([c.embed_text for c in self.chunks])
+        self.matrix = embeddings.vectors([LAYOUTS[layout](c.path, c.chunk) for c in self.chunks])
 
     def candidates(self, query: str, qvec: np.ndarray, gold: set) -> Candidates:
         sims = self.matrix @ qvec
@@ -190,22 +191,26 @@ def load(name: str) -> list[dict]:
     return [json.loads(line) for line in (HERE / "data" / f"{name}.jsonl").open()]
 
 
-def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefix: str = ""
+def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefix: str = "",
+            layout: str = "today", query_words: bool = False
             ) -> dict[str, list[tuple[dict, Candidates]]]:
     """Candidates for every query of every set, one index per (repo, commit, blanked);
-    `query_prefix` is prepended to the embedded query only (an embedder's instruction)."""
+    `query_prefix` is prepended to the embedded query only (an embedder's instruction),
+    `layout` names the chunk text the embedder sees (`layouts.py`), `query_words` splits the
+    embedded query's identifiers into words too."""
     snaps: dict[str, Snapshots] = {}
     out: dict[str, list] = {}
     for name in sets:
         rows = load(name)
-        qvecs = embeddings.vectors([query_prefix + r["query"] for r in rows])
+        qvecs = embeddings.vectors([query_prefix + (spaced(r["query"]) if query_words
+                                                    else r["query"]) for r in rows])
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
             groups[(r["repo"], r.get("parent", r["commit"]))].append(i)
         out[name] = []
         for (repo, commit), members in groups.items():
             snaps.setdefault(repo, Snapshots(repo))
-            index = Index(snaps[repo], commit, name == "docstring", embeddings, home)
+            index = Index(snaps[repo], commit, name == "docstring", embeddings, home, layout)
             for i in members:
                 r = rows[i]
                 gold = set(r["gold"]) if name == "localisation" else chunk_gold(index, r["gold"])
@@ -259,10 +264,18 @@ def main() -> None:
     parser.add_argument("--sets", default="localisation,docstring,identifier")
     parser.add_argument("--query-prefix", default="", help="e.g. bge's retrieval instruction "
                         "'Represent this sentence for searching relevant passages: '")
+    parser.add_argument("--layout", default="today", choices=sorted(LAYOUTS),
+                        help="the chunk text the embedder sees (bench/search/layouts.py)")
+    parser.add_argument("--query-words", action="store_true",
+                        help="split the embedded query's identifiers into words too")
+    parser.add_argument("--max-chars", type=int, default=chunker.MAX_CHARS,
+                        help="chunk size budget (the chunker's MAX_CHARS)")
     args = parser.parse_args()
+    chunker.MAX_CHARS = args.max_chars  # a probe of the budget, not a setting
     embeddings = EmbeddingCache(OnnxEmbedder())
     with tempfile.TemporaryDirectory() as tmp:
-        data = collect(args.sets.split(","), embeddings, Path(tmp), args.query_prefix)
+        data = collect(args.sets.split(","), embeddings, Path(tmp), args.query_prefix,
+                       args.layout, args.query_words)
     weights = fit(data) if args.fit else None
     if weights:
         for level, by_shape in weights.items():
@@ -279,6 +292,9 @@ def main() -> None:
                     rows[method].append(metrics(ranked, c.gold))
             if rows:
                 table(f"{name} ({level}), {split} repositories", rows)
+    if embeddings.embedded:
+        print(f"embedded {embeddings.embedded} new texts in {embeddings.seconds:.0f} s "
+              f"({embeddings.embedded / embeddings.seconds:.1f} chunks/s, not under the lock)")
     lex = sorted(c.seconds_lexical for items in data.values() for _, c in items)
     print(f"\nclient BM25 query: p50 {1000 * lex[len(lex) // 2]:.1f} ms, "
           f"p95 {1000 * lex[int(len(lex) * 0.95)]:.1f} ms")

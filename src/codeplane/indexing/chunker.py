@@ -18,6 +18,9 @@ from functools import lru_cache
 MAX_CHARS = 1600
 GLUE_MERGE = 160  # smaller non-definition code joins following non-definition code
 WINDOW_LINES = 60
+# The layout of the text the embedder sees (`Chunk.embed_text`). Bump it with every change
+# there: sync rebuilds an index whose vectors were made from another layout.
+EMBED_FORMAT = 1
 
 LANGUAGES = {
     "py": "python", "pyi": "python", "js": "javascript", "jsx": "javascript",

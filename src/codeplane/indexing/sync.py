@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Self
 
 from codeplane.config import Settings
-from codeplane.indexing.chunker import chunk_text
+from codeplane.indexing.chunker import EMBED_FORMAT, chunk_text
 from codeplane.indexing.remote import Remote
 from codeplane.indexing.scan import DEFAULT_MAX_BYTES, looks_binary, scan
 from codeplane.indexing.secretscan import find_secret
@@ -255,16 +255,21 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
 
 
 def _open(state: WorkspaceState, remote: Remote, mode: str) -> None:
-    """Open the server workspace for this embedding mode. The two modes rotate vectors with
-    different keys, so after a switch the server's vectors are unusable: drop the workspace
-    and start over (the next diff then finds every file new)."""
+    """Open the server workspace for this embedding mode and chunk text layout. The two modes
+    rotate vectors with different keys, and vectors of two layouts (`EMBED_FORMAT`) rank on
+    different footing, so after either changes the server's vectors are unusable: drop the
+    workspace and start over (the next diff then finds every file new). A Merkle leaf hashes
+    the file, not the embedded text, so without this an unchanged file would keep its old
+    vector forever next to new ones."""
     status = remote.open()
-    if state.get("embed_mode") not in (None, mode):
+    built = state.get("embed_mode")
+    if built is not None and (built != mode or state.get("embed_format") != EMBED_FORMAT):
         remote.drop()
         status = remote.open()
     if remote.vectors is not None:
         remote.vectors.check(status)
     state.put("embed_mode", mode)
+    state.put("embed_format", EMBED_FORMAT)
 
 
 def _plan(state: WorkspaceState, root: Path, changed: list[str], report: SyncReport, mode: str
