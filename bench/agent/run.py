@@ -96,8 +96,9 @@ def search_setup(mode: str | None, ws: Path, server_url: str, home: Path, key_fi
     from codeplane.config import load_settings
     from codeplane.indexing.sync import sync
 
-    settings = load_settings(home=home, server=server_url,
-                             indexing={"fusion": mode, "key_file": str(key_file)})
+    # small upload batches: on a loaded machine 256 chunks outlast the client's HTTP timeout
+    settings = load_settings(home=home, server=server_url, indexing={
+        "fusion": mode, "key_file": str(key_file), "batch_chunks": 32})
     started = time.monotonic()
     sync(ws, settings)
     return None, settings, round(time.monotonic() - started, 1)
