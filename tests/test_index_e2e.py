@@ -21,6 +21,7 @@ from conftest import LiveServer, free_port, make_settings
 from indexkit import tenant_app, write
 
 from codeplane.indexing.api import IndexUnavailable, search, search_workspace
+from codeplane.indexing.chunker import EMBED_FORMAT
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState, workspace_dir
 from codeplane.indexing.sync import sync
@@ -449,7 +450,11 @@ def test_an_index_built_with_another_chunk_layout_is_re_embedded(server, tmp_pat
     first = sync(root, cfg)
     assert sync(root, cfg).files_changed == 0
     state = WorkspaceState(root, cfg)
-    state.put("embed_format", None)  # what a client from before EMBED_FORMAT recorded
+    state.put("embed_format", None)  # recorded by a client from before the format existed
+    state.close()
+    assert sync(root, cfg).files_changed == (0 if EMBED_FORMAT == 1 else 1)
+    state = WorkspaceState(root, cfg)
+    state.put("embed_format", EMBED_FORMAT + 1)  # an index built with another layout
     state.close()
     rebuilt = sync(root, cfg)
     assert rebuilt.files_changed == first.files_changed == 1

@@ -112,7 +112,8 @@ class EmbeddingCache:
 
     def __init__(self, embedder) -> None:
         CACHE.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(CACHE / "embeddings.sqlite", isolation_level=None)
+        # several probes may run at once: wait for another writer rather than fail
+        self.db = sqlite3.connect(CACHE / "embeddings.sqlite", isolation_level=None, timeout=300)
         self.db.execute("CREATE TABLE IF NOT EXISTS v (k TEXT PRIMARY KEY, vec BLOB)")
         self.embedder = embedder
         self.embedded, self.seconds = 0, 0.0  # texts embedded by this run, and how long it took

@@ -184,7 +184,7 @@ def table(title: str, rows: dict[str, list[dict]]) -> None:
     for method, ms in rows.items():
         mean = {k: sum(m[k] for m in ms) / len(ms) for k in ms[0]}
         print(f"| {method} | {len(ms)} | {mean['R@1']:.2f} | {mean['R@5']:.2f} | "
-              f"{mean['R@10']:.2f} | {mean['MRR@10']:.2f} |")
+              f"{mean['R@10']:.2f} | {mean['MRR@10']:.3f} |")
 
 
 def load(name: str) -> list[dict]:

@@ -19,7 +19,9 @@ MAX_CHARS = 1600
 GLUE_MERGE = 160  # smaller non-definition code joins following non-definition code
 WINDOW_LINES = 60
 # The layout of the text the embedder sees (`Chunk.embed_text`). Bump it with every change
-# there: sync rebuilds an index whose vectors were made from another layout.
+# there: sync rebuilds an index whose vectors were made from another layout (a Merkle leaf
+# hashes the file, so an unchanged file would otherwise keep its old vector). 1 is the layout
+# below, measured against variants in bench/search/layouts.py (docs/search.md).
 EMBED_FORMAT = 1
 
 LANGUAGES = {

@@ -263,7 +263,9 @@ def _open(state: WorkspaceState, remote: Remote, mode: str) -> None:
     vector forever next to new ones."""
     status = remote.open()
     built = state.get("embed_mode")
-    if built is not None and (built != mode or state.get("embed_format") != EMBED_FORMAT):
+    # indexes from before the format was recorded were built with layout 1
+    layout = state.get("embed_format") or 1
+    if built is not None and (built != mode or layout != EMBED_FORMAT):
         remote.drop()
         status = remote.open()
     if remote.vectors is not None:
