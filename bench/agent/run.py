@@ -10,6 +10,10 @@ so an agent cannot pass by editing the tests.
     python bench/agent/run.py --models code-small,code-medium --harness codeplane,mini \
         --lock /tmp/codeplane-cpu.lock --out /tmp/agent-bench.jsonl
 
+`--search none|dense|hybrid` measures what `codebase_search` is worth: the tool removed, or
+the workspace indexed first and searched dense-only (the old search) or hybrid (the default);
+see docs/search.md.
+
 `--lock` takes the shared CPU lock around each task (not the whole suite), so other heavy
 jobs on the machine interleave instead of distorting the timings.
 
