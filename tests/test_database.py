@@ -12,13 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import make_settings
 from pgserver import pg_server, pg_url  # noqa: F401  (fixtures)
-from sqlalchemy import inspect, update
+from sqlalchemy import inspect, select, update
 
-from codeplane.agent.records import RunRecords
+from codeplane.agent.records import RunRecords, RunTaken
 from codeplane.background.store import Store
 from codeplane.gateway.keys import KeyStore
 from codeplane.storage import Database, DatabaseError, Replica
-from codeplane.storage.tables import metadata, replicas
+from codeplane.storage.tables import agent_events, metadata, replicas
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -48,7 +48,7 @@ def expire(db: Database, replica: Replica) -> None:
 def test_migrations_build_the_schema_the_code_uses_and_run_once_when_raced(url):
     dbs = [Database(url) for _ in range(4)]
     with ThreadPoolExecutor(4) as pool:  # replicas starting together
-        assert set(pool.map(lambda db: db.upgrade(), dbs)) == {"0002"}
+        assert set(pool.map(lambda db: db.upgrade(), dbs)) == {"0005"}
     with dbs[0].engine.connect() as conn:
         found = inspect(conn)
         for table in metadata.sorted_tables:
@@ -176,6 +176,57 @@ def test_the_agent_run_cap_counts_every_live_replica(pair):
     assert b.interrupt_orphans() == 1
     assert b.get("t", "run-a")["status"] == "interrupted"
     assert b.claim("t", "run-b", limit=1) is None
+
+
+def test_agent_run_events_are_read_from_any_replica_by_their_tenant_only(pair):
+    """Attack first: tenant u asking replica b for tenant t's run (its events, a resume
+    point, a cancel) finds nothing, exactly as for an id that never existed."""
+    (db_a, rep_a), (db_b, rep_b) = pair
+    a, b = RunRecords(db_a, rep_a), RunRecords(db_b, rep_b)
+    assert a.claim("t", "run-1", limit=5) is None
+    for seq, kind in enumerate(["run_start", "model_turn", "tool_result"], start=1):
+        a.append("run-1", seq, {"type": kind, "secret": "def handler(): ..."})
+    assert b.tail("u", "run-1") is None and b.tail("u", "run-1", 2) is None
+    assert not b.request_cancel("u", "run-1") and a.cancelled(["run-1"]) == []
+    status, events = b.tail("t", "run-1", 1)
+    assert status == "running" and [s for s, _ in events] == [2, 3]
+    assert [e["type"] for _, e in events] == ["model_turn", "tool_result"]
+    assert b.request_cancel("t", "run-1") and a.cancelled(["run-1", "x"]) == ["run-1"]
+    a.finish("run-1", "cancelled", None)
+    assert not b.request_cancel("t", "run-1")  # nothing left to cancel
+
+
+def test_a_dead_replicas_agent_run_ends_with_one_interrupted_event(pair):
+    (db_a, rep_a), (db_b, rep_b) = pair
+    a, b = RunRecords(db_a, rep_a), RunRecords(db_b, rep_b)
+    a.claim("t", "run-1", limit=5)
+    a.append("run-1", 1, {"type": "run_start"})
+    expire(db_a, rep_a)
+    assert b.interrupt_orphans() == 1 and b.interrupt_orphans() == 0
+    status, events = b.tail("t", "run-1")
+    assert status == "interrupted" and [e["type"] for _, e in events] == ["run_start",
+                                                                          "interrupted"]
+    with pytest.raises(RunTaken):  # the owner was only frozen: its next event must not land
+        a.append("run-1", 2, {"type": "model_turn"})
+    a.finish("run-1", "completed", None)  # nor may it overwrite the verdict
+    assert b.get("t", "run-1")["status"] == "interrupted"
+
+
+def test_finished_agent_runs_past_the_keep_limit_are_forgotten_with_their_events(pair):
+    (db_a, rep_a), _ = pair
+    records = RunRecords(db_a, rep_a, keep_finished=2)
+    for i in range(4):
+        records.claim("t", f"run-{i}", limit=5)
+        records.append(f"run-{i}", 1, {"type": "run_start"})
+        records.finish(f"run-{i}", "completed", None)
+    records.claim("u", "other", limit=5)  # another tenant's runs are not counted
+    records.finish("other", "completed", None)
+    records.claim("t", "run-4", limit=5)  # a new run makes room: two finished ones stay
+    kept = [i for i in range(5) if records.tail("t", f"run-{i}") is not None]
+    assert kept == [2, 3, 4] and records.tail("u", "other") is not None
+    with db_a.read() as conn:
+        stored = set(conn.execute(select(agent_events.c.run_id)).scalars())
+    assert stored == {"run-2", "run-3"}
 
 
 def test_a_named_lock_excludes_the_other_replica(pair):

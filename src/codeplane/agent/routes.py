@@ -1,12 +1,13 @@
 """`POST /v1/agent/runs` (SSE stream of run events), `GET /v1/agent/runs/{id}`,
-`GET /v1/agent/runs/{id}/events` (SSE from the first event), `POST .../{id}/cancel`.
+`GET /v1/agent/runs/{id}/events` (SSE, resumable with `Last-Event-ID`), `POST .../{id}/cancel`.
 
 A run executes the same `Agent` as the CLI on a thread of its own. What it may do is server
 policy, not the request's wish: it works in a directory under `serve.workspace_roots`, inside
 the sandbox and without network unless `serve.allow_unsandboxed` / `serve.allow_network` let
 a request ask otherwise, and it reaches models in-process through the gateway with the
 caller's key and priority (no loopback call, nothing taken from the Host header). Runs belong
-to the caller's tenant: another tenant's run id is reported missing (404).
+to the caller's tenant: another tenant's run id is reported missing (404). With the server
+database every replica answers for every run (its events are stored as they happen).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from codeplane.agent.env import Environment, ToolError, local_environment
-from codeplane.agent.loop import Agent, AgentConfig, Event
-from codeplane.agent.runs import Run, RunLimit, RunManager
+from codeplane.agent.loop import Agent, AgentConfig
+from codeplane.agent.runs import ENDS, RunLimit, RunManager, Tail, result_of, status_of
 from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import Principal, principal_of
@@ -37,6 +38,7 @@ from codeplane.sandbox import SandboxUnavailable
 from codeplane.sandbox.fleet import FleetError
 
 KEEPALIVE = 5.0  # seconds without an event before the stream sends a comment line
+POLL_S = 0.5  # how often a watcher reads a run another replica runs (its own wake it at once)
 
 
 router = APIRouter()
@@ -179,7 +181,7 @@ async def create_run(body: RunRequest, request: Request):
         raise _limit(exc) from None
     if not body.stream:
         return {"id": run.id, "status": "running"}
-    return _stream(run, cancel_on_hangup=True)
+    return _stream(request, run.id, 0, cancel_on_hangup=True)
 
 
 def _environment(request: Request, tenant: str, root: Path, body: RunRequest) -> Environment:
@@ -189,10 +191,12 @@ def _environment(request: Request, tenant: str, root: Path, body: RunRequest) ->
         return local_environment(root, body.sandbox, body.network, backend=body.backend)
 
 
-def _stream(run: Run, cancel_on_hangup: bool) -> StreamingResponse:
-    backlog, queue = run.subscribe()
-    return StreamingResponse(_sse(run, backlog, queue, cancel_on_hangup),
-                             media_type="text/event-stream", headers={"X-Agent-Run-Id": run.id})
+def _stream(request: Request, run_id: str, after: int,
+            cancel_on_hangup: bool) -> StreamingResponse:
+    manager, tenant = runs_of(request), principal_of(request).tenant
+    return StreamingResponse(_sse(manager, tenant, run_id, after, cancel_on_hangup),
+                             media_type="text/event-stream",
+                             headers={"X-Agent-Run-Id": run_id, "cache-control": "no-store"})
 
 
 def _limit(exc: RunLimit) -> APIError:
@@ -200,57 +204,84 @@ def _limit(exc: RunLimit) -> APIError:
                     headers={"retry-after": "10"})
 
 
-async def _sse(run: Run, backlog: list[Event], queue: asyncio.Queue,
+async def _sse(manager: RunManager, tenant: str, run_id: str, after: int,
                cancel_on_hangup: bool) -> AsyncIterator[str]:
-    """The run's events, from the first. When the client that started the run hangs up,
-    the run is cancelled (its running command is killed): nobody is left to see the result,
-    and the CPU it holds is shared. Runs started with stream=false are not tied to a
-    connection, and a watcher (`GET .../events`) that leaves cancels nothing."""
-    ended = False
+    """The run's events numbered above `after` (each with its number as the SSE `id:`), then
+    new ones as they are stored, until the run has ended (`run_end`, or `interrupted` when
+    its replica died). When the client that started the run hangs up, the run is cancelled
+    (its running command is killed): nobody is left to see the result, and the CPU it holds
+    is shared. Runs started with stream=false are not tied to a connection, and a watcher
+    (`GET .../events`) that leaves cancels nothing."""
+    wake = manager.watch(run_id)
+    ended, quiet = False, 0.0
     try:
-        for event in backlog:
-            yield f"data: {json.dumps(event, default=str)}\n\n"
-        ended = bool(backlog) and backlog[-1]["type"] == "run_end"
         while not ended:
+            wake.clear()  # before reading: an event stored meanwhile wakes us again
+            tail = await asyncio.to_thread(manager.tail, tenant, run_id, after)
+            if tail is None:  # forgotten meanwhile (pruned): nothing more to say
+                break
+            for seq, event in tail.events:
+                yield f"id: {seq}\ndata: {json.dumps(event, default=str)}\n\n"
+                after, ended, quiet = seq, event["type"] in ENDS, 0.0
+            if ended or tail.status != "running":  # status read first: its events are in
+                ended = True
+                break
             try:
-                event = await asyncio.wait_for(queue.get(), KEEPALIVE)
-            except TimeoutError:  # a comment line: also how a hang-up is noticed under
-                yield ": keep-alive\n\n"  # ASGI servers that report it only on send
-                continue
-            yield f"data: {json.dumps(event, default=str)}\n\n"
-            ended = event["type"] == "run_end"
+                await asyncio.wait_for(wake.wait(), POLL_S)
+            except TimeoutError:
+                quiet += POLL_S
+                if quiet >= KEEPALIVE:  # a comment line: also how a hang-up is noticed
+                    quiet = 0.0  # under ASGI servers that report it only on send
+                    yield ": keep-alive\n\n"
         yield "data: [DONE]\n\n"
     finally:
-        run.unsubscribe(queue)
-        if not ended and cancel_on_hangup:
-            run.agent.cancel.set()
+        manager.unwatch(run_id, wake)
+        if not ended and cancel_on_hangup:  # not awaited: this task is being cancelled
+            asyncio.get_running_loop().run_in_executor(None, manager.cancel, tenant, run_id)
 
 
-def _get(request: Request, run_id: str) -> Run:
-    run = runs_of(request).get(principal_of(request).tenant, run_id)
-    if run is None:
+def _tail(request: Request, run_id: str, after: int = 0) -> Tail:
+    tail = runs_of(request).tail(principal_of(request).tenant, run_id, after)
+    if tail is None:
         raise not_found(f"agent run {run_id!r} does not exist", code="run_not_found",
                         param="run_id")
-    return run
+    return tail
+
+
+def _after(last_event_id: str | None) -> int:
+    """The event number a reconnecting client saw last (0: from the first)."""
+    if last_event_id is None:
+        return 0
+    if not last_event_id.strip().isdigit():
+        raise APIError(400, "Last-Event-ID must be an event id (a non-negative integer)",
+                       param="last-event-id")
+    return int(last_event_id)
 
 
 @router.get("/v1/agent/runs/{run_id}")
 def get_run(run_id: str, request: Request) -> dict[str, Any]:
-    run = _get(request, run_id)
-    return {"id": run_id, "status": run.status(),
-            "result": run.result.to_dict() if run.result else None,
-            "transcript": list(run.events)}
+    tail = _tail(request, run_id)
+    events = [event for _, event in tail.events]
+    return {"id": run_id, "status": status_of(tail.status, events),
+            "result": result_of(events), "transcript": events}
 
 
 @router.get("/v1/agent/runs/{run_id}/events")
-async def watch_run(run_id: str, request: Request) -> StreamingResponse:
-    """The run's events as server-sent events, from the first: reattach after a disconnect,
-    or watch a run started with stream=false."""
-    return _stream(_get(request, run_id), cancel_on_hangup=False)
+async def watch_run(run_id: str, request: Request,
+                    last_event_id: str | None = Header(None)) -> StreamingResponse:
+    """The run's events as server-sent events, from the first or after `Last-Event-ID`:
+    reattach after a disconnect, watch a run started with stream=false, or watch from
+    another replica than the one running it."""
+    after = _after(last_event_id)
+    await asyncio.to_thread(_tail, request, run_id, after)  # 404 before the stream starts
+    return _stream(request, run_id, after, cancel_on_hangup=False)
 
 
 @router.post("/v1/agent/runs/{run_id}/cancel")
 def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
-    run = _get(request, run_id)
-    run.agent.cancel.set()
-    return {"id": run_id, "status": run.status(), "cancel_requested": True}
+    """Stop the run whichever replica runs it (another replica's run stops within
+    `runs.CANCEL_POLL_S` plus its current step's kill)."""
+    tail = _tail(request, run_id)
+    running = runs_of(request).cancel(principal_of(request).tenant, run_id)
+    return {"id": run_id, "status": status_of(tail.status, [e for _, e in tail.events]),
+            "cancel_requested": running}

@@ -1,41 +1,74 @@
 """The server's agent runs: each belongs to a tenant, runs on a thread of its own, and always
 ends with a `run_end` event and a terminal status.
 
-Runs live in memory only (transcripts hold source code; the server persists none). A running
-run is never evicted: only finished runs age out, oldest first, past `keep_finished` per
-tenant. Concurrent running runs are capped per tenant, so one key cannot take every core; with
-`records` (a server's database) the cap counts every replica's runs and each run's status is
-shared (`records.py`).
+With `records` (a server's database, `records.py`) every event is stored as it happens, so
+any replica shows and streams any run, the per-tenant cap counts every replica's runs, and a
+cancel asked of any replica reaches the owner (which polls for it every `CANCEL_POLL_S`).
+Without records (tests, tools) the events stay in memory. A running run is never evicted:
+only finished runs age out, oldest first, past `keep_finished` per tenant.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from codeplane.agent.loop import Agent, Event, RunResult
-from codeplane.agent.records import RunRecords
+from codeplane.agent.records import RunRecords, RunTaken
 from codeplane.core.chat import ChatModel
+from codeplane.storage import DatabaseError
 
 log = logging.getLogger("codeplane.agent")
 JOIN_S = 10.0  # how long close() waits for a cancelled run's thread
+CANCEL_POLL_S = 0.5  # how often the owner looks for cancels asked of other replicas
+ENDS = ("run_end", "interrupted")  # the events after which a run has nothing more to say
+RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(RunResult))
+Watcher = tuple[asyncio.AbstractEventLoop, asyncio.Event]
 
 
 class RunLimit(Exception):
     """The tenant already has its maximum of running runs."""
 
 
-class Run:
-    """One run's events (kept for GET and late subscribers) and its live subscribers."""
+@dataclasses.dataclass
+class Tail:
+    """What a watcher reads: the run's status and its events numbered above a point."""
+    status: str
+    events: list[tuple[int, Event]]
 
-    def __init__(self, agent: Agent, tenant: str) -> None:
-        self.agent, self.tenant = agent, tenant
+
+def result_of(events: list[Event]) -> dict | None:
+    """The run's result, as the `run_end` event that ends its transcript states it."""
+    if events and events[-1]["type"] == "run_end":
+        return {k: events[-1].get(k) for k in RESULT_FIELDS}
+    return None
+
+
+def status_of(status: str, events: list[Event]) -> str:
+    """A recorded status, unless the transcript already ended (its end event is written
+    before the record's status, and says the same)."""
+    if events and events[-1]["type"] in ENDS:
+        return events[-1].get("status") or status
+    return status
+
+
+class Run:
+    """One run of this replica: its agent, thread, and events (kept here for a server
+    without records; stored in them with one sequence number per event otherwise)."""
+
+    def __init__(self, agent: Agent, tenant: str, records: RunRecords | None = None,
+                 notify: Callable[[str], None] | None = None) -> None:
+        self.agent, self.tenant, self.records = agent, tenant, records
+        self.notify = notify
         self.events: list[Event] = []
         self.result: RunResult | None = None
-        self.subscribers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = []
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         agent.listeners.append(self.publish)
@@ -45,25 +78,22 @@ class Run:
         return self.agent.run_id
 
     def publish(self, event: Event) -> None:
-        """Record an event and hand it to every live subscriber; a subscriber whose event
-        loop has closed (server shutting down) is dropped, never allowed to fail the run."""
+        """Record an event (in the database first, when there is one) and wake this
+        replica's watchers. A storage failure cancels the run rather than leave a
+        transcript with a hole; a slot taken by an `interrupted` verdict stops it too."""
         with self.lock:
             self.events.append(event)
-            for sub in list(self.subscribers):
+            if self.records is not None:
                 try:
-                    sub[0].call_soon_threadsafe(sub[1].put_nowait, event)
-                except RuntimeError:
-                    self.subscribers.remove(sub)
-
-    def subscribe(self) -> tuple[list[Event], asyncio.Queue]:
-        queue: asyncio.Queue = asyncio.Queue()
-        with self.lock:
-            self.subscribers.append((asyncio.get_running_loop(), queue))
-            return list(self.events), queue
-
-    def unsubscribe(self, queue: asyncio.Queue) -> None:
-        with self.lock:
-            self.subscribers = [s for s in self.subscribers if s[1] is not queue]
+                    self.records.append(self.id, len(self.events), event)
+                except RunTaken:
+                    log.warning("agent run %s was declared interrupted; stopping", self.id)
+                    self.agent.cancel.set()
+                except (DatabaseError, SQLAlchemyError):
+                    log.exception("agent run %s: event not stored; cancelling", self.id)
+                    self.agent.cancel.set()
+        if self.notify is not None:
+            self.notify(self.id)
 
     def status(self) -> str:
         return self.result.status if self.result else "running"
@@ -99,7 +129,10 @@ class RunManager:
         self.max_running, self.keep_finished = max_running_per_tenant, keep_finished
         self.records = records
         self._runs: OrderedDict[str, Run] = OrderedDict()
+        self._watchers: dict[str, set[Watcher]] = {}
         self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._poller: threading.Thread | None = None
 
     def admit(self, tenant: str) -> None:
         """RunLimit if the tenant is at its cap (checked again, atomically, by `start`)."""
@@ -120,13 +153,17 @@ class RunManager:
     def start(self, tenant: str, agent: Agent, task: str, model: ChatModel) -> Run:
         """Register and start a run; RunLimit if the tenant is at its cap. Finished runs
         of the tenant past `keep_finished` are forgotten, oldest first; running ones never."""
-        run = Run(agent, tenant)
+        run = Run(agent, tenant, self.records, self._wake)
         with self._lock:
             self._admit(tenant, claim=run.id)
             finished = [r for r in self._runs.values() if r.tenant == tenant and r.result]
             for old in finished[: max(0, len(finished) + 1 - self.keep_finished)]:
                 del self._runs[old.id]
             self._runs[run.id] = run
+            if self.records is not None and self._poller is None:
+                self._poller = threading.Thread(target=self._poll_cancels,
+                                                name="agent-cancels", daemon=True)
+                self._poller.start()
         run.thread = threading.Thread(target=self._work, args=(run, task, model),
                                       name=f"agent-{run.id}", daemon=True)
         run.thread.start()
@@ -140,13 +177,78 @@ class RunManager:
                                 result.error if result else "ended without a result")
 
     def get(self, tenant: str, run_id: str) -> Run | None:
-        """The run, if it exists and belongs to `tenant` (another tenant's run is missing)."""
+        """This replica's run, if it exists and belongs to `tenant` (another tenant's run
+        is missing)."""
         with self._lock:
             run = self._runs.get(run_id)
         return run if run is not None and run.tenant == tenant else None
 
+    def tail(self, tenant: str, run_id: str, after: int = 0) -> Tail | None:
+        """The run's status and events numbered above `after`, whichever replica runs it;
+        None if `tenant` has no such run."""
+        if self.records is not None:
+            found = self.records.tail(tenant, run_id, after)
+            return Tail(*found) if found is not None else None
+        run = self.get(tenant, run_id)
+        if run is None:
+            return None
+        with run.lock:
+            events = list(enumerate(run.events[after:], start=after + 1))
+        return Tail(run.status(), events)
+
+    def cancel(self, tenant: str, run_id: str) -> bool:
+        """Ask the tenant's run to stop, wherever it runs: here at once, on another replica
+        within `CANCEL_POLL_S` (the owner polls the flag). False if it is not running."""
+        run = self.get(tenant, run_id)
+        if run is not None and run.result is None:
+            run.agent.cancel.set()
+        if self.records is not None:
+            return self.records.request_cancel(tenant, run_id)
+        return run is not None and run.result is None
+
+    def _poll_cancels(self) -> None:
+        """The owner's side of a cancel asked of another replica."""
+        while not self._closed.wait(CANCEL_POLL_S):
+            with self._lock:
+                running = {r.id: r for r in self._runs.values() if r.result is None}
+            if not running:
+                continue
+            try:
+                flagged = self.records.cancelled(list(running))
+            except (DatabaseError, SQLAlchemyError):
+                log.exception("polling agent-run cancels failed; retrying")
+                continue
+            for run_id in flagged:
+                running[run_id].agent.cancel.set()
+
+    # -- watchers: woken at once by this replica's runs, polling for other replicas' -------
+
+    def watch(self, run_id: str) -> asyncio.Event:
+        wake = asyncio.Event()
+        with self._lock:
+            self._watchers.setdefault(run_id, set()).add((asyncio.get_running_loop(), wake))
+        return wake
+
+    def unwatch(self, run_id: str, wake: asyncio.Event) -> None:
+        with self._lock:
+            left = {w for w in self._watchers.get(run_id, set()) if w[1] is not wake}
+            if left:
+                self._watchers[run_id] = left
+            else:
+                self._watchers.pop(run_id, None)
+
+    def _wake(self, run_id: str) -> None:
+        with self._lock:
+            watchers = list(self._watchers.get(run_id, ()))
+        for loop, wake in watchers:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # that watcher's event loop has closed (shutdown)
+                self.unwatch(run_id, wake)
+
     def close(self) -> None:
         """Cancel every running run and wait a little for each to write its `run_end`."""
+        self._closed.set()
         with self._lock:
             runs = list(self._runs.values())
         for run in runs:

@@ -131,7 +131,8 @@ background_events = Table(
     Column("body", Text, nullable=False),
 )
 
-# Agent runs' records (their transcripts hold source code and stay in the owner's memory).
+# Agent runs' records. `cancel_requested` is set by whichever replica was asked to cancel;
+# the owner polls for it (agent/runs.py).
 agent_runs = Table(
     "agent_runs", metadata,
     Column("id", String(64), primary_key=True),
@@ -141,5 +142,46 @@ agent_runs = Table(
     Column("created", Float, nullable=False),
     Column("updated", Float, nullable=False),
     Column("error", Text),
+    Column("cancel_requested", Float),
     Index("agent_runs_by_tenant", "tenant", "status"),
+    Index("agent_runs_by_owner", "owner", "status"),
+)
+
+# Agent runs' events, append-only and numbered per run (the SSE event id). They hold what the
+# in-memory transcript held: the run works on code under serve.workspace_roots, which already
+# lives on the server (the background runs' stance); pruned with the run's record.
+agent_events = Table(
+    "agent_events", metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("body", Text, nullable=False),
+)
+
+# The sandbox fleet's records: the sandbox itself (its tree, its processes) is on the owner's
+# host; this row lets any replica list it and says when its owner died (`state` "gone").
+sandboxes = Table(
+    "sandboxes", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("tenant", String(64)),  # NULL while it waits in a warm pool
+    Column("backend", String(32), nullable=False),  # the clone strategy that made it
+    Column("state", String(16), nullable=False),  # pooled | active | gone
+    Column("owner", String(128), nullable=False),  # the replica whose host holds it
+    Column("repo", Text, nullable=False),
+    Column("ref", Text, nullable=False),
+    Column("commit_sha", String(64), nullable=False),
+    Column("holder", String(128), nullable=False),
+    Column("created", Float, nullable=False),
+    Column("last_used", Float, nullable=False),
+    Index("sandboxes_by_tenant", "tenant", "state"),
+    Index("sandboxes_by_owner", "owner", "state"),
+)
+
+# Request-rate token buckets shared by every worker and replica (`gateway/admission.py`):
+# "rpm:<key id>", "ip_rpm:<address>", "ip_tpm:<address>".
+rate_buckets = Table(
+    "rate_buckets", metadata,
+    Column("name", String(160), primary_key=True),
+    Column("level", Float, nullable=False),
+    Column("updated", Float, nullable=False),
+    Index("rate_buckets_by_updated", "updated"),
 )
