@@ -38,6 +38,7 @@ from codeplane.indexing.sync import sync
 from codeplane.storage import Database
 from codeplane.storage.tables import agent_runs
 
+AGENT = "/v1/agent/runs"
 HANG = {"raw": ['data: {"choices": []}\n\n'], "hang": True}  # a model call that never ends
 BG = "/v1/background-agents"
 CODE = {f"pkg/mod{i}.py": f'def handler_{i}(request):\n    """Serve route {i} of the '
@@ -123,9 +124,10 @@ class Cluster:
                               env=self.env(self.replicas[name]), capture_output=True,
                               text=True, timeout=120)
 
-    def key(self, name: str, key_name: str, *options: str) -> dict[str, str]:
+    def key(self, name: str, key_name: str, *options: str,
+            tenant: str = "acme") -> dict[str, str]:
         """A new API key, created with the CLI on `name`'s host; its Bearer header."""
-        made = json.loads(self.cli(name, "keys", "create", key_name, "--tenant", "acme",
+        made = json.loads(self.cli(name, "keys", "create", key_name, "--tenant", tenant,
                                    *options, "--json").stdout)
         return {"authorization": f"Bearer {made['key']}"}
 
@@ -289,3 +291,91 @@ def _status(root: Path, settings: Settings, http: httpx.Client) -> dict:
         return Remote(settings.server, state.workspace_id, state.keys.server_key, http).status()
     finally:
         state.close()
+
+
+def _agent_run(cluster: Cluster, replica: str, headers: dict[str, str], name: str) -> str:
+    """A run started without a stream on `replica`, in a fresh workspace; its id."""
+    repo = cluster.repos / name
+    write(repo, {"a.py": "A = 1\n"})
+    run = httpx.post(cluster.replicas[replica].url + AGENT, headers=headers, timeout=60, json={
+        "task": "make made.txt", "path": str(repo), "model": "scripted", "max_steps": 4,
+        "stream": False})
+    assert run.status_code == 200, run.text
+    return run.json()["id"]
+
+
+def _events(url: str, headers: dict[str, str], after: int | None = None) -> list[tuple[int, dict]]:
+    """A whole SSE stream of a run: (id, event) pairs until `[DONE]`."""
+    if after is not None:
+        headers = {**headers, "last-event-id": str(after)}
+    got, seq = [], None
+    with httpx.stream("GET", url + "/events", headers=headers, timeout=60) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if line.startswith("id: "):
+                seq = int(line[4:])
+            elif line.startswith("data: ") and line != "data: [DONE]":
+                got.append((seq, json.loads(line[6:])))
+    return got
+
+
+def test_an_agent_run_on_one_replica_is_shown_and_streamed_by_the_other(cluster, provider):
+    """The run works on a; b streams it to its end, resumes after an event id, and answers
+    GET with what a answers. Attack first: another tenant's key gets 404 on both replicas
+    for the run, its events and its cancel."""
+    headers = cluster.key("a", "agent-dev")
+    rival = cluster.key("b", "agent-rival", tenant="rival")
+    provider.reset().script = [
+        {"calls": [("create_file", {"path": "made.txt", "content": "made\n"}),
+                   ("run_terminal_cmd", {"command": "sleep 2; cat made.txt"})]},
+        {"content": "done"}]
+    run_id = _agent_run(cluster, "a", headers, "agent-ws")
+    a, b = (f"{cluster.replicas[n].url}{AGENT}/{run_id}" for n in ("a", "b"))
+    for url in (a, b):
+        assert httpx.get(url, headers=rival).status_code == 404
+        assert httpx.get(url + "/events", headers=rival).status_code == 404
+        assert httpx.get(url + "/events", headers={**rival, "last-event-id": "1"}
+                         ).status_code == 404
+        assert httpx.post(url + "/cancel", headers=rival).status_code == 404
+    events = _events(b, headers)
+    kinds = [e["type"] for _, e in events]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end" and "tool_result" in kinds
+    assert events[-1][1]["status"] == "completed"
+    assert [seq for seq, _ in events] == list(range(1, len(events) + 1))
+    assert _events(b, headers, after=len(events) - 2) == events[-2:]
+    got_a, got_b = (httpx.get(url, headers=headers).json() for url in (a, b))
+    assert got_b == got_a and got_b["status"] == "completed"
+    assert got_b["transcript"] == [e for _, e in events]
+    assert got_b["result"]["answer"] == "done"  # the scripted model's last word
+
+
+def test_an_agent_run_cancelled_through_the_other_replica_stops(cluster, provider):
+    """b has no thread of the run: its cancel is a flag in the database that a polls."""
+    headers = cluster.key("a", "agent-canceller")
+    provider.reset().script = [HANG]
+    run_id = _agent_run(cluster, "a", headers, "agent-cancel")
+    wait_for(lambda: provider.requests, 60, "for the run's first model call")
+    b = f"{cluster.replicas['b'].url}{AGENT}/{run_id}"
+    cancel = httpx.post(b + "/cancel", headers=headers)
+    assert cancel.status_code == 200 and cancel.json()["cancel_requested"], cancel.text
+    events = _events(b, headers)
+    assert events[-1][1]["type"] == "run_end" and events[-1][1]["status"] == "cancelled"
+    assert httpx.get(b, headers=headers).json()["status"] == "cancelled"
+
+
+def test_an_agent_runs_stream_on_the_other_replica_ends_interrupted_when_its_owner_dies(
+        cluster, provider):
+    headers = cluster.key("b", "agent-orphan")
+    provider.reset().script = [HANG]
+    run_id = _agent_run(cluster, "a", headers, "agent-orphan")
+    wait_for(lambda: provider.requests, 60, "for the run's first model call")
+    b = f"{cluster.replicas['b'].url}{AGENT}/{run_id}"
+    with ThreadPoolExecutor(1) as pool:
+        watching = pool.submit(_events, b, headers)
+        wait_for(lambda: httpx.get(b, headers=headers).json()["transcript"], 30,
+                 "for the run's first event")
+        cluster.kill("a")
+        events = watching.result(timeout=60)
+    assert events[0][1]["type"] == "run_start" and events[-1][1]["type"] == "interrupted"
+    assert httpx.get(b, headers=headers).json()["status"] == "interrupted"
+    cluster.start("a")
