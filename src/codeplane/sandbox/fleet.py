@@ -9,7 +9,9 @@ A `Sandbox` is a directory (`sandbox.workspace`) plus the existing `BwrapRunner`
 
 Layout under `server_dir/fleet/`: `bases/<key>/` (a checkout per repo and commit, shared
 read-only by every sandbox of it), `sandboxes/<id>/` (one per sandbox; the tree is
-`sandboxes/<id>/ws`) and `records/<id>.json` (the reaper's).
+`sandboxes/<id>/ws`) and `records/<id>.json` (the reaper's). With `records` (the server
+database, `records.py`) each sandbox also has a shared record, so every replica lists a
+tenant's sandboxes and shows where each lives; only the owning replica can work in one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pydantic import BaseModel, Field
 
 from codeplane.core.errors import APIError
 from codeplane.sandbox import clone, reaper, remote
+from codeplane.sandbox.records import SandboxRecords
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits, SandboxUnavailable
 from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspace
 
@@ -163,8 +166,10 @@ class Fleet:
     """Every sandbox of one server. Thread-safe: routes run on a thread pool."""
 
     def __init__(self, server_dir: Path, settings: FleetSettings | None = None,
-                 repo_urls: list[str] | None = None) -> None:
+                 repo_urls: list[str] | None = None,
+                 records: SandboxRecords | None = None) -> None:
         self.settings = settings or FleetSettings()
+        self.shared = records  # the database's records of every replica's sandboxes
         self.repo_urls = list(repo_urls or [])  # serve.repo_urls: what may be fetched
         self.root = server_dir / "fleet"
         self.bases = self.root / "bases"
@@ -216,6 +221,8 @@ class Fleet:
                 self._pending[tenant] = self._pending.get(tenant, 0) + 1  # holds its slot
             self._wake.notify()
         if box is not None:
+            if self.shared is not None:
+                self.shared.assign(box.id, tenant, ref, holder)
             return box
         try:
             return self._make(source, str(repo), ref, commit, tenant, holder)
@@ -253,16 +260,75 @@ class Fleet:
     # --- tenant-scoped lookups for the routes -------------------------------------------
 
     def get(self, tenant: str, sandbox_id: str) -> Sandbox:
-        """The tenant's sandbox; another tenant's is reported as absent (404), not as 403."""
+        """The tenant's sandbox on this host; another tenant's is reported as absent (404),
+        not as 403; one on another replica is a 409 naming it (410 once that one died)."""
         with self._lock:
             box = self._live.get(sandbox_id)
         if box is None or box.tenant != tenant:
-            raise FleetError(404, f"no sandbox {sandbox_id!r}", "sandbox_not_found")
+            record = self._record(tenant, sandbox_id)
+            if record["state"] == "gone":
+                raise FleetError(410, f"sandbox {sandbox_id!r} is gone: the server holding it "
+                                      "stopped", "sandbox_gone")
+            raise FleetError(409, f"sandbox {sandbox_id!r} lives on server replica "
+                                  f"{record['owner']}; send its requests there",
+                             "sandbox_elsewhere")
+        if self.shared is not None:
+            self.shared.touch(sandbox_id)
         return box
 
     def list(self, tenant: str) -> list[Sandbox]:
+        """The tenant's sandboxes on this host."""
         with self._lock:
             return [b for b in self._live.values() if b.tenant == tenant]
+
+    def listed(self, tenant: str) -> list[dict[str, Any]]:
+        """What the API lists: the tenant's sandboxes on every replica (this host's alone
+        without the database), each with its state and replica."""
+        if self.shared is None:
+            return [self.view(b) for b in self.list(tenant)]
+        return [self._record_view(r) for r in self.shared.list(tenant)]
+
+    def describe(self, tenant: str, sandbox_id: str) -> dict[str, Any]:
+        """One sandbox of the tenant as the API shows it, whichever replica holds it."""
+        with self._lock:
+            box = self._live.get(sandbox_id)
+        if box is not None and box.tenant == tenant:
+            return self.view(box)
+        return self._record_view(self._record(tenant, sandbox_id))
+
+    def _record(self, tenant: str, sandbox_id: str) -> dict[str, Any]:
+        """The tenant's shared record of a sandbox; 404 when there is none (or no database:
+        then only this host's sandboxes exist)."""
+        record = self.shared.get(tenant, sandbox_id) if self.shared is not None else None
+        if record is None:
+            raise FleetError(404, f"no sandbox {sandbox_id!r}", "sandbox_not_found")
+        return record
+
+    def forget(self, tenant: str, sandbox_id: str) -> None:
+        """Release the tenant's sandbox here, or drop the record of one that is gone;
+        FleetError for one another live replica holds (only its host can remove it)."""
+        try:
+            box = self.get(tenant, sandbox_id)
+        except FleetError as exc:
+            if exc.status != 410 or not self.shared.forget(tenant, sandbox_id):
+                raise
+            return
+        self.release(box.id)
+
+    def view(self, box: Sandbox) -> dict[str, Any]:
+        replica = self.shared.replica.id if self.shared is not None else None
+        return {**box.describe(), "state": "active", "replica": replica}
+
+    def _record_view(self, record: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            box = self._live.get(record["id"])
+        if box is not None:
+            return self.view(box)
+        return {"id": record["id"], "repo": record["repo"], "ref": record["ref"],
+                "commit": record["commit_sha"], "strategy": record["backend"],
+                "created": record["created"], "holder": record["holder"],
+                "state": record["state"], "replica": record["owner"],
+                "last_used": record["last_used"]}
 
     def stats(self, tenant: str) -> dict[str, Any]:
         """What `tenant` may know of the fleet: totals over every pool (sizes, hits, hit
@@ -391,6 +457,8 @@ class Fleet:
         reaper.Record(box.id, str(box.path), self.owner).write(self.records)
         try:
             self.strategy.make(base, box.path)
+            if self.shared is not None:
+                self.shared.add(box.id, tenant, self.strategy.name, repo, ref, commit, holder)
         except BaseException:
             self._destroy(box)
             raise
@@ -402,6 +470,8 @@ class Fleet:
     def _destroy(self, box: Sandbox) -> None:
         reaper.reap(box.path)
         (self.records / f"{box.id}.json").unlink(missing_ok=True)
+        if self.shared is not None:
+            self.shared.remove(box.id)
 
     def base(self, repo: Path, commit: str) -> Path:
         """The cached checkout of repo at commit, built once (under a per-key lock) into a

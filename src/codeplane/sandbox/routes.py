@@ -72,20 +72,24 @@ def create(request: Request, body: CreateBody) -> dict:
         box = _fleet(request).acquire(principal_of(request).tenant, repo, body.ref)
     except FleetError as exc:
         raise exc.to_api() from None
-    return box.describe()
+    return _fleet(request).view(box)
 
 
 @router.get("")
 def list_(request: Request) -> dict:
+    """The tenant's sandboxes on every replica (each with its `state` and `replica`); the
+    fleet numbers are this replica's."""
     fleet = _fleet(request)
     tenant = principal_of(request).tenant
-    return {"object": "list", "data": [b.describe() for b in fleet.list(tenant)],
-            "fleet": fleet.stats(tenant)}
+    return {"object": "list", "data": fleet.listed(tenant), "fleet": fleet.stats(tenant)}
 
 
 @router.get("/{sandbox_id}")
 def show(request: Request, sandbox_id: str) -> dict:
-    return _box(request, sandbox_id).describe()
+    try:
+        return _fleet(request).describe(principal_of(request).tenant, sandbox_id)
+    except FleetError as exc:
+        raise exc.to_api() from None
 
 
 @router.post("/{sandbox_id}/exec")
@@ -140,6 +144,9 @@ def diff(request: Request, sandbox_id: str) -> dict:
 
 @router.delete("/{sandbox_id}")
 def delete(request: Request, sandbox_id: str) -> dict:
-    box = _box(request, sandbox_id)
-    _fleet(request).release(box.id)
-    return {"id": box.id, "deleted": True}
+    """Remove a sandbox of this replica, or the record of one whose replica died."""
+    try:
+        _fleet(request).forget(principal_of(request).tenant, sandbox_id)
+    except FleetError as exc:
+        raise exc.to_api() from None
+    return {"id": sandbox_id, "deleted": True}

@@ -26,6 +26,7 @@ from codeplane.gateway.keys import KeyStore
 from codeplane.gateway.router import Gateway
 from codeplane.models.engine import Engine
 from codeplane.sandbox.fleet import Fleet, FleetSettings
+from codeplane.sandbox.records import SandboxRecords
 from codeplane.storage import Database, ObjectStore, Replica, StorageError
 from codeplane.tab.service import TabService, TabSettings
 
@@ -108,12 +109,13 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     keys = KeyStore.from_settings(settings, replica)
     metrics, events = Metrics(), EventLog(store)
     records = RunRecords(db, replica)
-    fleet = Fleet(settings.server_dir, fleet_settings, settings.serve.repo_urls)
+    sandboxes = SandboxRecords(db, replica)
+    fleet = Fleet(settings.server_dir, fleet_settings, settings.serve.repo_urls, sandboxes)
     runs = RunManager(settings.serve.max_runs_per_tenant, records=records)
     background_store = Store(db, replica)
     background_store.import_sqlite(settings.server_dir / "background" / "runs.db")
     replica.sweeps += [keys.release_dead, background_store.interrupt_unfinished,
-                       records.interrupt_orphans]
+                       records.interrupt_orphans, sandboxes.mark_gone]
     replica.beat()  # the first sweep: what replicas that died before this start left
     replica.start()
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
