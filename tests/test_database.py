@@ -16,9 +16,10 @@ from sqlalchemy import inspect, select, update
 
 from codeplane.agent.records import RunRecords, RunTaken
 from codeplane.background.store import Store
+from codeplane.gateway.admission import SharedBuckets
 from codeplane.gateway.keys import KeyStore
 from codeplane.storage import Database, DatabaseError, Replica
-from codeplane.storage.tables import agent_events, metadata, replicas
+from codeplane.storage.tables import agent_events, metadata, rate_buckets, replicas
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -122,6 +123,27 @@ def test_tokens_per_minute_hold_across_replicas_under_concurrent_calls(pair):
     assert b.take_rate(key, 5, now + 4) == 1.0  # 4 tokens refilled, 5 needed: 1 s more
     b.adjust_rate(key, -20, now + 4)  # two calls used nothing: their share comes back
     assert a.take_rate(key, 24, now + 4) == 0.0 and a.take_rate(key, 1, now + 4) == 1.0
+
+
+def test_request_rate_buckets_hold_across_replicas_under_concurrent_calls(pair):
+    """A key's requests per minute and a client address's limits are one bucket for every
+    replica: 20 requests at one instant against 10 per minute, split over two replicas,
+    take 10; addresses do not share; idle buckets are dropped (full again by then)."""
+    (db_a, _), (db_b, _) = pair
+    a, b = (SharedBuckets(db, rate_buckets, rate_buckets.c.name) for db in (db_a, db_b))
+    start, now = threading.Barrier(20), 1000.0
+
+    def call(buckets: SharedBuckets) -> float:
+        start.wait()
+        return buckets.take("rpm:key1", 10, 1, now)
+
+    with ThreadPoolExecutor(20) as pool:
+        waits = list(pool.map(call, [a, b] * 10))
+    assert waits.count(0.0) == 10 and set(waits) == {0.0, 6.0}  # 1 a minute: 6 s each
+    assert b.take("ip_rpm:10.0.0.2", 10, 1, now) == 0.0  # another address, its own bucket
+    assert a.take("rpm:key1", 10, 1, now + 6) == 0.0  # refilled one request
+    a.spend("ip_tpm:10.0.0.2", 100, 0)
+    assert a.prune() == 2 and a.take("rpm:key1", 10, 10) == 0.0  # now - 1000 s: idle
 
 
 def test_a_dead_replicas_holds_are_given_back_once(pair):

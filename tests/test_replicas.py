@@ -184,13 +184,14 @@ def test_a_key_created_on_one_replica_works_on_the_other(cluster):
                                headers=headers).status_code == 401, 10, "for the revocation")
 
 
-@pytest.mark.parametrize(("limit", "refused"), [("--budget-tokens", 403), ("--tpm", 429)])
-def test_a_token_limit_holds_across_replicas_under_concurrent_calls(cluster, held, limit,
-                                                                     refused):
+@pytest.mark.parametrize(("limit", "value", "passed", "refused"), [
+    ("--budget-tokens", "100", 2, 403), ("--tpm", "100", 2, 429), ("--rpm", "5", 5, 429)])
+def test_a_limit_holds_across_replicas_under_concurrent_calls(cluster, held, limit, value,
+                                                               passed, refused):
     """Each call holds ~45 tokens before it starts; with a 100-token budget (or 100 tokens
-    per minute), 2 of 10 simultaneous calls (5 on each replica) go through. Per-replica
-    accounting would let 2 through on each."""
-    headers = cluster.key("a", f"intern{refused}", limit, "100")
+    per minute), 2 of 10 simultaneous calls (5 on each replica) go through; with 5 requests
+    per minute, 5 do. Per-replica accounting would let twice as many through."""
+    headers = cluster.key("a", f"intern{limit}", limit, value)
     body = {"model": "held", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30}
     urls = [f"{cluster.replicas[n].url}/v1/chat/completions" for n in ("a", "b")] * 5
     held.release.clear()
@@ -202,7 +203,7 @@ def test_a_token_limit_holds_across_replicas_under_concurrent_calls(cluster, hel
                  "for every call to be refused or forwarded")
         held.release.set()
         codes = sorted(f.result().status_code for f in futures)
-    assert codes == [200] * 2 + [refused] * 8
+    assert codes == [200] * passed + [refused] * (10 - passed)
 
 
 def test_a_workspace_indexed_through_one_is_searchable_through_the_other(cluster, tmp_path):

@@ -3,6 +3,9 @@ priority gate that queues and sheds requests per model.
 
 Written by hand rather than with a rate-limit library because the gate must share one
 capacity figure with the router (slow start and cooldowns shrink it) and shed by class.
+A key's and a client address's buckets are `SharedBuckets` rows in the server database, so
+they hold across workers and replicas; a deployment's stay in memory (`TokenBucket`), since
+each process already gets its share of the upstream's limits (`router.per_worker`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from sqlalchemy import Column, Table, case, delete, select, update
+
 from codeplane.gateway.config import PRIORITIES, GatewayConfig
+from codeplane.storage.database import Database
 
 
 class Shed(Exception):
@@ -61,6 +67,62 @@ class TokenBucket:
     def full(self) -> bool:
         self._refill()
         return self.level >= self.capacity
+
+
+class SharedBuckets:
+    """`TokenBucket`s by name in a database table (name, level, updated): the refill and the
+    spend are one conditional UPDATE, which the database applies atomically, so any number of
+    workers and replicas share one bucket exactly (Redis would do the same; the database is
+    already there and one UPDATE is all it takes). Times are wall-clock seconds, so hosts
+    need NTP (as their leases do)."""
+
+    def __init__(self, db: Database, table: Table, name: Column) -> None:
+        self.db, self.table, self.name = db, table, name
+
+    def take(self, name: str, per_minute: int, amount: float, now: float | None = None) -> float:
+        """Spend `amount` if the bucket holds it (or a minute's worth, for more): 0.0 when
+        spent, else the seconds until it will be there (nothing spent)."""
+        now = time.time() if now is None else now
+        need = float(min(amount, per_minute)) if amount > 0 else 1e-9
+        level = self._refilled(per_minute, now)
+        row = self.name == name
+        with self.db.write() as conn:
+            conn.execute(self.db.insert(self.table).values(
+                {self.name.key: name, "level": float(per_minute), "updated": now})
+                .on_conflict_do_nothing())
+            if conn.execute(update(self.table).where(row, level >= need)
+                            .values(level=level - amount, updated=now)).rowcount == 1:
+                return 0.0
+            have = conn.scalar(select(level).where(row))
+        return (need - have) * 60 / per_minute
+
+    def spend(self, name: str, per_minute: int, amount: float,
+              now: float | None = None) -> None:
+        """Spend `amount` more without asking (negative: give back what a call held and
+        did not use), never above a minute's worth."""
+        if amount:
+            now = time.time() if now is None else now
+            with self.db.write() as conn:
+                conn.execute(update(self.table).where(self.name == name).values(
+                    level=_capped(self._refilled(per_minute, now) - amount, per_minute),
+                    updated=now))
+
+    def prune(self, idle_s: float = 120.0) -> int:
+        """Drop buckets untouched for `idle_s` (full again by then: a burst is one minute's
+        worth), so many distinct client addresses cannot grow the table; how many."""
+        with self.db.write() as conn:
+            return conn.execute(delete(self.table).where(
+                self.table.c.updated < time.time() - idle_s)).rowcount
+
+    def _refilled(self, per_minute: int, now: float):
+        """The bucket's level at `now`, as a SQL expression over its row."""
+        table = self.table
+        return _capped(table.c.level + (now - table.c.updated) * (per_minute / 60.0),
+                       per_minute)
+
+
+def _capped(level, per_minute: int):
+    return case((level > float(per_minute), float(per_minute)), else_=level)
 
 
 class PriorityGate:

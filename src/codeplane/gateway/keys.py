@@ -31,10 +31,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import case, delete, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection
 
 from codeplane.config import ConfigError, Settings
+from codeplane.gateway.admission import SharedBuckets
 from codeplane.gateway.config import PRIORITIES
 from codeplane.storage.database import Database, DatabaseError, Replica
 from codeplane.storage.tables import api_keys, key_holds, key_rate, key_usage
@@ -83,6 +84,7 @@ class KeyStore:
 
     def __init__(self, db: Database, replica: Replica | None = None) -> None:
         self.db, self.replica = db, replica
+        self.rate = SharedBuckets(db, key_rate, key_rate.c.key_id)  # tokens per minute
         self._keys: dict[str, ApiKey] = {}  # by hash: this replica's snapshot
         self._loaded = float("-inf")
         self._lock = threading.Lock()
@@ -234,31 +236,15 @@ class KeyStore:
 
     def take_rate(self, key: ApiKey, tokens: int, now: float | None = None) -> float:
         """Take `tokens` from the key's tokens-per-minute bucket: 0.0 if taken, else the
-        seconds until they will be there (nothing taken). The refill and the spend are one
-        conditional UPDATE, so replicas share one bucket exactly (`admission.TokenBucket`'s
-        rules: a minute's worth of burst, an overdrawn bucket refuses until refilled)."""
-        if not key.tpm:
-            return 0.0
-        now = time.time() if now is None else now
-        need = float(min(tokens, key.tpm)) if tokens > 0 else 1e-9
-        level = _refilled(key.tpm, now)
-        with self.db.write() as conn:
-            conn.execute(self.db.insert(key_rate).values(
-                key_id=key.id, level=float(key.tpm), updated=now).on_conflict_do_nothing())
-            if conn.execute(update(key_rate).where(key_rate.c.key_id == key.id, level >= need)
-                            .values(level=level - tokens, updated=now)).rowcount == 1:
-                return 0.0
-            have = conn.scalar(select(level).where(key_rate.c.key_id == key.id))
-        return (need - have) * 60 / key.tpm
+        seconds until they will be there (nothing taken); one bucket for every replica
+        (`admission.SharedBuckets`)."""
+        return self.rate.take(key.id, key.tpm, tokens, now) if key.tpm else 0.0
 
     def adjust_rate(self, key: ApiKey, tokens: int, now: float | None = None) -> None:
         """Spend `tokens` more of the bucket (negative: give back what a call that did not
         run, or used less than it took, held), never above a minute's worth."""
-        if key.tpm and tokens:
-            now = time.time() if now is None else now
-            with self.db.write() as conn:
-                conn.execute(update(key_rate).where(key_rate.c.key_id == key.id).values(
-                    level=_capped(_refilled(key.tpm, now) - tokens, key.tpm), updated=now))
+        if key.tpm:
+            self.rate.spend(key.id, key.tpm, tokens, now)
 
     def settle(self, key: ApiKey, held: int, used: int) -> None:
         """Replace a reservation by what the call really used (budget and this minute)."""
@@ -314,15 +300,6 @@ class KeyStore:
     @property
     def _replica_id(self) -> str:
         return self.replica.id if self.replica else "cli"
-
-
-def _refilled(tpm: int, now: float):
-    """The bucket's level at `now`, as a SQL expression over its row."""
-    return _capped(key_rate.c.level + (now - key_rate.c.updated) * (tpm / 60.0), tpm)
-
-
-def _capped(level, tpm: int):
-    return case((level > float(tpm), float(tpm)), else_=level)
 
 
 def _insert(conn: Connection, keys: Iterable[ApiKey], usage: dict[str, int]) -> int:

@@ -24,7 +24,7 @@ from codeplane.core.metrics import Metrics
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.events.log import EventLog
 from codeplane.gateway import config as gwconfig
-from codeplane.gateway.admission import PriorityGate, Shed, TokenBucket
+from codeplane.gateway.admission import PriorityGate, SharedBuckets, Shed
 from codeplane.gateway.config import Config, DeploymentConfig
 from codeplane.gateway.deployment import Deployment
 from codeplane.gateway.keys import ApiKey, KeyStore
@@ -35,6 +35,7 @@ from codeplane.gateway.providers.local import EmbedderProvider, LocalProvider
 from codeplane.gateway.providers.openai import OpenAIProvider
 from codeplane.models.engine import Engine
 from codeplane.models.registry import UnknownModel
+from codeplane.storage.tables import rate_buckets
 
 log = logging.getLogger("codeplane.gateway")
 DEFAULT_LATENCY_S = 0.05
@@ -110,9 +111,8 @@ class Gateway:
         self._check_fallbacks()
         self.metrics = GatewayMetrics(metrics.registry, self.deployments)
         self.keys = keys or KeyStore.from_settings(settings)
-        self.ip_rpm: dict[str, TokenBucket] = {}
-        self.ip_tpm: dict[str, TokenBucket] = {}
-        self._pruned = time.monotonic()
+        # keys' request rates and client addresses' limits: shared by every replica
+        self.limits = SharedBuckets(self.keys.db, rate_buckets, rate_buckets.c.name)
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -175,40 +175,39 @@ class Gateway:
     def admit(self, client: Client) -> None:
         """Per-key and per-IP request rates; raise Shed (429) naming when to retry. Tokens
         are reserved later, per call (`_reserve`), when the call's size is known."""
-        key = client.key
-        if key is not None:
-            self._check(self._bucket(self.ip_rpm, f"k:{key.id}", key.rpm), 1,
-                        f"key {key.name!r} is over {key.rpm} requests/min", client)
-        gw = self.cfg.gateway
-        self._check(self._bucket(self.ip_rpm, client.ip, gw.ip_rpm), 1,
-                    f"client {client.ip} is over {gw.ip_rpm} requests/min", client)
+        key, gw = client.key, self.cfg.gateway
+        if key is not None and key.rpm:
+            self._take(f"rpm:{key.id}", key.rpm, 1, client,
+                       f"key {key.name!r} is over {key.rpm} requests/min")
+        if gw.ip_rpm:
+            self._take(f"ip_rpm:{client.ip}", gw.ip_rpm, 1, client,
+                       f"client {client.ip} is over {gw.ip_rpm} requests/min")
 
     def _reserve(self, call: Call, client: Client) -> None:
-        """Hold the call's most likely cost (prompt estimate + max_tokens) against the key's
-        budget, its tokens-per-minute (both in the database: they hold across replicas) and
-        the per-IP bucket before it starts; `_settle` swaps in the real count. Runs on the
-        event loop with no await, so concurrent calls queue up here and N of them can never
-        each spend the same remaining budget."""
+        """Hold the call's most likely cost (prompt estimate + max_tokens) against the
+        client address's and the key's tokens per minute and the key's budget (all in the
+        database: they hold across replicas) before it starts; `_settle` swaps in the real
+        count. Each is one atomic step, and a later refusal gives back what earlier ones
+        took."""
         tokens = estimate_tokens(call)
         key, gw = client.key, self.cfg.gateway
-        buckets = [(self._bucket(self.ip_tpm, client.ip, gw.ip_tpm),
-                    f"client {client.ip} is over {gw.ip_tpm} tokens/min")]
-        for bucket, message in buckets:
-            if bucket is not None and (wait := bucket.wait_s(tokens)) > 0:
+        if gw.ip_tpm:
+            self._take(f"ip_tpm:{client.ip}", gw.ip_tpm, tokens, client,
+                       f"client {client.ip} is over {gw.ip_tpm} tokens/min")
+        try:
+            if key is not None and (wait := self.keys.take_rate(key, tokens)) > 0:
                 self.metrics.shed.labels(client.priority, "rate_limit").inc()
-                raise Shed(message, wait)
-        if key is not None and (wait := self.keys.take_rate(key, tokens)) > 0:
-            self.metrics.shed.labels(client.priority, "rate_limit").inc()
-            raise Shed(f"key {key.name!r} is over {key.tpm} tokens/min", wait)
-        if key is not None and not self.keys.reserve(key, tokens):
-            self.keys.adjust_rate(key, -tokens)
-            raise Shed(f"key {key.name!r} has {key.budget_tokens - self.keys.used(key)} of its "
-                       f"{key.budget_tokens} budget tokens left (some may be held by calls in "
-                       f"flight); this call may need {tokens}", 0, code="budget_exhausted",
-                       status=403)
-        for bucket, _ in buckets:
-            if bucket is not None:
-                bucket.take(tokens)
+                raise Shed(f"key {key.name!r} is over {key.tpm} tokens/min", wait)
+            if key is not None and not self.keys.reserve(key, tokens):
+                self.keys.adjust_rate(key, -tokens)
+                raise Shed(f"key {key.name!r} has {key.budget_tokens - self.keys.used(key)} "
+                           f"of its {key.budget_tokens} budget tokens left (some may be held "
+                           f"by calls in flight); this call may need {tokens}", 0,
+                           code="budget_exhausted", status=403)
+        except Shed:
+            if gw.ip_tpm:
+                self.limits.spend(f"ip_tpm:{client.ip}", gw.ip_tpm, -tokens)
+            raise
         call.reserved = tokens
 
     def _settle(self, call: Call, client: Client, used: int) -> None:
@@ -218,40 +217,16 @@ class Gateway:
             return
         if client.key is not None:
             self.keys.settle(client.key, held, used)
-        bucket = self.ip_tpm.get(client.ip)
-        if bucket:
-            bucket.take(used - held)
+        if self.cfg.gateway.ip_tpm:
+            self.limits.spend(f"ip_tpm:{client.ip}", self.cfg.gateway.ip_tpm, used - held)
 
-    def _check(self, bucket: TokenBucket | None, cost: int, message: str,
-               client: Client) -> None:
-        if bucket is None:
-            return
-        wait = bucket.wait_s(cost)
+    def _take(self, bucket: str, per_minute: int, cost: int, client: Client,
+              message: str) -> None:
+        """Take `cost` from a shared bucket, or count the shed and raise Shed (429)."""
+        wait = self.limits.take(bucket, per_minute, cost)
         if wait > 0:
             self.metrics.shed.labels(client.priority, "rate_limit").inc()
             raise Shed(message, wait)
-        if cost:
-            bucket.take(cost)
-
-    def _bucket(self, table: dict[str, TokenBucket], name: str,
-                per_minute: int | None) -> TokenBucket | None:
-        if not per_minute:
-            return None
-        bucket = table.get(name)
-        if bucket is None:
-            self._prune()
-            bucket = table[name] = TokenBucket(per_minute)
-        return bucket
-
-    def _prune(self) -> None:
-        """Drop full buckets now and then, so many distinct clients cannot grow memory."""
-        now = time.monotonic()
-        if now - self._pruned < 60:
-            return
-        self._pruned = now
-        for table in (self.ip_rpm, self.ip_tpm):
-            for name in [n for n, b in table.items() if b.full]:
-                del table[name]
 
     # -- routing -------------------------------------------------------------------------
 

@@ -114,12 +114,13 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     runs = RunManager(settings.serve.max_runs_per_tenant, records=records)
     background_store = Store(db, replica)
     background_store.import_sqlite(settings.server_dir / "background" / "runs.db")
+    gateway = Gateway(settings, engine, metrics, keys=keys, events=events)
     replica.sweeps += [keys.release_dead, background_store.interrupt_unfinished,
-                       records.interrupt_orphans, sandboxes.mark_gone]
+                       records.interrupt_orphans, sandboxes.mark_gone, gateway.limits.prune]
     replica.beat()  # the first sweep: what replicas that died before this start left
     replica.start()
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
-                    gateway=Gateway(settings, engine, metrics, keys=keys, events=events),
+                    gateway=gateway,
                     tab=tab, runs=runs, events=events,
                     background=BackgroundService(settings.server_dir, runs, fleet, settings,
                                                  store=background_store),
