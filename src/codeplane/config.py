@@ -108,6 +108,9 @@ class StorageSettings(BaseModel):
         None, description="S3-compatible endpoint (http[s]://host:port) for MinIO, SeaweedFS, "
                           "Ceph...; default: AWS_ENDPOINT_URL or Amazon S3")
     region: str | None = Field(None, description="S3 region; default: AWS_REGION")
+    compact_events_hours: float = Field(
+        0.0, ge=0.0, description="compact the event lake's closed days this often in `serve` "
+                                 "(0: off; `codeplane events compact` does it on demand)")
 
 
 class Settings(BaseSettings):

@@ -6,6 +6,7 @@ module, and those imports cost about 0.2 s.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -57,6 +58,39 @@ def query_cmd(
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
     console.print(table)
+
+
+@events_app.command("compact")
+def compact_cmd(
+    day: Annotated[str | None, typer.Option(help="Only this day (YYYY-MM-DD, UTC); default: "
+                                                 "every day.")] = None,
+    grace: Annotated[float, typer.Option(min=0, help="Seconds a replaced file is kept for "
+                                                     "queries that listed it (deleted by a "
+                                                     "later run).")] = 60.0,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Merge each kind/day/tenant partition's small Parquet files into one. Safe while the
+    server writes and queries run; a run killed midway is finished by the next."""
+    from codeplane.events.compact import compact
+    from codeplane.storage import Database, StorageError
+
+    if day is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):
+        fail(f"--day {day!r}: expected YYYY-MM-DD")
+    store = _store(config)
+    db = Database.from_settings(settings(config))  # its lock: one compaction per partition
+    try:
+        done = compact(store, day, lock=db.lock, grace_s=grace)
+    except (OSError, StorageError) as exc:
+        fail(f"compaction failed: {exc}")
+    finally:
+        db.close()
+    if as_json:
+        print_json({"partitions": done.partitions, "merged": done.merged,
+                    "deleted": done.deleted, "written": done.written})
+        return
+    console.print(f"compacted {done.partitions} partitions ({done.merged} files merged); "
+                  f"deleted {done.deleted} replaced files")
 
 
 @events_app.command("stats")

@@ -3,16 +3,20 @@
 Emitting never touches the network (request handlers call it); a background thread flushes
 when `flush_events` are pending or `flush_seconds` have passed, and `close()` flushes the rest.
 The buffer is bounded: while the store is unreachable events wait, and once `max_pending` wait,
-new ones are dropped and counted rather than growing memory without limit.
+new ones are dropped and counted rather than growing memory without limit. With
+`compact_every_s` the same thread also compacts the days before today every so often
+(`compact.py`; off by default: `codeplane events compact` does it on demand).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -21,6 +25,9 @@ import pyarrow.parquet as pq
 from codeplane.events.schema import PREFIX, EventError, file_schema, validate
 from codeplane.storage import ObjectStore, StorageError
 
+if TYPE_CHECKING:
+    from codeplane.events.compact import Lock
+
 log = logging.getLogger(__name__)
 
 Pending = tuple[str, str, dict]  # kind, tenant, row
@@ -28,8 +35,11 @@ Pending = tuple[str, str, dict]  # kind, tenant, row
 
 class EventLog:
     def __init__(self, store: ObjectStore, *, flush_events: int = 5000,
-                 flush_seconds: float = 60.0, max_pending: int = 100_000) -> None:
+                 flush_seconds: float = 60.0, max_pending: int = 100_000,
+                 compact_every_s: float = 0.0, lock: Lock | None = None) -> None:
         self.store = store
+        self.compact_every_s, self.lock = compact_every_s, lock
+        self._compacted = time.monotonic()
         self.flush_events = flush_events
         self.flush_seconds = flush_seconds
         self.max_pending = max_pending
@@ -122,6 +132,24 @@ class EventLog:
                     self.flush()
                 except StorageError as exc:  # kept for the next round; logged, not fatal
                     log.warning("%s (%d events pending)", exc, self.pending())
+            if self.compact_every_s and time.monotonic() - self._compacted >= self.compact_every_s:
+                self._compacted = time.monotonic()
+                self._compact()
+
+    def _compact(self) -> None:
+        """Compact the closed days (today's files still grow); a failure waits for the next
+        round, like a flush."""
+        from codeplane.events.compact import compact  # DuckDB: loaded only when used
+
+        today = datetime.now(UTC).strftime("%Y-%m-%d")
+        try:
+            done = compact(self.store, before=today, lock=self.lock)
+        except (OSError, StorageError) as exc:
+            log.warning("event compaction failed: %s", exc)
+            return
+        if done.partitions or done.deleted:
+            log.info("events compacted: %d partitions, %d files merged, %d deleted",
+                     done.partitions, done.merged, done.deleted)
 
 
 def _groups(batch: list[Pending]) -> dict[tuple[str, str, str], list[dict]]:

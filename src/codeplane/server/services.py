@@ -107,7 +107,9 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     db = Database.from_settings(settings)  # migrations run here, before any traffic
     replica = Replica(db, settings.storage.lease_seconds)
     keys = KeyStore.from_settings(settings, replica)
-    metrics, events = Metrics(), EventLog(store)
+    metrics = Metrics()
+    events = EventLog(store, compact_every_s=settings.storage.compact_events_hours * 3600,
+                      lock=db.lock)
     records = RunRecords(db, replica)
     sandboxes = SandboxRecords(db, replica)
     fleet = Fleet(settings.server_dir, fleet_settings, settings.serve.repo_urls, sandboxes)
