@@ -2,8 +2,10 @@
 
 The schema itself is created and changed only by the Alembic migrations in `migrations/`;
 `tests/test_database.py` checks that the migrated schema and these definitions agree. No
-source code is stored in any of them: search keeps encrypted paths, HMACs and rotated vectors;
-background runs keep what docs/background.md lists (their checkouts live on the replica's disk).
+source code a client sent is stored in any of them: search keeps encrypted paths, HMACs and
+rotated vectors; background runs keep what docs/background.md lists (their checkouts live on
+the replica's disk), and agent runs their events, which hold code only from workspaces under
+`serve.workspace_roots` (already on the server), as the background runs' do.
 """
 
 from __future__ import annotations
