@@ -173,8 +173,11 @@ class RunManager:
         run.work(task, model)
         if self.records is not None:
             result = run.result
-            self.records.finish(run.id, result.status if result else "error",
-                                result.error if result else "ended without a result")
+            try:
+                self.records.finish(run.id, result.status if result else "error",
+                                    result.error if result else "ended without a result")
+            except (DatabaseError, SQLAlchemyError):  # its run_end event says how it ended
+                log.exception("agent run %s: final status not stored", run.id)
 
     def get(self, tenant: str, run_id: str) -> Run | None:
         """This replica's run, if it exists and belongs to `tenant` (another tenant's run

@@ -38,6 +38,7 @@ from codeplane.sandbox import clone, reaper, remote
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits, SandboxUnavailable
 from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspace
+from codeplane.storage import DatabaseError
 
 log = logging.getLogger("codeplane.fleet")
 
@@ -511,7 +512,7 @@ class Fleet:
             key, pool = want
             try:
                 box = self._make(pool.source, key[0], "HEAD", key[1], tenant=None)
-            except (clone.CloneError, OSError) as exc:
+            except (clone.CloneError, OSError, DatabaseError) as exc:
                 log.warning("pool refill for %s failed: %s", key[0], exc)
                 with self._lock:
                     self._pools.pop(key, None)  # asked again, it is rebuilt
