@@ -380,3 +380,30 @@ def test_an_agent_runs_stream_on_the_other_replica_ends_interrupted_when_its_own
     assert events[0][1]["type"] == "run_start" and events[-1][1]["type"] == "interrupted"
     assert httpx.get(b, headers=headers).json()["status"] == "interrupted"
     cluster.start("a")
+
+
+def test_a_sandbox_made_on_one_replica_is_listed_by_the_other(cluster):
+    """Only its record is shared: b lists and shows it (its state and replica), refuses to
+    work in it with a 409, and another tenant sees nothing on either replica."""
+    headers = cluster.key("a", "sandboxer")
+    rival = cluster.key("b", "sandbox-rival", tenant="rival")
+    repo = cluster.repos / "sandboxed"
+    write(repo, {"a.py": "A = 1\n"})
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "start"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                       check=True, capture_output=True)
+    a, b = (f"{cluster.replicas[n].url}/v1/sandboxes" for n in ("a", "b"))
+    made = httpx.post(a, headers=headers, json={"repo": str(repo)}, timeout=60)
+    assert made.status_code == 201, made.text
+    box = made.json()
+    for url in (a, b):
+        assert httpx.get(url, headers=rival).json()["data"] == []
+        assert httpx.get(f"{url}/{box['id']}", headers=rival).status_code == 404
+    (listed,) = httpx.get(b, headers=headers).json()["data"]
+    assert (listed["id"], listed["state"]) == (box["id"], "active")
+    assert listed["replica"] == box["replica"] and "workspace" not in listed
+    assert httpx.get(f"{b}/{box['id']}", headers=headers).json() == listed
+    refused = httpx.post(f"{b}/{box['id']}/exec", headers=headers, json={"command": "ls"})
+    assert refused.status_code == 409 and box["replica"] in refused.text
+    assert httpx.delete(f"{a}/{box['id']}", headers=headers).status_code == 200
+    assert httpx.get(b, headers=headers).json()["data"] == []
