@@ -271,7 +271,7 @@ class Fleet:
                 raise FleetError(410, f"sandbox {sandbox_id!r} is gone: the server holding it "
                                       "stopped", "sandbox_gone")
             raise FleetError(409, f"sandbox {sandbox_id!r} lives on server replica "
-                                  f"{record['owner']}; send its requests there",
+                                  f"{replica_label(record['owner'])}; send its requests there",
                              "sandbox_elsewhere")
         if self.shared is not None:
             self.shared.touch(sandbox_id)
@@ -317,7 +317,7 @@ class Fleet:
         self.release(box.id)
 
     def view(self, box: Sandbox) -> dict[str, Any]:
-        replica = self.shared.replica.id if self.shared is not None else None
+        replica = replica_label(self.shared.replica.id) if self.shared is not None else None
         return {**box.describe(), "state": "active", "replica": replica}
 
     def _record_view(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -328,7 +328,7 @@ class Fleet:
         return {"id": record["id"], "repo": record["repo"], "ref": record["ref"],
                 "commit": record["commit_sha"], "strategy": record["backend"],
                 "created": record["created"], "holder": record["holder"],
-                "state": record["state"], "replica": record["owner"],
+                "state": record["state"], "replica": replica_label(record["owner"]),
                 "last_used": record["last_used"]}
 
     def stats(self, tenant: str) -> dict[str, Any]:
@@ -534,6 +534,12 @@ class Fleet:
             if len(pool.ready) < pool.target:
                 return key, pool
         return None
+
+
+def replica_label(replica_id: str) -> str:
+    """A replica as tenants see it: a stable opaque label (its id names the host and pid,
+    which are the operator's business)."""
+    return "r-" + hashlib.sha256(replica_id.encode()).hexdigest()[:12]
 
 
 def _pool_numbers(pools: list[Pool]) -> dict[str, Any]:
