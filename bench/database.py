@@ -1,6 +1,7 @@
 """What the server database costs on the hot paths: a fresh schema migration (every new
-server home), and a budgeted gateway call's reserve + settle and a tokens-per-minute take
-(each one write transaction). Prints numbers; no pass/fail.
+server home), a budgeted gateway call's reserve + settle, a tokens-per-minute take, a
+requests-per-minute (or per-IP) take, and an agent-run event stored (each one write
+transaction). Prints numbers; no pass/fail.
 
     python bench/database.py                                 # embedded SQLite in a temp dir
     python bench/database.py --url postgresql://u:p@127.0.0.1:5432/db   # a PostgreSQL
@@ -14,8 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from codeplane.agent.records import RunRecords
+from codeplane.gateway.admission import SharedBuckets
 from codeplane.gateway.keys import KeyStore
 from codeplane.storage import Database, Replica
+from codeplane.storage.tables import rate_buckets
 
 
 def timed(fn, n: int) -> list[float]:
@@ -45,7 +49,8 @@ def main() -> None:
             20))
     db = Database(args.url or f"sqlite:///{scratch / 'bench.db'}")
     db.upgrade()
-    keys = KeyStore(db, Replica(db, lease_s=30))
+    replica = Replica(db, lease_s=30)
+    keys = KeyStore(db, replica)
     key, secret = keys.create(f"bench-{time.monotonic_ns()}", budget_tokens=10**12, tpm=10**9)
 
     def call() -> None:
@@ -55,6 +60,14 @@ def main() -> None:
     report(f"budget reserve+settle ({db.dialect})", timed(call, args.n))
     report(f"tpm take ({db.dialect})", timed(lambda: keys.take_rate(key, 45), args.n))
     report(f"key lookup, snapshot ({db.dialect})", timed(lambda: keys.lookup(secret), args.n))
+    buckets = SharedBuckets(db, rate_buckets, rate_buckets.c.name)
+    report(f"rpm take ({db.dialect})",
+           timed(lambda: buckets.take(f"rpm:{key.id}", 10**9, 1), args.n))
+    runs, run_id, seq = RunRecords(db, replica), f"bench-{time.monotonic_ns()}", iter(range(1, 10**9))
+    runs.claim("bench", run_id, limit=10**6)
+    event = {"type": "tool_result", "output": "x" * 2000}  # a typical tool output's size
+    report(f"agent event append ({db.dialect})",
+           timed(lambda: runs.append(run_id, next(seq), event), args.n))
     db.close()
 
 
