@@ -385,7 +385,7 @@ def test_an_agent_runs_stream_on_the_other_replica_ends_interrupted_when_its_own
 def test_a_sandbox_made_on_one_replica_is_listed_by_the_other(cluster):
     """Only its record is shared: b lists and shows it (its state and replica), refuses to
     work in it with a 409, and another tenant sees nothing on either replica."""
-    headers = cluster.key("a", "sandboxer")
+    headers = cluster.key("a", "sandboxer", tenant="sandboxes")  # earlier tests' are "gone"
     rival = cluster.key("b", "sandbox-rival", tenant="rival")
     repo = cluster.repos / "sandboxed"
     write(repo, {"a.py": "A = 1\n"})
