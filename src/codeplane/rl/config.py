@@ -33,6 +33,10 @@ class TasksConfig(BaseModel):
     heldout_dirs: list[str] = Field(default_factory=list, description="local repositories")
     max_train: int = Field(64, ge=1, description="tasks sampled from the train repositories")
     max_heldout: int = Field(16, ge=1, description="tasks sampled from the held-out ones")
+    family: Literal["locate", "testfix"] = Field(
+        "locate", description='locate: "where is X implemented? answer path:line" '
+                              '(rl/tasks.py); testfix: "make the failing test pass", one '
+                              'function broken, its doctests as the test (rl/testfix.py)')
 
     @model_validator(mode="after")
     def _split(self) -> TasksConfig:
