@@ -12,7 +12,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import GrepPolicy, make_repo, require_ray
-
 from pydantic import ValidationError
 
 from codeplane.agent.hooks import PRODUCT_HOOKS
