@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from codeplane.agent.env import Environment
 from codeplane.agent.hooks import Hook, arguments, make_hooks
@@ -56,9 +56,22 @@ class EnvConfig(BaseModel):
                                                             "product cuts it")
     toolset: Literal["core", "full"] = Field("core", description="core: 7 tools, simpler "
                                                                  "schemas; full: all")
+    tools: tuple[str, ...] = Field((), description="only these of the product's tools, by "
+                                                   "name (empty: the whole toolset); their "
+                                                   "schemas are most of a short prompt")
     fault_rate: float = Field(0.0, ge=0, le=1, description="injected faults per call "
                                                            "(benchmarks only)")
     seed: int = 0
+
+    @field_validator("tools")
+    @classmethod
+    def _known(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        known = default_toolset().tools
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise ValueError(f"unknown tool(s) {', '.join(unknown)}; the product's tools: "
+                             f"{', '.join(known)}")
+        return names
 
 
 @dataclass
@@ -86,6 +99,8 @@ class EnvServer:
     def __init__(self, config: EnvConfig | None = None, scratch: str | None = None) -> None:
         self.config = config or EnvConfig()
         self.toolset: Toolset = default_toolset()
+        if self.config.tools:  # a call to any other tool gets the product's unknown-tool error
+            self.toolset = Toolset([self.toolset.tools[n] for n in self.config.tools])
         self.scratch = Path(scratch or tempfile.gettempdir())
         self.task: Task | None = None
         self.env: Environment | None = None
@@ -97,9 +112,9 @@ class EnvServer:
 
     def tools(self) -> list[dict[str, Any]]:
         """The tool schemas the policy is shown, as the agent shows them."""
-        if self.config.toolset == "core":
-            return self.toolset.schemas(CORE, core=True)
-        return self.toolset.schemas()
+        core = self.config.toolset == "core"
+        return self.toolset.schemas(CORE if core and not self.config.tools else None,
+                                    core=core)
 
     def reset(self, task: Task | FixTask, hooks: tuple[str, ...] = ()
               ) -> list[dict[str, Any]]:
