@@ -61,6 +61,11 @@ class SamplerConfig(BaseModel):
     model: str = Field("code-small", description="registry name (torch, llama) or the "
                                                  "server's model name (http)")
     base_url: str = Field("http://127.0.0.1:8000/v1", description="http only")
+    threads: int | None = Field(None, ge=1, description="llama only: the engine's CPU threads "
+                                                        "(default: the engine's, all cores). "
+                                                        "1 leaves a core to the trainer, which "
+                                                        "runs at the same time with staleness "
+                                                        ">= 1")
 
 
 class RayConfig(BaseModel):

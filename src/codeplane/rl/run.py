@@ -133,7 +133,11 @@ def make_parts(config: RunConfig, out: Path) -> Parts:
     from codeplane.models.engine import Engine
     from codeplane.rl.adapter import LlamaSampler
 
-    engine = Engine(load_settings())
+    settings = load_settings()
+    if config.sampler.threads:
+        settings = settings.model_copy(update={"engine": settings.engine.model_copy(
+            update={"n_threads": config.sampler.threads})})
+    engine = Engine(settings)
     sampler = LlamaSampler(engine, config.sampler.model, out / "adapters", tcfg.lora_alpha,
                            config.rollout.seed)
     return sampler, trainer, engine.close
