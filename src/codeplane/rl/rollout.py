@@ -90,9 +90,9 @@ class RolloutConfig(BaseModel):
             return ()
         if value == "product":
             return PRODUCT_HOOKS
-        if isinstance(value, str):
-            # pydantic reports only ValueError as a validation error
-            raise ValueError(f'"none", "product" or a list of hook names, not {value!r}')  # noqa: TRY004
+        if isinstance(value, str):  # pydantic reports only ValueError as a config error
+            raise ValueError(  # noqa: TRY004
+                f'"none", "product" or a list of hook names, not {value!r}')
         unknown = sorted(set(value) - set(HOOKS)) if isinstance(value, list | tuple) else []
         if unknown:
             raise UnknownHook(f"unknown agent hook(s) {', '.join(unknown)}; available: "
