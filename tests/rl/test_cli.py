@@ -145,3 +145,25 @@ def test_a_killed_run_resumes_with_the_same_data_and_a_failing_trainer_restarts(
     assert summary["resumed_from"] == 2 and resumed.version == 4
     assert policy.loads[0] == 2  # the sampler got the checkpoint's weights first
     assert first.seen + resumed.seen == whole.seen
+
+
+def test_a_run_trains_through_the_loop_its_config_names_and_records_it(tmp_path) -> None:
+    """`[rollout] hooks` reaches the episodes in the Ray environment servers and is
+    recorded per step and in the final object."""
+    require_ray()
+    from helpers import GrepPolicy
+
+    from codeplane.agent.hooks import PRODUCT_HOOKS
+    from codeplane.rl.config import RunConfig
+    from codeplane.rl.run import Run
+
+    make_repo(tmp_path / "repo")
+    config = RunConfig.model_validate({
+        "steps": 1, "out": str(tmp_path / "out"), "trainer_kind": "none",
+        "tasks": {"train_dirs": [str(tmp_path / "repo")]},
+        "rollout": {"in_flight": 2, "group_size": 2, "groups_per_step": 1,
+                    "hooks": "product"}})
+    summary = Run(config).train(GrepPolicy(), None)
+    assert summary["hooks"] == list(PRODUCT_HOOKS) and summary["reward_last"] == 1.0
+    line = json.loads((tmp_path / "out" / "steps.jsonl").read_text().splitlines()[0])
+    assert line["hooks"] == list(PRODUCT_HOOKS) and line["repairs"] == {}

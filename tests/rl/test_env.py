@@ -102,3 +102,18 @@ def test_agent_without_hooks_runs_the_plain_loop_and_says_so(provider, tmp_path)
     assert starts[1]["hooks"] == ["preread", "call_repair", "code_block_edit", "corrections"]
     with pytest.raises(UnknownHook, match="available: preread"):
         Agent(HttpChatModel(provider.url, "scripted"), local_environment(repo), hooks=["x"])
+
+
+def test_env_server_offers_and_runs_only_the_configured_tools(tasks, tmp_path) -> None:
+    """`[env] tools` narrows the product's toolset (short prompts for the smoke run): a call
+    to a tool it leaves out gets the product's unknown-tool error and runs nothing."""
+    server = EnvServer(EnvConfig(tools=("grep", "read_file")), scratch=str(tmp_path))
+    assert [t["function"]["name"] for t in server.tools()] == ["grep", "read_file"]
+    server.reset(tasks[0])
+    out = server.step([{"id": "c1", "type": "function", "function": {
+        "name": "run_terminal_cmd", "arguments": json.dumps({"command": "touch pwned"})}}])
+    assert "run_terminal_cmd" in out[0]["content"] and "grep" in out[0]["content"]
+    assert not (server.dir / "repo" / "pwned").exists()
+    server.close()
+    with pytest.raises(ValueError, match="unknown tool.*nope"):
+        EnvConfig(tools=("grep", "nope"))

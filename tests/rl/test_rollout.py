@@ -12,9 +12,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import GrepPolicy, make_repo, require_ray
+from pydantic import ValidationError
 
+from codeplane.agent.hooks import PRODUCT_HOOKS
+from codeplane.agent.loop import HttpChatModel
 from codeplane.rl.env import EnvConfig, EnvServer
-from codeplane.rl.rollout import RayEnv, RolloutConfig, RolloutManager, TaskOrder
+from codeplane.rl.rollout import RayEnv, RolloutConfig, RolloutManager, TaskOrder, run_episode
 from codeplane.rl.run import start_ray
 from codeplane.rl.tasks import locate_tasks
 
@@ -150,3 +153,66 @@ def test_an_unexpected_error_masks_the_episode_and_the_run_goes_on(tasks, tmp_pa
     assert len(broken) == 2 and {e.fault for e in broken} == {"episode_error"}
     assert "a sampler bug" in broken[0].info["error"]
     assert len(data.groups) == 2 and manager.faults == {"episode_error": 2}
+
+
+INVENTED = '{"name": "open_shapes", "arguments": {"path": "pkg/shapes.py", "start_line": 1}}'
+
+
+@pytest.mark.parametrize("hooks", ["none", "product"])
+def test_product_hooks_repair_a_turn_the_plain_loop_ends_on(provider, tasks, tmp_path,
+                                                           hooks) -> None:
+    """code-small's habit: a call to an invented tool name, written as text. The plain loop
+    takes it as the answer (reward 0); with the product's hooks call_repair turns it into
+    the read_file call it fits, the tool runs in the sandbox, and the next turn answers."""
+    provider.reset().script = [{"content": INVENTED}, {"content": "pkg/shapes.py:8"}]
+    area = next(t for t in tasks if t.start == 7)
+    model = HttpChatModel(provider.url, "scripted")
+    env = EnvServer(EnvConfig(), scratch=str(tmp_path))
+    config = RolloutConfig(hooks=hooks, max_turns=3)
+    try:
+        episode = run_episode(model, env, env.tools(), area, "g0", config)
+    finally:
+        env.close()
+        model.close()
+    if hooks == "none":
+        assert episode.reward == 0.0 and episode.steps == 1
+        assert episode.info["hooks"] == [] and episode.info["repairs"] == {}
+        assert episode.info["answer"] == INVENTED and len(provider.requests) == 1
+        return
+    assert episode.reward == 1.0 and episode.steps == 2
+    assert episode.info["hooks"] == list(PRODUCT_HOOKS)
+    assert episode.info["repairs"] == {"call_repair": 1}
+    history = provider.requests[1]["messages"]
+    assert history[2]["tool_calls"][0]["function"]["name"] == "read_file"
+    assert history[2]["content"] in ("", None)  # rewritten to the call that ran
+    assert "def perimeter" in history[3]["content"]  # the real tool's output
+
+
+def test_product_hooks_hint_instead_of_ending_an_episode(provider, tasks, tmp_path) -> None:
+    """An answer before any tool call gets the product's nudge (a user message), not the
+    verifier; the plain loop would have scored it."""
+    provider.reset().script = [{"content": "no idea"},
+                               {"calls": [("grep", {"pattern": "Compute the area"})]},
+                               {"content": "pkg/shapes.py:8"}]
+    area = next(t for t in tasks if t.start == 7)
+    model = HttpChatModel(provider.url, "scripted")
+    env = EnvServer(EnvConfig(), scratch=str(tmp_path))
+    try:
+        episode = run_episode(model, env, env.tools(), area, "g0",
+                              RolloutConfig(hooks=["corrections"], max_turns=4))
+    finally:
+        env.close()
+        model.close()
+    assert episode.reward == 1.0 and episode.steps == 3 and episode.info["corrections"] == 1
+    assert provider.requests[1]["messages"][-1]["role"] == "user"
+
+
+@pytest.mark.parametrize(("hooks", "message"), [
+    (["call_repair", "nope"], "unknown agent hook(s) nope; available: preread"),
+    ("some", '"none", "product" or a list of hook names'),
+])
+def test_unknown_hooks_are_config_errors(hooks, message) -> None:
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        RolloutConfig(hooks=hooks)
+    assert RolloutConfig(hooks="product").hooks == PRODUCT_HOOKS
+    assert RolloutConfig().hooks == ()

@@ -33,6 +33,10 @@ class TasksConfig(BaseModel):
     heldout_dirs: list[str] = Field(default_factory=list, description="local repositories")
     max_train: int = Field(64, ge=1, description="tasks sampled from the train repositories")
     max_heldout: int = Field(16, ge=1, description="tasks sampled from the held-out ones")
+    family: Literal["locate", "testfix"] = Field(
+        "locate", description='locate: "where is X implemented? answer path:line" '
+                              '(rl/tasks.py); testfix: "make the failing test pass", one '
+                              'function broken, its doctests as the test (rl/testfix.py)')
 
     @model_validator(mode="after")
     def _split(self) -> TasksConfig:
@@ -57,6 +61,11 @@ class SamplerConfig(BaseModel):
     model: str = Field("code-small", description="registry name (torch, llama) or the "
                                                  "server's model name (http)")
     base_url: str = Field("http://127.0.0.1:8000/v1", description="http only")
+    threads: int | None = Field(None, ge=1, description="llama only: the engine's CPU threads "
+                                                        "(default: the engine's, all cores). "
+                                                        "1 leaves a core to the trainer, which "
+                                                        "runs at the same time with staleness "
+                                                        ">= 1")
 
 
 class RayConfig(BaseModel):

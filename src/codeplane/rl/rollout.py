@@ -35,8 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from codeplane.agent.hooks import HOOKS, PRODUCT_HOOKS, UnknownHook
+from codeplane.agent.loop import AgentConfig
 from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling
 from codeplane.rl.env import EnvConfig, EnvFault, EnvServer
 from codeplane.rl.tasks import Task
@@ -49,8 +51,10 @@ class Env(Protocol):
     """What a worker needs from an environment server (an `EnvServer` or a Ray actor)."""
 
     def tools(self) -> list[dict[str, Any]]: ...
-    def reset(self, task: Task) -> list[dict[str, Any]]: ...
+    def reset(self, task: Task, hooks: tuple[str, ...] = ()) -> list[dict[str, Any]]: ...
     def step(self, tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    def repair(self, content: str) -> tuple[str, list[dict[str, Any]]] | None: ...
+    def correct(self, content: str) -> tuple[str | None, bool]: ...
     def verify(self, answer: str) -> float: ...
     def close(self) -> None: ...
 
@@ -72,7 +76,28 @@ class RolloutConfig(BaseModel):
                                               "environment failed")
     max_tokens: int = Field(256, ge=1, description="per model turn")
     temperature: float = Field(1.0, ge=0)
+    hooks: tuple[str, ...] = Field((), description='the agent loop\'s small-model repairs '
+                                   '(agent/hooks.py): "none" (the plain loop: the policy is '
+                                   'rewarded for what it did), "product" (all of them, as '
+                                   'the product runs), or a list of hook names')
     seed: int = 0
+
+    @field_validator("hooks", mode="before")
+    @classmethod
+    def _hooks(cls, value: Any) -> Any:
+        """"none" and "product" as names for the two loops; unknown names are errors."""
+        if value == "none":
+            return ()
+        if value == "product":
+            return PRODUCT_HOOKS
+        if isinstance(value, str):  # pydantic reports only ValueError as a config error
+            raise ValueError(  # noqa: TRY004
+                f'"none", "product" or a list of hook names, not {value!r}')
+        unknown = sorted(set(value) - set(HOOKS)) if isinstance(value, list | tuple) else []
+        if unknown:
+            raise UnknownHook(f"unknown agent hook(s) {', '.join(unknown)}; available: "
+                              f"{', '.join(HOOKS)}")
+        return value
 
 
 @dataclass
@@ -107,20 +132,26 @@ class TaskOrder:
 def run_episode(model: ChatModel, env: Env, tools: list[dict[str, Any]], task: Task,
                 group_id: str, config: RolloutConfig,
                 cancel: threading.Event | None = None) -> Episode:
-    """The plain loop (no small-model hooks: the policy is rewarded for what it did):
-    model turn, the environment runs its tool calls, until an answer or a limit. `cancel`
-    ends it early as a truncated (masked) episode."""
+    """Model turn, the environment runs its tool calls, until an answer or a limit.
+    `config.hooks` empty is the plain loop (the policy is rewarded for what it did); with
+    hooks it is the product's loop: a reply without tool calls may be repaired into calls
+    (the history then shows the calls that ran, as `Agent` rewrites it) or answered with a
+    hint, at most `AgentConfig.corrections` times. The sample is always what the policy
+    sampled. `cancel` ends the episode early as a truncated (masked) one."""
     start = time.monotonic()
-    messages = env.reset(task)
-    sampling = Sampling(config.max_tokens, config.temperature, "auto")
+    messages = env.reset(task, config.hooks)
+    tool_choice, corrections = "auto", 0
     samples: list[Sample] = []
-    info: dict[str, Any] = {"hooks": [], "model_seconds": 0.0}
+    info: dict[str, Any] = {"hooks": list(config.hooks), "model_seconds": 0.0,
+                            "repairs": {}, "corrections": 0}
     for turn_no in range(1, config.max_turns + 1):
         if time.monotonic() - start > config.max_seconds or (cancel and cancel.is_set()):
             break
         t0 = time.monotonic()
         try:
-            turn = model.complete(messages, tools, sampling, cancel)
+            turn = model.complete(messages, tools, Sampling(config.max_tokens,
+                                                            config.temperature, tool_choice),
+                                  cancel)
         except Cancelled:
             break
         info["model_seconds"] += time.monotonic() - t0
@@ -129,12 +160,27 @@ def run_episode(model: ChatModel, env: Env, tools: list[dict[str, Any]], task: T
         message = {k: v for k, v in turn.message.items() if k in ("role", "content",
                                                                   "tool_calls")}
         messages.append(message)
+        tool_choice = "auto"
+        content = message.get("content") or ""
+        if not message.get("tool_calls") and config.hooks:
+            repaired = env.repair(content)
+            if repaired:
+                info["repairs"][repaired[0]] = info["repairs"].get(repaired[0], 0) + 1
+                message.update(content="", tool_calls=repaired[1])
+            elif corrections < AgentConfig.corrections:
+                note, force = env.correct(content)
+                if note:
+                    corrections += 1
+                    messages.append({"role": "user", "content": note})
+                    tool_choice = "required" if force else "auto"
+                    continue
         if not message.get("tool_calls"):
-            reward = env.verify(message.get("content") or "")
+            reward = env.verify(content)
             return Episode(task.id, group_id, samples, reward, steps=turn_no,
-                           seconds=time.monotonic() - start, info={**info, "answer":
-                                                                    message.get("content")})
+                           seconds=time.monotonic() - start,
+                           info={**info, "corrections": corrections, "answer": content})
         messages += env.step(message["tool_calls"])
+    info["corrections"] = corrections
     info["truncated"] = True
     return Episode(task.id, group_id, samples, 0.0, steps=len(samples),
                    seconds=time.monotonic() - start, info=info)
@@ -312,11 +358,17 @@ class RayEnv:
     def tools(self) -> list[dict[str, Any]]:
         return self._call("tools")
 
-    def reset(self, task: Task) -> list[dict[str, Any]]:
-        return self._call("reset", task)
+    def reset(self, task: Task, hooks: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        return self._call("reset", task, hooks)
 
     def step(self, tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return self._call("step", tool_calls)
+
+    def repair(self, content: str) -> tuple[str, list[dict[str, Any]]] | None:
+        return self._call("repair", content)
+
+    def correct(self, content: str) -> tuple[str | None, bool]:
+        return self._call("correct", content)
 
     def verify(self, answer: str) -> float:
         return self._call("verify", answer)

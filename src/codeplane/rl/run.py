@@ -33,7 +33,9 @@ from codeplane.rl.config import ConfigError, RunConfig
 from codeplane.rl.env import EnvConfig
 from codeplane.rl.rollout import RayEnv, RolloutConfig, RolloutManager, StepData, masked
 from codeplane.rl.tasks import Task, fetch_sdist, locate_tasks, sample_tasks
+from codeplane.rl.testfix import fix_tasks
 from codeplane.rl.types import Trainer
+from codeplane.sandbox import DEFAULT_BACKEND
 
 CACHE = Path("~/.codeplane/rl").expanduser()
 
@@ -52,6 +54,9 @@ class Progress:
     trainer_restarts: int = 0
     max_staleness: int = 0
     resumed_from: int = 0
+    hooks: list[str] = field(default_factory=list)  # the loop the episodes ran ([]: plain)
+    repairs: Counter = field(default_factory=Counter)  # hook name -> turns it repaired
+    corrections: int = 0  # hints the product's loop gave instead of ending an episode
 
     def summary(self) -> dict[str, Any]:
         return {"steps": self.steps, "episodes": self.episodes, "samples": self.samples,
@@ -64,17 +69,25 @@ class Progress:
                 "heldout_last": self.heldout[-1][1] if self.heldout else None,
                 "env_faults": sum(self.env_faults.values()),
                 "faults": dict(self.env_faults), "trainer_restarts": self.trainer_restarts,
-                "max_staleness": self.max_staleness, "resumed_from": self.resumed_from}
+                "max_staleness": self.max_staleness, "resumed_from": self.resumed_from,
+                "hooks": self.hooks, "repairs": dict(self.repairs),
+                "corrections": self.corrections}
 
 
-def load_tasks(specs: list[str], dirs: list[str], limit: int, seed: int) -> list[Task]:
-    """Tasks from sdists (fetched once into the cache) and local repositories."""
+def load_tasks(specs: list[str], dirs: list[str], limit: int, seed: int,
+               family: str = "locate", backend: str = DEFAULT_BACKEND) -> list[Task]:
+    """Tasks from sdists (fetched once into the cache) and local repositories, of the
+    configured family (testfix tasks are built in `backend` sandboxes, then cached)."""
     missing = [d for d in dirs if not Path(d).is_dir()]
     if missing:
         raise ConfigError(f"[tasks] names repositories that are not directories: {missing}")
     roots = [(spec, fetch_sdist(spec, CACHE)) for spec in specs]
     roots += [(Path(d).name, Path(d)) for d in dirs]
-    tasks = [t for name, root in roots for t in locate_tasks(name, root)]
+    if family == "testfix":
+        tasks: list[Any] = [t for name, root in roots
+                            for t in fix_tasks(name, root, CACHE, backend)]
+    else:
+        tasks = [t for name, root in roots for t in locate_tasks(name, root)]
     return sample_tasks(tasks, limit, seed)
 
 
@@ -120,7 +133,11 @@ def make_parts(config: RunConfig, out: Path) -> Parts:
     from codeplane.models.engine import Engine
     from codeplane.rl.adapter import LlamaSampler
 
-    engine = Engine(load_settings())
+    settings = load_settings()
+    if config.sampler.threads:
+        settings = settings.model_copy(update={"engine": settings.engine.model_copy(
+            update={"n_threads": config.sampler.threads})})
+    engine = Engine(settings)
     sampler = LlamaSampler(engine, config.sampler.model, out / "adapters", tcfg.lora_alpha,
                            config.rollout.seed)
     return sampler, trainer, engine.close
@@ -159,7 +176,12 @@ def step_record(data: StepData, metrics: dict[str, Any], wall: float, waited: fl
     """One JSONL line."""
     rewards = [e.reward for e in data.episodes if not masked(e)]
     samples = sum(len(e.samples) for e in data.episodes)
+    repairs: Counter = Counter()
+    for e in data.episodes:
+        repairs.update(e.info.get("repairs", {}))
     return {"step": data.step, "episodes": len(data.episodes), "groups": len(data.groups),
+            "repairs": dict(repairs),
+            "corrections": sum(e.info.get("corrections", 0) for e in data.episodes),
             "masked": sum(masked(e) for e in data.episodes),
             "reward_mean": statistics.fmean(rewards) if rewards else None,
             "reward_std": statistics.pstdev(rewards) if rewards else None,
@@ -197,20 +219,22 @@ class Run:
                  ) -> None:
         self.config, self.on_step = config, on_step or (lambda record: None)
         self.out = config.out_dir
-        self.progress = Progress()
+        self.progress = Progress(hooks=list(config.rollout.hooks))
 
     def train(self, sampler: ChatModel | None = None, trainer: Trainer | None = None
               ) -> dict[str, Any]:
         """The whole run. `sampler` and `trainer` replace the configured ones (benchmarks
         drive the real loop with a scripted policy and a stand-in trainer)."""
         cfg = self.config
-        train_tasks = load_tasks(cfg.tasks.train, cfg.tasks.train_dirs, cfg.tasks.max_train,
-                                 cfg.rollout.seed)
-        heldout = load_tasks(cfg.tasks.heldout, cfg.tasks.heldout_dirs,
-                             cfg.tasks.max_heldout, cfg.rollout.seed)
+        tc = cfg.tasks
+        train_tasks = load_tasks(tc.train, tc.train_dirs, tc.max_train, cfg.rollout.seed,
+                                 tc.family, cfg.env.backend)
+        heldout = load_tasks(tc.heldout, tc.heldout_dirs, tc.max_heldout, cfg.rollout.seed,
+                             tc.family, cfg.env.backend)
         if not train_tasks:
-            raise ConfigError("the train repositories have no documented definitions to ask "
-                              "about")
+            raise ConfigError("the train repositories make no tasks of the family "
+                              f"{tc.family!r} (locate: documented definitions; testfix: "
+                              "functions with doctests that pass)")
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "scratch").mkdir(exist_ok=True)
         start_ray(cfg.ray.num_cpus)
@@ -271,8 +295,11 @@ class Run:
         wall = time.monotonic() - t0
         record = step_record(data, metrics, wall, waited, manager.model_seconds - busy0,
                              manager.faults)
+        record["hooks"] = list(cfg.rollout.hooks)
         progress.steps = step + 1
         progress.episodes += len(data.episodes)
+        progress.repairs.update(record["repairs"])
+        progress.corrections += record["corrections"]
         progress.samples += record["samples"]
         if record["reward_mean"] is not None:
             progress.rewards.append((step + 1, record["reward_mean"]))
