@@ -28,11 +28,15 @@ from codeplane.agent.env import Environment
 from codeplane.agent.hooks import arguments
 from codeplane.agent.prompts import SYSTEM, task_message
 from codeplane.agent.tools import CORE, ToolContext, Toolset, default_toolset, list_files
+from codeplane.rl.tasks import SYSTEM as TASK_SYSTEM
 from codeplane.rl.tasks import Task, score
 from codeplane.sandbox import DEFAULT_BACKEND, Limits, open_workspace
 from codeplane.sandbox.runner import SandboxUnavailable
 
 FAULTS = ("sandbox_killed", "tool_timeout", "verifier_crash")
+# Tool subsets by `[env] toolset` ("full": every tool). "search" is what the locate family
+# needs; two schemas instead of seven keep the prompt (and the trainer's CPU time) short.
+TOOLSETS = {"core": CORE, "search": ["grep", "read_file"]}
 
 
 class EnvFault(Exception):
@@ -51,8 +55,14 @@ class EnvConfig(BaseModel):
     timeout: float = Field(30.0, gt=0, description="seconds per command")
     max_result_chars: int = Field(4000, ge=200, description="per tool output, cut as the "
                                                             "product cuts it")
-    toolset: Literal["core", "full"] = Field("core", description="core: 7 tools, simpler "
-                                                                 "schemas; full: all")
+    toolset: Literal["core", "search", "full"] = Field(
+        "core", description="core: 7 tools, simpler schemas; search: grep and read_file "
+                            "only; full: all")
+    prompt: Literal["agent", "task"] = Field(
+        "agent", description="agent: the product's system prompt and file list; task: the "
+                             "task family's short system prompt (rl/tasks.py) and the bare "
+                             "instruction (short contexts: the trainer's CPU time grows with "
+                             "them)")
     fault_rate: float = Field(0.0, ge=0, le=1, description="injected faults per call "
                                                            "(benchmarks only)")
     seed: int = 0
@@ -74,9 +84,9 @@ class EnvServer:
 
     def tools(self) -> list[dict[str, Any]]:
         """The tool schemas the policy is shown, as the agent shows them."""
-        if self.config.toolset == "core":
-            return self.toolset.schemas(CORE, core=True)
-        return self.toolset.schemas()
+        if self.config.toolset == "full":
+            return self.toolset.schemas()
+        return self.toolset.schemas(TOOLSETS[self.config.toolset], core=True)
 
     def reset(self, task: Task) -> list[dict[str, Any]]:
         """A fresh sandboxed copy of the task's repository; returns the first messages
@@ -90,6 +100,9 @@ class EnvServer:
             raise EnvFault("sandbox_killed", str(exc)) from None
         self.env = Environment(workspace, Limits(timeout=self.config.timeout))
         self.ctx, self.task = ToolContext(), task
+        if self.config.prompt == "task":
+            return [{"role": "system", "content": TASK_SYSTEM},
+                    {"role": "user", "content": task.instruction}]
         files = list(list_files(self.env, self.env.root))
         return [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": task_message(task.instruction, files)}]
