@@ -30,6 +30,7 @@ from codeplane.agent.hooks import Hook, arguments, make_hooks
 from codeplane.agent.loop import AgentConfig
 from codeplane.agent.prompts import SYSTEM, task_message
 from codeplane.agent.tools import CORE, ToolContext, Toolset, default_toolset, list_files
+from codeplane.rl.tasks import SYSTEM as TASK_SYSTEM
 from codeplane.rl.tasks import Task, score
 from codeplane.rl.testfix import FixTask, run_fix_test
 from codeplane.sandbox import DEFAULT_BACKEND, Limits, open_workspace
@@ -59,6 +60,11 @@ class EnvConfig(BaseModel):
     tools: tuple[str, ...] = Field((), description="only these of the product's tools, by "
                                                    "name (empty: the whole toolset); their "
                                                    "schemas are most of a short prompt")
+    prompt: Literal["agent", "task"] = Field(
+        "agent", description="agent: the product's system prompt and file list; task: the "
+                             "task family's short system prompt (rl/tasks.py) and the bare "
+                             "instruction (short contexts: the trainer's CPU time grows with "
+                             "them)")
     fault_rate: float = Field(0.0, ge=0, le=1, description="injected faults per call "
                                                            "(benchmarks only)")
     seed: int = 0
@@ -133,6 +139,9 @@ class EnvServer:
         self.hooks = make_hooks(hooks)
         self.view = HookView(self.env, self.toolset, self.tools(), self.ctx, AgentConfig(
             max_result_chars=self.config.max_result_chars, toolset=self.config.toolset))
+        if self.config.prompt == "task":
+            return [{"role": "system", "content": TASK_SYSTEM},
+                    {"role": "user", "content": task.instruction}]
         files = list(list_files(self.env, self.env.root))
         added = "".join(h.start(self.view, task.instruction, files) for h in self.hooks)
         return [{"role": "system", "content": SYSTEM},

@@ -256,13 +256,14 @@ class Run:
         first = self._resume(sampler, trainer)
         version = trainer.version if trainer else 0
         if heldout and first == 0:
-            progress.heldout.append((0, evaluate(sampler, heldout, cfg, make_env, version)))
+            self._heldout(0, evaluate(sampler, heldout, cfg, make_env, version))
         manager = RolloutManager(sampler, train_tasks, cfg.rollout, make_env, first).start()
         start = time.monotonic()
         log = (self.out / "steps.jsonl").open("a", encoding="utf-8")
         try:
             for step in range(first, cfg.steps):
                 record = self._step(step, manager, sampler, trainer, heldout, make_env)
+                record["time"] = time.time()  # wall clock of the step's end (curves by time)
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 self.on_step(record)
@@ -273,8 +274,7 @@ class Run:
         progress.env_faults = manager.faults
         if heldout and (not cfg.eval_every or cfg.steps % cfg.eval_every):
             version = trainer.version if trainer else 0
-            progress.heldout.append((cfg.steps, evaluate(sampler, heldout, cfg, make_env,
-                                                         version)))
+            self._heldout(cfg.steps, evaluate(sampler, heldout, cfg, make_env, version))
         plot(progress, self.out / "curves.png")
         return progress.summary()
 
@@ -308,9 +308,18 @@ class Run:
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and heldout:
             success = evaluate(sampler, heldout, cfg, make_env,
                                trainer.version if trainer else 0)
-            progress.heldout.append((step + 1, success))
+            self._heldout(step + 1, success)
             record["heldout_success"] = success
         return record
+
+    def _heldout(self, steps: int, success: float) -> None:
+        """Record an evaluation, also in `out/heldout.jsonl` (with the time): the one before
+        the first step and the one after the last are in no step's line, and a run that is
+        stopped never prints its summary."""
+        self.progress.heldout.append((steps, success))
+        with (self.out / "heldout.jsonl").open("a", encoding="utf-8") as log:
+            log.write(json.dumps({"steps": steps, "heldout_success": success,
+                                  "time": time.time()}) + "\n")
 
     def _train(self, trainer: Trainer, data: StepData) -> dict[str, Any]:
         """One trainer step. If the trainer raises, it is restarted from its last checkpoint

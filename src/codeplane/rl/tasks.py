@@ -26,6 +26,13 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+# The system prompt of `[env] prompt = "task"`: the family's own, a few lines instead of the
+# product's coding-agent prompt, so a two-core trainer sees short contexts. It names the tool
+# and the answer format, as a small model needs both spelled out.
+SYSTEM = ("You answer questions about the code in the current directory. Search it with the "
+          "grep tool, which returns path:line:text lines; read_file shows a file. When you "
+          "know the answer, reply with only its location, the path and line number as grep "
+          "printed them (path:line), and call no tool.")
 ANSWER = re.compile(r"([\w./-]+\.py)\s*:\s*(\d+)")
 MAX_SOURCE_BYTES = 256 << 10  # larger files are generated code, not something to search
 
@@ -67,9 +74,9 @@ def locate_tasks(repo: str, root: Path) -> list[Task]:
             continue
         for node, summary in _documented(file):
             kind = "class" if isinstance(node, ast.ClassDef) else "function"
-            instruction = (f"Which {kind} in this repository does this: \"{summary}\"? "
-                           "Find its definition with the tools and answer with its location "
-                           "as path:line (for example pkg/mod.py:12).")
+            instruction = (f"Which {kind} in this repository is documented as \"{summary}\"? "
+                           "Find it with grep (search for a few words of that sentence), "
+                           "then answer with its path:line.")
             digest = hashlib.sha256(f"{repo}\0{rel}\0{node.name}".encode()).hexdigest()[:12]
             found.setdefault(summary, []).append(Task(
                 f"{repo}:{digest}", repo, str(root), instruction, rel, node.lineno,

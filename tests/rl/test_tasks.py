@@ -1,0 +1,69 @@
+"""The locate task family as the learning-curve run uses it (examples/rl/curve.toml): the
+family's own short prompt, two tools, and an instruction whose recipe (grep a few words of
+the quoted docstring, answer with the hit's path:line) earns the full reward through the real
+sandbox, the product's grep and the verifier."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import make_repo
+
+from codeplane.rl.env import EnvConfig, EnvServer
+from codeplane.rl.tasks import SYSTEM, locate_tasks, score
+
+
+@pytest.fixture
+def tasks(tmp_path: Path):
+    return locate_tasks("shapes", make_repo(tmp_path / "shapes"))
+
+
+def _grep(server: EnvServer, pattern: str) -> str:
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "grep", "arguments": json.dumps({"pattern": pattern})}}
+    return server.step([call])[0]["content"]
+
+
+def test_task_prompt_is_the_family_prompt_and_the_bare_instruction(tasks, tmp_path) -> None:
+    server = EnvServer(EnvConfig(tools=("grep", "read_file"), prompt="task"), scratch=str(tmp_path))
+    task = tasks[0]
+    messages = server.reset(task)
+    assert messages == [{"role": "system", "content": SYSTEM},
+                        {"role": "user", "content": task.instruction}]
+    assert [t["function"]["name"] for t in server.tools()] == ["grep", "read_file"]
+    # the instruction names the tool and the format, and gives no example path to copy
+    # (code-small answered with the example's path instead of searching)
+    assert "grep" in task.instruction and "path:line" in task.instruction
+    assert "pkg/mod.py" not in task.instruction
+    server.close()
+
+
+def test_agent_prompt_is_unchanged_by_default(tasks, tmp_path) -> None:
+    server = EnvServer(scratch=str(tmp_path))
+    messages = server.reset(tasks[0])
+    assert messages[0]["content"] != SYSTEM and "pkg/shapes.py" in messages[1]["content"]
+    assert len(server.tools()) == 7
+    server.close()
+
+
+def test_the_instructions_recipe_earns_full_reward_on_every_task(tasks, tmp_path) -> None:
+    server = EnvServer(EnvConfig(tools=("grep", "read_file"), prompt="task"), scratch=str(tmp_path))
+    for task in tasks:
+        server.reset(task)
+        summary = task.instruction.split('"')[1]
+        hits = _grep(server, " ".join(summary.split()[:3])).splitlines()
+        hit = next(h for h in hits if h.startswith(task.path + ":"))
+        assert server.verify(hit) == 1.0  # grep's own path:line:text line is an answer
+        assert server.verify(":".join(hit.split(":")[:2])) == 1.0  # and path:line alone
+    server.close()
+
+
+def test_score_reads_the_last_location_of_a_grep_style_answer(tasks) -> None:
+    area = next(t for t in tasks if t.start == 7)
+    assert score(area, 'pkg/shapes.py:8:        """Compute the area of the circle') == 1.0
+    assert score(area, "pkg/shapes.py:8:x\npkg/shapes.py:13:y") == 0.5  # the last one counts
