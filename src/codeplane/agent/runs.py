@@ -23,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from codeplane.agent.loop import Agent, Event, RunResult
 from codeplane.agent.records import RunRecords, RunTaken
 from codeplane.core.chat import ChatModel
+from codeplane.core.wakeups import Wakeups
 from codeplane.storage import DatabaseError
 
 log = logging.getLogger("codeplane.agent")
@@ -30,7 +31,6 @@ JOIN_S = 10.0  # how long close() waits for a cancelled run's thread
 CANCEL_POLL_S = 0.5  # how often the owner looks for cancels asked of other replicas
 ENDS = ("run_end", "interrupted")  # the events after which a run has nothing more to say
 RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(RunResult))
-Watcher = tuple[asyncio.AbstractEventLoop, asyncio.Event]
 
 
 class RunLimit(Exception):
@@ -129,7 +129,7 @@ class RunManager:
         self.max_running, self.keep_finished = max_running_per_tenant, keep_finished
         self.records = records
         self._runs: OrderedDict[str, Run] = OrderedDict()
-        self._watchers: dict[str, set[Watcher]] = {}
+        self._wakeups = Wakeups()
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
@@ -153,7 +153,7 @@ class RunManager:
     def start(self, tenant: str, agent: Agent, task: str, model: ChatModel) -> Run:
         """Register and start a run; RunLimit if the tenant is at its cap. Finished runs
         of the tenant past `keep_finished` are forgotten, oldest first; running ones never."""
-        run = Run(agent, tenant, self.records, self._wake)
+        run = Run(agent, tenant, self.records, self._wakeups.wake)
         with self._lock:
             self._admit(tenant, claim=run.id)
             finished = [r for r in self._runs.values() if r.tenant == tenant and r.result]
@@ -227,27 +227,10 @@ class RunManager:
     # -- watchers: woken at once by this replica's runs, polling for other replicas' -------
 
     def watch(self, run_id: str) -> asyncio.Event:
-        wake = asyncio.Event()
-        with self._lock:
-            self._watchers.setdefault(run_id, set()).add((asyncio.get_running_loop(), wake))
-        return wake
+        return self._wakeups.watch(run_id)
 
     def unwatch(self, run_id: str, wake: asyncio.Event) -> None:
-        with self._lock:
-            left = {w for w in self._watchers.get(run_id, set()) if w[1] is not wake}
-            if left:
-                self._watchers[run_id] = left
-            else:
-                self._watchers.pop(run_id, None)
-
-    def _wake(self, run_id: str) -> None:
-        with self._lock:
-            watchers = list(self._watchers.get(run_id, ()))
-        for loop, wake in watchers:
-            try:
-                loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:  # that watcher's event loop has closed (shutdown)
-                self.unwatch(run_id, wake)
+        self._wakeups.unwatch(run_id, wake)
 
     def close(self) -> None:
         """Cancel every running run and wait a little for each to write its `run_end`."""

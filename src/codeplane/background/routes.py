@@ -191,7 +191,7 @@ async def _sse(service: BackgroundService, tenant: str, run_id: str,
     after = min(after, newest)
     try:
         while True:
-            watcher[1].clear()  # before reading: an event stored meanwhile wakes us again
+            watcher.clear()  # before reading: an event stored meanwhile wakes us again
             batch = await asyncio.to_thread(service.store.events, run_id, after)
             for seq, event in batch:
                 yield f"id: {seq}\ndata: {json.dumps(event)}\n\n"
@@ -201,7 +201,7 @@ async def _sse(service: BackgroundService, tenant: str, run_id: str,
                 if run is None or run["status"] not in ("queued", "running"):
                     return
             try:
-                await asyncio.wait_for(watcher[1].wait(), KEEPALIVE_S)
+                await asyncio.wait_for(watcher.wait(), KEEPALIVE_S)
             except TimeoutError:
                 yield ": keep-alive\n\n"
     finally:

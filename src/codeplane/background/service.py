@@ -37,6 +37,7 @@ from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.runs import Run, RunManager
 from codeplane.background.store import Store
 from codeplane.core.chat import ChatModel
+from codeplane.core.wakeups import Wakeups
 from codeplane.sandbox.fleet import Fleet, PooledWorkspace, Sandbox
 from codeplane.sandbox.runner import Limits
 
@@ -50,7 +51,6 @@ SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
             "-c", "user.name=codeplane", "-c", "user.email=agent@codeplane.invalid",
             "-c", "commit.gpgsign=false")
 ModelFactory = Callable[[str], ChatModel]  # agent run id -> the model client for that turn
-Watcher = tuple[asyncio.AbstractEventLoop, asyncio.Event]
 
 
 class GitError(Exception):
@@ -136,7 +136,7 @@ class BackgroundService:
         self.runs, self.fleet, self.settings = runs, fleet, settings
         self.store.interrupt_unfinished()
         self._live: dict[str, Live] = {}
-        self._watchers: dict[str, set[Watcher]] = {}
+        self._wakeups = Wakeups()
         self._lock = threading.Lock()
 
     def launch(self, tenant: str, repo: Path | str, ref: str, task: str, model: str,
@@ -247,29 +247,16 @@ class BackgroundService:
         """Store an event, stamped with the wall-clock time it was recorded (`at`): what
         a watcher's delay is measured from (bench/background.py)."""
         seq = self.store.append(run_id, {**event, "at": round(time.time(), 4)})
-        with self._lock:
-            watchers = list(self._watchers.get(run_id, ()))
-        for loop, wake in watchers:
-            try:
-                loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:  # that watcher's event loop has closed (shutdown)
-                self.unwatch(run_id, (loop, wake))
+        self._wakeups.wake(run_id)
         return seq
 
-    def watch(self, run_id: str) -> Watcher:
+    def watch(self, run_id: str) -> asyncio.Event:
         """A wake-up for the calling event loop, set whenever the run records an event (so
         a watcher reads the store as soon as there is something new, not on a timer)."""
-        watcher = (asyncio.get_running_loop(), asyncio.Event())
-        with self._lock:
-            self._watchers.setdefault(run_id, set()).add(watcher)
-        return watcher
+        return self._wakeups.watch(run_id)
 
-    def unwatch(self, run_id: str, watcher: Watcher) -> None:
-        with self._lock:
-            left = self._watchers.get(run_id, set())
-            left.discard(watcher)
-            if not left:
-                self._watchers.pop(run_id, None)
+    def unwatch(self, run_id: str, wake: asyncio.Event) -> None:
+        self._wakeups.unwatch(run_id, wake)
 
     def message(self, tenant: str, run_id: str, content: str) -> dict[str, Any] | None:
         """Queue a follow-up for after the current turn; on a run this process finished,
