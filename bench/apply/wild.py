@@ -29,6 +29,7 @@ Usage:
   python bench/apply/wild.py build REPO_DIR... [--out PATH]  # (re)build a held-out part
   python bench/apply/wild.py [--verbose]         # exact / wrong / declined per style
   python bench/apply/wild.py --set fresh         # the second held-out slice alone
+  python bench/apply/wild.py --set third         # the third (session 7) held-out slice
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ HELD_OUT = Path(__file__).with_name("cases.jsonl.xz")
 # A second held-out slice, built after the rules were tuned on the sets above and never
 # tuned on (pytest-dev/pluggy, hynek/structlog, more-itertools): `--set fresh`.
 FRESH = Path(__file__).with_name("fresh.jsonl.xz")
+# A third held-out slice, built from repositories no earlier set used (jd/tenacity,
+# tkem/cachetools, marshmallow-code/marshmallow) before session 7 changed any code, and
+# never tuned on: `--set third`.
+THIRD = Path(__file__).with_name("third.jsonl.xz")
 STYLES = ("wordings", "body", "header", "drift", "joined", "mixed")
 WORDINGS = (
     "# ... existing code ...", "# ... rest of the function unchanged ...", "# (unchanged)",
@@ -77,10 +82,10 @@ BA = bench_apply()
 
 
 def load_all(which: str = "main") -> list[dict]:
-    """The tune part and the first held-out part ("main"), or the second held-out slice
-    alone ("fresh")."""
-    if which == "fresh":
-        return _read(FRESH, "held-out")
+    """The tune part and the first held-out part ("main"), or the second or third held-out
+    slice alone ("fresh", "third")."""
+    if which in ("fresh", "third"):
+        return _read(FRESH if which == "fresh" else THIRD, "held-out")
     return [dict(c, part="tune") for c in BA.load()] + _read(HELD_OUT, "held-out")
 
 
@@ -375,9 +380,9 @@ def main() -> None:
     builder.add_argument("--per-bucket", type=int, default=8)
     builder.add_argument("--out", type=Path, default=HELD_OUT)
     parser.add_argument("--verbose", action="store_true", help="also list every decline")
-    parser.add_argument("--set", choices=("main", "fresh"), default="main",
-                        help="main: tune + first held-out part; fresh: the second held-out "
-                             "slice alone")
+    parser.add_argument("--set", choices=("main", "fresh", "third"), default="main",
+                        help="main: tune + first held-out part; fresh, third: the second or "
+                             "third held-out slice alone")
     parser.add_argument("--style", choices=STYLES, help="print one case's sketch in a style")
     parser.add_argument("--case", type=int, default=0)
     args = parser.parse_args()
