@@ -165,7 +165,7 @@ def _merge_both_ways(original: list[str], sketch: Sketch, trivial_edges: bool
                       blank_edges=[(b, a) for a, b in reversed(sketch.blank_edges)],
                       marker_indents=sketch.marker_indents[::-1])
     reverse = _align_and_build(original[::-1], mirrored, sketch.segments[::-1],
-                               trivial_edges=trivial_edges)
+                               trivial_edges=trivial_edges, mirrored=True)
     if reverse.merged is None:  # the checks are one-sided (a segment's end): mirror them too
         return MergeOutcome(None, reasons=[
             _unmirror(r, len(original), len(sketch.segments)) for r in reverse.reasons],
@@ -207,7 +207,7 @@ def _unmirror(reason: str, lines: int, segments: int) -> str:
 def _align_and_build(original: list[str], sketch: Sketch,
                      shown: list[list[str]] | None = None,
                      keep_whitespace: bool = True, trivial_edges: bool = False,
-                     checked: bool = True) -> MergeOutcome:
+                     checked: bool = True, mirrored: bool = False) -> MergeOutcome:
     """Align, check and build; `shown` are the segments as the user wrote them, for the
     reasons (the mirrored sketch's segments are reversed). `keep_whitespace`: a matched
     line the sketch shows without trailing whitespace keeps the file's."""
@@ -229,7 +229,7 @@ def _align_and_build(original: list[str], sketch: Sketch,
     owner.append(-1)
     markers = [k for k, item in enumerate(items) if item is None]
     widths = {k: width for k, width in zip(markers, sketch.marker_indents) if width is not None}
-    aligner = Aligner(original, items, frozenset(optional), trivial_edges, widths)
+    aligner = Aligner(original, items, frozenset(optional), trivial_edges, widths, mirrored)
     best = aligner.align()
     if best is None and aligner.bounds:
         aligner.bounds = {}  # no place closes the block a marker stands for: read it freely
