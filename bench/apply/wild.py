@@ -325,6 +325,7 @@ CATEGORIES = (
     ("blank line next to a marker", ("shows a blank line",)),
     ("open end (no context at a marker)", ("without context", "with new lines")),
     ("fits two places", ("equally well", "two equally good", "opens like", "closes like",
+                         "are the file's lines",
                          "occurs several times")),
     ("no distinctive line", ("no distinctive line",)),
     ("no-op with blank context", ("changes nothing",)),
