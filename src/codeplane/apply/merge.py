@@ -370,6 +370,10 @@ def _check_all(original: list[str], sketch: Sketch, aligner: Aligner, best: Alig
         problem = _check_segment(aligner, best, owner, number, label, len(original),
                                  _at_file_edge(original, sketch, best, number),
                                  tie_ok=number == tie_ok)
+        if not problem and (number or sketch.gap_before):  # its first line is at a marker
+            split = _split_context(aligner, best, [k for k, seg in enumerate(owner)
+                                                   if seg == number])
+            problem = f"{label}: {split}" if split else None
         if problem:
             return problem
     regions: dict[int, tuple[int, int]] = {}
@@ -690,9 +694,6 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
             return (f"{label}: its {which} line {aligner.items[k].strip()[:60]!r} occurs "
                     f"several times in the file, and as context here it would delete line "
                     f"{inward + 1} ({aligner.original[inward].strip()[:60]!r}): ambiguous")
-    split = _split_context(aligner, best, rows)
-    if split:
-        return f"{label}: {split}"
     if not matched:
         return None  # at the file's edge, by its edited lines alone (nothing to forbid)
     rival = _rival(aligner, best, rows, matched)
@@ -714,7 +715,9 @@ def _split_context(aligner: Aligner, best: Alignment, rows: list[int]) -> str | 
     lands next to another copy of the common line, and the code between is kept or lost
     by chance (more-itertools 61a2d7be70: the closing quotes and `return` above a deleted
     function matched that function's own quotes, its `return` replaced, the rest kept).
-    Declined rather than guessed. The mirrored sketch checks the segment's end."""
+    Declined rather than guessed. Only at a marker: at the file's edge without one the
+    edge places the segment (new code appended at the end of a file that copies the
+    file's last lines is new). The mirrored sketch checks the segment's end."""
     code = [k for k in rows if k not in aligner.optional
             and aligner.items[k].strip()]  # type: ignore[union-attr]
     if len(code) < 2 or best.ops[code[1]][0] == "match":
