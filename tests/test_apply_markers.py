@@ -597,3 +597,23 @@ def test_new_function_after_a_body_marker_goes_below_the_block(wording: str) -> 
     result = apply_edit(OPTION_TESTS, sketch, "test_options.py")
     assert result.ok, result.diagnostics
     assert result.merged == OPTION_TESTS[:at] + NEW_TEST + OPTION_TESTS[at:]
+
+
+def test_code_appended_at_the_files_end_may_copy_lines_the_file_has_together() -> None:
+    """The split-context check (a common line and the file line next to it read apart)
+    applies only at a marker: a new test appended at the end of the file, with no marker
+    after it, ends on `'Error: ...'` and `]` as the test above it does, and is new (click
+    ee780c3af4 declined in five styles when the check also ran at the file's edge)."""
+    test = '''def test_{name}(runner):
+    result = runner.invoke(cmd, [])
+    assert result.output.splitlines() == [
+        'Usage: cmd [OPTIONS] ARG',
+        'Error: Missing argument "arg".'
+    ]
+'''
+    original = test.format(name="usage") + "\n\n" + test.format(name="other")
+    sketch = "# ... existing code ...\n" + test.format(name="other") + "\n\n" + \
+        test.format(name="appended")
+    result = apply_edit(original, sketch, "test_formatting.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original + "\n\n" + test.format(name="appended")
