@@ -473,3 +473,147 @@ def test_line_moved_to_the_files_start_is_not_copied_twice() -> None:
     assert result.ok, result.diagnostics
     assert result.merged == "from random import seed\n" + original.replace(
         "\nfrom random import seed\n", "")
+
+
+RECIPES = '''def quantify(iterable, pred=bool):
+    """Count how many times pred is true.
+
+        >>> quantify([True, False, True])
+        2
+
+    """
+    return sum(map(pred, iterable))
+
+
+def filter_len(func, iterable):
+    """Count the items where func is truthy.
+
+        >>> filter_len(lambda x: x % 3 == 0, range(10))
+        4
+
+    """
+    return sum(1 for _ in filter(func, iterable))
+
+
+def padnone(iterable):
+    return chain(iterable, repeat(None))
+'''
+
+
+def test_common_line_and_the_file_line_after_it_are_not_split() -> None:
+    """The sketch deletes `filter_len`: its context above is the closing quotes and the
+    `return` of `quantify`, which the file has together once. The quotes place nothing,
+    so the alignment matched `filter_len`'s own quotes, took `return sum(map(...))` as new
+    in place of `filter_len`'s `return`, and kept the rest of `filter_len`: ok with a
+    wrong file (more-itertools 61a2d7be70, the one wrong merge of the fresh slice). The
+    two readings are declined, never the split one merged."""
+    sketch = '''# ... existing code ...
+    """
+    return sum(map(pred, iterable))
+
+
+def padnone(iterable):
+# ... rest of the file unchanged ...
+'''
+    start = RECIPES.index("def filter_len")
+    expected = RECIPES[:start] + RECIPES[RECIPES.index("def padnone"):]
+    result = apply_edit(RECIPES, sketch, "recipes.py")
+    assert result.ok is False or result.merged == expected, result.merged
+    assert not result.ok
+    assert "first lines" in result.diagnostics[-1]
+
+
+OPTION_TESTS = '''import click
+
+
+def test_default(runner):
+    @click.command()
+    @click.option("--name", default="x")
+    def cmd(name):
+        click.echo(name)
+
+    result = runner.invoke(cmd, [])
+    assert result.output == "x\\n"
+
+
+def test_option_custom_class(runner):
+    class CustomOption(click.Option):
+        def get_help_record(self, ctx):
+            return ("--help", "I am a help text")
+
+    @click.command()
+    @click.option("--testoption", cls=CustomOption, help="you wont see me")
+    def cmd(testoption):
+        click.echo(testoption)
+
+    result = runner.invoke(cmd, ["--help"])
+    assert "I am a help text" in result.output
+    assert "you wont see me" not in result.output
+
+
+def test_aliases_for_flags(runner):
+    @click.command()
+    @click.option("--warnings/--no-warnings", " /-W", default=True)
+    def cli(warnings):
+        click.echo(warnings)
+'''
+NEW_TEST = '''def test_option_custom_class_reusable(runner):
+    class CustomOption(click.Option):
+        def get_help_record(self, ctx):
+            return ("--help", "I am a help text")
+
+    testoption = click.option("--testoption", cls=CustomOption, help="you wont see me")
+
+    @click.command()
+    @testoption
+    def cmd1(testoption):
+        click.echo(testoption)
+
+    for cmd in (cmd1,):
+        result = runner.invoke(cmd, ["--help"])
+        assert "I am a help text" in result.output
+        assert "you wont see me" not in result.output
+
+
+'''
+
+
+@pytest.mark.parametrize("wording", ["# ... rest of the function unchanged ...",
+                                     "# (unchanged)", "# [previous implementation]", "..."])
+def test_new_function_after_a_body_marker_goes_below_the_block(wording: str) -> None:
+    """A marker indented as a function body, then a new function: the marker stands for
+    the rest of the function above, which stays whole; the new one goes below it. The
+    new function copies many lines of that neighbour, and the cheapest alignment rewrote
+    the neighbour into it (deleting its `def` line and two more: declined as an open end,
+    the cause of most `body`/`header` declines; click a17b544788)."""
+    sketch = f'''    {wording}
+
+
+{NEW_TEST}def test_aliases_for_flags(runner):
+    @click.command()
+# ... rest of the file unchanged ...
+'''
+    at = OPTION_TESTS.index("def test_aliases_for_flags")
+    result = apply_edit(OPTION_TESTS, sketch, "test_options.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == OPTION_TESTS[:at] + NEW_TEST + OPTION_TESTS[at:]
+
+
+def test_code_appended_at_the_files_end_may_copy_lines_the_file_has_together() -> None:
+    """The split-context check (a common line and the file line next to it read apart)
+    applies only at a marker: a new test appended at the end of the file, with no marker
+    after it, ends on `'Error: ...'` and `]` as the test above it does, and is new (click
+    ee780c3af4 declined in five styles when the check also ran at the file's edge)."""
+    test = '''def test_{name}(runner):
+    result = runner.invoke(cmd, [])
+    assert result.output.splitlines() == [
+        'Usage: cmd [OPTIONS] ARG',
+        'Error: Missing argument "arg".'
+    ]
+'''
+    original = test.format(name="usage") + "\n\n" + test.format(name="other")
+    sketch = "# ... existing code ...\n" + test.format(name="other") + "\n\n" + \
+        test.format(name="appended")
+    result = apply_edit(original, sketch, "test_formatting.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original + "\n\n" + test.format(name="appended")

@@ -29,6 +29,8 @@ Usage:
   python bench/apply/wild.py build REPO_DIR... [--out PATH]  # (re)build a held-out part
   python bench/apply/wild.py [--verbose]         # exact / wrong / declined per style
   python bench/apply/wild.py --set fresh         # the second held-out slice alone
+  python bench/apply/wild.py --set third         # the third (session 7) held-out slice
+  python bench/apply/wild.py --model code-small  # declines also end to end (model path)
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ HELD_OUT = Path(__file__).with_name("cases.jsonl.xz")
 # A second held-out slice, built after the rules were tuned on the sets above and never
 # tuned on (pytest-dev/pluggy, hynek/structlog, more-itertools): `--set fresh`.
 FRESH = Path(__file__).with_name("fresh.jsonl.xz")
+# A third held-out slice, built from repositories no earlier set used (jd/tenacity,
+# tkem/cachetools, marshmallow-code/marshmallow) before session 7 changed any code, and
+# never tuned on: `--set third`.
+THIRD = Path(__file__).with_name("third.jsonl.xz")
 STYLES = ("wordings", "body", "header", "drift", "joined", "mixed")
 WORDINGS = (
     "# ... existing code ...", "# ... rest of the function unchanged ...", "# (unchanged)",
@@ -77,10 +83,10 @@ BA = bench_apply()
 
 
 def load_all(which: str = "main") -> list[dict]:
-    """The tune part and the first held-out part ("main"), or the second held-out slice
-    alone ("fresh")."""
-    if which == "fresh":
-        return _read(FRESH, "held-out")
+    """The tune part and the first held-out part ("main"), or the second or third held-out
+    slice alone ("fresh", "third")."""
+    if which in ("fresh", "third"):
+        return _read(FRESH if which == "fresh" else THIRD, "held-out")
     return [dict(c, part="tune") for c in BA.load()] + _read(HELD_OUT, "held-out")
 
 
@@ -319,6 +325,7 @@ CATEGORIES = (
     ("blank line next to a marker", ("shows a blank line",)),
     ("open end (no context at a marker)", ("without context", "with new lines")),
     ("fits two places", ("equally well", "two equally good", "opens like", "closes like",
+                         "are the file's lines",
                          "occurs several times")),
     ("no distinctive line", ("no distinctive line",)),
     ("no-op with blank context", ("changes nothing",)),
@@ -332,10 +339,14 @@ def category(reason: str) -> str:
                 "other")
 
 
-def run(cases: list[dict], verbose: bool) -> None:
+def run(cases: list[dict], verbose: bool, model: str | None = None) -> None:
+    """Every case in every style, deterministic path only; with `model`, every declined
+    one again through the product's whole pipeline (`apply_edit` with the engine: the
+    deterministic merge, else the model path), which is what a user gets."""
     kinds: dict[tuple[str, str], list[str]] = defaultdict(list)
     declines: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     misses = []
+    declined: list[tuple[str, dict, str]] = []
     for index, case in enumerate(cases):
         for style, text in sketches(case, index).items():
             result = apply_edit(case["original"], text, case["path"])
@@ -343,6 +354,7 @@ def run(cases: list[dict], verbose: bool) -> None:
             kinds[style, case["part"]].append(kind)
             if kind == "declined":
                 declines[style][category(result.diagnostics[-1])] += 1
+                declined.append((style, case, text))
             if kind != "exact":
                 misses.append((kind, style, case["repo"], case["commit"][:10], case["path"],
                                "" if result.ok else result.diagnostics[-1][:120]))
@@ -365,6 +377,42 @@ def run(cases: list[dict], verbose: bool) -> None:
     for miss in sorted(misses, key=lambda m: m[0] != "wrong"):
         if miss[0] == "wrong" or verbose:
             print("  ", *miss)
+    if model:
+        end_to_end(declined, kinds, model)
+
+
+def end_to_end(declined: list[tuple[str, dict, str]], kinds: dict[tuple[str, str], list[str]],
+               model: str) -> None:
+    """The declined sketches through `apply_edit` with the engine, and per style what a
+    user gets in the end: exact / wrong / not applied, over all of the style's cases."""
+    from codeplane.config import load_settings
+    from codeplane.models.engine import Engine
+
+    engine = Engine(load_settings())
+    rescued: dict[str, list[str]] = defaultdict(list)
+    try:
+        for style, case, text in declined:
+            result = apply_edit(case["original"], text, case["path"], engine, model)
+            kind = BA.kind_of(result, case, failed="rejected")
+            rescued[style].append(kind)
+            why = "" if result.ok else result.diagnostics[-1][:90]
+            print(f"   model {style:8s} {kind:8s} {case['repo']} {case['commit'][:10]} "
+                  f"{case['path']} {result.seconds:5.1f}s {why}", flush=True)
+    finally:
+        engine.close()
+    print(f"  end to end with {model} on the declines (exact / wrong / rejected), and the "
+          f"style's final exact / wrong / not applied:")
+    for style in STYLES:
+        got = rescued.get(style, [])
+        every = kinds[style, "tune"] + kinds[style, "held-out"]
+        if not every:
+            continue
+        exact = every.count("exact") + got.count("exact")
+        wrong = every.count("wrong") + got.count("wrong")
+        print(f"    {style:9s} {got.count('exact'):3d} / {got.count('wrong'):3d} / "
+              f"{got.count('rejected'):3d}   final {100 * exact / len(every):5.1f}% / "
+              f"{100 * wrong / len(every):4.1f}% / "
+              f"{100 * (len(every) - exact - wrong) / len(every):4.1f}%")
 
 
 def main() -> None:
@@ -375,11 +423,13 @@ def main() -> None:
     builder.add_argument("--per-bucket", type=int, default=8)
     builder.add_argument("--out", type=Path, default=HELD_OUT)
     parser.add_argument("--verbose", action="store_true", help="also list every decline")
-    parser.add_argument("--set", choices=("main", "fresh"), default="main",
-                        help="main: tune + first held-out part; fresh: the second held-out "
-                             "slice alone")
+    parser.add_argument("--set", choices=("main", "fresh", "third"), default="main",
+                        help="main: tune + first held-out part; fresh, third: the second or "
+                             "third held-out slice alone")
     parser.add_argument("--style", choices=STYLES, help="print one case's sketch in a style")
     parser.add_argument("--case", type=int, default=0)
+    parser.add_argument("--model", help="also run the declines end to end with this model "
+                        "(the product's model path, e.g. code-small)")
     args = parser.parse_args()
     if args.command == "build":
         cases = BA.build(args.repos, args.per_bucket)
@@ -392,7 +442,7 @@ def main() -> None:
     if args.style:
         print(sketches(cases[args.case], args.case).get(args.style, "(not well posed)"))
         return
-    run(cases, args.verbose)
+    run(cases, args.verbose, args.model)
 
 
 if __name__ == "__main__":

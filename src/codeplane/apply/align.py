@@ -27,6 +27,7 @@ import functools
 import itertools
 import re
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,7 @@ SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 120, 0.5  # an original line edite
 SIG_WORDS = 8  # 512-bit token signature per line: a cheap filter for edited lines
 SIG_CANDIDATE, MAX_CANDIDATES = 0.2, 48  # lines the exact token comparison then looks at
 INF = 1 << 40
+Bounds = tuple["np.ndarray | None", "np.ndarray | None"]  # a marker's allowed start, end columns
 TRIVIAL = re.compile(r"^(\W*|pass|else:|try:|finally:|return|break|continue|\w{1,2}\W*)$")
 
 
@@ -131,6 +133,16 @@ def token_similarity(a: str, b: str) -> float:
 
 
 @dataclass
+class Run:
+    """The sketch items between two markers, and how far they are shifted against the
+    file (`Aligner._runs_with_shift`)."""
+
+    rows: list[int]
+    strict: int | None
+    usual: int | None
+
+
+@dataclass
 class Alignment:
     """ops[k] for sketch item k: ("match", o) | ("sub", o) | ("insert", o) | ("drop", o) |
     ("marker", o_from, o_to);
@@ -143,13 +155,18 @@ class Alignment:
 
 class Aligner:
     def __init__(self, original: list[str], items: list[str | None],
-                 optional: frozenset[int] = frozenset(), trivial_edges: bool = False) -> None:
+                 optional: frozenset[int] = frozenset(), trivial_edges: bool = False,
+                 marker_widths: dict[int, int] | None = None, mirrored: bool = False) -> None:
         """`items`: sketch lines, with None for an elision marker (the caller adds markers
         at both ends so a sketch may start and end anywhere). `optional` items (blank lines
         next to a marker: layout or context, nobody can tell) match a blank line or are
         dropped, never inserted. `trivial_edges`: a segment's `)`, `]`, `pass`... at a
-        marker is its context like any other edge line (the merge's second reading)."""
+        marker is its context like any other edge line (the merge's second reading).
+        `marker_widths[k]`: the indentation of marker item k as written, which says what
+        it stands for (`_block_bounds`); `mirrored`: the sketch and file are reversed (the
+        merge's tie check), so a marker's block ends become starts."""
         self.original = original
+        self.mirrored = mirrored
         self.items = items
         self.optional = optional
         onorm = [norm(x) for x in original]
@@ -176,9 +193,98 @@ class Aligner:
         self.osig = signatures(onorm)
         self.otrivial = np.array([trivial(t) for t in onorm], dtype=bool)
         self.subcost = [self._sub_cost(it, code) for it, code in zip(items, self.icode)]
-        self.shift_forbid = self._shift_forbid()
+        self.width = np.array([indent_width(line) for line in original], dtype=np.int64)
+        runs = self._runs_with_shift()
+        self.shift_forbid = self._shift_forbid(runs)
+        # Where each marker may start and end (columns 0..n; None: anywhere). Cleared by
+        # the merge when no alignment fits them.
+        self.bounds = self._block_bounds(runs, marker_widths or {})
+        self.fresh: frozenset[int] = frozenset()  # items that may only be new lines
 
-    def _shift_forbid(self) -> dict[int, np.ndarray]:
+    def _runs_with_shift(self) -> list[Run]:
+        """Each run of items between markers, and how far it is shifted against the file
+        (file indentation minus the sketch's), judged by its distinctive lines that the
+        file has once: `strict` when they all agree and every distinctive line has a copy
+        at that shift (a new line that copies one elsewhere in the file, at another
+        depth, is no evidence), else None; `usual` when more than half agree (a new
+        function copying lines of an old one at other depths still says where it is)."""
+        counts = np.bincount(self.ocode, minlength=1) if len(self.ocode) else np.zeros(1)
+        first = {int(c): o for o, c in reversed(list(enumerate(self.ocode)))}
+        out: list[Run] = []
+        run: list[int] = []
+        for k, item in enumerate([*self.items, None]):
+            if item is not None:
+                run.append(k)
+                continue
+            known = [j for j in run if self.icode[j] >= 0 and not trivial(norm(self.items[j]))]
+            votes = Counter(int(self.width[first[self.icode[j]]]) - indent_width(self.items[j])
+                            for j in known if counts[self.icode[j]] == 1)
+            usual, most = votes.most_common(1)[0] if votes else (None, 0)
+            strict = usual if len(votes) == 1 and all(
+                np.any((self.ocode == self.icode[j])
+                       & (self.width == indent_width(self.items[j]) + usual)) for j in known) \
+                else None
+            out.append(Run(run, strict, usual if most * 2 > votes.total() else None))
+            run = []
+        return out
+
+    def _block_bounds(self, runs: list[Run],
+                      marker_widths: dict[int, int]) -> dict[int, Bounds]:
+        """A marker indented deeper than the code after it (`    # ... rest unchanged ...`
+        above a new top-level `def`) stands for the rest of the block it is indented as: it
+        ends where that block has closed, i.e. the file's indentation across its end drops
+        from deeper than the segment's first line to no deeper (blank lines aside). Else a
+        new function shown after it aligns onto a similar one inside that block, deleting
+        what the marker stands for. In the mirrored problem the same marker follows the
+        segment and starts where such a block opens. (Not the converse, a marker deeper
+        than the code before it: models indent a marker as the last line it stands for,
+        so its start says nothing; tried, it declined fresh-slice cases that merged before,
+        imports followed by a marker at a method body's depth: structlog 03b514304e.)
+        The depths are in the file's terms (the edge line's shift); an edge line with no
+        known shift gets no bound. Indentation rather than a syntax tree: it is what the
+        marker itself says, and the sketch does not parse."""
+        widths = [int(w) if line.strip() else None for w, line in zip(self.width, self.original)]
+        above: list[int | None] = [None]  # the last code line's width before each column
+        for width in widths:
+            above.append(width if width is not None else above[-1])
+        below: list[int | None] = [None]  # the first code line's width from each column
+        for width in reversed(widths):
+            below.append(width if width is not None else below[-1])
+        below.reverse()
+        markers = [k for k, item in enumerate(self.items) if item is None]
+        bounds: dict[int, Bounds] = {}
+        for number, k in enumerate(markers):
+            width = marker_widths.get(k)
+            # runs[number] ends at marker `number`, runs[number + 1] starts after it
+            edge = self._edge_width(runs[number], -1) if self.mirrored \
+                else self._edge_width(runs[number + 1], 0)
+            if width is None or edge is None or edge[1] is None or width <= edge[0]:
+                continue
+            depth = edge[0] + edge[1]
+            # Code deeper than the segment's edge line on the marker's side of the column,
+            # none on the segment's side (the mirrored problem reads the file upwards).
+            inner, outer = (below, above) if self.mirrored else (above, below)
+            mask = np.array([i is not None and i > depth and (o is None or o <= depth)
+                             for i, o in zip(inner, outer)], dtype=bool)
+            bounds[k] = (mask, None) if self.mirrored else (None, mask)
+        return bounds
+
+    def _edge_width(self, run: Run, end: int) -> tuple[int, int | None] | None:
+        """The sketch indentation of the run's first (`end` 0) or last (-1) line with code,
+        and its shift: that of the file's copy when the file has the line once (a segment
+        may re-indent its other lines on purpose), else the run's usual shift. None for a
+        run without code (the file's edge)."""
+        code = [k for k in run.rows if self.items[k].strip()]  # type: ignore[union-attr]
+        if not code:
+            return None
+        k = code[end]
+        width = indent_width(self.items[k])  # type: ignore[arg-type]
+        copies = np.flatnonzero(self.ocode == self.icode[k]) if self.icode[k] >= 0 else []
+        if len(copies) == 1:
+            return width, int(self.width[copies[0]]) - width
+        return width, run.usual
+
+    def _shift_forbid(self, runs: list[Run]) -> dict[int, np.ndarray]:
         """For each trivial line (`)`, `pass`, `else:`), the file lines it may not match.
         Such a line places nothing by itself, but its indentation says which copy it is:
         where a segment's distinctive lines that the file has once each agree on how far
@@ -188,31 +294,13 @@ class Aligner:
         9b98a730bf.) Segments whose distinctive lines disagree (a block re-indented on
         purpose, a new line copying one at another depth) or that have none get no
         constraint."""
-        width = np.array([indent_width(line) for line in self.original], dtype=np.int64)
-        counts = np.bincount(self.ocode, minlength=1) if len(self.ocode) else np.zeros(1)
-        first = {int(c): o for o, c in reversed(list(enumerate(self.ocode)))}
         forbid: dict[int, np.ndarray] = {}
-        run: list[int] = []
-        for k, item in enumerate([*self.items, None]):
-            if item is not None:
-                run.append(k)
-                continue
-            known = [j for j in run if self.icode[j] >= 0 and not trivial(norm(self.items[j]))]
-            shifts = {indent_width(self.items[j]) - int(width[first[self.icode[j]]])
-                      for j in known if counts[self.icode[j]] == 1}
-            # Every distinctive line must have a copy at that shift: a new line that copies
-            # one elsewhere in the file (at another depth) is no evidence.
-            if len(shifts) == 1 and all(
-                    np.any((self.ocode == self.icode[j]) & (width + next(iter(shifts))
-                                                            == indent_width(self.items[j])))
-                    for j in known):
-                shift = shifts.pop()
-                for j in run:
-                    text = self.items[j]
-                    if self.icode[j] >= 0 and text.strip() and trivial(norm(text)):
-                        forbid[j] = (self.ocode == self.icode[j]) & \
-                            (width + shift != indent_width(text))
-            run = []
+        for run in runs:
+            for j in run.rows if run.strict is not None else ():
+                text = self.items[j]
+                if self.icode[j] >= 0 and text.strip() and trivial(norm(text)):
+                    forbid[j] = (self.ocode == self.icode[j]) & \
+                        (self.width != indent_width(text) + run.strict)
         return forbid
 
     def _sub_cost(self, item: str | None, code: int | None) -> np.ndarray | None:
@@ -267,9 +355,20 @@ class Aligner:
         return [k for k in self.edges() if alignment.ops[k][0] == "insert"
                 and self._edge_cost[k] == INSERT_EDGE]
 
+    def _starts(self, prev: np.ndarray, k: int) -> np.ndarray:
+        """The previous row where marker k may start (elsewhere INF)."""
+        start = self.bounds.get(k, (None, None))[0]
+        return prev if start is None else np.where(start, prev, INF)
+
     def _skip(self, prev: np.ndarray, k: int) -> np.ndarray:
         """An elision marker's row: any number of original lines skipped for free, except
-        at an anchored edge, where only blank lines are."""
+        at an anchored edge, where only blank lines are, and within its `bounds`."""
+        end = self.bounds.get(k, (None, None))[1]
+        prev = self._starts(prev, k)
+        row = self._free_skip(prev, k)
+        return row if end is None else np.where(end, row, INF)
+
+    def _free_skip(self, prev: np.ndarray, k: int) -> np.ndarray:
         row = np.minimum.accumulate(prev)
         blank = np.array([not line.strip() for line in self.original] + [True])
         if k == 0 and self.anchored[0]:
@@ -299,9 +398,9 @@ class Aligner:
                 best = row
             else:
                 best = prev + self.icost[k]
-                if self.subcost[k] is not None:
+                if self.subcost[k] is not None and k not in self.fresh:
                     best[1:] = np.minimum(best[1:], prev[:-1] + self.subcost[k])
-                if self.icode[k] >= 0:
+                if self.icode[k] >= 0 and k not in self.fresh:
                     hit = np.zeros(n + 1, dtype=bool)
                     hit[1:] = self.ocode == self.icode[k]
                     if forbid and k in forbid:
@@ -332,7 +431,7 @@ class Aligner:
             item = self.items[k - 1]
             if item is None:
                 # Skip back to the latest column the previous row reaches at this cost.
-                start = int(np.flatnonzero(prev[:o + 1] == row[o])[-1])
+                start = int(np.flatnonzero(self._starts(prev, k - 1)[:o + 1] == row[o])[-1])
                 ops[k - 1] = ("marker", start, o)
                 o = start
                 continue
@@ -343,12 +442,14 @@ class Aligner:
                 deleted.update(range(j, o))
                 o = j
             matchable = (o > 0 and self.icode[k - 1] == self.ocode[o - 1]
+                         and k - 1 not in self.fresh
                          and not (forbid and k - 1 in forbid and forbid[k - 1][o - 1]))
             sub = self.subcost[k - 1]
             if matchable and prev[o - 1] == best[o]:
                 ops[k - 1] = ("match", o - 1)
                 o -= 1
-            elif o > 0 and sub is not None and prev[o - 1] + sub[o - 1] == best[o]:
+            elif o > 0 and sub is not None and k - 1 not in self.fresh \
+                    and prev[o - 1] + sub[o - 1] == best[o]:
                 ops[k - 1] = ("sub", o - 1)
                 o -= 1
             else:

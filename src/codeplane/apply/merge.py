@@ -9,6 +9,7 @@ their stated line numbers to choose, tolerating drift).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,7 +165,7 @@ def _merge_both_ways(original: list[str], sketch: Sketch, trivial_edges: bool
                       blank_edges=[(b, a) for a, b in reversed(sketch.blank_edges)],
                       marker_indents=sketch.marker_indents[::-1])
     reverse = _align_and_build(original[::-1], mirrored, sketch.segments[::-1],
-                               trivial_edges=trivial_edges)
+                               trivial_edges=trivial_edges, mirrored=True)
     if reverse.merged is None:  # the checks are one-sided (a segment's end): mirror them too
         return MergeOutcome(None, reasons=[
             _unmirror(r, len(original), len(sketch.segments)) for r in reverse.reasons],
@@ -206,7 +207,7 @@ def _unmirror(reason: str, lines: int, segments: int) -> str:
 def _align_and_build(original: list[str], sketch: Sketch,
                      shown: list[list[str]] | None = None,
                      keep_whitespace: bool = True, trivial_edges: bool = False,
-                     checked: bool = True) -> MergeOutcome:
+                     checked: bool = True, mirrored: bool = False) -> MergeOutcome:
     """Align, check and build; `shown` are the segments as the user wrote them, for the
     reasons (the mirrored sketch's segments are reversed). `keep_whitespace`: a matched
     line the sketch shows without trailing whitespace keeps the file's."""
@@ -226,8 +227,13 @@ def _align_and_build(original: list[str], sketch: Sketch,
         owner.extend([number] * (before + len(segment) + after))
     items.append(None)
     owner.append(-1)
-    aligner = Aligner(original, items, frozenset(optional), trivial_edges)
+    markers = [k for k, item in enumerate(items) if item is None]
+    widths = {k: width for k, width in zip(markers, sketch.marker_indents) if width is not None}
+    aligner = Aligner(original, items, frozenset(optional), trivial_edges, widths, mirrored)
     best = aligner.align()
+    if best is None and aligner.bounds:
+        aligner.bounds = {}  # no place closes the block a marker stands for: read it freely
+        best = aligner.align()
     if best is None:
         return MergeOutcome(None, reasons=["sketch cannot be aligned with the file"])
     if not (sketch.gap_before and sketch.gap_after):
@@ -245,6 +251,7 @@ def _align_and_build(original: list[str], sketch: Sketch,
             best = anchored
         else:
             aligner.anchor(False, False)
+    best = _keep_what_markers_stand_for(aligner, best, owner)
     regions = _check_all(original, sketch, aligner, best, items, owner, shown) if checked \
         else {}
     if isinstance(regions, _Tie):
@@ -253,6 +260,59 @@ def _align_and_build(original: list[str], sketch: Sketch,
     if isinstance(regions, str):
         return MergeOutcome(None, reasons=[regions])
     return _finish(original, sketch, items, owner, best, regions, keep_whitespace)
+
+
+def _keep_what_markers_stand_for(aligner: Aligner, best: Alignment, owner: list[int]
+                                 ) -> Alignment:
+    """A segment that opens with new lines right after a marker indented as a deeper block
+    (`    # ... rest of the function unchanged ...`, then a new top-level `def`), which the
+    alignment reads as deleting lines there: the marker says the rest of that block stays,
+    so the new lines are new, up to the segment's last line the file does not have, and
+    the alignment is made again with them read so (the code after them is the segment's
+    closing context). Without this the new function's lines, many of them copies of a
+    similar neighbour's, were aligned onto that neighbour, deleting what the marker stands
+    for (declined as an open end: the remaining `body`/`header` declines, click
+    a17b544788). Mirrored: new lines before a marker deeper than them. The merge's checks
+    then judge the new reading like any other."""
+    items = aligner.items
+    fresh: set[int] = set()
+    layout: list[int] = []  # blank lines shown at such a marker
+    for k, (start, end) in aligner.bounds.items():
+        for bound, step in ((end, 1), (start, -1)):
+            if bound is None or not 0 <= k + step < len(items) or items[k + step] is None:
+                continue
+            rows = [j for j, seg in enumerate(owner) if seg == owner[k + step]][::step]
+            if _open_deletion(aligner, best, rows, best.ops[k][2 if step == 1 else 1], step):
+                new = [i for i, j in enumerate(rows) if _new_only(aligner, j)]
+                fresh.update(rows[:new[-1] + 1] if new else [])
+                layout += itertools.takewhile(lambda j: j in aligner.optional, rows)
+    if not fresh:
+        return best
+    aligner.fresh = frozenset(fresh)
+    again = aligner.align()
+    if again is None:
+        aligner.fresh = frozenset()
+        return best
+    for j in layout:  # between the elided block and the new code: keep them, as shown
+        if again.ops[j][0] == "drop":
+            again.ops[j] = ("insert", again.ops[j][1])
+    return again
+
+
+def _new_only(aligner: Aligner, k: int) -> bool:
+    return aligner.icode[k] < 0 and bool((aligner.items[k] or "").strip())
+
+
+def _open_deletion(aligner: Aligner, best: Alignment, rows: list[int], at: int,
+                   step: int = 1) -> bool:
+    """The alignment deletes code lines between a marker's edge (`at`) and the segment's
+    first matched line going from the marker (`rows` in that order, `step` 1 forward)."""
+    first = next((best.ops[j][1] for j in rows if best.ops[j][0] == "match"
+                  and (aligner.items[j] or "").strip()), None)
+    if first is None:
+        return False
+    span = range(at, first) if step == 1 else range(first + 1, at)
+    return any(o in best.deleted and aligner.original[o].strip() for o in span)
 
 
 def _moved_only(original: list[str], sketch: Sketch, lines: set[int]) -> bool:
@@ -310,6 +370,10 @@ def _check_all(original: list[str], sketch: Sketch, aligner: Aligner, best: Alig
         problem = _check_segment(aligner, best, owner, number, label, len(original),
                                  _at_file_edge(original, sketch, best, number),
                                  tie_ok=number == tie_ok)
+        if not problem and (number or sketch.gap_before):  # its first line is at a marker
+            split = _split_context(aligner, best, [k for k, seg in enumerate(owner)
+                                                   if seg == number])
+            problem = f"{label}: {split}" if split else None
         if problem:
             return problem
     regions: dict[int, tuple[int, int]] = {}
@@ -639,6 +703,38 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
             f"line {matched[0] + 1} or as new code"
         return _Tie(f"{label} fits the original equally well at {where}: ambiguous", number,
                     rival)
+    return None
+
+
+def _split_context(aligner: Aligner, best: Alignment, rows: list[int]) -> str | None:
+    """A segment that opens on a common line (closing quotes, `try:`, `)`) followed by a line the
+    file has, where the file has the two together, but the alignment takes the second as
+    new: the pair may be the segment's two lines of context there (the common line places
+    nothing by itself, so the alignment was free to match it elsewhere and keep the lines
+    between). Read the other way, an insertion that copies a line elsewhere in the file
+    lands next to another copy of the common line, and the code between is kept or lost
+    by chance (more-itertools 61a2d7be70: the closing quotes and `return` above a deleted
+    function matched that function's own quotes, its `return` replaced, the rest kept).
+    Declined rather than guessed. Only at a marker: at the file's edge without one the
+    edge places the segment (new code appended at the end of a file that copies the
+    file's last lines is new). The mirrored sketch checks the segment's end."""
+    code = [k for k in rows if k not in aligner.optional
+            and aligner.items[k].strip()]  # type: ignore[union-attr]
+    if len(code) < 2 or best.ops[code[1]][0] == "match":
+        return None
+    first, second = code[0], code[1]
+    if aligner.icode[first] < 0 or aligner.icode[second] < 0 \
+            or not trivial(norm(aligner.items[first])) \
+            or trivial(norm(aligner.items[second])):  # type: ignore[arg-type]
+        return None
+    codes = aligner.ocode
+    for o in np.flatnonzero(codes == aligner.icode[first]):
+        after = next((p for p in range(o + 1, len(codes)) if aligner.original[p].strip()), None)
+        if after is not None and codes[after] == aligner.icode[second]:
+            return (f"its first lines {aligner.items[first].strip()[:40]!r} and "
+                    f"{aligner.items[second].strip()[:60]!r} are the file's lines {o + 1} "
+                    f"and {after + 1}, but the best reading takes the second as new: "
+                    f"context or a new copy? ambiguous")
     return None
 
 
