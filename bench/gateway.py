@@ -55,24 +55,39 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
 
 async def _load(port: int, path: str, stream: bool, rate: float, seconds: float,
                 closed: int, key: str) -> dict:
+    """Open loop (`rate` > 0): request i is due at `i / rate` whatever happened before, and
+    its latency counts from that due time, not from when the generator got round to sending
+    it, so a stall anywhere (gateway, generator, machine) shows up in the percentiles rather
+    than being hidden by sending later (coordinated omission). `lag_p99_ms` is how late the
+    generator itself sent; when it is large, the machine, not the target, was the limit.
+    Closed loop (`closed` connections): each sends its next request when the last answered."""
     body = json.dumps({**BODY, "stream": stream}).encode()
     request = (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
                f"content-type: application/json\r\nauthorization: Bearer {key}\r\n"
                f"content-length: {len(body)}\r\n\r\n").encode() + body
     idle: list[tuple] = []
     latencies: list[float] = []
+    lags: list[float] = []
     errors: dict[str, int] = {}
+    opened = 0
     loop = asyncio.get_running_loop()
 
-    async def one() -> None:
-        conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
-        start = loop.time()
+    async def one(due: float | None = None) -> None:
+        nonlocal opened
+        start = loop.time() if due is None else due
+        if due is not None:
+            lags.append(loop.time() - due)
+        conn = idle.pop() if idle else None
         try:
+            if conn is None:
+                opened += 1
+                conn = await asyncio.open_connection("127.0.0.1", port)
             conn[1].write(request)
             status, data = await _read_response(conn[0])
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-            conn[1].close()
+            if conn is not None:
+                conn[1].close()
             return
         if status != 200 or (stream and b"[DONE]" not in data):
             errors[f"http{status}"] = errors.get(f"http{status}", 0) + 1
@@ -87,28 +102,28 @@ async def _load(port: int, path: str, stream: bool, rate: float, seconds: float,
                 await one()
         await asyncio.gather(*(worker() for _ in range(closed)))
     else:
-        tasks, sent, lag = set(), 0, 0.0
+        tasks, sent = set(), 0
         total = int(rate * seconds)
         while sent < total:
-            now = loop.time()
-            due = min(total, int((now - began) * rate) + 1)
-            lag = max(lag, now - (began + sent / rate))
-            for _ in range(due - sent):
-                task = loop.create_task(one())
+            due = min(total, int((loop.time() - began) * rate) + 1)
+            for i in range(sent, due):
+                task = loop.create_task(one(began + i / rate))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             sent = due
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.001)
         await asyncio.gather(*tasks)
     elapsed = loop.time() - began
-    latencies.sort()
 
-    def pct(p: float) -> float:
-        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if \
-            latencies else float("nan")
+    def pct(values: list[float], p: float) -> float:
+        values.sort()
+        return values[min(len(values) - 1, int(p * len(values)))] * 1000 if values else \
+            float("nan")
 
     return {"ok": len(latencies), "errors": errors, "rps": len(latencies) / elapsed,
-            "p50_ms": pct(0.50), "p99_ms": pct(0.99)}
+            "p50_ms": pct(latencies, 0.50), "p99_ms": pct(latencies, 0.99),
+            "max_ms": pct(latencies, 1.0), "lag_p99_ms": pct(lags, 0.99),
+            "connections": opened}
 
 
 # -- orchestration --------------------------------------------------------------------------
@@ -135,45 +150,99 @@ def wait_ready(port: int, path: str, proc: subprocess.Popen, timeout: float = 12
     raise RuntimeError(f"port {port} did not come up")
 
 
+def tree(pid: int) -> list[int]:
+    """A process and all its descendants (uvicorn's supervisor and workers, LiteLLM's)."""
+    pids, out = [pid], []
+    while pids:
+        p = pids.pop()
+        out.append(p)
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        pids += [int(k) for k in kids]
+    return out
+
+
 def rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children (uvicorn's workers)."""
+    """Resident memory of a process tree, in MB."""
     total = 0
-    pids = [pid] + [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    for p in pids:
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1])
+    for p in tree(pid):
+        try:
+            lines = Path(f"/proc/{p}/status").read_text().splitlines()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in lines if line.startswith("VmRSS:"))
     return total / 1024
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process tree."""
+    ticks = 0
+    for p in tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
 def load(port: int, path: str, stream: bool, rate: float = 0, seconds: float = 5,
-         closed: int = 0) -> dict:
+         closed: int = 0, key: str = "", pid: int | None = None) -> dict:
+    """One generator run; adds the target's CPU per served request and how busy the whole
+    machine was (1.0 = every core saturated)."""
+    cpu0, (busy0, total0) = cpu_s(pid) if pid else 0.0, machine_busy()
     out = subprocess.run([sys.executable, __file__, "_load", str(port), path, str(int(stream)),
-                          str(rate), str(seconds), str(closed), MASTER_KEY],
+                          str(rate), str(seconds), str(closed), key or MASTER_KEY],
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    result = json.loads(out.stdout)
+    busy1, total1 = machine_busy()
+    result["machine_busy"] = (busy1 - busy0) / max(1, total1 - total0)
+    if pid:
+        result["cpu_ms_per_req"] = (cpu_s(pid) - cpu0) * 1000 / max(1, result["ok"])
+    return result
 
 
-def start_all(args, work: Path, procs: dict) -> dict[str, int]:
+def codeplane_key(env: dict) -> str:
+    """A real key (the gate on, as on a team server): every request pays the key lookup, the
+    rpm/tpm checks and the usage count a production request pays."""
+    out = subprocess.run(["codeplane", "keys", "create", "bench", "--tenant", "bench",
+                          "--json"], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["key"]
+
+
+def start_all(args, work: Path, procs: dict) -> tuple[dict[str, int], dict[str, str]]:
     """Start upstream, codeplane and LiteLLM (into `procs`, so the caller can always stop
-    them); return the port of each target."""
+    them); return the port and the key of each target."""
     up_port, gw_port, ll_port = free_port(), free_port(), free_port()
-    procs["upstream"] = subprocess.Popen(
+    targets = args.targets.split(",")
+    procs["direct"] = subprocess.Popen(
         [sys.executable, str(ROOT / "tests/upstreams/server.py"), "--port", str(up_port),
          "--chunks", str(args.chunks)])
-    wait_ready(up_port, "/health", procs["upstream"])
-    home = work / "home"
-    home.mkdir()
-    (home / "codeplane.toml").write_text(
-        f'[[models]]\nname = "bench"\nprovider = "openai"\n'
-        f'base_url = "http://127.0.0.1:{up_port}/v1"\nmodel = "up-model"\n')
-    env = {**os.environ, "CODEPLANE_HOME": str(home)}
-    procs["codeplane"] = subprocess.Popen(
-        ["codeplane", "serve", "--port", str(gw_port), "--log-level", "warning",
-         "--workers", str(args.workers)], env=env,
-        stdout=subprocess.DEVNULL)
+    wait_ready(up_port, "/health", procs["direct"])
+    ports, keys = {"direct": up_port}, {"direct": MASTER_KEY}
+    if "codeplane" in targets:
+        home = work / "home"
+        home.mkdir()
+        (home / "codeplane.toml").write_text(
+            f'[gateway]\nauth = "on"\n\n[[models]]\nname = "bench"\nprovider = "openai"\n'
+            f'base_url = "http://127.0.0.1:{up_port}/v1"\nmodel = "up-model"\n')
+        env = {**os.environ, "CODEPLANE_HOME": str(home)}
+        keys["codeplane"] = codeplane_key(env)
+        procs["codeplane"] = subprocess.Popen(
+            ["codeplane", "serve", "--port", str(gw_port), "--log-level", "warning",
+             "--workers", str(args.workers)], env=env, stdout=subprocess.DEVNULL)
+        ports["codeplane"] = gw_port
     litellm = Path(args.litellm_venv) / "bin" / "litellm"
-    if litellm.exists():
+    if "litellm" in targets and litellm.exists():
         (work / "litellm.yaml").write_text(
             "model_list:\n  - model_name: bench\n    litellm_params:\n"
             f"      model: openai/up-model\n      api_base: http://127.0.0.1:{up_port}/v1\n"
@@ -185,22 +254,32 @@ def start_all(args, work: Path, procs: dict) -> dict[str, int]:
                  "LITELLM_MASTER_KEY": MASTER_KEY,
                  "DISABLE_SCHEMA_UPDATE": "true"},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=work)
-    else:
+        ports["litellm"], keys["litellm"] = ll_port, MASTER_KEY
+    elif "litellm" in targets:
         print(f"LiteLLM not found at {litellm}; comparing codeplane with direct only")
-    wait_ready(gw_port, "/healthz", procs["codeplane"])
+    if "codeplane" in procs:
+        wait_ready(gw_port, "/healthz", procs["codeplane"])
     if "litellm" in procs:
         wait_ready(ll_port, "/health/liveliness", procs["litellm"], timeout=180)
-    ports = {"direct": up_port, "codeplane": gw_port, "litellm": ll_port}
-    return {k: v for k, v in ports.items() if k == "direct" or k in procs}
+    return ports, keys
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--targets", default="codeplane,litellm",
+                        help="gateways to measure next to the direct call")
     parser.add_argument("--rates", default="100,500,1000")
+    parser.add_argument("--modes", default="json,stream")
     parser.add_argument("--seconds", type=float, default=8, help="per rate, mode and target")
-    parser.add_argument("--soak-s", type=float, default=600, help="memory run length")
-    parser.add_argument("--soak-rate", type=float, default=100)
+    parser.add_argument("--max-s", type=float, default=5,
+                        help="closed-loop max-RPS run per mode and target (0: skip)")
+    parser.add_argument("--soak-s", type=float, default=600, help="memory run length (0: skip)")
+    parser.add_argument("--soak-rate", type=float, default=300,
+                        help="codeplane's rate during the soak (half json, half streaming)")
+    parser.add_argument("--soak-litellm-rate", type=float, default=50,
+                        help="LiteLLM's rate during the soak: below its maximum, so its "
+                             "memory shows leaks, not a growing backlog")
     parser.add_argument("--chunks", type=int, default=8, help="content chunks per stream")
     parser.add_argument("--litellm-venv", default="/opt/litellm-venv")
     parser.add_argument("--workers", type=int, default=2,
@@ -209,24 +288,28 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gwbench-"))
     procs: dict[str, subprocess.Popen] = {}
     path = "/v1/chat/completions"
+    modes = [m == "stream" for m in args.modes.split(",")]
     try:
-        ports = start_all(args, work, procs)
-        for port in ports.values():  # warm up connections, JIT-free but cache-warm
-            load(port, path, False, 100, 2)
-            load(port, path, True, 100, 2)
-        rows = []
+        ports, keys = start_all(args, work, procs)
+        for name, port in ports.items():  # warm up connections and caches
+            for stream in modes:
+                load(port, path, stream, 100, 2, key=keys[name])
         for rate in [float(r) for r in args.rates.split(",")]:
-            for stream in (False, True):
-                result = {n: load(p, path, stream, rate, args.seconds) for n, p in ports.items()}
-                rows.append((rate, stream, result))
+            for stream in modes:
+                result = {n: load(p, path, stream, rate, args.seconds, key=keys[n],
+                                  pid=procs[n].pid) for n, p in ports.items()}
                 print_row(rate, stream, result)
-        print("\nmax sustained RPS (closed loop, 32 connections, 5 s):")
-        for stream in (False, True):
-            result = {n: load(p, path, stream, closed=32, seconds=5) for n, p in ports.items()}
-            print("  stream" if stream else "  json  ", "  ".join(
-                f"{n}={r['rps']:.0f} (p50 {r['p50_ms']:.1f} ms, errors {sum(r['errors'].values())})"
-                for n, r in result.items()))
-        soak(args, ports, procs, path)
+        if args.max_s:
+            print(f"\nmax sustained RPS (closed loop, 32 connections, {args.max_s:g} s):")
+            for stream in modes:
+                result = {n: load(p, path, stream, closed=32, seconds=args.max_s, key=keys[n],
+                                  pid=procs[n].pid) for n, p in ports.items()}
+                print("  stream" if stream else "  json  ", "  ".join(
+                    f"{n}={r['rps']:.0f} (p50 {r['p50_ms']:.1f} ms, "
+                    f"errors {sum(r['errors'].values())})" for n, r in result.items()),
+                    flush=True)
+        if args.soak_s:
+            soak(args, ports, keys, procs, path)
     finally:
         stop(procs, work)
 
@@ -246,50 +329,72 @@ def stop(procs: dict[str, subprocess.Popen], work: Path) -> None:
 def print_row(rate: float, stream: bool, result: dict) -> None:
     direct = result["direct"]
     parts = [(f"{rate:>5.0f} rps {'stream' if stream else 'json  '} | direct p50 "
-             f"{direct['p50_ms']:.2f} p99 {direct['p99_ms']:.2f} ms")]
+              f"{direct['p50_ms']:.2f} p99 {direct['p99_ms']:.2f} ms "
+              f"(upstream CPU {direct['cpu_ms_per_req']:.2f} ms/req, generator lag p99 "
+              f"{direct['lag_p99_ms']:.1f} ms, machine {direct['machine_busy']:.0%} busy)")]
     for name in ("codeplane", "litellm"):
         if name in result:
             r = result[name]
             parts.append(f"{name}: +{r['p50_ms'] - direct['p50_ms']:.2f} / "
-                         f"+{r['p99_ms'] - direct['p99_ms']:.2f} ms (achieved {r['rps']:.0f} rps"
+                         f"+{r['p99_ms'] - direct['p99_ms']:.2f} ms (served {r['rps']:.0f} rps, "
+                         f"max {r['max_ms']:.0f} ms, {r['cpu_ms_per_req']:.2f} ms CPU/req, "
+                         f"lag p99 {r['lag_p99_ms']:.1f} ms, machine "
+                         f"{r['machine_busy']:.0%} busy, {r['connections']} connections"
                          f"{', errors ' + json.dumps(r['errors']) if r['errors'] else ''})")
-    print(" | ".join(parts), flush=True)
+    print("\n    ".join(parts), flush=True)
 
 
-def soak(args, ports: dict, procs: dict, path: str) -> None:
-    """Both gateways at a constant rate (half streaming) at once; RSS sampled throughout."""
-    targets = [n for n in ("codeplane", "litellm") if n in ports]
-    print(f"\nmemory: {args.soak_rate:.0f} rps each (alternating json/stream runs of 30 s) "
-          f"for {args.soak_s:.0f} s", flush=True)
-    start_rss = {n: rss_mb(procs[n].pid) for n in targets}
-    began, samples, flip = time.monotonic(), [], False
-    while time.monotonic() - began < args.soak_s:
-        chunk = min(30.0, args.soak_s - (time.monotonic() - began))
-        if chunk < 1:
-            break
-        runners = [subprocess.Popen([sys.executable, __file__, "_load", str(ports[n]), path,
-                                     str(int(flip)), str(args.soak_rate), str(chunk), "0",
-                                     MASTER_KEY],
-                                    stdout=subprocess.PIPE, text=True) for n in targets]
-        results = [json.loads(r.communicate()[0]) for r in runners]
-        samples.append({n: rss_mb(procs[n].pid) for n in targets})
-        errs = {n: sum(r["errors"].values()) for n, r in zip(targets, results, strict=True)}
-        if any(errs.values()):
-            print(f"  errors during soak: {errs}")
-        flip = not flip
-    for name in targets:
-        series = [s[name] for s in samples]
-        first = series[0] if series else start_rss[name]
-        end = series[-1] if series else start_rss[name]
-        print(f"  {name}: RSS {start_rss[name]:.0f} MB at start, {first:.0f} MB after 30 s, "
-              f"{end:.0f} MB at end ({(end - first) / first * 100:+.1f}% after warm-up); "
-              f"samples {[round(v) for v in series]}")
+def soak(args, ports: dict, keys: dict, procs: dict, path: str) -> None:
+    """Both gateways at a constant rate at once (each half json, half streaming) for
+    `soak_s`; RSS of each whole process tree sampled every 10 s. The slope is a least-squares
+    fit over the samples after the first minute (allocators and caches warm up first)."""
+    rates = {"codeplane": args.soak_rate, "litellm": args.soak_litellm_rate}
+    targets = [n for n in rates if n in ports]
+    print(f"\nmemory soak, {args.soak_s:.0f} s: " + ", ".join(
+        f"{n} at {rates[n]:.0f} rps" for n in targets), flush=True)
+    runners = [(n, subprocess.Popen(
+        [sys.executable, __file__, "_load", str(ports[n]), path, str(stream),
+         str(rates[n] / 2), str(args.soak_s), "0", keys[n]], stdout=subprocess.PIPE, text=True))
+        for n in targets for stream in (0, 1)]
+    began = time.monotonic()
+    samples: dict[str, list[tuple[float, float]]] = {n: [] for n in targets}
+    while any(r.poll() is None for _, r in runners):
+        for n in targets:
+            samples[n].append((time.monotonic() - began, rss_mb(procs[n].pid)))
+        time.sleep(10)
+    results: dict[str, list[dict]] = {n: [] for n in targets}
+    for n, runner in runners:
+        results[n].append(json.loads(runner.communicate()[0]))
+    for n in targets:
+        series = samples[n]
+        values = [v for _, v in series]
+        later = [(t, v) for t, v in series if t >= 60] or series
+        served = sum(r["ok"] for r in results[n])
+        errors = sum(sum(r["errors"].values()) for r in results[n])
+        print(f"  {n}: RSS start {values[0]:.0f} MB, end {values[-1]:.0f} MB, max "
+              f"{max(values):.0f} MB, slope after 1 min {slope(later) * 60:+.2f} MB/min; "
+              f"{served} requests served, {errors} errors, p99 "
+              f"{max(r['p99_ms'] for r in results[n]):.1f} ms; samples "
+              f"{[round(v) for v in values]}", flush=True)
+
+
+def slope(series: list[tuple[float, float]]) -> float:
+    """Least-squares MB per second."""
+    if len(series) < 2:
+        return 0.0
+    n = len(series)
+    mt = sum(t for t, _ in series) / n
+    mv = sum(v for _, v in series) / n
+    var = sum((t - mt) ** 2 for t, _ in series)
+    return sum((t - mt) * (v - mv) for t, v in series) / var if var else 0.0
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_load":
+        import uvloop  # the generator's own CPU per request is what it costs the machine
+
         port, lpath, stream, rate, seconds, closed, key = sys.argv[2:9]
-        print(json.dumps(asyncio.run(_load(int(port), lpath, stream == "1", float(rate),
-                                           float(seconds), int(closed), key))))
+        print(json.dumps(uvloop.run(_load(int(port), lpath, stream == "1", float(rate),
+                                          float(seconds), int(closed), key))))
     else:
         main()
