@@ -123,6 +123,9 @@ def serve(settings: Settings, host: str, port: int, log_level: str = "info",
     asyncio.run(app.state.services.aclose())
     # uvicorn.run wants an import string for workers; a factory keeps these settings (the
     # CLI's overrides included). Each worker process builds its own services.
+    # The supervisor kills a worker that does not answer its ping in time (uvicorn's
+    # default: 5 s). Building the app takes longer than that on a loaded machine, so every
+    # worker was killed while starting and the server never came up: allow 30 s.
     config = uvicorn.Config(functools.partial(create_app, settings), factory=True,
-                            workers=workers, **options)
+                            workers=workers, timeout_worker_healthcheck=30, **options)
     Multiprocess(config, sockets=[config.bind_socket()]).run()
