@@ -2,8 +2,8 @@
 over a soak, for codeplane's gateway and LiteLLM's proxy against the same loopback upstream.
 
     flock /tmp/codeplane-cpu.lock nice -n -5 python bench/gateway.py --rates 100,500 --soak-s 0
-    flock /tmp/codeplane-cpu.lock nice -n -5 python bench/gateway.py --rates 500 --modes json \
-        --max-s 0 --soak-s 600                                  # the 10-minute memory soak
+    flock /tmp/codeplane-cpu.lock nice -n -5 python bench/gateway.py --rates "" --max-s 0 \
+        --soak-s 600                                            # the 10-minute memory soak
     python bench/gateway.py --targets codeplane --rates 500 --max-s 0 --soak-s 0   # one A/B
 
 Every process is on 127.0.0.1: the fake upstream (tests/upstreams/server.py, asyncio), the
