@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--soak-s", type=float, default=600, help="memory run length (0: skip)")
     parser.add_argument("--soak-rate", type=float, default=300,
                         help="codeplane's rate during the soak (half json, half streaming)")
-    parser.add_argument("--soak-litellm-rate", type=float, default=50,
+    parser.add_argument("--soak-litellm-rate", type=float, default=30,
                         help="LiteLLM's rate during the soak: below its maximum, so its "
                              "memory shows leaks, not a growing backlog")
     parser.add_argument("--chunks", type=int, default=8, help="content chunks per stream")
