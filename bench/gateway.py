@@ -236,8 +236,8 @@ def start_all(args, work: Path, procs: dict) -> tuple[dict[str, int], dict[str, 
     targets = args.targets.split(",")
     procs["direct"] = subprocess.Popen(
         [sys.executable, str(ROOT / "tests/upstreams/server.py"), "--port", str(up_port),
-         "--chunks", str(args.chunks)])
-    wait_ready(up_port, "/health", procs["direct"])
+         "--chunks", str(args.chunks)], stderr=subprocess.DEVNULL)  # (a traceback per
+    wait_ready(up_port, "/health", procs["direct"])  # open connection when interrupted)
     ports, keys = {"direct": up_port}, {"direct": MASTER_KEY}
     if "codeplane" in targets:
         home = work / "home"
