@@ -81,12 +81,13 @@ async def _load(port: int, path: str, stream: bool, rate: float, seconds: float,
     errors: dict[str, int] = {}
     opened = 0
     loop = asyncio.get_running_loop()
+    now = time.perf_counter  # uvloop's loop.time() counts whole milliseconds
 
     async def one(due: float | None = None) -> None:
         nonlocal opened
-        start = loop.time() if due is None else due
+        start = now() if due is None else due
         if due is not None:
-            lags.append(loop.time() - due)
+            lags.append(now() - due)
         conn = idle.pop() if idle else None
         try:
             if conn is None:
@@ -102,20 +103,20 @@ async def _load(port: int, path: str, stream: bool, rate: float, seconds: float,
         if status != 200 or (stream and b"[DONE]" not in data):
             errors[f"http{status}"] = errors.get(f"http{status}", 0) + 1
         else:
-            latencies.append(loop.time() - start)
+            latencies.append(now() - start)
         idle.append(conn)
 
-    began = loop.time()
+    began = now()
     if closed:
         async def worker() -> None:
-            while loop.time() - began < seconds:
+            while now() - began < seconds:
                 await one()
         await asyncio.gather(*(worker() for _ in range(closed)))
     else:
         tasks, sent = set(), 0
         total = int(rate * seconds)
         while sent < total:
-            due = min(total, int((loop.time() - began) * rate) + 1)
+            due = min(total, int((now() - began) * rate) + 1)
             for i in range(sent, due):
                 task = loop.create_task(one(began + i / rate))
                 tasks.add(task)
@@ -123,7 +124,7 @@ async def _load(port: int, path: str, stream: bool, rate: float, seconds: float,
             sent = due
             await asyncio.sleep(0.001)
         await asyncio.gather(*tasks)
-    elapsed = loop.time() - began
+    elapsed = now() - began
 
     def pct(values: list[float], p: float) -> float:
         values.sort()
