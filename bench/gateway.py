@@ -264,7 +264,8 @@ def start_all(args, work: Path, procs: dict) -> tuple[dict[str, int], dict[str, 
             env={**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION",
                  "LITELLM_MASTER_KEY": MASTER_KEY,
                  "DISABLE_SCHEMA_UPDATE": "true"},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=work)
+            stdout=subprocess.DEVNULL, cwd=work,
+            stderr=(Path(tempfile.gettempdir()) / f"gwbench-litellm-{ll_port}.log").open("w"))
         ports["litellm"], keys["litellm"] = ll_port, MASTER_KEY
     elif "litellm" in targets:
         print(f"LiteLLM not found at {litellm}; comparing codeplane with direct only")
