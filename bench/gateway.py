@@ -272,7 +272,12 @@ def start_all(args, work: Path, procs: dict) -> tuple[dict[str, int], dict[str, 
     if "codeplane" in procs:
         wait_ready(gw_port, "/healthz", procs["codeplane"])
     if "litellm" in procs:
-        wait_ready(ll_port, "/health/liveliness", procs["litellm"])
+        try:
+            wait_ready(ll_port, "/health/liveliness", procs["litellm"])
+        except RuntimeError as exc:  # measure codeplane anyway; say why LiteLLM is missing
+            print(f"LiteLLM did not start ({exc}); see its log in {tempfile.gettempdir()}")
+            procs.pop("litellm").kill()
+            del ports["litellm"], keys["litellm"]
     return ports, keys
 
 
