@@ -387,10 +387,13 @@ def soak(args, ports: dict, keys: dict, procs: dict, path: str) -> None:
         values = [v for _, v in series]
         later = [(t, v) for t, v in series if t >= 60] or series
         served = sum(r["ok"] for r in results[n])
-        errors = sum(sum(r["errors"].values()) for r in results[n])
+        errors: dict[str, int] = {}
+        for r in results[n]:
+            for kind, count in r["errors"].items():
+                errors[kind] = errors.get(kind, 0) + count
         print(f"  {n}: RSS start {values[0]:.0f} MB, end {values[-1]:.0f} MB, max "
               f"{max(values):.0f} MB, slope after 1 min {slope(later) * 60:+.2f} MB/min; "
-              f"{served} requests served, {errors} errors, p99 "
+              f"{served} requests served, errors {errors or 'none'}, p99 "
               f"{max(r['p99_ms'] for r in results[n]):.1f} ms; samples "
               f"{[round(v) for v in values]}", flush=True)
 
