@@ -31,6 +31,7 @@ import argparse
 import difflib
 import io
 import json
+import math
 import random
 import socket
 import statistics
@@ -45,13 +46,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import rich
 import uvicorn
 
 from codeplane.config import load_settings
 from codeplane.models.engine import Engine, LocalModel, Sampling
 from codeplane.server.app import create_app
-from codeplane.tab import postprocess
+from codeplane.tab import decision, postprocess
 from codeplane.tab.context import Budget, build_request
 from codeplane.tab.related import Related, WorkspaceDefs
 from codeplane.tab.service import TabRequest, TabService, TabSettings
@@ -60,8 +62,12 @@ FILES = [Path(httpx.__file__).parent / "_client.py", Path(rich.__file__).parent 
          Path(httpx.__file__).parent / "_models.py", Path(rich.__file__).parent / "text.py"]
 DEBOUNCE_S = 0.12
 # Pinned sdists: accuracy is measured on EVAL, show/hide is tuned on TUNE (disjoint projects).
+# EVAL has been looked at while the service was built; FRESH (issue 18's untuned check) is
+# scored once, with the final settings.
 SDISTS = {"eval": ["click==8.1.7", "attrs==23.2.0", "h11==0.14.0", "itsdangerous==2.1.2"],
-          "tune": ["requests==2.31.0", "werkzeug==3.0.1", "jinja2==3.1.3", "markdown==3.5.2"]}
+          "tune": ["requests==2.31.0", "werkzeug==3.0.1", "jinja2==3.1.3", "markdown==3.5.2"],
+          "fresh": ["marshmallow==3.20.2", "sqlparse==0.4.4", "tomlkit==0.12.3",
+                    "humanize==4.9.0"]}
 SDIST_CACHE = Path.home() / ".cache" / "codeplane-bench" / "sdists"
 
 
@@ -345,6 +351,7 @@ def ask_cases(http: httpx.Client, url: str, model: str, cases: list[Case], plain
             start = time.perf_counter()
             tab = http.post(f"{url}/v1/tab", json=body).json()
             row.update(tab=tab["text"], confidence=tab["confidence"] or 0.0,
+                       signals=tab["signals"],
                        tab_ms=round((time.perf_counter() - start) * 1000))
         if "plain" not in row:
             start = time.perf_counter()
@@ -376,10 +383,28 @@ def ask_with_context(http: httpx.Client, url: str, c: Case, i: int, defs: Worksp
             "ctx_prompt_tokens": tab["prompt_tokens"]}
 
 
-def visible(rows: list[dict], min_conf: float, variant: str = "") -> list[str]:
-    """What the user sees of a Tab variant at `min_conf`: a hidden answer is nothing."""
+def decision_scores(rows: list[dict], coefficients: dict[str, float] | None = None
+                    ) -> list[float]:
+    """Each row's show/hide score under `coefficients` (default: the shipped ones) from its
+    saved signals; rows saved before the signals existed keep the confidence they got."""
+    return [decision.probability(decision.Signals(**r["signals"]), coefficients or
+                                 decision.COEFFICIENTS) if "signals" in r else r["confidence"]
+            for r in rows]
+
+
+def mean_probability(rows: list[dict]) -> list[float]:
+    """The old scalar: geometric-mean token probability of the kept tokens."""
+    return [math.exp(r["signals"]["mean_logprob"]) if r["signals"]["tokens"] else 0.0
+            for r in rows]
+
+
+def visible(rows: list[dict], min_conf: float, variant: str = "",
+            score: list[float] | None = None) -> list[str]:
+    """What the user sees of a Tab variant at `min_conf`: a hidden answer is nothing.
+    `score` (per row) replaces the confidence the service returned."""
     text, conf = ("tab", "confidence") if not variant else (f"tab_{variant}", f"conf_{variant}")
-    return [r[text] if r[conf] >= min_conf else "" for r in rows]
+    score = score or [r[conf] for r in rows]
+    return [r[text] if s >= min_conf else "" for r, s in zip(rows, score)]
 
 
 def table(rows: list[dict], min_conf: float) -> dict:
@@ -393,7 +418,7 @@ def table(rows: list[dict], min_conf: float) -> dict:
                 "edit_similarity": round(sum(x["es"] for x in s) / n, 3),
                 "empty": round(sum(x["empty"] for x in s) / n, 3),
                 "whitespace_only_misses": sum(x["exact_ws"] and not x["exact"] for x in s)}
-    tab = visible(rows, min_conf)
+    tab = visible(rows, min_conf, score=decision_scores(rows))
     plain = [r["plain"] for r in rows]
     others = {f"{k}_min_confidence_0": agg([r[k] for r in rows]) for k in rows[0]
               if k.startswith("tab_") and not k.endswith("_ms")}
@@ -428,16 +453,18 @@ def _mean(texts: list[str], rows: list[dict], idx: list[int]) -> float:
     return round(statistics.mean(sims), 3) if sims else 0.0
 
 
-def curve(rows: list[dict], variant: str = "") -> list[dict]:
+def curve(rows: list[dict], variant: str = "", score: list[float] | None = None,
+          steps: int = 20) -> list[dict]:
     """Show/hide precision-coverage curve: at each threshold, the share of positions where
     Tab shows something, the share of those that are exactly right (and the plain call's
     exact rate on the same positions), and Tab's exact rate and edit similarity over all
     positions with hidden answers scoring 0."""
     plain = [line_scores(r["plain"], r["reference"]) for r in rows]
     out = []
-    for k in range(20):
-        t = k / 20
-        seen = [line_scores(x, r["reference"]) for x, r in zip(visible(rows, t, variant), rows)]
+    for k in range(steps):
+        t = round(k / steps, 4)
+        seen = [line_scores(x, r["reference"])
+                for x, r in zip(visible(rows, t, variant, score), rows)]
         shown = [i for i, x in enumerate(seen) if not x["empty"]]
         right = sum(seen[i]["exact"] for i in shown)
         out.append({"min_confidence": t, "shown": round(len(shown) / len(rows), 3),
@@ -463,6 +490,52 @@ def pick_min_confidence(points: list[dict], plain: dict) -> float:
     return max(ok, default=0.0)
 
 
+def fit_decision(rows: list[dict], l2: float = 1.0) -> dict[str, float]:
+    """L2-regularised logistic regression of "Tab's line is exactly right" on the decision's
+    features (Newton's method: ten coefficients do not need a machine-learning library)."""
+    x = np.array([[1.0, *decision.features(decision.Signals(**r["signals"])).values()]
+                  for r in rows])
+    y = np.array([float(line_scores(r["tab"], r["reference"])["exact"]) for r in rows])
+    w = np.zeros(x.shape[1])
+    ridge = np.diag([0.0] + [l2] * (x.shape[1] - 1))  # the intercept is not shrunk
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-x @ w))
+        step = np.linalg.solve(x.T @ (x * (p * (1 - p))[:, None]) + ridge,
+                               x.T @ (y - p) - ridge @ w)
+        w += step
+        if np.abs(step).max() < 1e-8:
+            break
+    return {"intercept": round(float(w[0]), 4),
+            **{k: round(float(v), 4) for k, v in zip(decision.FEATURES, w[1:])}}
+
+
+def out_of_fold(rows: list[dict], folds: int = 5) -> list[float]:
+    """Each row's score from a model fitted without it: the honest curve on tuning data."""
+    out = [0.0] * len(rows)
+    for f in range(folds):
+        coef = fit_decision([r for i, r in enumerate(rows) if i % folds != f])
+        for i, r in enumerate(rows):
+            if i % folds == f:
+                out[i] = decision_scores([r], coef)[0]
+    return out
+
+
+def fit_report(rows: list[dict]) -> dict:
+    """`--fit`: the coefficients to paste into tab/decision.py, and the precision/coverage
+    curves of the old scalar and of the new decision (in-sample and out-of-fold), each with
+    the threshold the issue's rule picks."""
+    rows = [r for r in rows if "signals" in r and "plain" in r]
+    coef = fit_decision(rows)
+    plain = table(rows, 0.0)["plain_fim"]
+    report = {"n": len(rows), "coefficients": coef, "plain_fim": plain}
+    for name, score in (("old_scalar", mean_probability(rows)),
+                        ("decision", decision_scores(rows, coef)),
+                        ("decision_out_of_fold", out_of_fold(rows))):
+        points = curve(rows, score=score, steps=40)
+        report[name] = {"curve": points, "pick": pick_min_confidence(points, plain)}
+    return report
+
+
 def run_cases(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     files = sources(args.set)
@@ -484,7 +557,7 @@ def run_cases(args: argparse.Namespace) -> dict:
                          workspaces(files) if args.context else None, old, save)
     server.should_exit = True
     engine.close()
-    points = curve(rows)
+    points = curve(rows, score=decision_scores(rows))
     result = {"set": args.set, "settings": settings.model_dump(),
               "table": table(rows, args.min_confidence), "curve": points,
               "suggested_min_confidence": pick_min_confidence(
@@ -520,10 +593,15 @@ def main() -> None:
                     "are asked")
     ap.add_argument("--rescore", type=Path, help="print the table of an earlier --cases --json "
                     "run at --min-confidence (rows keep every answer and its confidence)")
+    ap.add_argument("--fit", type=Path, help="fit the show/hide decision on an earlier "
+                    "--cases --set tune --json run; print coefficients and curves")
     args = ap.parse_args()
+    if args.fit:
+        print(json.dumps(fit_report(json.loads(args.fit.read_text())["cases"]), indent=1))
+        return
     if args.rescore:
         rows = json.loads(args.rescore.read_text())["cases"]
-        shown = curve(rows)
+        shown = curve(rows, score=decision_scores(rows))
         print(json.dumps({"table": table(rows, args.min_confidence), "curve": shown,
                           "suggested_min_confidence": pick_min_confidence(
                               shown, table(rows, 0.0)["plain_fim"])}, indent=2))

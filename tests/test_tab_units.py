@@ -76,12 +76,6 @@ def test_whitespace_only_is_empty():
     assert clean("   \n", "x = ", "\n", SINGLE) == ""
 
 
-def test_confidence_is_geometric_mean_probability():
-    assert postprocess.confidence([]) == 0.0
-    assert postprocess.confidence([0.0, 0.0]) == pytest.approx(1.0)
-    assert postprocess.confidence([-0.6931, -0.6931]) == pytest.approx(0.5, abs=1e-3)
-
-
 def test_offset_of_is_zero_based_and_validates():
     text = "ab\ncde\n"
     assert offset_of(text, 1, 2) == 5
@@ -177,7 +171,7 @@ def test_healing_allows_only_tokens_consistent_with_the_backed_off_text():
     assert sorted(index.allowed(b"    ").tolist()) == [1, 2, 3]  # "    ", or "   " / " "
     assert sorted(index.allowed(b"Opti").tolist()) == [6, 7, 8]
     assert sorted(index.allowed(b" ").tolist()) == [1, 2, 3, 4]
-    heal = back_off([9, 9, 2], [2], pieces)
+    heal = back_off([9, 9, 2], [2], pieces.__getitem__)
     assert heal.tokens == [9, 9] and heal.text == "    "
     mask = HealingMask(index, pieces, heal.text, prompt_tokens=2)
     scores = np.zeros(len(pieces), dtype=np.float32)

@@ -12,6 +12,7 @@ a logits processor here.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,12 +55,13 @@ class Healing:
     text: str  # "" when nothing was backed off
 
 
-def back_off(tokens: list[int], typed: list[int], pieces: list[bytes]) -> Healing:
-    """Drop the last token of `typed` (the tail of `tokens`) when it decodes on its own."""
+def back_off(tokens: list[int], typed: list[int], piece: Callable[[int], bytes]) -> Healing:
+    """Drop the last token of `typed` (the tail of `tokens`) when it decodes on its own;
+    `piece` gives a token's bytes."""
     if not typed:
         return Healing(tokens, "")
     try:
-        text = pieces[typed[-1]].decode("utf-8")
+        text = piece(typed[-1]).decode("utf-8")
     except UnicodeDecodeError:  # half of a multi-byte character: leave the prompt alone
         return Healing(tokens, "")
     return Healing(tokens[:-1], text) if text else Healing(tokens, "")

@@ -8,7 +8,6 @@ the point where it starts repeating the suffix, or a closing bracket nothing ope
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 OPENERS = {"(": ")", "[": "]", "{": "}"}
@@ -134,7 +133,7 @@ def _brackets(text: str):
             yield i, ch
 
 
-def _open_stack(prefix: str) -> list[str]:
+def open_brackets(prefix: str) -> list[str]:
     """Brackets still open at the cursor, looking back over the last few lines."""
     stack: list[str] = []
     for _, ch in _brackets("\n".join(prefix.split("\n")[-8:])):
@@ -150,7 +149,7 @@ def _open_stack(prefix: str) -> list[str]:
 def _cut_unbalanced(text: str, prefix: str) -> str:
     """Cut before the first closing bracket that neither the suggestion nor the open
     statement in the prefix opened (the classic duplicated ')' of Tab completions)."""
-    stack = _open_stack(prefix)
+    stack = open_brackets(prefix)
     for i, ch in _brackets(text):
         if ch in OPENERS:
             stack.append(ch)
@@ -161,6 +160,20 @@ def _cut_unbalanced(text: str, prefix: str) -> str:
     return text
 
 
+def closes_open(text: str, opened: list[str]) -> bool:
+    """True if `text` closes one of the brackets `opened` (from `open_brackets`): a
+    suggestion that finishes the statement in progress (a show/hide signal)."""
+    stack = list(opened)
+    depth = len(stack)
+    for _, ch in _brackets(text):
+        if ch in OPENERS:
+            stack.append(ch)
+        elif stack and stack[-1] == CLOSERS[ch]:
+            stack.pop()
+            depth = min(depth, len(stack))
+    return depth < len(opened)
+
+
 def _cut_suffix_overlap(text: str, rest_of_line: str) -> str:
     """Drop a tail the editor already has right of the cursor (e.g. the auto-inserted ')')."""
     rest = rest_of_line.rstrip()
@@ -169,10 +182,3 @@ def _cut_suffix_overlap(text: str, rest_of_line: str) -> str:
         if first.endswith(rest[:size]) and rest[:size].strip():
             return first[: len(first) - size] + sep + more
     return text
-
-
-def confidence(logprobs: list[float]) -> float:
-    """Geometric-mean token probability of what is shown; 0 when nothing was generated."""
-    if not logprobs:
-        return 0.0
-    return math.exp(sum(logprobs) / len(logprobs))

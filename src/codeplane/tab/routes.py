@@ -14,6 +14,7 @@ from codeplane.core.principal import principal_of
 from codeplane.models.engine import ContextOverflow, Engine, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
+from codeplane.tab.backend import UpstreamError
 from codeplane.tab.feedback import Feedback
 from codeplane.tab.service import TabRequest, TabService
 
@@ -28,13 +29,16 @@ def service(request: Request) -> TabService:
 @router.post("/v1/tab")
 async def tab(body: TabRequest, request: Request) -> dict:
     svc = service(request)
-    _require_fim(svc.engine, body.model or svc.settings.model)
+    if not svc.remote(body.model):  # an upstream's model is checked by the upstream
+        _require_fim(svc.engine, body.model or svc.settings.model)
     try:
         result = await svc.complete(body)
     except ContextOverflow as exc:
         raise APIError(400, str(exc), code="context_length_exceeded") from None
     except Unsupported as exc:
         raise APIError(400, str(exc), param="model") from None
+    except UpstreamError as exc:
+        raise unavailable(str(exc), code="upstream_unavailable") from None
     if result.shown and result.source == "model":  # cache/typed-ahead: shown already
         tenant = principal_of(request).tenant
         fields = {"suggestion_id": result.id, "model": body.model or svc.settings.model,

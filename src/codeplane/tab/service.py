@@ -20,20 +20,23 @@ Nothing is persisted: the cache and sessions are in-memory and bounded.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from codeplane.models.engine import Engine, LocalModel, Sampling, Unsupported
-from codeplane.tab import postprocess
+from codeplane.models.engine import Engine, LocalModel, Unsupported
+from codeplane.tab import decision, postprocess
+from codeplane.tab.backend import LocalTab, TabModel, UpstreamTab
 from codeplane.tab.feedback import ShownLog
-from codeplane.tab.healing import Healing, HealingMask, VocabIndex, back_off
+from codeplane.tab.healing import Healing, VocabIndex, back_off
 from codeplane.tab.postprocess import Mode
 from codeplane.tab.slots import KVSlots
 
@@ -60,6 +63,14 @@ class TabSettings(BaseModel):
     kv_slots: int = Field(6, ge=0, le=64, description="per-file KV caches kept in memory")
     layout: Literal["anchor", "psm", "spm"] = Field(
         "anchor", description="where the typed part of the line goes (see docs/tab.md)")
+    upstream: str | None = Field(
+        None, pattern=r"^https?://",
+        description="base URL of a llama.cpp llama-server serving `model` (parallel slots, "
+                    "continuous batching): Tab's model calls go there instead of the "
+                    "embedded engine")
+    upstream_parallel: int = Field(4, ge=1, le=256,
+                                   description="concurrent calls to the upstream (its -np)")
+    upstream_timeout_s: float = Field(30.0, gt=0)
 
 
 class Snippet(BaseModel):
@@ -99,6 +110,7 @@ class TabResult:
     completion_tokens: int = 0
     model_ms: float = 0.0
     id: str | None = None  # the shown suggestion's id, for feedback; kept by typed-ahead
+    signals: dict | None = None  # what the show/hide decision read (tab/decision.py)
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -110,6 +122,7 @@ class _Entry:
     confidence: float
     shown: bool
     id: str  # one id per model answer: its typed-ahead rest is the same suggestion
+    signals: dict | None = None
 
 
 @dataclass
@@ -137,12 +150,26 @@ class TabService:
         self._lock = threading.Lock()
         self.slots = KVSlots(settings.kv_slots)
         self._vocabs: dict[str, VocabIndex] = {}  # per model name, built on first healing
+        self.upstream = UpstreamTab(settings.model, settings.upstream,
+                                    settings.upstream_timeout_s) if settings.upstream else None
+        # upstream calls block on HTTP: a pool as wide as the upstream's parallel slots
+        self._pool = ThreadPoolExecutor(settings.upstream_parallel, "tab-upstream") \
+            if settings.upstream else None
         self.shown = ShownLog()  # for accept/reject feedback (tab/feedback.py)
         self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
                       "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
                       "slot_restores": 0}
 
     # -- public --------------------------------------------------------------------------
+
+    def remote(self, model: str | None) -> bool:
+        """True when `model`'s Tab calls go to the configured upstream, not the engine."""
+        return self.upstream is not None and (model or self.settings.model) == self.upstream.name
+
+    def close(self) -> None:
+        if self.upstream is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self.upstream.close()
 
     def lookup(self, req: TabRequest) -> TabResult | None:
         """Fast paths only (cache, typed-ahead, mid-line skip); None means ask the model."""
@@ -176,9 +203,13 @@ class TabService:
         if answer is not None:
             return answer
         session, seq, cancel = self.begin(req)
-        result, _ = await self.engine.run(
-            req.model or self.settings.model,
-            lambda m: self.generate(m, req, session, seq, cancel))
+        if self.remote(req.model):
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.generate, self.upstream, req, session, seq, cancel)
+        else:
+            result, _ = await self.engine.run(
+                req.model or self.settings.model,
+                lambda m: self.generate(self._local(m), req, session, seq, cancel))
         result.latency_ms = _ms(start)
         return result
 
@@ -189,8 +220,12 @@ class TabService:
         if answer is not None:
             return answer
         session, seq, cancel = self.begin(req)
-        result = self.engine.run_sync(req.model or self.settings.model,
-                                      lambda m: self.generate(m, req, session, seq, cancel))
+        if self.remote(req.model):
+            result = self.generate(self.upstream, req, session, seq, cancel)
+        else:
+            result = self.engine.run_sync(
+                req.model or self.settings.model,
+                lambda m: self.generate(self._local(m), req, session, seq, cancel))
         result.latency_ms = _ms(start)
         return result
 
@@ -205,7 +240,7 @@ class TabService:
 
     # -- model path (runs on the model's worker thread) -----------------------------------
 
-    def generate(self, model: LocalModel, req: TabRequest, session: _Session, seq: int,
+    def generate(self, model: TabModel, req: TabRequest, session: _Session, seq: int,
                  cancel: threading.Event) -> TabResult:
         start = time.perf_counter()
         if session.seq != seq:  # a newer keystroke arrived while this one was queued
@@ -213,20 +248,13 @@ class TabService:
             return TabResult("", 0.0, False, "cancelled", False, None, req.request_id, "stale")
         mode = postprocess.choose_mode(req.prefix, req.suffix, self.settings.max_lines)
         heal = self._prompt(model, req, session)
-        tokens = heal.tokens
         slot = session.anchor.key if session.anchor else req.path
-        self.slots.prepare(model, tokens)
         budget = req.max_tokens or (self.settings.max_tokens_multiline if mode.multiline
                                     else self.settings.max_tokens)
-        mask = [HealingMask(self._vocab(model), model.vocab_pieces(), heal.text, len(tokens))
-                ] if heal.text else []
-        gen = model.generate(tokens, Sampling(max_tokens=budget, logprobs=True,
-                                              stop=[] if mode.multiline else ["\n"],
-                                              processors=mask),
-                             cancel=cancel,
-                             on_text=_line_guard(mode, req.prefix[:-len(heal.text) or None],
-                                                 cancel))
-        self.slots.finished(model, slot)
+        gen = model.complete(heal.tokens, heal.text, budget,
+                             [] if mode.multiline else ["\n"], cancel,
+                             _line_guard(mode, req.prefix[:-len(heal.text) or None], cancel),
+                             slot)
         self.stats["model_calls"] += 1
         self.stats["prompt_tokens"] += gen.prompt_tokens
         self.stats["cached_tokens"] += gen.cached_tokens
@@ -239,18 +267,20 @@ class TabService:
         raw = gen.text[len(heal.text):] if gen.text.startswith(heal.text) else ""
         text = postprocess.clean(raw, req.prefix, req.suffix, mode)
         kept = len(model.tokenize(heal.text + text)) if text else 0
-        conf = postprocess.confidence((gen.token_logprobs or [])[:max(kept, 1)])
+        sig = decision.signals(text, req.prefix, gen.logprobs[:kept],
+                               gen.finish_reason == "length")
+        conf = decision.probability(sig)
         min_conf = self.settings.min_confidence if req.min_confidence is None \
             else req.min_confidence
         entry = _Entry(text, conf, bool(text) and conf >= min_conf,
-                       f"t{secrets.token_hex(8)}")
+                       f"t{secrets.token_hex(8)}", sig.to_json())
         self._store(self._key(req, req.prefix), entry)
         result = self._result(req, start, entry, "model")
         result.prompt_tokens, result.cached_tokens = gen.prompt_tokens, gen.cached_tokens
         result.completion_tokens, result.model_ms = gen.completion_tokens, _ms(start)
         return result
 
-    def _prompt(self, model: LocalModel, req: TabRequest, session: _Session) -> Healing:
+    def _prompt(self, model: TabModel, req: TabRequest, session: _Session) -> Healing:
         key = _digest(model.name, req.path, *(f"{s.path}\0{s.text}" for s in req.context))
         anchor = session.anchor
         if not (anchor and anchor.key == key and anchor.suffix == req.suffix
@@ -264,16 +294,17 @@ class TabService:
         if self.settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
             return Healing(anchor.before + typed + anchor.after, "")
         tokens = anchor.before + anchor.after + typed
-        return back_off(tokens, typed, model.vocab_pieces())
+        return back_off(tokens, typed, model.piece)
 
-    def _anchor(self, model: LocalModel, req: TabRequest, key: str, prefix: str, suffix: str
+    def _anchor(self, model: TabModel, req: TabRequest, key: str, prefix: str, suffix: str
                 ) -> _Anchor:
         """The stable pieces of the prompt around the typed text T, trimmed from the far
         ends (whole lines) to the token budget. `anchor`: [ctx] <pre> P0 <suf> S <mid> T;
         `psm`: [ctx] <pre> P0 T <suf> S <mid>; `spm`: [ctx] <suf> S <pre> P0 T <mid>."""
-        if model.fim_ids is None:
+        fim = model.fim()
+        if fim is None:
             raise Unsupported(f"model {model.name} has no fill-in-the-middle tokens")
-        pre, suf, mid = model.fim_ids
+        pre, suf, mid = fim
         start = prefix  # the anchor's text; only its tokens are trimmed
         head = self._context_tokens(model, req)
         limit = self.settings.max_prompt_tokens - MAX_TYPED_CHARS // 3 - len(head) - 3
@@ -291,12 +322,13 @@ class TabService:
             return _Anchor(key, start, req.suffix, [*head, suf, *s, pre, *p], [mid])
         return _Anchor(key, start, req.suffix, [*head, pre, *p], [suf, *s, mid])
 
-    def _vocab(self, model: LocalModel) -> VocabIndex:
+    def _local(self, model: LocalModel) -> LocalTab:
+        """The embedded model as a Tab backend (its vocabulary index is built once)."""
         if model.name not in self._vocabs:
             self._vocabs[model.name] = VocabIndex(model.vocab_pieces())
-        return self._vocabs[model.name]
+        return LocalTab(model, self._vocabs[model.name], self.slots)
 
-    def _context_tokens(self, model: LocalModel, req: TabRequest) -> list[int]:
+    def _context_tokens(self, model: TabModel, req: TabRequest) -> list[int]:
         if not req.context:
             return []
         repo = model.tokenize("<|repo_name|>", special=True)
@@ -343,7 +375,8 @@ class TabService:
                 continue
             typed = req.prefix[-back:]
             if entry.text.startswith(typed) and len(entry.text) > back:
-                rest = _Entry(entry.text[back:], entry.confidence, True, entry.id)
+                rest = _Entry(entry.text[back:], entry.confidence, True, entry.id,
+                              entry.signals)
                 self._store(self._key(req, req.prefix), rest)
                 return "typed_ahead", rest
             return None  # the user typed something else: the old suggestion is dead
@@ -353,7 +386,7 @@ class TabService:
         reason = None if entry.shown else ("empty" if not entry.text else "low_confidence")
         return TabResult(entry.text if entry.shown else "", _ms(start), source != "model",
                          source, entry.shown, round(entry.confidence, 4), req.request_id,
-                         reason, id=entry.id if entry.shown else None)
+                         reason, id=entry.id if entry.shown else None, signals=entry.signals)
 
 
 def _line_guard(mode: Mode, prefix: str, stop: threading.Event):

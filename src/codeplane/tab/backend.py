@@ -1,0 +1,184 @@
+"""Where Tab's model calls run: the embedded engine, or a llama.cpp server that batches.
+
+The service builds token prompts (its cache-friendly layout needs the FIM control tokens and
+the typed text's last token, to heal it) and needs each generated token's log-probability
+(the show/hide decision). Both backends give exactly that:
+
+* `LocalTab` - the server's own llama.cpp model, on its worker thread: per-file KV slots,
+  healing as a logits mask, log-probabilities of the constrained distribution.
+* `UpstreamTab` - llama.cpp's `llama-server` (`-np N -cb`: parallel slots, continuous
+  batching) over its native API: `/tokenize` for tokens and pieces, `/completion` with a
+  token prompt, `cache_prompt` (each slot keeps its KV cache; the server routes a prompt to
+  the slot sharing most of it) and `n_probs`. Healing is a GBNF grammar that makes the output
+  start with the backed-off text - a character constraint, so the first token may be longer
+  than that text or a prefix of it, as with the mask. llama-server reports log-probabilities
+  of the unconstrained distribution; under the constraint they are renormalised over the
+  allowed tokens among the top `n_probs` (what the mask's capture reports, up to the tail).
+  The OpenAI-style `/v1/completions` of a gateway deployment offers neither token prompts nor
+  a grammar, hence the native API.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+
+from codeplane.models.engine import LocalModel, Sampling
+from codeplane.tab.healing import HealingMask, VocabIndex
+from codeplane.tab.slots import KVSlots
+
+TOP_N = 20  # alternatives per token from llama-server, to renormalise healed tokens
+
+
+@dataclass
+class Completion:
+    text: str  # starts with the healed text when healing succeeded
+    logprobs: list[float]  # one per generated token
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+class UpstreamError(RuntimeError):
+    """The upstream llama-server failed or is unreachable (the route answers 503)."""
+
+
+class TabModel(Protocol):
+    """What the Tab service needs from a model."""
+
+    name: str
+
+    def fim(self) -> tuple[int, int, int] | None: ...
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]: ...
+
+    def piece(self, token: int) -> bytes: ...
+
+    def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
+                 cancel: threading.Event, on_text: Callable[[str], None] | None,
+                 slot: str) -> Completion: ...
+
+
+class LocalTab:
+    """The embedded model; every call runs on its worker thread (`Engine.run`)."""
+
+    def __init__(self, model: LocalModel, vocab: VocabIndex, slots: KVSlots) -> None:
+        self.model, self.vocab, self.slots = model, vocab, slots
+        self.name = model.name
+
+    def fim(self) -> tuple[int, int, int] | None:
+        return self.model.fim_ids
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        return self.model.tokenize(text, special=special)
+
+    def piece(self, token: int) -> bytes:
+        return self.model.vocab_pieces()[token]
+
+    def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
+                 cancel: threading.Event, on_text: Callable[[str], None] | None,
+                 slot: str) -> Completion:
+        self.slots.prepare(self.model, tokens)
+        mask = [HealingMask(self.vocab, self.model.vocab_pieces(), heal, len(tokens))
+                ] if heal else []
+        gen = self.model.generate(tokens, Sampling(max_tokens=max_tokens, logprobs=True,
+                                                   stop=stop, processors=mask),
+                                  cancel=cancel, on_text=on_text)
+        self.slots.finished(self.model, slot)
+        return Completion(gen.text, gen.token_logprobs or [], gen.finish_reason,
+                          gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens)
+
+
+class UpstreamTab:
+    """A llama-server serving the Tab model; thread-safe (one pooled HTTP client)."""
+
+    def __init__(self, name: str, base_url: str, timeout_s: float) -> None:
+        self.name = name
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s,
+                                  trust_env=False)
+        self._pieces: dict[int, bytes] = {}  # pieces of tokens this process has seen
+        self._fim: tuple[int, int, int] | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def fim(self) -> tuple[int, int, int] | None:
+        if self._fim is None:
+            ids = self.tokenize("<|fim_prefix|><|fim_suffix|><|fim_middle|>", special=True)
+            self._fim = (ids[0], ids[1], ids[2]) if len(ids) == 3 else None
+        return self._fim
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        body = {"content": text, "add_special": False, "parse_special": special,
+                "with_pieces": True}
+        out = []
+        for tok in self._post("/tokenize", body)["tokens"]:
+            piece = tok["piece"]
+            self._pieces[tok["id"]] = piece.encode() if isinstance(piece, str) else bytes(piece)
+            out.append(tok["id"])
+        return out
+
+    def piece(self, token: int) -> bytes:
+        return self._pieces[token]  # every token the service asks about came from tokenize
+
+    def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
+                 cancel: threading.Event, on_text: Callable[[str], None] | None,
+                 slot: str) -> Completion:
+        """One non-streamed completion: `cancel` and `on_text` are only honoured around it
+        (a superseded answer is dropped by the service; multi-line output is cut after)."""
+        body = {"prompt": tokens, "n_predict": max_tokens, "temperature": 0.0,
+                "stop": stop, "n_probs": TOP_N, "cache_prompt": True,
+                **({"grammar": healing_grammar(heal)} if heal else {})}
+        reply = self._post("/completion", body)
+        probs = reply.get("completion_probabilities") or []
+        return Completion(
+            reply["content"], constrained_logprobs(probs, heal.encode()),
+            "length" if reply.get("stop_type") == "limit" else "stop",
+            reply.get("tokens_evaluated", len(tokens)),
+            reply.get("timings", {}).get("cache_n", 0), reply.get("tokens_predicted", 0))
+
+    def _post(self, path: str, body: dict) -> dict:
+        try:
+            reply = self._http.post(path, json=body)
+            reply.raise_for_status()
+            return reply.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise UpstreamError(f"Tab upstream {self._http.base_url}{path}: {exc}") from None
+
+
+def healing_grammar(heal: str) -> str:
+    """GBNF: the output starts with `heal`, then anything. Every character outside
+    [A-Za-z0-9] is written as a \\U escape, so typed text can never change the grammar."""
+    literal = "".join(ch if ch.isascii() and ch.isalnum() else f"\\U{ord(ch):08X}"
+                      for ch in heal)
+    return f'root ::= "{literal}" [^\\x00]*'
+
+
+def constrained_logprobs(probs: list[dict], heal: bytes) -> list[float]:
+    """Per-token log-probabilities; while the healed bytes are being re-emitted, the chosen
+    token's is renormalised over the tokens the grammar allowed among the alternatives
+    (those consistent with the bytes still owed), like the local mask's capture."""
+    out: list[float] = []
+    emitted = b""
+    for p in probs:
+        lp = p["logprob"]
+        owed = heal[len(emitted):]
+        if owed:
+            allowed = {a["id"]: a["logprob"] for a in p.get("top_logprobs", [])
+                       if _consistent(bytes(a["bytes"]), owed)}
+            allowed[p["id"]] = lp
+            top = max(allowed.values())
+            lp -= top + math.log(sum(math.exp(v - top) for v in allowed.values()))
+        emitted += bytes(p.get("bytes", b""))
+        out.append(lp)
+    return out
+
+
+def _consistent(piece: bytes, owed: bytes) -> bool:
+    return bool(piece) and (piece.startswith(owed) or owed.startswith(piece))
