@@ -73,6 +73,7 @@ class Services:
         await asyncio.to_thread(self.replica.close)  # after the runs recorded their end
         await asyncio.to_thread(self.fleet.close)
         await self.gateway.aclose()
+        await asyncio.to_thread(self.tab.close)  # its upstream HTTP client and pool
         try:
             await asyncio.to_thread(self.events.close)
         except StorageError as exc:  # the store is down: lose telemetry, not the shutdown
