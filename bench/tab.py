@@ -21,8 +21,14 @@ at the start of a line (after its indentation); the reference is the rest of the
 author wrote. Sources are pinned sdists (`pip download --no-binary :all:`) cached under
 `~/.cache/codeplane-bench/sdists`; `--set tune` uses other packages, for tuning show/hide.
 
-    flock /tmp/codeplane-cpu.lock python bench/tab.py --cases 100 --json /tmp/tab-cases.json
-    flock /tmp/codeplane-cpu.lock python bench/tab.py --cases 60 --set tune --min-confidence 0
+    python bench/tab.py --cases 100 --json /tmp/tab-cases.json   # deterministic: no CPU lock
+    python bench/tab.py --cases 160 --set tune --json /tmp/tune.json
+    python bench/tab.py --fit /tmp/tune.json          # show/hide coefficients and curves
+    python bench/tab.py --cases 100 --set fresh --json /tmp/fresh.json   # untuned projects
+    python bench/tab.py --rescore /tmp/fresh.json     # the table with the shipped decision
+
+Every Tab answer is saved with its signals (tab/decision.py), so the show/hide decision can be
+re-fitted and re-scored without asking the model again.
 """
 
 from __future__ import annotations
@@ -536,6 +542,19 @@ def fit_report(rows: list[dict]) -> dict:
     return report
 
 
+def saved_rows(files: list[Path]) -> list[dict]:
+    """The answered positions of saved runs (partial ones too), each position once: runs
+    with different seeds on one set can be pooled."""
+    rows, seen = [], set()
+    for f in files:
+        for r in json.loads(f.read_text())["cases"]:
+            key = (r["kind"], r["path"], r["reference"])
+            if "tab" in r and "plain" in r and key not in seen:
+                seen.add(key)
+                rows.append(r)
+    return rows
+
+
 def run_cases(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     files = sources(args.set)
@@ -591,16 +610,17 @@ def main() -> None:
     ap.add_argument("--merge", type=Path, help="an earlier --cases --json file on the same "
                     "positions (or a partial one): its answers are kept, only missing ones "
                     "are asked")
-    ap.add_argument("--rescore", type=Path, help="print the table of an earlier --cases --json "
-                    "run at --min-confidence (rows keep every answer and its confidence)")
-    ap.add_argument("--fit", type=Path, help="fit the show/hide decision on an earlier "
-                    "--cases --set tune --json run; print coefficients and curves")
+    ap.add_argument("--rescore", type=Path, nargs="+", help="print the table of earlier "
+                    "--cases --json runs (same set, any seeds) at --min-confidence with the "
+                    "shipped decision (rows keep every answer and its signals)")
+    ap.add_argument("--fit", type=Path, nargs="+", help="fit the show/hide decision on "
+                    "earlier --cases --set tune --json runs; print coefficients and curves")
     args = ap.parse_args()
     if args.fit:
-        print(json.dumps(fit_report(json.loads(args.fit.read_text())["cases"]), indent=1))
+        print(json.dumps(fit_report(saved_rows(args.fit)), indent=1))
         return
     if args.rescore:
-        rows = json.loads(args.rescore.read_text())["cases"]
+        rows = saved_rows(args.rescore)
         shown = curve(rows, score=decision_scores(rows))
         print(json.dumps({"table": table(rows, args.min_confidence), "curve": shown,
                           "suggested_min_confidence": pick_min_confidence(

@@ -1,0 +1,59 @@
+"""The show/hide decision (tab/decision.py): its signals come from the real generation and the
+shown flag follows the fitted model, not the mean token probability alone."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+
+from codeplane.tab import decision, postprocess
+from codeplane.tab.context import Budget, build_request
+from codeplane.tab.decision import Signals
+
+
+def sure(**change) -> Signals:
+    base = dict(mean_logprob=math.log(0.6), min_logprob=math.log(0.3),
+                first_logprob=math.log(0.9), tokens=6, mid_line=True, typed_chars=12,
+                truncated=False, closes_bracket=False)
+    return Signals(**{**base, **change})
+
+
+def test_signals_of_a_suggestion():
+    s = decision.signals("b, c)", "x = f(a, ", [-0.1, -0.5, -0.2], truncated=False)
+    assert s.tokens == 3 and s.mid_line and s.typed_chars == len("x = f(a,")
+    assert s.mean_logprob == pytest.approx(-0.8 / 3) and s.min_logprob == -0.5
+    assert s.first_logprob == -0.1 and s.closes_bracket
+    empty = decision.signals("", "    ", [], truncated=True)
+    assert empty.tokens == 0 and not empty.mid_line and decision.probability(empty) == 0.0
+
+
+def test_closes_open_sees_only_brackets_the_prefix_opened():
+    opened = postprocess.open_brackets("call(a, [1, ")
+    assert opened == ["(", "["]
+    assert postprocess.closes_open("2])", opened)
+    assert not postprocess.closes_open("g(2) + h[3]", opened)  # balanced inside itself
+
+
+def test_same_mean_probability_different_decision():
+    """The old scalar gave these two the same confidence; the fitted model does not."""
+    whole, cut = sure(), sure(truncated=True)
+    assert whole.mean_logprob == cut.mean_logprob
+    threshold = 0.0  # replaced below by the shipped default
+    from codeplane.tab.service import TabSettings
+
+    threshold = TabSettings().min_confidence
+    assert decision.probability(whole) >= threshold > decision.probability(cut)
+
+
+@pytest.mark.model
+def test_tab_response_carries_the_signals_its_confidence_is_computed_from(live_server):
+    text = "import os\n\n\ndef home():\n    return os.path.expan"
+    body = build_request("home.py", text, len(text), None, Budget(), cursor_id="dec1",
+                         min_confidence=0.0)
+    tab = httpx.post(f"{live_server.url}/v1/tab", json=body, timeout=120).json()
+    assert tab["source"] == "model" and tab["text"], tab
+    sig = Signals(**tab["signals"])
+    assert sig.tokens > 0 and sig.mid_line and sig.typed_chars == len("return os.path.expan")
+    assert tab["confidence"] == pytest.approx(decision.probability(sig), abs=2e-3)
