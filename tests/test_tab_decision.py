@@ -3,6 +3,7 @@ shown flag follows the fitted model, not the mean token probability alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import httpx
@@ -11,13 +12,14 @@ import pytest
 from codeplane.tab import decision, postprocess
 from codeplane.tab.context import Budget, build_request
 from codeplane.tab.decision import Signals
+from codeplane.tab.service import TabSettings
 
 
 def sure(**change) -> Signals:
-    base = dict(mean_logprob=math.log(0.6), min_logprob=math.log(0.3),
-                first_logprob=math.log(0.9), tokens=6, mid_line=True, typed_chars=12,
-                truncated=False, closes_bracket=False)
-    return Signals(**{**base, **change})
+    base = Signals(mean_logprob=math.log(0.6), min_logprob=math.log(0.3),
+                   first_logprob=math.log(0.9), tokens=6, mid_line=True, typed_chars=12,
+                   truncated=False, closes_bracket=False)
+    return dataclasses.replace(base, **change)
 
 
 def test_signals_of_a_suggestion():
@@ -37,14 +39,14 @@ def test_closes_open_sees_only_brackets_the_prefix_opened():
 
 
 def test_same_mean_probability_different_decision():
-    """The old scalar gave these two the same confidence; the fitted model does not."""
-    whole, cut = sure(), sure(truncated=True)
-    assert whole.mean_logprob == cut.mean_logprob
-    threshold = 0.0  # replaced below by the shipped default
-    from codeplane.tab.service import TabSettings
-
+    """The old scalar (the mean token probability, 0.6 for both) showed both or neither; the
+    fitted model hides the suggestion hanging on one unlikely token and the one the token
+    budget cut, and shows the other."""
     threshold = TabSettings().min_confidence
-    assert decision.probability(whole) >= threshold > decision.probability(cut)
+    even, one_guess = sure(), sure(min_logprob=math.log(0.05))
+    assert even.mean_logprob == one_guess.mean_logprob
+    assert decision.probability(even) >= threshold > decision.probability(one_guess)
+    assert decision.probability(sure(truncated=True)) < decision.probability(even)
 
 
 @pytest.mark.model
