@@ -80,7 +80,7 @@ def test_tab_on_llama_server_answers_as_the_embedded_engine_with_cache_and_typed
         assert tab["signals"]["first_logprob"] == pytest.approx(
             local.signals["first_logprob"], abs=0.15)
         assert tab["confidence"] == pytest.approx(local.confidence, abs=0.1)
-        assert tab["completion_tokens"] > 0 and tab["prompt_tokens"] > 20
+        assert tab["completion_tokens"] > 0 and tab["prompt_tokens"] >= 15  # the whole prompt
         assert own_engine.loaded() == []  # the server's own engine never loaded the model
         again = httpx.post(f"{server.url}/v1/tab", json=body, timeout=60).json()
         assert again["source"] == "cache" and again["text"] == tab["text"]
