@@ -146,16 +146,24 @@ def open_brackets(prefix: str) -> list[str]:
     return stack
 
 
-def _cut_unbalanced(text: str, prefix: str) -> str:
-    """Cut before the first closing bracket that neither the suggestion nor the open
-    statement in the prefix opened (the classic duplicated ')' of Tab completions)."""
-    stack = open_brackets(prefix)
+def _closers(text: str, stack: list[str]):
+    """(index, matched) of each closing bracket of `text`, walking it on top of the open
+    brackets `stack` (updated in place: a matched closer pops, an opener pushes)."""
     for i, ch in _brackets(text):
         if ch in OPENERS:
             stack.append(ch)
         elif stack and stack[-1] == CLOSERS[ch]:
             stack.pop()
+            yield i, True
         else:
+            yield i, False
+
+
+def _cut_unbalanced(text: str, prefix: str) -> str:
+    """Cut before the first closing bracket that neither the suggestion nor the open
+    statement in the prefix opened (the classic duplicated ')' of Tab completions)."""
+    for i, matched in _closers(text, open_brackets(prefix)):
+        if not matched:
             return text[:i]
     return text
 
@@ -164,14 +172,7 @@ def closes_open(text: str, opened: list[str]) -> bool:
     """True if `text` closes one of the brackets `opened` (from `open_brackets`): a
     suggestion that finishes the statement in progress (a show/hide signal)."""
     stack = list(opened)
-    depth = len(stack)
-    for _, ch in _brackets(text):
-        if ch in OPENERS:
-            stack.append(ch)
-        elif stack and stack[-1] == CLOSERS[ch]:
-            stack.pop()
-            depth = min(depth, len(stack))
-    return depth < len(opened)
+    return any(matched and len(stack) < len(opened) for _, matched in _closers(text, stack))
 
 
 def _cut_suffix_overlap(text: str, rest_of_line: str) -> str:
