@@ -13,7 +13,9 @@ On 2 CPU cores a cold 1,000-token FIM prompt costs seconds, one new token ~0.1 s
 * Per-session slots: a newer request from the same `cursor_id` cancels the older one between
   tokens, and a request still queued behind the model is dropped before it starts.
 * Per-file KV slots (`slots.py`): jumping back to a file restores its saved KV cache.
-* Show/hide: the geometric-mean probability of the shown tokens must reach a threshold.
+* Show/hide: the decision's P(exact line) (`decision.py`) must reach a threshold.
+* Model calls go to the embedded engine or, with `upstream`, to a llama-server that batches
+  (`backend.py`); the caches, sessions and typed-ahead stay here either way.
 
 Nothing is persisted: the cache and sessions are in-memory and bounded.
 """
