@@ -399,5 +399,11 @@ def test_server_agent_run_streams_events_and_keeps_status(engine, tmp_path) -> N
         assert (ws / "notes.txt").is_file()
         got = httpx.get(f"{server.url}/v1/agent/runs/{run_id}").json()
         assert got["status"] == events[-1]["status"] and len(got["transcript"]) == len(events)
+        # a resume point that is no event id, or past any integer the database holds, is
+        # bad input (400), never a 500
+        for bad in ("x", "-1", "9" * 30):
+            resp = httpx.get(f"{server.url}/v1/agent/runs/{run_id}/events",
+                             headers={"last-event-id": bad})
+            assert resp.status_code == 400, (bad, resp.text)
     finally:
         server.stop()

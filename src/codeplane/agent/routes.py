@@ -30,6 +30,7 @@ from codeplane.agent.runs import ENDS, RunLimit, RunManager, Tail, result_of, st
 from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import Principal, principal_of
+from codeplane.core.sse import resume_after
 from codeplane.events.adapters import agent_listener
 from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.router import Client, Gateway
@@ -248,16 +249,6 @@ def _tail(request: Request, run_id: str, after: int = 0) -> Tail:
     return tail
 
 
-def _after(last_event_id: str | None) -> int:
-    """The event number a reconnecting client saw last (0: from the first)."""
-    if last_event_id is None:
-        return 0
-    if not last_event_id.strip().isdigit():
-        raise APIError(400, "Last-Event-ID must be an event id (a non-negative integer)",
-                       param="last-event-id")
-    return int(last_event_id)
-
-
 @router.get("/v1/agent/runs/{run_id}")
 def get_run(run_id: str, request: Request) -> dict[str, Any]:
     tail = _tail(request, run_id)
@@ -272,7 +263,7 @@ async def watch_run(run_id: str, request: Request,
     """The run's events as server-sent events, from the first or after `Last-Event-ID`:
     reattach after a disconnect, watch a run started with stream=false, or watch from
     another replica than the one running it."""
-    after = _after(last_event_id)
+    after = resume_after(last_event_id)
     await asyncio.to_thread(_tail, request, run_id, after)  # 404 before the stream starts
     return _stream(request, run_id, after, cancel_on_hangup=False)
 

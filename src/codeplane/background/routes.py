@@ -25,6 +25,7 @@ from codeplane.agent.runs import RunLimit
 from codeplane.background.service import BackgroundService
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
+from codeplane.core.sse import resume_after
 from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox.fleet import FleetError
@@ -168,12 +169,7 @@ async def events(run_id: str, request: Request,
     """The run's events as SSE, each with its sequence number as `id:`; a client that
     reconnects with `Last-Event-ID: N` gets exactly the events after N."""
     get_run(request, run_id)
-    after = 0
-    if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
-            raise APIError(400, "Last-Event-ID must be an event id (a non-negative integer)",
-                           param="last-event-id")
-        after = int(last_event_id)
+    after = resume_after(last_event_id)
     return StreamingResponse(_sse(service_of(request), principal_of(request).tenant, run_id,
                                   after), media_type="text/event-stream",
                              headers={"cache-control": "no-store"})

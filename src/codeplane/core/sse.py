@@ -17,7 +17,23 @@ import json
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
+from codeplane.core.errors import APIError
+
 DONE = "[DONE]"
+MAX_EVENT_ID = 2**63 - 1  # the largest integer a database column of event numbers holds
+
+
+def resume_after(last_event_id: str | None) -> int:
+    """The event number a reconnecting SSE client saw last, from its `Last-Event-ID` header
+    (0: none, send from the first). Anything that is not an event number a store can hold is
+    a 400: past 64 bits the databases' drivers raise instead of comparing."""
+    if last_event_id is None:
+        return 0
+    text = last_event_id.strip()
+    if not text.isdigit() or int(text) > MAX_EVENT_ID:
+        raise APIError(400, "Last-Event-ID must be an event id (a non-negative 64-bit integer)",
+                       param="last-event-id")
+    return int(text)
 
 
 class StreamError(Exception):
