@@ -84,6 +84,8 @@ num_cpus = 2
      "rollout.group_sise: Extra inputs are not permitted"),
     ("[tasks]\ntrain = ['x==1']\nheldout = ['x==1']\n", "the split is by repository"),
     ("steps = [", "not valid TOML"),
+    ("[tasks]\ntrain_dirs = ['a']\nfamily = 'testfix'\n[env]\nprompt = 'task'\n",
+     "the locate family's short prompt"),
     ("trainer_kind = 'none'\n[tasks]\ntrain_dirs = ['nowhere']\n",
      "not directories"),
 ])

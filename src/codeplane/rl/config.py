@@ -103,6 +103,14 @@ class RunConfig(BaseModel):
     def out_dir(self) -> Path:
         return Path(self.out).expanduser()
 
+    @model_validator(mode="after")
+    def _prompt_fits_the_family(self) -> RunConfig:
+        # the short prompt tells the model to answer with path:line: wrong for any other family
+        if self.env.prompt == "task" and self.tasks.family != "locate":
+            raise ValueError("env.prompt = 'task' is the locate family's short prompt; "
+                             f"family {self.tasks.family!r} needs prompt = 'agent'")
+        return self
+
 
 class ConfigError(ValueError):
     """The config file cannot be read or is invalid; the message says where."""
