@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -110,13 +111,24 @@ def search_setup(mode: str | None, ws: Path, server_url: str, home: Path, key_fi
 
 def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
                   transcript: Path, variant: dict, toolset: Toolset | None = None,
-                  settings: object = None) -> dict:
+                  settings: object = None, seconds: float | None = None) -> dict:
+    """One agent run; `seconds` cancels it after that much wall time (status "cancelled"),
+    so a suite on a loaded machine fits its time box: the checker still judges what the
+    agent changed before the cut."""
     record = Transcript(transcript)
+    cancel = threading.Event()
     agent = Agent(HttpChatModel(url, model), local_environment(ws),
                   AgentConfig(max_steps=steps, max_tokens=512, **variant), on_event=record,
-                  toolset=toolset, settings=settings)
-    result = agent.run(task["prompt"])
-    record.close()
+                  toolset=toolset, settings=settings, cancel=cancel)
+    timer = threading.Timer(seconds, cancel.set) if seconds else None
+    if timer:
+        timer.start()
+    try:
+        result = agent.run(task["prompt"])
+    finally:
+        if timer:
+            timer.cancel()
+        record.close()
     return {"status": result.status, "steps": result.steps, "tool_calls": result.tool_calls,
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens, "error": result.error}
@@ -154,6 +166,8 @@ def main() -> int:
     ap.add_argument("--harness", default="codeplane,mini")
     ap.add_argument("--server", help="running codeplane server (default: start one)")
     ap.add_argument("--max-steps", type=int, default=12)
+    ap.add_argument("--task-seconds", type=float, help="cancel a codeplane run after this "
+                    "much wall time (indexing not counted); the checker still runs")
     ap.add_argument("--mini-python", default="/tmp/mswea-venv/bin/python")
     ap.add_argument("--mini-config", choices=("textbased", "toolcall"), default="textbased")
     ap.add_argument("--out", type=Path, default=Path("/tmp/agent-bench.jsonl"))
@@ -217,7 +231,8 @@ def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_d
                 runs_dir / "search.key")
             start = time.monotonic()
             info = run_codeplane(task, ws, base, model, args.max_steps, transcript,
-                                 json.loads(args.config), toolset, settings)
+                                 json.loads(args.config), toolset, settings,
+                                 args.task_seconds)
         else:
             info = run_mini(task, ws, base, model, args.max_steps, args.mini_python,
                             transcript, args.mini_config)
