@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import json
 import shutil
@@ -109,6 +110,15 @@ def search_setup(mode: str | None, ws: Path, server_url: str, home: Path, key_fi
     return None, settings, round(time.monotonic() - started, 1)
 
 
+def described(toolset: Toolset, text: str | None, first: bool) -> Toolset:
+    """`toolset` with codebase_search described by `text` and/or offered first, the tool
+    itself unchanged: a variant of what the model is told about search, to compare against
+    the default (which lists it fifth, after read_file, list_dir, file_search and grep)."""
+    tools = [dataclasses.replace(t, description=text or t.description)
+             if t.name == "codebase_search" else t for t in toolset.tools.values()]
+    return Toolset(sorted(tools, key=lambda t: t.name != "codebase_search") if first else tools)
+
+
 def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
                   transcript: Path, variant: dict, toolset: Toolset | None = None,
                   settings: object = None, seconds: float | None = None) -> dict:
@@ -177,6 +187,10 @@ def main() -> int:
     ap.add_argument("--search", choices=SEARCH_MODES,
                     help="codebase_search removed (none), or the workspace indexed and searched "
                     "dense-only (the old search) or hybrid (the default); codeplane harness only")
+    ap.add_argument("--search-description", help="codebase_search's description as the model "
+                    "sees it (a variant to compare; default: the product's)")
+    ap.add_argument("--search-first", action="store_true",
+                    help="offer codebase_search first in the tool list (a variant to compare)")
     ap.add_argument("--label", default="", help="variant name recorded in each row")
     ap.add_argument("--summarize", type=Path, help="print the table for a results file")
     args = ap.parse_args()
@@ -229,6 +243,9 @@ def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_d
             toolset, settings, index_seconds = search_setup(
                 args.search, ws, base.removesuffix("/v1"), Path(tmp) / "client",
                 runs_dir / "search.key")
+            if args.search_description or args.search_first:
+                toolset = described(toolset or default_toolset(), args.search_description,
+                                    args.search_first)
             start = time.monotonic()
             info = run_codeplane(task, ws, base, model, args.max_steps, transcript,
                                  json.loads(args.config), toolset, settings,
