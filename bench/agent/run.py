@@ -12,7 +12,10 @@ so an agent cannot pass by editing the tests.
 
 `--search none|dense|hybrid` measures what `codebase_search` is worth: the tool removed, or
 the workspace indexed first and searched dense-only (the old search) or hybrid (the default);
-see docs/search.md.
+see docs/search.md. `--search-description TEXT` and `--search-first` change only what the
+model is told about that tool (its description, its place in the list), to compare.
+`--task-seconds N` cancels a run after N seconds of wall time (the checker still runs), so a
+suite fits a time box on a loaded machine.
 
 `--lock` takes the shared CPU lock around each task (not the whole suite), so other heavy
 jobs on the machine interleave instead of distorting the timings.
