@@ -12,7 +12,10 @@ so an agent cannot pass by editing the tests.
 
 `--search none|dense|hybrid` measures what `codebase_search` is worth: the tool removed, or
 the workspace indexed first and searched dense-only (the old search) or hybrid (the default);
-see docs/search.md.
+see docs/search.md. `--search-description TEXT` and `--search-first` change only what the
+model is told about that tool (its description, its place in the list), to compare.
+`--task-seconds N` cancels a run after N seconds of wall time (the checker still runs), so a
+suite fits a time box on a loaded machine.
 
 `--lock` takes the shared CPU lock around each task (not the whole suite), so other heavy
 jobs on the machine interleave instead of distorting the timings.
@@ -26,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -108,15 +113,35 @@ def search_setup(mode: str | None, ws: Path, server_url: str, home: Path, key_fi
     return None, settings, round(time.monotonic() - started, 1)
 
 
+def described(toolset: Toolset, text: str | None, first: bool) -> Toolset:
+    """`toolset` with codebase_search described by `text` and/or offered first, the tool
+    itself unchanged: a variant of what the model is told about search, to compare against
+    the default (which lists it fifth, after read_file, list_dir, file_search and grep)."""
+    tools = [dataclasses.replace(t, description=text or t.description)
+             if t.name == "codebase_search" else t for t in toolset.tools.values()]
+    return Toolset(sorted(tools, key=lambda t: t.name != "codebase_search") if first else tools)
+
+
 def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
                   transcript: Path, variant: dict, toolset: Toolset | None = None,
-                  settings: object = None) -> dict:
+                  settings: object = None, seconds: float | None = None) -> dict:
+    """One agent run; `seconds` cancels it after that much wall time (status "cancelled"),
+    so a suite on a loaded machine fits its time box: the checker still judges what the
+    agent changed before the cut."""
     record = Transcript(transcript)
+    cancel = threading.Event()
     agent = Agent(HttpChatModel(url, model), local_environment(ws),
                   AgentConfig(max_steps=steps, max_tokens=512, **variant), on_event=record,
-                  toolset=toolset, settings=settings)
-    result = agent.run(task["prompt"])
-    record.close()
+                  toolset=toolset, settings=settings, cancel=cancel)
+    timer = threading.Timer(seconds, cancel.set) if seconds else None
+    if timer:
+        timer.start()
+    try:
+        result = agent.run(task["prompt"])
+    finally:
+        if timer:
+            timer.cancel()
+        record.close()
     return {"status": result.status, "steps": result.steps, "tool_calls": result.tool_calls,
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens, "error": result.error}
@@ -154,6 +179,8 @@ def main() -> int:
     ap.add_argument("--harness", default="codeplane,mini")
     ap.add_argument("--server", help="running codeplane server (default: start one)")
     ap.add_argument("--max-steps", type=int, default=12)
+    ap.add_argument("--task-seconds", type=float, help="cancel a codeplane run after this "
+                    "much wall time (indexing not counted); the checker still runs")
     ap.add_argument("--mini-python", default="/tmp/mswea-venv/bin/python")
     ap.add_argument("--mini-config", choices=("textbased", "toolcall"), default="textbased")
     ap.add_argument("--out", type=Path, default=Path("/tmp/agent-bench.jsonl"))
@@ -163,6 +190,10 @@ def main() -> int:
     ap.add_argument("--search", choices=SEARCH_MODES,
                     help="codebase_search removed (none), or the workspace indexed and searched "
                     "dense-only (the old search) or hybrid (the default); codeplane harness only")
+    ap.add_argument("--search-description", help="codebase_search's description as the model "
+                    "sees it (a variant to compare; default: the product's)")
+    ap.add_argument("--search-first", action="store_true",
+                    help="offer codebase_search first in the tool list (a variant to compare)")
     ap.add_argument("--label", default="", help="variant name recorded in each row")
     ap.add_argument("--summarize", type=Path, help="print the table for a results file")
     args = ap.parse_args()
@@ -215,9 +246,13 @@ def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_d
             toolset, settings, index_seconds = search_setup(
                 args.search, ws, base.removesuffix("/v1"), Path(tmp) / "client",
                 runs_dir / "search.key")
+            if args.search_description or args.search_first:
+                toolset = described(toolset or default_toolset(), args.search_description,
+                                    args.search_first)
             start = time.monotonic()
             info = run_codeplane(task, ws, base, model, args.max_steps, transcript,
-                                 json.loads(args.config), toolset, settings)
+                                 json.loads(args.config), toolset, settings,
+                                 args.task_seconds)
         else:
             info = run_mini(task, ws, base, model, args.max_steps, args.mini_python,
                             transcript, args.mini_config)
