@@ -37,13 +37,13 @@ class Signals:
 FEATURES = ("mean_logprob", "min_logprob", "first_logprob", "log_tokens", "mid_line",
             "log_typed_chars", "truncated", "closes_bracket")
 # Fitted by `bench/tab.py --fit` (L2-regularised logistic regression, target: exact line) on
-# 61 tuning positions (requests, werkzeug, jinja2, markdown; seeds 7 and 8), 2026-11-24; the
+# 237 tuning positions (requests, werkzeug, jinja2, markdown; seeds 7 and 8), 2026-11-24; the
 # data, the curves and the threshold rule are in docs/tab.md. Read: a suggestion is more
-# likely right when its least likely token is still likely (min_logprob), when more of the
-# line is typed, and when it closes the open bracket; much less when the token budget cut it.
-COEFFICIENTS = {"intercept": -0.216, "mean_logprob": 0.566, "min_logprob": 1.2716,
-                "first_logprob": -0.0098, "log_tokens": -0.1161, "mid_line": 0.205,
-                "log_typed_chars": 0.3941, "truncated": -1.2219, "closes_bracket": 0.3323}
+# likely right when its least likely token is still likely (min_logprob) and its tokens are
+# likely on average, when more of the line is typed; much less when the token budget cut it.
+COEFFICIENTS = {"intercept": 0.6579, "mean_logprob": 1.1793, "min_logprob": 1.9128,
+                "first_logprob": -0.25, "log_tokens": -0.178, "mid_line": -0.1681,
+                "log_typed_chars": 0.4252, "truncated": -2.1776, "closes_bracket": -0.0905}
 
 
 def features(s: Signals) -> dict[str, float]:
