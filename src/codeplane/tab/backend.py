@@ -60,6 +60,8 @@ class TabModel(Protocol):
 
     def piece(self, token: int) -> bytes: ...
 
+    def extends(self, text: bytes) -> bool: ...
+
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
                  slot: str) -> Completion: ...
@@ -80,6 +82,9 @@ class LocalTab:
 
     def piece(self, token: int) -> bytes:
         return self.model.vocab_pieces()[token]
+
+    def extends(self, text: bytes) -> bool:
+        return self.vocab.extends(text)
 
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
@@ -126,6 +131,11 @@ class UpstreamTab:
 
     def piece(self, token: int) -> bytes:
         return self._pieces[token]  # every token the service asks about came from tokenize
+
+    def extends(self, text: bytes) -> bool:
+        """False: llama-server does not list its vocabulary, so on an upstream only the
+        last typed token is backed off (tab/healing.py `back_off`)."""
+        return False
 
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,

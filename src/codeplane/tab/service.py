@@ -298,7 +298,7 @@ class TabService:
         if self.settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
             return Healing(anchor.before + typed + anchor.after, "")
         tokens = anchor.before + anchor.after + typed
-        return back_off(tokens, typed, model.piece)
+        return back_off(tokens, typed, model.piece, model.extends)
 
     def _anchor(self, model: TabModel, req: TabRequest, key: str, prefix: str, suffix: str
                 ) -> _Anchor:
