@@ -39,11 +39,11 @@ FEATURES = ("mean_logprob", "min_logprob", "first_logprob", "log_tokens", "mid_l
 # Fitted by `bench/tab.py --fit` (L2-regularised logistic regression, target: exact line) on
 # 237 tuning positions (requests, werkzeug, jinja2, markdown; seeds 7 and 8), 2026-11-24; the
 # data, the curves and the threshold rule are in docs/tab.md. Read: a suggestion is more
-# likely right when its least likely token is still likely (min_logprob) and its tokens are
-# likely on average, when more of the line is typed; much less when the token budget cut it.
-COEFFICIENTS = {"intercept": 0.6579, "mean_logprob": 1.1793, "min_logprob": 1.9128,
-                "first_logprob": -0.25, "log_tokens": -0.178, "mid_line": -0.1681,
-                "log_typed_chars": 0.4252, "truncated": -2.1776, "closes_bracket": -0.0905}
+# likely right when its least likely token and its tokens on average are likely, when more
+# of the line is typed, when it is short; much less when the token budget cut it.
+COEFFICIENTS = {"intercept": 1.1773, "mean_logprob": 1.3254, "min_logprob": 1.3452,
+                "first_logprob": 0.2489, "log_tokens": -0.6039, "mid_line": -0.1683,
+                "log_typed_chars": 0.4671, "truncated": -2.3529, "closes_bracket": 0.254}
 
 
 def features(s: Signals) -> dict[str, float]:

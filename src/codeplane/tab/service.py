@@ -57,7 +57,7 @@ class TabSettings(BaseModel):
     # positions (docs/tab.md, `bench/tab.py --fit`): the highest threshold at which Tab still
     # meets the plain FIM call. Low: a hidden answer scores nothing, most wrong ones score a
     # near miss; clients wanting fewer, surer suggestions filter on `confidence`.
-    min_confidence: float = Field(0.005, ge=0.0, le=1.0,
+    min_confidence: float = Field(0.025, ge=0.0, le=1.0,
                                   description="hide suggestions less likely right than this")
     max_prompt_tokens: int = Field(3072, ge=64)
     cache_size: int = Field(1000, ge=0)
