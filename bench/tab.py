@@ -76,7 +76,9 @@ SDISTS = {"eval": ["click==8.1.7", "attrs==23.2.0", "h11==0.14.0", "itsdangerous
           "fresh": ["marshmallow==3.20.2", "sqlparse==0.4.4", "tomlkit==0.12.3",
                     "humanize==4.9.0"],
           "heldout": ["pyparsing==3.1.1", "pyflakes==3.1.0", "mistune==3.0.2",
-                      "boltons==23.1.1"]}
+                      "boltons==23.1.1"],
+          "heldout2": ["parso==0.8.3", "python-dotenv==1.0.0", "colorama==0.4.6",
+                       "tomli==2.0.1"]}
 SDIST_CACHE = Path.home() / ".cache" / "codeplane-bench" / "sdists"
 
 
