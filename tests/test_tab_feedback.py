@@ -4,6 +4,7 @@ gate on, two tenants, then the Parquet rows in the event lake and the accept rat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,6 +17,8 @@ from upstreams.scripted import caller, run_server
 
 from codeplane.events import query
 from codeplane.storage import ObjectStore
+from codeplane.tab import decision
+from codeplane.tab.decision import Signals
 
 pytestmark = pytest.mark.model  # the suggestions come from the real code-small
 
@@ -23,13 +26,13 @@ PROMPT = {"path": "m.py", "prefix": "def add(a, b):\n    return ", "suffix": "\n
           "language": "python", "max_tokens": 8, "min_confidence": 0.0}
 
 
-def suggest(url: str, headers: dict, cursor: str) -> tuple[str, str]:
-    """(id, text) of a shown suggestion."""
+def suggest(url: str, headers: dict, cursor: str) -> dict:
+    """A shown suggestion (the /v1/tab answer)."""
     tab = httpx.post(f"{url}/v1/tab", headers=headers, timeout=120,
                      json={**PROMPT, "cursor_id": cursor})
     assert tab.status_code == 200 and tab.json()["shown"], tab.text
     assert tab.json()["id"] and len(tab.json()["text"]) > 1, tab.text
-    return tab.json()["id"], tab.json()["text"]
+    return tab.json()
 
 
 def cli(headers: dict, *args: str) -> dict:
@@ -48,7 +51,8 @@ def test_feedback_lands_in_the_lake_for_its_tenant_only(tmp_path: Path, engine) 
     server = run_server(tmp_path / "home", None, engine=engine, gateway={"auth": "on"})
     try:
         alice, bob = caller(server, "alice"), caller(server, "bob")
-        first, text = suggest(server.url, alice, "c1")
+        shown_first = suggest(server.url, alice, "c1")
+        first, text = shown_first["id"], shown_first["text"]
         # typed-ahead serves the rest of the same suggestion: same id, not a new "shown"
         ahead = httpx.post(f"{server.url}/v1/tab", headers=alice, timeout=120, json={
             **PROMPT, "cursor_id": "c1", "prefix": PROMPT["prefix"] + text[0]}).json()
@@ -86,6 +90,14 @@ def test_feedback_lands_in_the_lake_for_its_tenant_only(tmp_path: Path, engine) 
     assert (stats["shown"], stats["accepted"], stats["rejected"]) == (2, 1, 1)
     assert stats["accept_rate"] == 0.5
     assert query.stats(store, "bob")["tab"]["accepted"] == 0
+    # the decision's signals are in the lake next to the outcome: enough to refit it
+    columns = ", ".join(f.name for f in dataclasses.fields(Signals))
+    sent = Signals(**shown_first["signals"])
+    for kind in ("tab_shown", "tab_accepted"):
+        row = con.execute(f"SELECT {columns}, confidence FROM {kind} WHERE suggestion_id = ?",
+                          [first]).fetchone()
+        assert Signals(*row[:-1]) == sent and sent.tokens > 0, (kind, row)
+        assert decision.probability(Signals(*row[:-1])) == pytest.approx(row[-1], abs=2e-3)
 
 
 @pytest.mark.parametrize("body, field", [

@@ -203,3 +203,13 @@ def test_cursor_inside_an_identifier_continues_the_word(live_server):
     offset = text.index("=max_keepalive_connecti") + len("=max_keepalive_connecti")
     got = post(live_server, body(text, offset, cursor_id="heal2", min_confidence=0.0))
     assert got["text"].startswith("ons"), got
+
+
+def test_cursor_after_a_split_word_start_heals_the_whole_word(live_server):
+    """`retu` tokenizes as ` ret` + `u`: with only `u` backed off the model answered `r`
+    (`retur`), a broken word. The healing backs off every token of the word start that a
+    longer token extends, so the model can choose ` return` itself."""
+    text = SOURCE.replace("    return a * b", "    retu")
+    offset = text.index("    retu\n") + len("    retu")
+    got = post(live_server, body(text, offset, cursor_id="heal3", min_confidence=0.0))
+    assert got["text"] == "rn a * b", got

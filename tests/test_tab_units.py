@@ -171,7 +171,7 @@ def test_healing_allows_only_tokens_consistent_with_the_backed_off_text():
     assert sorted(index.allowed(b"    ").tolist()) == [1, 2, 3]  # "    ", or "   " / " "
     assert sorted(index.allowed(b"Opti").tolist()) == [6, 7, 8]
     assert sorted(index.allowed(b" ").tolist()) == [1, 2, 3, 4]
-    heal = back_off([9, 9, 2], [2], pieces.__getitem__)
+    heal = back_off([9, 9, 2], [2], pieces.__getitem__, index.extends)
     assert heal.tokens == [9, 9] and heal.text == "    "
     mask = HealingMask(index, pieces, heal.text, prompt_tokens=2)
     scores = np.zeros(len(pieces), dtype=np.float32)
@@ -181,3 +181,19 @@ def test_healing_allows_only_tokens_consistent_with_the_backed_off_text():
     second = mask(np.array([9, 9, 1]), scores)
     assert np.isfinite(second[4]) and not np.isfinite(second[5])
     assert np.isfinite(mask(np.array([9, 9, 1, 4]), scores)).all()  # healed: no mask
+
+
+def test_healing_backs_off_every_token_of_a_split_word_start():
+    """` ret` + `u` is the start of ` return`: backing off `u` alone leaves the model to
+    finish a word from a split it never saw, so both go (llama.cpp's dynamic healing);
+    ` x` + `.` is no token's start, so only `.` goes."""
+    from codeplane.tab.healing import VocabIndex, back_off
+
+    pieces = [b"", b" ret", b"u", b" return", b" x", b".", b"    ", b"urn"]
+    index = VocabIndex(pieces)
+    assert index.extends(b" retu") and not index.extends(b" return")
+    heal = back_off([6, 1, 2], [1, 2], pieces.__getitem__, index.extends)
+    assert heal.tokens == [6] and heal.text == " retu"
+    heal = back_off([6, 4, 5], [4, 5], pieces.__getitem__, index.extends)
+    assert heal.tokens == [6, 4] and heal.text == "."
+    assert back_off([6], [], pieces.__getitem__, index.extends).text == ""

@@ -20,7 +20,12 @@ MAX_TEXT = 128  # longest string field: ids and labels, never a code snippet
 
 _TEXT, _INT, _FLOAT, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 _TAB = {"suggestion_id": _TEXT, "model": _TEXT, "latency_ms": _FLOAT, "chars": _INT,
-        "confidence": _FLOAT, "source": _TEXT, "language": _TEXT}
+        "confidence": _FLOAT, "source": _TEXT, "language": _TEXT,
+        # what Tab's show/hide decision read (codeplane.tab.decision.Signals): with the
+        # accept/reject outcome, the data to refit it from
+        "mean_logprob": _FLOAT, "min_logprob": _FLOAT, "first_logprob": _FLOAT,
+        "tokens": _INT, "mid_line": _BOOL, "typed_chars": _INT, "truncated": _BOOL,
+        "closes_bracket": _BOOL}
 _TAB_OUTCOME = {**_TAB, "after_ms": _FLOAT}  # how long the suggestion was on screen
 
 KINDS: dict[str, dict[str, pa.DataType]] = {

@@ -20,6 +20,7 @@ the typed text's last token, to heal it) and needs each generated token's log-pr
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from codeplane.models.engine import LocalModel, Sampling
 from codeplane.tab.healing import HealingMask, VocabIndex
 from codeplane.tab.slots import KVSlots
 
+log = logging.getLogger(__name__)
 TOP_N = 20  # alternatives per token from llama-server, to renormalise healed tokens
 
 
@@ -60,6 +62,8 @@ class TabModel(Protocol):
 
     def piece(self, token: int) -> bytes: ...
 
+    def extends(self, text: bytes) -> bool: ...
+
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
                  slot: str) -> Completion: ...
@@ -80,6 +84,9 @@ class LocalTab:
 
     def piece(self, token: int) -> bytes:
         return self.model.vocab_pieces()[token]
+
+    def extends(self, text: bytes) -> bool:
+        return self.vocab.extends(text)
 
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
@@ -104,6 +111,8 @@ class UpstreamTab:
                                   trust_env=False)
         self._pieces: dict[int, bytes] = {}  # pieces of tokens this process has seen
         self._fim: tuple[int, int, int] | None = None
+        self._vocab: VocabIndex | None = None  # for dynamic healing, read on first use
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         self._http.close()
@@ -118,7 +127,7 @@ class UpstreamTab:
         body = {"content": text, "add_special": False, "parse_special": special,
                 "with_pieces": True}
         out = []
-        for tok in self._post("/tokenize", body)["tokens"]:
+        for tok in self._call("/tokenize", body)["tokens"]:
             piece = tok["piece"]
             self._pieces[tok["id"]] = piece.encode() if isinstance(piece, str) else bytes(piece)
             out.append(tok["id"])
@@ -126,6 +135,34 @@ class UpstreamTab:
 
     def piece(self, token: int) -> bytes:
         return self._pieces[token]  # every token the service asks about came from tokenize
+
+    def extends(self, text: bytes) -> bool:
+        return self._vocab_index().extends(text)
+
+    def _vocab_index(self) -> VocabIndex:
+        """The upstream's vocabulary, read once. llama-server has no endpoint that lists it,
+        so one `/detokenize` call spells every token id followed by `<|fim_middle|>` (a
+        special token Tab needs anyway) and the text is split there. Tokens that are only
+        part of a UTF-8 character come back as U+FFFD: they cannot extend typed text, which
+        is whole characters."""
+        with self._lock:
+            if self._vocab is None:
+                self._vocab = VocabIndex([p.encode() for p in self._read_vocab()])
+            return self._vocab
+
+    def _read_vocab(self) -> list[str]:
+        try:
+            n = self._call("/v1/models", None)["data"][0]["meta"]["n_vocab"]
+        except (KeyError, IndexError, TypeError):
+            log.warning("Tab upstream %s does not report n_vocab: healing backs off one "
+                        "token", self._http.base_url)
+            return []
+        sep_id = (self.fim() or (0, 0, 0))[2]
+        sep = self._call("/detokenize", {"tokens": [sep_id]})["content"]
+        ids = [t for i in range(n) for t in (i, sep_id)]
+        parts = self._call("/detokenize", {"tokens": ids})["content"].split(sep)
+        # the separator's own piece splits into two empty parts; one more ends the text
+        return parts[:sep_id] + [sep] + parts[sep_id + 2:-1]
 
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
@@ -135,7 +172,7 @@ class UpstreamTab:
         body = {"prompt": tokens, "n_predict": max_tokens, "temperature": 0.0,
                 "stop": stop, "n_probs": TOP_N, "cache_prompt": True,
                 **({"grammar": healing_grammar(heal)} if heal else {})}
-        reply = self._post("/completion", body)
+        reply = self._call("/completion", body)
         probs = reply.get("completion_probabilities") or []
         return Completion(
             reply["content"], constrained_logprobs(probs, heal.encode()),
@@ -143,14 +180,14 @@ class UpstreamTab:
             reply.get("tokens_evaluated", len(tokens)),
             reply.get("timings", {}).get("cache_n", 0), reply.get("tokens_predicted", 0))
 
-    def _post(self, path: str, body: dict) -> dict:
+    def _call(self, path: str, body: dict | None) -> dict:
+        """POST `body` to `path` (GET when there is no body)."""
         try:
-            reply = self._http.post(path, json=body)
+            reply = self._http.request("POST" if body is not None else "GET", path, json=body)
             reply.raise_for_status()
             return reply.json()
         except (httpx.HTTPError, ValueError) as exc:
             raise UpstreamError(f"Tab upstream {self._http.base_url}{path}: {exc}") from None
-
 
 def healing_grammar(heal: str) -> str:
     """GBNF: the output starts with `heal`, then anything. Every character outside

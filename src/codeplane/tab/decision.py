@@ -37,13 +37,13 @@ class Signals:
 FEATURES = ("mean_logprob", "min_logprob", "first_logprob", "log_tokens", "mid_line",
             "log_typed_chars", "truncated", "closes_bracket")
 # Fitted by `bench/tab.py --fit` (L2-regularised logistic regression, target: exact line) on
-# 61 tuning positions (requests, werkzeug, jinja2, markdown; seeds 7 and 8), 2026-11-24; the
+# 237 tuning positions (requests, werkzeug, jinja2, markdown; seeds 7 and 8), 2026-11-24; the
 # data, the curves and the threshold rule are in docs/tab.md. Read: a suggestion is more
-# likely right when its least likely token is still likely (min_logprob), when more of the
-# line is typed, and when it closes the open bracket; much less when the token budget cut it.
-COEFFICIENTS = {"intercept": -0.216, "mean_logprob": 0.566, "min_logprob": 1.2716,
-                "first_logprob": -0.0098, "log_tokens": -0.1161, "mid_line": 0.205,
-                "log_typed_chars": 0.3941, "truncated": -1.2219, "closes_bracket": 0.3323}
+# likely right when its least likely token and its tokens on average are likely, when more
+# of the line is typed, when it is short; much less when the token budget cut it.
+COEFFICIENTS = {"intercept": 1.1773, "mean_logprob": 1.3254, "min_logprob": 1.3452,
+                "first_logprob": 0.2489, "log_tokens": -0.6039, "mid_line": -0.1683,
+                "log_typed_chars": 0.4671, "truncated": -2.3529, "closes_bracket": 0.254}
 
 
 def features(s: Signals) -> dict[str, float]:

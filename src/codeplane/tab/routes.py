@@ -41,10 +41,12 @@ async def tab(body: TabRequest, request: Request) -> dict:
         raise unavailable(str(exc), code="upstream_unavailable") from None
     if result.shown and result.source == "model":  # cache/typed-ahead: shown already
         tenant = principal_of(request).tenant
+        # the decision's signals ride along (and on to the accepted/rejected event), so the
+        # show/hide model can be refitted from what users took (tab/decision.py)
         fields = {"suggestion_id": result.id, "model": body.model or svc.settings.model,
                   "latency_ms": result.latency_ms, "chars": len(result.text),
                   "confidence": result.confidence, "source": result.source,
-                  "language": body.language}
+                  "language": body.language, **(result.signals or {})}
         request.app.state.services.events.record("tab_shown", tenant, fields)
         svc.shown.remember(tenant, result.id, fields)
     return result.to_json()

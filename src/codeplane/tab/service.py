@@ -53,10 +53,11 @@ class TabSettings(BaseModel):
     max_tokens: int = Field(16, ge=1, le=256, description="single-line suggestion budget")
     max_tokens_multiline: int = Field(40, ge=1, le=512)
     max_lines: int = Field(6, ge=1, le=50)
-    # A threshold on tab/decision.py's P(exact line), picked from its curve on the tuning
-    # positions (docs/tab.md, bench/tab.py pick_min_confidence): the highest threshold at
-    # which Tab still meets the plain FIM call.
-    min_confidence: float = Field(0.05, ge=0.0, le=1.0,
+    # A threshold on tab/decision.py's P(exact line), picked from its curves on the tuning
+    # positions (docs/tab.md, `bench/tab.py --fit`): the highest threshold at which Tab still
+    # meets the plain FIM call. Low: a hidden answer scores nothing, most wrong ones score a
+    # near miss; clients wanting fewer, surer suggestions filter on `confidence`.
+    min_confidence: float = Field(0.025, ge=0.0, le=1.0,
                                   description="hide suggestions less likely right than this")
     max_prompt_tokens: int = Field(3072, ge=64)
     cache_size: int = Field(1000, ge=0)
@@ -297,7 +298,7 @@ class TabService:
         if self.settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
             return Healing(anchor.before + typed + anchor.after, "")
         tokens = anchor.before + anchor.after + typed
-        return back_off(tokens, typed, model.piece)
+        return back_off(tokens, typed, model.piece, model.extends)
 
     def _anchor(self, model: TabModel, req: TabRequest, key: str, prefix: str, suffix: str
                 ) -> _Anchor:
