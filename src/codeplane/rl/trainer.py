@@ -203,7 +203,9 @@ class PolicyTrainer:
     def imitate(self, samples: list[Sample], lr: float | None = None) -> dict[str, float]:
         """One supervised step: the mean negative log-likelihood of the samples' completion
         tokens (a warm start on demonstrations, rl/warmstart.py). Same optimiser, same
-        micro-batches; `lr` overrides the learning rate for this step only."""
+        micro-batches; `lr` overrides the learning rate for this step only. Scored at
+        temperature 1, the model's own distribution, whatever RL samples at: scored at 0.7
+        the same three steps left greedy held-out success at 0/20 instead of 6/20."""
         started = time.perf_counter()
         tokens = sum(len(s.completion_ids) for s in samples)
         if not tokens:
@@ -213,8 +215,8 @@ class PolicyTrainer:
         size = self.config.micro_batch
         for at in range(0, len(samples), size):
             pairs = [(s.prompt_ids, s.completion_ids) for s in samples[at:at + size]]
-            loss = -torch.cat(self.policy.completion_logprobs(
-                pairs, self.config.temperature)).double().sum() / tokens
+            loss = -torch.cat(self.policy.completion_logprobs(pairs, 1.0)).double().sum() \
+                / tokens
             loss.backward()
             nll += float(loss.detach())
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
