@@ -128,6 +128,15 @@ class RunConfig(BaseModel):
                              f"family {self.tasks.family!r} needs prompt = 'agent'")
         return self
 
+    @model_validator(mode="after")
+    def _warm_start_fits_the_tasks(self) -> RunConfig:
+        # the scripted solver runs the grep call the "grep" instruction names
+        if self.warm_start.steps and (self.tasks.family, self.tasks.instruction) != (
+                "locate", "grep"):
+            raise ValueError("[warm_start] imitates a grep solver: it needs the locate family "
+                             "with [tasks] instruction = \"grep\"")
+        return self
+
 
 class ConfigError(ValueError):
     """The config file cannot be read or is invalid; the message says where."""

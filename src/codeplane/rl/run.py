@@ -326,9 +326,6 @@ class Run:
         from codeplane.rl.warmstart import GrepSolver, demonstrations
 
         cfg, ws = self.config, self.config.warm_start
-        if self.config.tasks.instruction != "grep":
-            raise ConfigError("[warm_start] imitates the grep solver: it needs [tasks] "
-                              "instruction = \"grep\"")
         solver = GrepSolver(trainer.policy)
         greedy = cfg.rollout.model_copy(update={"group_size": 1, "groups_per_step": ws.episodes,
                                                 "temperature": 0.0, "max_staleness": 0,
