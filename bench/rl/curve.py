@@ -54,17 +54,20 @@ def table(steps: list[dict[str, Any]], evals: list[dict[str, Any]], tasks: int
     start = evals[0]["time"] if evals and evals[0]["steps"] == 0 else (
         steps[0]["time"] - steps[0]["samples"] / max(steps[0]["samples_per_second"], 1e-9)
         if steps else time.time())
-    by_steps = {e["steps"]: e for e in evals}
+    by_steps = {e["steps"]: e for e in evals if not e.get("phase")}
     rows = []
     if 0 in by_steps:
         rows.append(_row(0, 0.0, None, None, None, by_steps[0], tasks))
+    for warm in (e for e in evals if e.get("phase") == "warm_start"):  # after the warm start
+        rows.append(_row(0, (warm["time"] - start) / 60, None, None, None, warm, tasks)
+                    | {"label": "warm"})
     for line in steps:
         done = line["step"] + 1
         trainer = line.get("trainer") or {}
         rows.append(_row(done, (line["time"] - start) / 60, line.get("reward_mean"),
                          trainer.get("seconds"), line.get("trainer_wait"), by_steps.get(done),
                          tasks))
-    for extra in sorted(set(by_steps) - {r["steps"] for r in rows}):
+    for extra in sorted(set(by_steps) - {r["steps"] for r in rows if "label" not in r}):
         rows.append(_row(extra, (by_steps[extra]["time"] - start) / 60, None, None, None,
                          by_steps[extra], tasks))
     return rows
@@ -91,7 +94,7 @@ def print_table(rows: list[dict[str, Any]], tasks: int) -> None:
     for r in rows:
         held = (f"{r['heldout']:.2f} [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]"
                 if "heldout" in r else "")
-        print(f"{r['steps']:>5} {_fmt(r['minutes'], '.1f'):>6} {_fmt(r['reward'], '.3f'):>6} "
+        print(f"{r.get('label', r['steps']):>5} {_fmt(r['minutes'], '.1f'):>6} {_fmt(r['reward'], '.3f'):>6} "
               f"{_fmt(r['trainer_s'], '.0f'):>9} {_fmt(r['trainer_wait'], '.0f'):>6}  {held}")
 
 

@@ -88,6 +88,7 @@ num_cpus = 2
      "the locate family's short prompt"),
     ("trainer_kind = 'none'\n[tasks]\ntrain_dirs = ['nowhere']\n",
      "not directories"),
+    ("[tasks]\ntrain_dirs = ['a']\n[warm_start]\nsteps = 2\n", "instruction = \"grep\""),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, body, message) -> None:
     result = cli(str(write_config(tmp_path / "bad.toml", body)), timeout=60)

@@ -142,3 +142,16 @@ def test_a_broken_adapter_is_refused(engine, tmp_path: Path):
         tmp_path / "wrong.gguf", "qwen2", 8.0)
     with pytest.raises(AdapterError):
         engine.run_sync("code-small", lambda m: m.lora.set(wrong))
+
+
+def test_required_tool_choice_is_a_grammar_constrained_call(engine, tmp_path: Path):
+    """`[rollout] first_call`: tool_choice "required" makes llama.cpp decode through the
+    product's tool-call grammar, so a turn code-small answers in prose (arithmetic) becomes
+    a parsed call of one of the tools."""
+    sampler = LlamaSampler(engine, "code-small", tmp_path / "adapters", LORA.alpha, seed=5)
+    ask = [{"role": "user", "content": "What is 2 + 2? Answer with the number only."}]
+    free = sampler.complete(ask, TOOLS, Sampling(48, 0.0, "auto"))
+    forced = sampler.complete(ask, TOOLS, Sampling(48, 0.0, "required"))
+    assert not free.message.get("tool_calls")
+    assert [c["function"]["name"] for c in forced.message["tool_calls"]] == ["read_file"]
+    assert len(forced.logprobs) == len(forced.token_ids)

@@ -216,3 +216,33 @@ def test_unknown_hooks_are_config_errors(hooks, message) -> None:
         RolloutConfig(hooks=hooks)
     assert RolloutConfig(hooks="product").hooks == PRODUCT_HOOKS
     assert RolloutConfig().hooks == ()
+
+
+class Recording(GrepPolicy):
+    """GrepPolicy that records the tool_choice of every request."""
+
+    def __init__(self, stall: bool = False) -> None:
+        super().__init__(stall)
+        self.choices: list[str] = []
+
+    def complete(self, messages, tools, sampling, cancel=None):
+        self.choices.append(sampling.tool_choice)
+        return super().complete(messages, tools, sampling, cancel)
+
+
+def test_the_answer_turn_scores_an_episode_the_turn_limit_would_mask(tasks, tmp_path) -> None:
+    """A policy that only ever calls tools: without an answer turn the episode is cut at
+    max_turns and masked (no signal); with it, the last turn is asked without tools, what
+    it wrote is the answer, and it is scored (0 here: a call is no path:line)."""
+    policy = Recording(stall=True)
+    env = EnvServer(EnvConfig(tools=("grep",)), scratch=str(tmp_path))
+    episode = run_episode(policy, env, env.tools(), tasks[0], "g",
+                          RolloutConfig(max_turns=2, answer_turn=True))
+    assert policy.choices == ["auto", "none"]
+    assert not episode.info.get("truncated") and episode.steps == 2 and episode.reward == 0.0
+    assert episode.info["answer"] == ""  # the call was not run: the turn had no tools
+    solver = Recording()
+    solved = run_episode(solver, env, env.tools(), tasks[0], "g",
+                         RolloutConfig(max_turns=2, answer_turn=True, first_call=True))
+    assert solver.choices == ["required", "none"] and solved.reward == 1.0
+    env.close()

@@ -6,6 +6,7 @@ sandbox, the product's grep and the verifier."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from helpers import make_repo
 
 from codeplane.rl.env import EnvConfig, EnvServer
-from codeplane.rl.tasks import SYSTEM, locate_tasks, score
+from codeplane.rl.tasks import SYSTEM, grep_pattern, locate_tasks, score
 
 
 @pytest.fixture
@@ -67,3 +68,28 @@ def test_score_reads_the_last_location_of_a_grep_style_answer(tasks) -> None:
     area = next(t for t in tasks if t.start == 7)
     assert score(area, 'pkg/shapes.py:8:        """Compute the area of the circle') == 1.0
     assert score(area, "pkg/shapes.py:8:x\npkg/shapes.py:13:y") == 0.5  # the last one counts
+
+
+def test_grep_instruction_names_a_pattern_that_finds_the_definition(tmp_path) -> None:
+    """The "grep" wording names the call; its pattern, run by the product's grep in the
+    sandbox, prints a line inside the definition, so `path:line` of that hit scores 1."""
+    tasks = locate_tasks("shapes", make_repo(tmp_path / "shapes"), instruction="grep")
+    server = EnvServer(EnvConfig(tools=("grep",), prompt="task"), scratch=str(tmp_path))
+    for task in tasks:
+        named = json.loads(re.search(r"Call grep with (\{.*?\})", task.instruction).group(1))
+        server.reset(task)
+        hit = re.match(r"([^:\n]+):(\d+):", _grep(server, named["pattern"]))
+        assert score(task, f"{hit.group(1)}:{hit.group(2)}") == 1.0, task.instruction
+    server.close()
+
+
+@pytest.mark.parametrize(("summary", "pattern"), [
+    ("Compute the area of the circle from its radius.", "Compute the area of the"),
+    ("Like `naturalday`, but append a year", "Like"),
+    ('Return "x" (or y) quickly', "Return"),
+    ("(internal) helper for it", "(internal)"),
+])
+def test_grep_pattern_stops_before_regex_syntax_and_quotes(summary, pattern) -> None:
+    """At most five words, none with regex syntax or a quote (the model copies the pattern
+    into JSON; a regex must match itself); a first word that has some is kept alone."""
+    assert grep_pattern(summary) == pattern

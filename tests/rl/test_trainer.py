@@ -112,3 +112,40 @@ def test_config_rejects_nonsense():
         TrainerConfig(lr=-1)
     with pytest.raises(ValidationError):
         TrainerConfig(algorithm="ppo")
+
+
+def test_warm_start_imitates_the_solvers_solved_episodes(settings, tmp_path: Path):
+    """The grep solver solves "grep"-instruction tasks through a real sandbox and the
+    product's grep; its turns carry the token ids of the policy's chat template, and one
+    imitation step makes exactly those tokens more likely."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers import make_repo
+
+    from codeplane.rl.env import EnvConfig, EnvServer
+    from codeplane.rl.rollout import RolloutConfig, run_episode
+    from codeplane.rl.tasks import locate_tasks
+    from codeplane.rl.warmstart import GrepSolver, demonstrations
+
+    trainer = PolicyTrainer(CONFIG, settings)
+    tasks = locate_tasks("shapes", make_repo(tmp_path / "shapes"), instruction="grep")
+    env = EnvServer(EnvConfig(tools=("grep",), prompt="task"), scratch=str(tmp_path))
+    config = RolloutConfig(max_turns=2, answer_turn=True, temperature=0.0)
+    episodes = [run_episode(GrepSolver(trainer.policy), env, env.tools(), t, "g", config)
+                for t in tasks]
+    env.close()
+    assert [e.reward for e in episodes] == [1.0] * len(tasks)
+    demos = demonstrations(episodes)
+    call, answer = demos[0], demos[1]
+    assert trainer.policy.decode(call.completion_ids).startswith('<tool_call>\n{"name": "grep"')
+    assert re.fullmatch(r"pkg/shapes\.py:\d+<\|im_end\|>",
+                        trainer.policy.decode(answer.completion_ids))
+    pairs = [(s.prompt_ids, s.completion_ids) for s in demos[:2]]
+    with torch.no_grad():
+        before = sum(lp.sum() for lp in trainer.policy.completion_logprobs(pairs))
+    metrics = trainer.imitate(demos[:2], lr=1e-3)
+    with torch.no_grad():
+        after = sum(lp.sum() for lp in trainer.policy.completion_logprobs(pairs))
+    assert after > before and trainer.version == 1 and metrics["nll"] > 0

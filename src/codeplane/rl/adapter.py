@@ -21,6 +21,7 @@ import torch
 from codeplane.core.chat import Cancelled, Sampling, Turn
 from codeplane.models.engine import Engine, LocalModel
 from codeplane.models.engine import Sampling as EngineSampling
+from codeplane.models.local_openai import tool_call_grammar
 from codeplane.rl.policy import assistant_turn
 
 # transformers module name -> llama.cpp tensor name, for the attention projections.
@@ -102,7 +103,11 @@ class LlamaSampler:
     def _complete(self, model: LocalModel, messages: list[dict], tools: list[dict],
                   sampling: Sampling, seed: int, cancel: threading.Event | None) -> Turn:
         prompt = model.chat_tokens(messages, tools)
-        gen = model.generate(prompt, _engine_sampling(sampling, seed), cancel)
+        engine_sampling = _engine_sampling(sampling, seed)
+        # tool_choice "required": the product's grammar (a `<tool_call>` of one of the tools);
+        # the logprobs are captured before it masks, so the trainer scores the same numbers
+        engine_sampling.grammar = tool_call_grammar(tools, sampling.tool_choice)
+        gen = model.generate(prompt, engine_sampling, cancel)
         if gen.finish_reason == "cancelled":
             raise Cancelled()
         ids = list(gen.token_ids)

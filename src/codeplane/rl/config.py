@@ -33,6 +33,9 @@ class TasksConfig(BaseModel):
     heldout_dirs: list[str] = Field(default_factory=list, description="local repositories")
     max_train: int = Field(64, ge=1, description="tasks sampled from the train repositories")
     max_heldout: int = Field(16, ge=1, description="tasks sampled from the held-out ones")
+    instruction: Literal["search", "grep"] = Field(
+        "search", description='locate only: "search" asks the question; "grep" also names '
+                              'the grep call that finds the answer (rl/tasks.py)')
     family: Literal["locate", "testfix"] = Field(
         "locate", description='locate: "where is X implemented? answer path:line" '
                               '(rl/tasks.py); testfix: "make the failing test pass", one '
@@ -81,6 +84,19 @@ class RayConfig(BaseModel):
                                                          "before it counts as a tool timeout")
 
 
+class WarmStartConfig(BaseModel):
+    """`[warm_start]`: imitation steps on a scripted solver's solved train episodes before
+    RL (rl/warmstart.py; 0 steps: none)."""
+
+    model_config = _STRICT
+    steps: int = Field(0, ge=0, description="supervised steps on the solver's episodes")
+    episodes: int = Field(16, ge=1, description="solver episodes on train tasks (the "
+                                                "successful ones are imitated)")
+    batch: int = Field(8, ge=1, description="samples (model turns) per step")
+    lr: float | None = Field(None, gt=0, description="learning rate of these steps "
+                                                     "(default: the trainer's)")
+
+
 class RunConfig(BaseModel):
     """The whole file."""
 
@@ -96,6 +112,7 @@ class RunConfig(BaseModel):
     env: EnvConfig = Field(default_factory=EnvConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     trainer: dict[str, Any] = Field(default_factory=dict,
                                     description="the trainer's own config (rl/trainer.py)")
 
@@ -109,6 +126,15 @@ class RunConfig(BaseModel):
         if self.env.prompt == "task" and self.tasks.family != "locate":
             raise ValueError("env.prompt = 'task' is the locate family's short prompt; "
                              f"family {self.tasks.family!r} needs prompt = 'agent'")
+        return self
+
+    @model_validator(mode="after")
+    def _warm_start_fits_the_tasks(self) -> RunConfig:
+        # the scripted solver runs the grep call the "grep" instruction names
+        if self.warm_start.steps and (self.tasks.family, self.tasks.instruction) != (
+                "locate", "grep"):
+            raise ValueError("[warm_start] imitates a grep solver: it needs the locate family "
+                             "with [tasks] instruction = \"grep\"")
         return self
 
 

@@ -74,6 +74,13 @@ class RolloutConfig(BaseModel):
                                                         "episode")
     retries: int = Field(2, ge=0, description="fresh environments for an episode whose "
                                               "environment failed")
+    first_call: bool = Field(False, description="the first turn must call a tool "
+                                                "(tool_choice required: the sampler constrains "
+                                                "decoding to a call of one of the tools)")
+    answer_turn: bool = Field(False, description="the last of `max_turns` is sampled without "
+                                                 "tools (tool_choice none): an episode ends "
+                                                 "with an answer, scored, instead of being "
+                                                 "cut off and masked")
     max_tokens: int = Field(256, ge=1, description="per model turn")
     temperature: float = Field(1.0, ge=0)
     hooks: tuple[str, ...] = Field((), description='the agent loop\'s small-model repairs '
@@ -140,13 +147,16 @@ def run_episode(model: ChatModel, env: Env, tools: list[dict[str, Any]], task: T
     sampled. `cancel` ends the episode early as a truncated (masked) one."""
     start = time.monotonic()
     messages = env.reset(task, config.hooks)
-    tool_choice, corrections = "auto", 0
+    tool_choice, corrections = "required" if config.first_call else "auto", 0
     samples: list[Sample] = []
     info: dict[str, Any] = {"hooks": list(config.hooks), "model_seconds": 0.0,
                             "repairs": {}, "corrections": 0}
     for turn_no in range(1, config.max_turns + 1):
         if time.monotonic() - start > config.max_seconds or (cancel and cancel.is_set()):
             break
+        last = config.answer_turn and turn_no == config.max_turns
+        if last:
+            tool_choice = "none"
         t0 = time.monotonic()
         try:
             turn = model.complete(messages, tools, Sampling(config.max_tokens,
@@ -162,7 +172,9 @@ def run_episode(model: ChatModel, env: Env, tools: list[dict[str, Any]], task: T
         messages.append(message)
         tool_choice = "auto"
         content = message.get("content") or ""
-        if not message.get("tool_calls") and config.hooks:
+        if last:  # the answer turn: whatever the policy wrote is its answer, never a call
+            message.pop("tool_calls", None)
+        elif not message.get("tool_calls") and config.hooks:
             repaired = env.repair(content)
             if repaired:
                 info["repairs"][repaired[0]] = info["repairs"].get(repaired[0], 0) + 1

@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import random
 import statistics
 import time
 from collections import Counter
@@ -75,7 +76,8 @@ class Progress:
 
 
 def load_tasks(specs: list[str], dirs: list[str], limit: int, seed: int,
-               family: str = "locate", backend: str = DEFAULT_BACKEND) -> list[Task]:
+               family: str = "locate", backend: str = DEFAULT_BACKEND,
+               instruction: str = "search") -> list[Task]:
     """Tasks from sdists (fetched once into the cache) and local repositories, of the
     configured family (testfix tasks are built in `backend` sandboxes, then cached)."""
     missing = [d for d in dirs if not Path(d).is_dir()]
@@ -87,7 +89,7 @@ def load_tasks(specs: list[str], dirs: list[str], limit: int, seed: int,
         tasks: list[Any] = [t for name, root in roots
                             for t in fix_tasks(name, root, CACHE, backend)]
     else:
-        tasks = [t for name, root in roots for t in locate_tasks(name, root)]
+        tasks = [t for name, root in roots for t in locate_tasks(name, root, instruction)]
     return sample_tasks(tasks, limit, seed)
 
 
@@ -220,6 +222,7 @@ class Run:
         self.config, self.on_step = config, on_step or (lambda record: None)
         self.out = config.out_dir
         self.progress = Progress(hooks=list(config.rollout.hooks))
+        self.warm_started = False  # the warm start ran (read back from a checkpoint)
 
     def train(self, sampler: ChatModel | None = None, trainer: Trainer | None = None
               ) -> dict[str, Any]:
@@ -228,9 +231,9 @@ class Run:
         cfg = self.config
         tc = cfg.tasks
         train_tasks = load_tasks(tc.train, tc.train_dirs, tc.max_train, cfg.rollout.seed,
-                                 tc.family, cfg.env.backend)
+                                 tc.family, cfg.env.backend, tc.instruction)
         heldout = load_tasks(tc.heldout, tc.heldout_dirs, tc.max_heldout, cfg.rollout.seed,
-                             tc.family, cfg.env.backend)
+                             tc.family, cfg.env.backend, tc.instruction)
         if not train_tasks:
             raise ConfigError("the train repositories make no tasks of the family "
                               f"{tc.family!r} (locate: documented definitions; testfix: "
@@ -255,8 +258,11 @@ class Run:
         make_env = env_factory(cfg, self.out / "scratch")
         first = self._resume(sampler, trainer)
         version = trainer.version if trainer else 0
-        if heldout and first == 0:
+        warm = cfg.warm_start.steps > 0 and trainer is not None
+        if heldout and first == 0 and not (warm and self.warm_started):
             self._heldout(0, evaluate(sampler, heldout, cfg, make_env, version))
+        if warm and first == 0 and not self.warm_started:
+            self._warm_start(sampler, trainer, train_tasks, heldout, make_env)
         manager = RolloutManager(sampler, train_tasks, cfg.rollout, make_env, first).start()
         start = time.monotonic()
         log = (self.out / "steps.jsonl").open("a", encoding="utf-8")
@@ -312,14 +318,55 @@ class Run:
             record["heldout_success"] = success
         return record
 
-    def _heldout(self, steps: int, success: float) -> None:
+    def _warm_start(self, sampler: ChatModel, trainer: Any, tasks: list[Task],
+                    heldout: list[Task], make_env: Callable[[int], RayEnv]) -> None:
+        """Imitation steps on the scripted solver's solved train episodes (rl/warmstart.py),
+        then the weights to the sampler, a checkpoint and a held-out evaluation; each step's
+        numbers go to `out/warmstart.jsonl`."""
+        from codeplane.rl.warmstart import GrepSolver, demonstrations
+
+        cfg, ws = self.config, self.config.warm_start
+        solver = GrepSolver(trainer.policy)
+        greedy = cfg.rollout.model_copy(update={"group_size": 1, "groups_per_step": ws.episodes,
+                                                "temperature": 0.0, "max_staleness": 0,
+                                                "hooks": ()})
+        manager = RolloutManager(solver, tasks, RolloutConfig.model_validate(
+            greedy.model_dump()), make_env).start()
+        try:
+            data = manager.collect(0, 0)
+        finally:
+            manager.stop()
+        demos = demonstrations(data.episodes)
+        if not demos:
+            raise ConfigError("the grep solver solved none of the warm-start episodes")
+        order = random.Random(cfg.rollout.seed)
+        with (self.out / "warmstart.jsonl").open("a", encoding="utf-8") as log:
+            for step in range(ws.steps):
+                batch = order.sample(demos, min(ws.batch, len(demos)))
+                metrics = trainer.imitate(batch, ws.lr)
+                log.write(json.dumps({"step": step, "demos": len(demos),
+                                      "solved": len(demos) and sum(
+                                          e.reward == 1.0 for e in data.episodes),
+                                      "episodes": len(data.episodes), **metrics,
+                                      "time": time.time()}) + "\n")
+                log.flush()
+        load = getattr(sampler, "load_weights", None)
+        if load is not None:
+            load(trainer.weights(), trainer.version)
+        self._checkpoint(trainer, 0)
+        self.warm_started = True
+        if heldout:
+            self._heldout(0, evaluate(sampler, heldout, cfg, make_env, trainer.version),
+                          "warm_start")
+
+    def _heldout(self, steps: int, success: float, phase: str = "") -> None:
         """Record an evaluation, also in `out/heldout.jsonl` (with the time): the one before
         the first step and the one after the last are in no step's line, and a run that is
-        stopped never prints its summary."""
+        stopped never prints its summary. `phase` "warm_start": after the warm start."""
         self.progress.heldout.append((steps, success))
+        record = {"steps": steps, "heldout_success": success, "time": time.time()}
         with (self.out / "heldout.jsonl").open("a", encoding="utf-8") as log:
-            log.write(json.dumps({"steps": steps, "heldout_success": success,
-                                  "time": time.time()}) + "\n")
+            log.write(json.dumps(record | ({"phase": phase} if phase else {})) + "\n")
 
     def _train(self, trainer: Trainer, data: StepData) -> dict[str, Any]:
         """One trainer step. If the trainer raises, it is restarted from its last checkpoint
@@ -339,7 +386,8 @@ class Run:
         ckpt.mkdir(exist_ok=True)
         trainer.save(str(ckpt))
         (ckpt / "run.json").write_text(json.dumps({"next_step": next_step,
-                                                   "seed": self.config.rollout.seed}))
+                                                   "seed": self.config.rollout.seed,
+                                                   "warm_started": self.warm_started}))
 
     def _resume(self, sampler: ChatModel, trainer: Trainer | None) -> int:
         """The step to start at: 0, or where a killed run's checkpoint left off."""
@@ -354,6 +402,7 @@ class Run:
         load = getattr(sampler, "load_weights", None)
         if load is not None:
             load(trainer.weights(), trainer.version)
+        self.warm_started = bool(saved.get("warm_started"))
         self.progress.resumed_from = int(saved["next_step"])
         return self.progress.resumed_from
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import itertools
 import random
 import re
 import subprocess
@@ -35,6 +36,20 @@ SYSTEM = ("You answer questions about the code in the current directory. Search 
           "printed them (path:line), and call no tool.")
 ANSWER = re.compile(r"([\w./-]+\.py)\s*:\s*(\d+)")
 MAX_SOURCE_BYTES = 256 << 10  # larger files are generated code, not something to search
+# How the question is asked (`[tasks] instruction`). "search" leaves the search to the model;
+# "grep" names the call, pattern included, so one grep and one answer solve it: code-small's
+# base success with "search" is 0/20 (it invents tool names), and a policy at 0 never sees a
+# reward to learn from. What is verified is the same either way.
+INSTRUCTIONS = {
+    "search": ("Which {kind} in this repository is documented as \"{summary}\"? Find it with "
+               "grep (search for a few words of that sentence), then answer with its "
+               "path:line."),
+    "grep": ("Which {kind} in this repository is documented as \"{summary}\"? Call grep with "
+             "{{\"pattern\": \"{pattern}\"}}, then answer with the path:line of the match in a "
+             ".py file."),
+}
+PATTERN_WORDS = 5  # enough words of the summary to match few lines, few enough to copy
+_NOT_LITERAL = re.compile(r"[()\[\]*+?{}|^$\\\"`]")
 
 
 @dataclass(frozen=True)
@@ -64,9 +79,19 @@ def score(task: Task, answer: str) -> float:
     return 1.0 if task.start <= int(line) <= task.end else 0.5
 
 
-def locate_tasks(repo: str, root: Path) -> list[Task]:
+def grep_pattern(summary: str) -> str:
+    """The first words of `summary` (at most `PATTERN_WORDS`), up to the first one with regex
+    syntax or a quote: the pattern the "grep" instruction names, a regex that matches itself
+    and that the model can copy into JSON as it is."""
+    words = list(itertools.takewhile(lambda w: not _NOT_LITERAL.search(w),
+                                     summary.split()[:PATTERN_WORDS]))
+    return " ".join(words) or summary.split()[0]
+
+
+def locate_tasks(repo: str, root: Path, instruction: str = "search") -> list[Task]:
     """Every documented function and class under `root` as a task, sorted by id. A docstring
-    line shared by two definitions is skipped: the answer must be unique to be verifiable."""
+    line shared by two definitions is skipped: the answer must be unique to be verifiable.
+    `instruction` picks the question's wording (`INSTRUCTIONS`)."""
     found: dict[str, list[Task]] = {}
     for file in sorted(root.rglob("*.py")):
         rel = file.relative_to(root).as_posix()
@@ -74,12 +99,11 @@ def locate_tasks(repo: str, root: Path) -> list[Task]:
             continue
         for node, summary in _documented(file):
             kind = "class" if isinstance(node, ast.ClassDef) else "function"
-            instruction = (f"Which {kind} in this repository is documented as \"{summary}\"? "
-                           "Find it with grep (search for a few words of that sentence), "
-                           "then answer with its path:line.")
+            question = INSTRUCTIONS[instruction].format(kind=kind, summary=summary,
+                                                        pattern=grep_pattern(summary))
             digest = hashlib.sha256(f"{repo}\0{rel}\0{node.name}".encode()).hexdigest()[:12]
             found.setdefault(summary, []).append(Task(
-                f"{repo}:{digest}", repo, str(root), instruction, rel, node.lineno,
+                f"{repo}:{digest}", repo, str(root), question, rel, node.lineno,
                 node.end_lineno or node.lineno))
     return sorted((ts[0] for ts in found.values() if len(ts) == 1), key=lambda t: t.id)
 

@@ -200,6 +200,37 @@ class PolicyTrainer:
         return {"loss": loss, "kl": kl / total, "clip_fraction": clipped / total,
                 "tis_truncated": truncated / total, "grad_norm": grad_norm}, scored
 
+    def imitate(self, samples: list[Sample], lr: float | None = None) -> dict[str, float]:
+        """One supervised step: the mean negative log-likelihood of the samples' completion
+        tokens (a warm start on demonstrations, rl/warmstart.py). Same optimiser, same
+        micro-batches; `lr` overrides the learning rate for this step only. Scored at
+        temperature 1, the model's own distribution, whatever RL samples at: scored at 0.7
+        the same three steps left greedy held-out success at 0/20 instead of 6/20."""
+        started = time.perf_counter()
+        tokens = sum(len(s.completion_ids) for s in samples)
+        if not tokens:
+            return {"skipped": 1.0, "version": float(self.version)}
+        self.optimizer.zero_grad(set_to_none=True)
+        nll = 0.0
+        size = self.config.micro_batch
+        for at in range(0, len(samples), size):
+            pairs = [(s.prompt_ids, s.completion_ids) for s in samples[at:at + size]]
+            loss = -torch.cat(self.policy.completion_logprobs(pairs, 1.0)).double().sum() \
+                / tokens
+            loss.backward()
+            nll += float(loss.detach())
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr or self.config.lr
+        self.optimizer.step()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr
+        self.version += 1
+        return {"nll": nll, "grad_norm": grad_norm, "tokens": float(tokens),
+                "samples": float(len(samples)), "seconds": time.perf_counter() - started,
+                "version": float(self.version)}
+
     # -- weights and checkpoints ---------------------------------------------------------
 
     def weights(self) -> dict[str, torch.Tensor]:
