@@ -157,6 +157,14 @@ def env_factory(config: RunConfig, scratch: Path) -> Callable[[int], RayEnv]:
     return make
 
 
+def heldout_tasks(cfg: RunConfig) -> list[Task]:
+    """The run's fixed held-out tasks, worded as the run words them: one place, so an
+    evaluation outside the run (bench/rl/curve.py) measures the same tasks."""
+    tc = cfg.tasks
+    return load_tasks(tc.heldout, tc.heldout_dirs, tc.max_heldout, cfg.rollout.seed,
+                      tc.family, cfg.env.backend, tc.instruction)
+
+
 def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
              make_env: Callable[[int], RayEnv], version: int) -> float:
     """Held-out success: one greedy episode per task, the share with full reward."""
@@ -232,8 +240,7 @@ class Run:
         tc = cfg.tasks
         train_tasks = load_tasks(tc.train, tc.train_dirs, tc.max_train, cfg.rollout.seed,
                                  tc.family, cfg.env.backend, tc.instruction)
-        heldout = load_tasks(tc.heldout, tc.heldout_dirs, tc.max_heldout, cfg.rollout.seed,
-                             tc.family, cfg.env.backend, tc.instruction)
+        heldout = heldout_tasks(cfg)
         if not train_tasks:
             raise ConfigError("the train repositories make no tasks of the family "
                               f"{tc.family!r} (locate: documented definitions; testfix: "
