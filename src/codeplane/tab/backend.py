@@ -189,6 +189,7 @@ class UpstreamTab:
         except (httpx.HTTPError, ValueError) as exc:
             raise UpstreamError(f"Tab upstream {self._http.base_url}{path}: {exc}") from None
 
+
 def healing_grammar(heal: str) -> str:
     """GBNF: the output starts with `heal`, then anything. Every character outside
     [A-Za-z0-9] is written as a \\U escape, so typed text can never change the grammar."""
