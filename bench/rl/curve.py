@@ -137,14 +137,14 @@ def evaluate_checkpoint(run_dir: Path, config_path: Path) -> dict[str, Any]:
     from codeplane.models.engine import Engine
     from codeplane.rl.adapter import LlamaSampler
     from codeplane.rl.config import load_config
-    from codeplane.rl.run import env_factory, evaluate, heldout_tasks, start_ray
+    from codeplane.rl.run import env_factory, evaluate, split_tasks, start_ray
 
     config = load_config(config_path)
     checkpoint = run_dir / "checkpoint"
     state = torch.load(checkpoint / "trainer.pt", weights_only=True)  # data, never code
     trained = json.loads((checkpoint / "run.json").read_text())["next_step"]
     alpha = json.loads((checkpoint / "trainer.json").read_text())["lora_alpha"]
-    heldout = heldout_tasks(config)
+    heldout = split_tasks(config, "heldout")
     scratch = run_dir / "scratch-eval"
     scratch.mkdir(exist_ok=True)
     start_ray(config.ray.num_cpus)

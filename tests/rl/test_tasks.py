@@ -95,15 +95,15 @@ def test_grep_pattern_stops_before_regex_syntax_and_quotes(summary, pattern) -> 
     assert grep_pattern(summary) == pattern
 
 
-def test_heldout_tasks_are_worded_as_the_run_words_them(tmp_path) -> None:
+def test_split_tasks_are_worded_as_the_run_words_them(tmp_path) -> None:
     """An evaluation outside the run (bench/rl/curve.py --evaluate) reads the held-out tasks
-    through `heldout_tasks`; it once rebuilt them with the default wording and so measured a
+    through `split_tasks`; it once rebuilt them with the default wording and so measured a
     grep-trained checkpoint on another question."""
     from codeplane.rl.config import RunConfig
-    from codeplane.rl.run import heldout_tasks
+    from codeplane.rl.run import split_tasks
 
     config = RunConfig.model_validate({"tasks": {
         "train_dirs": [str(make_repo(tmp_path / "train"))],
         "heldout_dirs": [str(make_repo(tmp_path / "heldout"))], "instruction": "grep"}})
-    tasks = heldout_tasks(config)
+    tasks = split_tasks(config, "heldout")
     assert tasks and all("Call grep with" in t.instruction for t in tasks)

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from codeplane.core.chat import ChatModel
 from codeplane.rl.config import ConfigError, RunConfig
@@ -157,12 +157,14 @@ def env_factory(config: RunConfig, scratch: Path) -> Callable[[int], RayEnv]:
     return make
 
 
-def heldout_tasks(cfg: RunConfig) -> list[Task]:
-    """The run's fixed held-out tasks, worded as the run words them: one place, so an
-    evaluation outside the run (bench/rl/curve.py) measures the same tasks."""
+def split_tasks(cfg: RunConfig, split: Literal["train", "heldout"]) -> list[Task]:
+    """The run's train or fixed held-out tasks, worded as the run words them: one place, so
+    an evaluation outside the run (bench/rl/curve.py) measures the same tasks."""
     tc = cfg.tasks
-    return load_tasks(tc.heldout, tc.heldout_dirs, tc.max_heldout, cfg.rollout.seed,
-                      tc.family, cfg.env.backend, tc.instruction)
+    specs, dirs, limit = ((tc.train, tc.train_dirs, tc.max_train) if split == "train"
+                          else (tc.heldout, tc.heldout_dirs, tc.max_heldout))
+    return load_tasks(specs, dirs, limit, cfg.rollout.seed, tc.family, cfg.env.backend,
+                      tc.instruction)
 
 
 def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
@@ -238,9 +240,8 @@ class Run:
         drive the real loop with a scripted policy and a stand-in trainer)."""
         cfg = self.config
         tc = cfg.tasks
-        train_tasks = load_tasks(tc.train, tc.train_dirs, tc.max_train, cfg.rollout.seed,
-                                 tc.family, cfg.env.backend, tc.instruction)
-        heldout = heldout_tasks(cfg)
+        train_tasks = split_tasks(cfg, "train")
+        heldout = split_tasks(cfg, "heldout")
         if not train_tasks:
             raise ConfigError("the train repositories make no tasks of the family "
                               f"{tc.family!r} (locate: documented definitions; testfix: "
