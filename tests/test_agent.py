@@ -49,7 +49,8 @@ def test_parallel_calls_results_in_call_order_and_transcript(scripted, repo, tmp
     tool_msgs = [m for m in scripted.requests[1]["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_msgs] == ["call_0", "call_1", "call_2", "call_3"]
     assert tool_msgs[0]["content"].endswith("A = 1")  # read before the edit ...
-    assert tool_msgs[1]["content"] == "b.py:1:B = 2"
+    assert tool_msgs[1]["content"].startswith("b.py:1:B = 2\n[next: to change b.py, call "
+                                              "read_file")
     assert tool_msgs[3]["content"].endswith("A = 10")  # ... and after it, as ordered
     assert scripted.requests[0]["tools"][0]["function"]["name"] == "read_file"
     first = scripted.requests[0]["messages"]

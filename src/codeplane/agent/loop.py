@@ -29,7 +29,7 @@ import httpx
 
 from codeplane.agent.env import Environment
 from codeplane.agent.hooks import PRODUCT_HOOKS, arguments, make_hooks
-from codeplane.agent.prompts import SYSTEM, task_message
+from codeplane.agent.prompts import system_prompt, task_message
 from codeplane.agent.tools import (
     CORE,
     ToolContext,
@@ -221,7 +221,8 @@ class Agent:
         files = list(list_files(self.env, self.env.root))
         user = task_message(task, files) + "".join(h.start(self, task, files)
                                                    for h in self.hooks)
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        system = system_prompt(s["function"]["name"] for s in self.tools)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         self.emit({"type": "run_start", "time": time.time(), "task": task,
                    "model": self.model.name, "model_info": self.model.describe(),
                    "environment": self.env.metadata(), "config": asdict(self.config),

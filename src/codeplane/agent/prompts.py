@@ -4,16 +4,23 @@ follow a few concrete rules better than a long policy.
 The system prompt is the same for every run and workspace: the chat template puts the tool
 schemas right after it, so together they form a ~1,400-token prefix the server's KV cache
 keeps from run to run (prefilling it costs ~60 s on code-medium here). Everything that varies
-- the task and the file listing - comes after it, in the user message."""
+- the task and the file listing - comes after it, in the user message. The one variant is
+whether the "Look" step names codebase_search: only when the toolset offers it (the prompt must
+not name a tool the model cannot call), so the prompt is fixed per toolset, not per run.
+An offered tool on a workspace that is not indexed keeps the mention (whether an index exists
+is a per-run fact; the tool's answer then says to use grep), so one configuration keeps one
+cached prefix."""
 
 from __future__ import annotations
 
-SYSTEM = """You are a coding agent. You work in a repository (the current directory) and \
+from collections.abc import Iterable
+
+_SYSTEM = """You are a coding agent. You work in a repository (the current directory) and \
 complete the user's task by calling tools. You cannot see any file until you read it.
 
 Work in four steps:
-1. Look: read the files the task is about with read_file; find others with grep or \
-list_dir. When you need several independent things, call all of those tools in the same \
+1. Look: read the files the task is about with read_file;{search} find others with grep \
+or list_dir. When you need several independent things, call all of those tools in the same \
 turn; they run in parallel.
 2. Change: edit_file replaces old_string with new_string. A file must be read before you \
 edit it; copy old_string exactly from the read_file output, including indentation. Use \
@@ -26,6 +33,13 @@ and call no tool.
 
 Paths are relative to the repository root, written exactly as in the file list the user \
 gives you."""
+# Last session's transcripts (docs/search.md, "The agent's view"): with a Look step naming only
+# read_file, grep and list_dir, code-medium never called codebase_search on the click tasks and
+# guessed the file instead; told about the tool it searched, and the top hit was the fix file 3
+# times in 4.
+SEARCH_STEP = (" if the task does not say which file to change, find where it is implemented "
+               "with codebase_search, then read_file the hit;")
+SYSTEM = _SYSTEM.format(search="")  # the prompt for a toolset without codebase_search
 MAX_FILES = 40
 
 NUDGE = ("You have not used any tool yet, so nothing has changed. Call the tools needed to "
@@ -45,6 +59,12 @@ VERIFY = ("Before you finish, check your change: run the tests with run_terminal
 CODE_NOT_APPLIED = ("You showed code, but no file has changed: the user cannot apply it. Make "
                     "the change with edit_file (old_string copied from read_file output) or "
                     "create_file now.")
+
+
+def system_prompt(tools: Iterable[str]) -> str:
+    """The system prompt for an agent offered the tools named `tools`: the Look step names
+    codebase_search only when it is one of them."""
+    return _SYSTEM.format(search=SEARCH_STEP if "codebase_search" in tools else "")
 
 
 def task_message(task: str, files: list[str]) -> str:

@@ -390,7 +390,45 @@ def grep(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     more = f"\n[{len(hits) - MAX_HITS} more matches not shown; narrow the search]" \
         if len(hits) > MAX_HITS else ""
     head = f"[{note}]\n" if note else ""
-    return head + "\n".join(hits[:MAX_HITS]) + more, {"count": len(hits), "engine": engine}
+    return (head + "\n".join(hits[:MAX_HITS]) + more + _grep_next(env, ctx, hits[0]),
+            {"count": len(hits), "engine": engine})
+
+
+_HIT = re.compile(r"^(.+?):(\d+):")
+
+
+def _grep_next(env: Environment, ctx: ToolContext, first_hit: str) -> str:
+    """The next step after a grep, spelled out when the first hit's file is unread: last
+    session's transcripts show code-medium calling edit_file straight from a grep hit (which
+    the read-before-edit rule refuses) and running out of turns."""
+    match = _HIT.match(first_hit)
+    if not match or not _unread_file(env, ctx, match[1]):
+        return ""
+    line = int(match[2])
+    return f"\n{_next_step(match[1], line, line)}"
+
+
+def _unread_file(env: Environment, ctx: ToolContext, rel: str) -> bool:
+    """Would an edit of rel be refused as not read?"""
+    try:
+        return ctx.read_before_edit and env.resolve(rel) not in ctx.seen
+    except (ToolError, ValueError, OSError):  # not a workspace path after all
+        return False
+
+
+def _next_step(rel: str, first: int, last: int) -> str:
+    return (f"[next: to change {rel}, call {read_call(rel, first, last)} first; edit_file "
+            "needs the file read in this run, and a search hit is not a read]")
+
+
+def read_call(rel: str, first: int, last: int) -> str:
+    """The read_file call that shows lines first..last of rel with some context, written as
+    the model would call it, so it can copy it instead of guessing."""
+    args = {"path": rel, "start_line": max(first - _MARGIN, 1), "end_line": last + _MARGIN}
+    return f"read_file {json.dumps(args)}"
+
+
+_MARGIN = 20  # lines of context either side of a hit in the suggested read
 
 
 def _is_file(env: Environment, rel: str) -> bool:
@@ -514,7 +552,11 @@ def codebase_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str
         return "no results", {"available": True, "count": 0}
     blocks = [f"{h['path']}:{h['start_line']}-{h['end_line']} (score {h['score']:.2f})\n"
               f"{h.get('snippet', '')}" for h in hits]
-    return "\n\n".join(blocks), {"available": True, "count": len(hits)}
+    top = hits[0]
+    tail = (_next_step(str(top["path"]), top["start_line"], top["end_line"])
+            if _unread_file(env, ctx, str(top["path"])) else "")
+    return "\n\n".join([*blocks, tail] if tail else blocks), {"available": True,
+                                                                "count": len(hits)}
 
 
 # ---------------------------------------------------------------- changing files
@@ -532,8 +574,7 @@ def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
         err = _missing(env, args["path"])
         raise ToolError(f"{err}; use create_file for new files")
     if ctx.read_before_edit and path not in ctx.seen:
-        raise ToolError(f"read {env.relative(path)} with read_file first, then copy old_string "
-                        "exactly from its output")
+        raise ToolError(_unread(env, path, args.get("old_string")))
     fmt = _text(env, path)
     before = fmt.text
     if args.get("code_edit") is not None and args.get("old_string") is None:
@@ -548,6 +589,18 @@ def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
     _write(env, path, fmt, after)
     ctx.changed(path)
     return _change_report(env, path, fmt.show(before), fmt.show(after), "edited")
+
+
+def _unread(env: Environment, path: Path, old: str | None) -> str:
+    """The refusal of an edit to an unread file, naming the read_file call to make: around
+    old_string if the file has it, else from the top."""
+    rel = env.relative(path)
+    text = shown_text(env, path) or ""
+    at = text.find(old) if isinstance(old, str) and old else -1
+    first = text.count("\n", 0, at) + 1 if at >= 0 else 1
+    last = first + str(old).count("\n") if at >= 0 else MAX_READ_LINES - _MARGIN
+    return (f"read {rel} with read_file first: call {read_call(rel, first, last)}, then copy "
+            "old_string exactly from its output")
 
 
 def _replace(text: str, old: str | None, new: str | None, replace_all: bool) -> str:
