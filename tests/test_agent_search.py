@@ -121,8 +121,16 @@ def test_search_hit_names_the_read_and_that_read_unlocks_the_edit(indexed) -> No
     hit = T.execute(env, "codebase_search", {"query": "where are true/false words converted "
                                              "to booleans"}, ctx)
     assert hit.ok and hit.output.startswith("types.py:")
-    assert hit.output.splitlines()[-1].startswith("[next: to change types.py, call read_file {")
-    args = suggested_read(hit.output.splitlines()[-1])
+    lines = hit.output.splitlines()
+    step = next(i for i, line in enumerate(lines) if line.startswith("[next:"))
+    heads = [i for i, line in enumerate(lines) if " (score " in line]
+    assert heads[0] == 0 and step < (heads[1:] or [len(lines)])[0]  # ends the top hit's block
+    assert lines[step].startswith("[next: to change types.py, call read_file {")
+    top = "\n".join(lines[:step + 1])
+    cut = T.execute(env, "codebase_search", {"query": "where are true/false words converted "
+                                             "to booleans"}, ctx, max_chars=len(top) + 40)
+    assert cut.truncated and top in cut.output  # a long result is cut after it, not before
+    args = suggested_read(top)
     assert args["path"] == "types.py" and args["start_line"] >= 1
     assert T.execute(env, "read_file", args, ctx).ok
     edit = {"path": "types.py", "old_string": '"yes", "y", "on"}',
@@ -143,6 +151,17 @@ def test_grep_hit_names_the_read_until_the_file_is_read(repo) -> None:
     unguarded = T.ToolContext(read_before_edit=False)  # no rule, no hint
     assert T.execute(env, "grep", {"pattern": "TARGET"}, unguarded).output == \
         "consts.py:60:TARGET = 'old'"
+
+
+def test_grep_next_step_survives_truncation(repo) -> None:
+    (repo / "many.py").write_text("".join(f"HIT_{n} = {n}\n" for n in range(300)))
+    res = T.execute(local_environment(repo), "grep", {"pattern": "HIT_", "path": "many.py"},
+                    T.ToolContext(read_before_edit=True), max_chars=500)
+    assert res.truncated
+    assert res.output.splitlines()[:2] == [
+        "many.py:1:HIT_0 = 0", ('[next: to change many.py, call read_file {"path": "many.py", '
+                                '"start_line": 1, "end_line": 21} first; edit_file needs the '
+                                'file read in this run, and a search hit is not a read]')]
 
 
 def test_refused_edit_names_the_read_around_old_string(repo) -> None:

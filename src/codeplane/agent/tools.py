@@ -390,8 +390,9 @@ def grep(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict]:
     more = f"\n[{len(hits) - MAX_HITS} more matches not shown; narrow the search]" \
         if len(hits) > MAX_HITS else ""
     head = f"[{note}]\n" if note else ""
-    return (head + "\n".join(hits[:MAX_HITS]) + more + _grep_next(env, ctx, hits[0]),
-            {"count": len(hits), "engine": engine})
+    shown = hits[:MAX_HITS]
+    shown[0] += _grep_next(env, ctx, hits[0])  # next to its hit: truncation cuts the end
+    return head + "\n".join(shown) + more, {"count": len(hits), "engine": engine}
 
 
 _HIT = re.compile(r"^(.+?):(\d+):")
@@ -553,10 +554,10 @@ def codebase_search(env: Environment, args: dict, ctx: ToolContext) -> tuple[str
     blocks = [f"{h['path']}:{h['start_line']}-{h['end_line']} (score {h['score']:.2f})\n"
               f"{h.get('snippet', '')}" for h in hits]
     top = hits[0]
-    tail = (_next_step(str(top["path"]), top["start_line"], top["end_line"])
-            if _unread_file(env, ctx, str(top["path"])) else "")
-    return "\n\n".join([*blocks, tail] if tail else blocks), {"available": True,
-                                                                "count": len(hits)}
+    if _unread_file(env, ctx, str(top["path"])):  # right after the top hit: ten snippets
+        # often pass the result limit, and truncation cuts the end
+        blocks[0] += "\n" + _next_step(str(top["path"]), top["start_line"], top["end_line"])
+    return "\n\n".join(blocks), {"available": True, "count": len(hits)}
 
 
 # ---------------------------------------------------------------- changing files
