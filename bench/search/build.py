@@ -90,6 +90,19 @@ def defs(source: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.Class
             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
 
 
+def docstring_query(node: ast.AST) -> str | None:
+    """The first sentence of a function's docstring when it makes a query: >= 6 words of a
+    docstring of >= 8, on a function with a body beyond the docstring (also the training
+    pairs' rule, finetune.py)."""
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or len(node.body) < 2:
+        return None
+    doc = ast.get_docstring(node)
+    if not doc:
+        return None
+    sentence = re.split(r"(?<=[.!?])\s", " ".join(doc.split()), maxsplit=1)[0]
+    return sentence if len(doc.split()) >= 8 and len(sentence.split()) >= 6 else None
+
+
 def docstring_and_identifier(repo: str, counts: dict[str, int]) -> tuple[list[dict], list[dict]]:
     snaps = Snapshots(repo)
     head = git(repo, "rev-parse", "HEAD").strip()
@@ -99,11 +112,8 @@ def docstring_and_identifier(repo: str, counts: dict[str, int]) -> tuple[list[di
             continue
         for node in defs(snaps.text(head, path)):
             names.setdefault(node.name, []).append((path, node.lineno))
-            doc = ast.get_docstring(node)
-            if isinstance(node, ast.ClassDef) or not doc or len(node.body) < 2:
-                continue
-            sentence = re.split(r"(?<=[.!?])\s", " ".join(doc.split()), maxsplit=1)[0]
-            if len(doc.split()) >= 8 and len(sentence.split()) >= 6:
+            sentence = docstring_query(node)
+            if sentence:
                 docs.append({"repo": repo, "commit": head, "query": sentence,
                              "gold": [[path, node.lineno]]})
     seen: dict[str, int] = {}

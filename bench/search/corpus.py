@@ -10,7 +10,9 @@ snapshots never embed a text twice.
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import re
 import sqlite3
 import subprocess
 import time
@@ -40,6 +42,31 @@ def mirror(repo: str) -> Path:
 def git(repo: str, *args: str) -> str:
     return subprocess.run(["git", "--git-dir", str(mirror(repo)), *args], check=True,
                           capture_output=True, text=True).stdout
+
+
+def blank_docstrings(path: str, text: str) -> str:
+    """Docstrings replaced by `...` (line numbers kept): the query is a docstring sentence, so
+    leaving it in the code would make retrieval a string match."""
+    if not path.endswith(".py"):
+        return text
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return text
+    lines = text.splitlines(keepends=True)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
+                           | ast.AsyncFunctionDef) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            continue
+        first, last = body[0].lineno - 1, body[0].end_lineno - 1
+        indent = re.match(r"\s*", lines[first]).group(0)
+        lines[first] = f"{indent}...\n"
+        for i in range(first + 1, last + 1):
+            lines[i] = "\n"
+    return "".join(lines)
 
 
 @dataclass(frozen=True)
@@ -108,13 +135,21 @@ class Snapshots:
 
 
 class EmbeddingCache:
-    """sha256(text) -> bge-small vector, in SQLite; computes the missing ones in one batch."""
+    """(model, sha256(text)) -> vector, in SQLite, one table per model (`embedder.name`, or
+    `model` when the name does not identify the weights, e.g. an experimental ONNX); computes
+    the missing ones in batches."""
 
-    def __init__(self, embedder) -> None:
+    def __init__(self, embedder, model: str | None = None) -> None:
         CACHE.mkdir(parents=True, exist_ok=True)
         # several probes may run at once: wait for another writer rather than fail
         self.db = sqlite3.connect(CACHE / "embeddings.sqlite", isolation_level=None, timeout=300)
-        self.db.execute("CREATE TABLE IF NOT EXISTS v (k TEXT PRIMARY KEY, vec BLOB)")
+        self.table = f'"v:{model or embedder.name}"'
+        self.db.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (k TEXT PRIMARY KEY, vec BLOB)")
+        if self.table == '"v:bge-small"' and self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'v'").fetchone() and \
+                not self.db.execute(f"SELECT 1 FROM {self.table} LIMIT 1").fetchone():
+            # table `v` of caches written before vectors were keyed by model is bge-small's
+            self.db.execute(f"INSERT INTO {self.table} SELECT * FROM v")
         self.embedder = embedder
         self.embedded, self.seconds = 0, 0.0  # texts embedded by this run, and how long it took
 
@@ -124,7 +159,7 @@ class EmbeddingCache:
         for i in range(0, len(keys), 500):
             part = keys[i:i + 500]
             found.update(self.db.execute(
-                f"SELECT k, vec FROM v WHERE k IN ({','.join('?' * len(part))})", part))
+                f"SELECT k, vec FROM {self.table} WHERE k IN ({','.join('?' * len(part))})", part))
         todo = list(dict.fromkeys(k for k in keys if k not in found))
         if todo:
             index = {k: t for k, t in zip(keys, texts)}
@@ -135,6 +170,6 @@ class EmbeddingCache:
                 self.seconds += time.perf_counter() - started
                 self.embedded += len(part)
                 rows = [(k, v.astype(np.float32).tobytes()) for k, v in zip(part, vecs)]
-                self.db.executemany("INSERT OR REPLACE INTO v VALUES (?,?)", rows)
+                self.db.executemany(f"INSERT OR REPLACE INTO {self.table} VALUES (?,?)", rows)
                 found.update(rows)
         return np.stack([np.frombuffer(found[k], dtype=np.float32) for k in keys])

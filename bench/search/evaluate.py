@@ -15,7 +15,6 @@ Only the HTTP hop is skipped here; bench/search/latency.py times the real client
 from __future__ import annotations
 
 import argparse
-import ast
 import itertools
 import json
 import re
@@ -33,14 +32,14 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
 from conftest import make_settings
-from corpus import EmbeddingCache, IndexedChunk, Snapshots
+from corpus import EmbeddingCache, IndexedChunk, Snapshots, blank_docstrings
 from layouts import LAYOUTS, spaced
 
 from codeplane.indexing import chunker, rank
 from codeplane.indexing.chunker import language_for
 from codeplane.indexing.lexical import Query, Shape, analyse
 from codeplane.indexing.state import WorkspaceState
-from codeplane.models.embed import OnnxEmbedder
+from codeplane.models.embed import OnnxEmbedder, map_queries
 
 DENSE_K = 100  # dense hits the client asks the server for
 LEXICAL_K = 100
@@ -59,31 +58,6 @@ class Candidates:
     word_chunks: list[tuple[Key, float]]
     gold: set  # files (localisation) or chunk keys
     seconds_lexical: float
-
-
-def blank_docstrings(path: str, text: str) -> str:
-    """Docstrings replaced by `...` (line numbers kept): the query is a docstring sentence, so
-    leaving it in the code would make retrieval a string match."""
-    if not path.endswith(".py"):
-        return text
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return text
-    lines = text.splitlines(keepends=True)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if not (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
-                           | ast.AsyncFunctionDef) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            continue
-        first, last = body[0].lineno - 1, body[0].end_lineno - 1
-        indent = re.match(r"\s*", lines[first]).group(0)
-        lines[first] = f"{indent}...\n"
-        for i in range(first + 1, last + 1):
-            lines[i] = "\n"
-    return "".join(lines)
 
 
 class Index:
@@ -192,18 +166,21 @@ def load(name: str) -> list[dict]:
 
 
 def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefix: str = "",
-            layout: str = "today", query_words: bool = False
+            layout: str = "today", query_words: bool = False, query_map: np.ndarray | None = None
             ) -> dict[str, list[tuple[dict, Candidates]]]:
     """Candidates for every query of every set, one index per (repo, commit, blanked);
     `query_prefix` is prepended to the embedded query only (an embedder's instruction),
     `layout` names the chunk text the embedder sees (`layouts.py`), `query_words` splits the
-    embedded query's identifiers into words too."""
+    embedded query's identifiers into words too, `query_map` maps query vectors as
+    `models/embed.py` does (`normalise(q @ W)`, finetune.py)."""
     snaps: dict[str, Snapshots] = {}
     out: dict[str, list] = {}
     for name in sets:
         rows = load(name)
         qvecs = embeddings.vectors([query_prefix + (spaced(r["query"]) if query_words
                                                     else r["query"]) for r in rows])
+        if query_map is not None:
+            qvecs = map_queries(qvecs, query_map)
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
             groups[(r["repo"], r.get("parent", r["commit"]))].append(i)
@@ -268,6 +245,8 @@ def main() -> None:
                         help="the chunk text the embedder sees (bench/search/layouts.py)")
     parser.add_argument("--query-words", action="store_true",
                         help="split the embedded query's identifiers into words too")
+    parser.add_argument("--query-map", type=Path,
+                        help="a query map (.npy, finetune.py) applied to query vectors")
     parser.add_argument("--max-chars", type=int, default=chunker.MAX_CHARS,
                         help="chunk size budget (the chunker's MAX_CHARS)")
     args = parser.parse_args()
@@ -275,7 +254,8 @@ def main() -> None:
     embeddings = EmbeddingCache(OnnxEmbedder())
     with tempfile.TemporaryDirectory() as tmp:
         data = collect(args.sets.split(","), embeddings, Path(tmp), args.query_prefix,
-                       args.layout, args.query_words)
+                       args.layout, args.query_words,
+                       np.load(args.query_map) if args.query_map else None)
     weights = fit(data) if args.fit else None
     if weights:
         for level, by_shape in weights.items():
