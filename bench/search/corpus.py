@@ -135,22 +135,21 @@ class Snapshots:
 
 
 class EmbeddingCache:
-    """(model, sha256(text)) -> vector, in SQLite, one table per model (`embedder.name`, or
-    `model` when the name does not identify the weights, e.g. the adapted query side); computes
-    the missing ones in batches, with the embedder's query side when `query` is set."""
+    """(model, sha256(text)) -> vector, in SQLite, one table per `embedder.name` (an adapted
+    ONNX is named by its digest); computes the missing ones in batches."""
 
-    def __init__(self, embedder, model: str | None = None, query: bool = False) -> None:
+    def __init__(self, embedder) -> None:
         CACHE.mkdir(parents=True, exist_ok=True)
         # several probes may run at once: wait for another writer rather than fail
         self.db = sqlite3.connect(CACHE / "embeddings.sqlite", isolation_level=None, timeout=300)
-        self.table = f'"v:{model or embedder.name}"'
+        self.table = f'"v:{embedder.name}"'
         self.db.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (k TEXT PRIMARY KEY, vec BLOB)")
         if self.table == '"v:bge-small"' and self.db.execute(
                 "SELECT 1 FROM sqlite_master WHERE name = 'v'").fetchone() and \
                 not self.db.execute(f"SELECT 1 FROM {self.table} LIMIT 1").fetchone():
             # table `v` of caches written before vectors were keyed by model is bge-small's
             self.db.execute(f"INSERT INTO {self.table} SELECT * FROM v")
-        self.embed = embedder.embed_query if query else embedder.embed
+        self.embedder = embedder
         self.embedded, self.seconds = 0, 0.0  # texts embedded by this run, and how long it took
 
     def vectors(self, texts: list[str]) -> np.ndarray:
@@ -166,7 +165,7 @@ class EmbeddingCache:
             for i in range(0, len(todo), 256):
                 part = todo[i:i + 256]
                 started = time.perf_counter()
-                vecs = self.embed([index[k] for k in part])
+                vecs = self.embedder.embed([index[k] for k in part])
                 self.seconds += time.perf_counter() - started
                 self.embedded += len(part)
                 rows = [(k, v.astype(np.float32).tobytes()) for k, v in zip(part, vecs)]

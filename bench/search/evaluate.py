@@ -39,7 +39,7 @@ from codeplane.indexing import chunker, rank
 from codeplane.indexing.chunker import language_for
 from codeplane.indexing.lexical import Query, Shape, analyse
 from codeplane.indexing.state import WorkspaceState
-from codeplane.models.embed import OnnxEmbedder, map_queries
+from codeplane.models.embed import OnnxEmbedder
 
 DENSE_K = 100  # dense hits the client asks the server for
 LEXICAL_K = 100
@@ -166,21 +166,20 @@ def load(name: str) -> list[dict]:
 
 
 def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefix: str = "",
-            layout: str = "today", query_words: bool = False, query_map: np.ndarray | None = None
+            layout: str = "today", query_words: bool = False,
+            query_embeddings: EmbeddingCache | None = None
             ) -> dict[str, list[tuple[dict, Candidates]]]:
     """Candidates for every query of every set, one index per (repo, commit, blanked);
     `query_prefix` is prepended to the embedded query only (an embedder's instruction),
     `layout` names the chunk text the embedder sees (`layouts.py`), `query_words` splits the
-    embedded query's identifiers into words too, `query_map` maps query vectors as
-    `models/embed.py` does (`normalise(q @ W)`, finetune.py)."""
+    embedded query's identifiers into words too; `query_embeddings` embeds the queries when
+    they have their own model (an adapted query side, finetune.py)."""
     snaps: dict[str, Snapshots] = {}
     out: dict[str, list] = {}
     for name in sets:
         rows = load(name)
-        qvecs = embeddings.vectors([query_prefix + (spaced(r["query"]) if query_words
-                                                    else r["query"]) for r in rows])
-        if query_map is not None:
-            qvecs = map_queries(qvecs, query_map)
+        qvecs = (query_embeddings or embeddings).vectors(
+            [query_prefix + (spaced(r["query"]) if query_words else r["query"]) for r in rows])
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
             groups[(r["repo"], r.get("parent", r["commit"]))].append(i)
@@ -245,17 +244,19 @@ def main() -> None:
                         help="the chunk text the embedder sees (bench/search/layouts.py)")
     parser.add_argument("--query-words", action="store_true",
                         help="split the embedded query's identifiers into words too")
-    parser.add_argument("--query-map", type=Path,
-                        help="a query map (.npy, finetune.py) applied to query vectors")
+    parser.add_argument("--embedder", type=Path, help="another int8 ONNX of bge-small (e.g. "
+                        "an adapted build) for chunks and queries; default the product's")
+    parser.add_argument("--query-embedder", type=Path,
+                        help="an int8 ONNX for the queries only (finetune.py build)")
     parser.add_argument("--max-chars", type=int, default=chunker.MAX_CHARS,
                         help="chunk size budget (the chunker's MAX_CHARS)")
     args = parser.parse_args()
     chunker.MAX_CHARS = args.max_chars  # a probe of the budget, not a setting
-    embeddings = EmbeddingCache(OnnxEmbedder())
+    embeddings = EmbeddingCache(OnnxEmbedder(model=args.embedder))
+    queries = args.query_embedder and EmbeddingCache(OnnxEmbedder(model=args.query_embedder))
     with tempfile.TemporaryDirectory() as tmp:
         data = collect(args.sets.split(","), embeddings, Path(tmp), args.query_prefix,
-                       args.layout, args.query_words,
-                       np.load(args.query_map) if args.query_map else None)
+                       args.layout, args.query_words, queries)
     weights = fit(data) if args.fit else None
     if weights:
         for level, by_shape in weights.items():

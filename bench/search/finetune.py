@@ -1,18 +1,20 @@
-"""Adapt bge-small to code (issue 19): contrastive LoRA on docstring -> function pairs from PyPI
-projects disjoint from the search benchmark, exported as the delta `models/embed_adapt.py`
-merges into the int8 ONNX.
+"""Adapt bge-small to code (issue 19): docstring -> function pairs from PyPI projects disjoint
+from the search benchmark, and query-side LoRA training against the product's chunk vectors.
 
     python bench/search/finetune.py download     # the sdists of finetune_projects.txt (PyPI)
-    python bench/search/finetune.py pairs        # -> WORK/pairs.jsonl (+ a 500-pair validation)
-    nice -n 10 python bench/search/finetune.py train --minutes 40
-    python bench/search/finetune.py export       # -> src/codeplane/models/bge_small_code_delta.npz
+    python bench/search/finetune.py pairs        # -> WORK/pairs.jsonl + 500-pair validation.jsonl
+    nice -n 10 python bench/search/finetune.py vectors --minutes 20   # int8 ONNX vectors
+    nice -n 10 python bench/search/finetune.py train --minutes 25     # -> WORK/query_delta.npz
+    python bench/search/finetune.py build        # -> WORK/query.onnx (the delta merged, int8)
+    python bench/search/evaluate.py --fit --query-embedder /tmp/codeplane-finetune/query.onnx
 
 A pair is what the product would see: the query is a function docstring's first sentence
 (`build.docstring_query`, the benchmark's rule); the document is the `Chunk.embed_text` of the
 chunk holding that function, chunked by the production chunker from a file whose docstrings are
 blanked (`corpus.blank_docstrings`, as the benchmark's corpus is). The torch model is the
-wheel's int8 ONNX dequantized (`embed_adapt.dequantize`), so training starts from exactly the
-weights the product runs.
+wheel's int8 ONNX dequantized (`onnx_delta.torch_state`), so training starts from exactly the
+weights the product runs. Results, and why the chunk side is not trained here: docs/search.md
+"Adapting the embedder to code".
 """
 
 from __future__ import annotations
@@ -38,14 +40,13 @@ sys.path.insert(0, str(HERE))
 
 from build import docstring_query, is_test
 from corpus import IGNORED, SKIP_DIRS, SKIP_PARTS, EmbeddingCache, blank_docstrings
+from onnx_delta import build_adapted, torch_state
 
 from codeplane.indexing.chunker import chunk_text
 from codeplane.models.embed import OnnxEmbedder, bge_files
-from codeplane.models.embed_adapt import torch_state
 
 WORK = Path("/tmp/codeplane-finetune")
 PROJECTS = HERE / "finetune_projects.txt"
-SHIPPED = HERE.parents[1] / "src" / "codeplane" / "models" / "bge_small_query_map.npz"
 PER_PROJECT = 250  # cap: a few huge projects must not set the style, and each pair costs ~0.1 s of ONNX
 VALIDATION = 500
 QUERY_TOKENS = 64
@@ -137,7 +138,7 @@ def embed_pairs(minutes: float) -> None:
     corpus.EmbeddingCache, so a re-run resumes), training chunks in blocks of 256 until the
     time budget is spent: the pairs are hash-ordered, so the embedded prefix is a random
     sample of every project."""
-    cache = EmbeddingCache(OnnxEmbedder(query_map=None))
+    cache = EmbeddingCache(OnnxEmbedder())
     deadline = time.time() + 60 * minutes
     out = {}
     for name in ("validation", "pairs"):
@@ -288,7 +289,7 @@ def save(model, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("step", choices=["download", "pairs", "vectors", "train", "export"])
+    parser.add_argument("step", choices=["download", "pairs", "vectors", "train", "build"])
     parser.add_argument("--minutes", type=float, default=40)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
@@ -308,10 +309,9 @@ def main() -> None:
     elif args.step == "train":
         train(args)
     else:
-        SHIPPED.write_bytes((WORK / "query_map.npz").read_bytes())
-        digest = hashlib.sha256(SHIPPED.read_bytes()).hexdigest()
-        print(f"{SHIPPED}: {SHIPPED.stat().st_size / 1e3:.0f} kB, sha256 {digest} "
-              "(models/embed.py QUERY_MAP_SHA256)")
+        build_adapted(bge_files() / "model.onnx", WORK / "query_delta.npz",
+                      WORK / "query.onnx")
+        print(WORK / "query.onnx")
 
 
 if __name__ == "__main__":

