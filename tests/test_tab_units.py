@@ -197,3 +197,41 @@ def test_healing_backs_off_every_token_of_a_split_word_start():
     heal = back_off([6, 4, 5], [4, 5], pieces.__getitem__, index.extends)
     assert heal.tokens == [6, 4] and heal.text == "."
     assert back_off([6], [], pieces.__getitem__, index.extends).text == ""
+
+
+def test_a_suggestion_inside_a_string_closes_the_string_first():
+    """Session 9: with the cursor inside a string literal (`f'... {se|`, a raw regex) the
+    suggestion's `}` / `)` were walked as code, found unmatched and cut: `lf.max_level`
+    instead of `lf.max_level}')`. The walk starts inside the quote open at the cursor."""
+    prefix = "        raise ValueError(f'\"max-level\" option MUST be <= {se"
+    assert postprocess.open_quote(prefix) == "'"
+    assert clean("lf.max_level}')", prefix, "\n", SINGLE) == "lf.max_level}')"
+    prefix = '        r"(?!(?:10|127)(?:\\.'
+    assert clean('\\d{1,3}){3})" +', prefix, "\n", SINGLE) == '\\d{1,3}){3})" +'
+    # outside a string the old rule holds: a bracket nothing opened is still cut
+    assert postprocess.open_quote("x = f('a') + ") == ""
+    assert clean("')  + b) * 2", "x = f('a", "\n", SINGLE) == "')  + b"
+
+
+def test_healing_at_indentation_continues_with_code_not_more_blanks():
+    """Session 9: at the start of an indented line the healed indentation could be
+    re-emitted with a longer run of spaces (`   except`, deeper than typed) or followed by
+    spaces only (an empty answer). With `code_next` the first byte after the backed-off
+    text must not be a blank."""
+    import numpy as np
+
+    from codeplane.tab.healing import HealingMask, VocabIndex
+
+    pieces = [b"", b"    ", b"        ", b"   ", b" self", b"self", b" ", b"\n", b"x", b"    x"]
+    index = VocabIndex(pieces)
+    assert sorted(index.allowed(b"    ").tolist()) == [1, 2, 3, 6, 9]  # free: 8 spaces too
+    assert sorted(index.allowed(b"    ", code_next=True).tolist()) == [1, 3, 6, 9]
+    assert sorted(index.allowed(b" ", code_next=True).tolist()) == [4, 6]
+    mask = HealingMask(index, pieces, "    ", prompt_tokens=1, code_next=True)
+    scores = np.zeros(len(pieces), dtype=np.float32)
+    assert set(np.flatnonzero(np.isfinite(mask(np.array([8]), scores)))) == {1, 3, 6, 9}
+    # the indentation re-emitted exactly: the next token must start with code
+    assert set(np.flatnonzero(np.isfinite(mask(np.array([8, 1]), scores)))) == {5, 8}
+    assert np.isfinite(mask(np.array([8, 1, 5]), scores)).all()  # healed: no mask
+    free = HealingMask(index, pieces, "    ", prompt_tokens=1)
+    assert np.isfinite(free(np.array([8, 1]), scores)).all()

@@ -66,7 +66,7 @@ class TabModel(Protocol):
 
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
-                 slot: str) -> Completion: ...
+                 slot: str, code_next: bool = False) -> Completion: ...
 
 
 class LocalTab:
@@ -90,10 +90,10 @@ class LocalTab:
 
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
-                 slot: str) -> Completion:
+                 slot: str, code_next: bool = False) -> Completion:
         self.slots.prepare(self.model, tokens)
-        mask = [HealingMask(self.vocab, self.model.vocab_pieces(), heal, len(tokens))
-                ] if heal else []
+        mask = [HealingMask(self.vocab, self.model.vocab_pieces(), heal, len(tokens),
+                            code_next)] if heal else []
         gen = self.model.generate(tokens, Sampling(max_tokens=max_tokens, logprobs=True,
                                                    stop=stop, processors=mask),
                                   cancel=cancel, on_text=on_text)
@@ -166,12 +166,12 @@ class UpstreamTab:
 
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
-                 slot: str) -> Completion:
+                 slot: str, code_next: bool = False) -> Completion:
         """One non-streamed completion: `cancel` and `on_text` are only honoured around it
         (a superseded answer is dropped by the service; multi-line output is cut after)."""
         body = {"prompt": tokens, "n_predict": max_tokens, "temperature": 0.0,
                 "stop": stop, "n_probs": TOP_N, "cache_prompt": True,
-                **({"grammar": healing_grammar(heal)} if heal else {})}
+                **({"grammar": healing_grammar(heal, code_next)} if heal else {})}
         reply = self._call("/completion", body)
         probs = reply.get("completion_probabilities") or []
         return Completion(
@@ -190,12 +190,14 @@ class UpstreamTab:
             raise UpstreamError(f"Tab upstream {self._http.base_url}{path}: {exc}") from None
 
 
-def healing_grammar(heal: str) -> str:
-    """GBNF: the output starts with `heal`, then anything. Every character outside
+def healing_grammar(heal: str, code_next: bool = False) -> str:
+    """GBNF: the output starts with `heal`, then anything - with `code_next`, first a
+    character that is not a blank (`healing.Healing.code_next`). Every character outside
     [A-Za-z0-9] is written as a \\U escape, so typed text can never change the grammar."""
     literal = "".join(ch if ch.isascii() and ch.isalnum() else f"\\U{ord(ch):08X}"
                       for ch in heal)
-    return f'root ::= "{literal}" [^\\x00]*'
+    code = " [^ \\t\\r\\n\\x00]" if code_next else ""
+    return f'root ::= "{literal}"{code} [^\\x00]*'
 
 
 def constrained_logprobs(probs: list[dict], heal: bytes) -> list[float]:

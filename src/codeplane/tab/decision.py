@@ -72,4 +72,5 @@ def signals(text: str, prefix: str, logprobs: list[float], truncated: bool) -> S
                    first_logprob=lps[0], tokens=len(logprobs) if text else 0,
                    mid_line=bool(line.strip()), typed_chars=len(line.strip()),
                    truncated=truncated,
-                   closes_bracket=postprocess.closes_open(text, opened))
+                   closes_bracket=postprocess.closes_open(text, opened,
+                                                          postprocess.open_quote(prefix)))

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+BLANKS = b" \t\r\n"
+_BLANK_BYTES = {bytes([b]) for b in BLANKS}
+
 
 class VocabIndex:
     """Token ids by their bytes: which tokens start with a text, which are a prefix of it."""
@@ -25,17 +28,25 @@ class VocabIndex:
         pairs = sorted((p, i) for i, p in enumerate(pieces) if p)
         self._sorted = [p for p, _ in pairs]
         self._ids = np.array([i for _, i in pairs], dtype=np.intc)
+        self._code_first = np.array([i for p, i in pairs if p[0] not in BLANKS], dtype=np.intc)
         self._exact: dict[bytes, list[int]] = {}
         for piece, i in pairs:
             self._exact.setdefault(piece, []).append(i)
         self.size = len(pieces)
 
-    def allowed(self, rest: bytes) -> np.ndarray:
-        """Ids that keep the output consistent with `rest` (bytes still to be re-emitted)."""
+    def allowed(self, rest: bytes, code_next: bool = False) -> np.ndarray:
+        """Ids that keep the output consistent with `rest` (bytes still to be re-emitted);
+        with `code_next`, only those whose bytes after `rest` do not start with a blank (an
+        empty `rest` then allows every token that starts with code)."""
+        if not rest:
+            return self._code_first
         lo = bisect.bisect_left(self._sorted, rest)
         end = _successor(rest)
         hi = bisect.bisect_left(self._sorted, end) if end else len(self._sorted)
         longer = self._ids[lo:hi]
+        if code_next:
+            at = len(rest)
+            longer = longer[[p[at:at + 1] not in _BLANK_BYTES for p in self._sorted[lo:hi]]]
         shorter = [i for k in range(1, len(rest)) for i in self._exact.get(rest[:k], ())]
         return np.concatenate([longer, np.array(shorter, dtype=np.intc)])
 
@@ -58,6 +69,11 @@ class Healing:
 
     tokens: list[int]
     text: str  # "" when nothing was backed off
+    # The line so far is indentation: after `text` the output must go on with code, not
+    # more blanks. Free, the model sometimes took a longer run of spaces than the line has
+    # (`   except`, three deeper than typed) or only spaces until the budget ran out (an
+    # empty answer): 12 of the 645 tuning positions (docs/tab.md, session 9).
+    code_next: bool = False
 
 
 def back_off(tokens: list[int], typed: list[int], piece: Callable[[int], bytes],
@@ -85,16 +101,18 @@ class HealingMask:
     """Logits processor: until `text` has been re-emitted, mask every inconsistent token."""
 
     def __init__(self, index: VocabIndex, pieces: list[bytes], text: str,
-                 prompt_tokens: int) -> None:
+                 prompt_tokens: int, code_next: bool = False) -> None:
         self._index, self._pieces = index, pieces
         self._text = text.encode()
         self._prompt = prompt_tokens
+        self._code_next = code_next
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         out = b"".join(self._pieces[int(t)] for t in input_ids[self._prompt:])
-        if len(out) >= len(self._text):
+        if len(out) > len(self._text) or (len(out) == len(self._text)
+                                          and not self._code_next):
             return scores  # healed: decode freely
-        allowed = self._index.allowed(self._text[len(out):])
+        allowed = self._index.allowed(self._text[len(out):], self._code_next)
         masked = np.full_like(scores, -np.inf)
         allowed = allowed[allowed < scores.size]
         masked[allowed] = scores[allowed]

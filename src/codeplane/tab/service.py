@@ -258,7 +258,7 @@ class TabService:
         gen = model.complete(heal.tokens, heal.text, budget,
                              [] if mode.multiline else ["\n"], cancel,
                              _line_guard(mode, req.prefix[:-len(heal.text) or None], cancel),
-                             slot)
+                             slot, heal.code_next)
         self.stats["model_calls"] += 1
         self.stats["prompt_tokens"] += gen.prompt_tokens
         self.stats["cached_tokens"] += gen.cached_tokens
@@ -298,7 +298,10 @@ class TabService:
         if self.settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
             return Healing(anchor.before + typed + anchor.after, "")
         tokens = anchor.before + anchor.after + typed
-        return back_off(tokens, typed, model.piece, model.extends)
+        heal = back_off(tokens, typed, model.piece, model.extends)
+        line = req.prefix.rsplit("\n", 1)[-1]
+        heal.code_next = bool(heal.text) and bool(line) and not line.strip()
+        return heal
 
     def _anchor(self, model: TabModel, req: TabRequest, key: str, prefix: str, suffix: str
                 ) -> _Anchor:
