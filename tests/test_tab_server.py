@@ -213,3 +213,27 @@ def test_cursor_after_a_split_word_start_heals_the_whole_word(live_server):
     offset = text.index("    retu\n") + len("    retu")
     got = post(live_server, body(text, offset, cursor_id="heal3", min_confidence=0.0))
     assert got["text"] == "rn a * b", got
+
+
+UNESCAPE = '''import re
+
+
+def unescape(text):
+    def fix(m):
+        res = m.group(0)
+        if res.startswith("&#"):
+            res = re.sub(r'(&[\\#a-zA-Z0-9]+;)', '', res)
+        return res
+    return re.sub("&#?\\w+;", fix, text)
+'''
+
+
+def test_start_of_a_dedented_line_gets_code_not_more_blanks(live_server):
+    """Session 9: after a deeper line the model re-emitted the healed indentation and then
+    only spaces until the line ended: an empty answer (17 of 645 tuning positions; or a
+    deeper indentation than typed, `   except`). After the indentation the healing now
+    requires code."""
+    text = UNESCAPE.replace("        return res\n", "        \n")
+    offset = text.index("        \n    return re.sub") + 8
+    got = post(live_server, body(text, offset, cursor_id="indent1", min_confidence=0.0))
+    assert got["text"] and not got["text"][0].isspace(), got
