@@ -235,3 +235,19 @@ def test_healing_at_indentation_continues_with_code_not_more_blanks():
     assert np.isfinite(mask(np.array([8, 1, 5]), scores)).all()  # healed: no mask
     free = HealingMask(index, pieces, "    ", prompt_tokens=1)
     assert np.isfinite(free(np.array([8, 1]), scores)).all()
+
+
+def test_indentation_is_not_backed_off_and_code_comes_first():
+    """An indentation-only line keeps its tokens (the plain FIM prompt's shape) and the
+    first generated token must start with code - not a space (`" self.x"`, issue 18), not a
+    newline, not a no-break space (what the model reached for when spaces were masked)."""
+    import numpy as np
+
+    from codeplane.tab.healing import HealingMask, VocabIndex
+
+    pieces = [b"", b"    ", b" self", b"self", b"\n", b"\xc2\xa0return", b"return", b"\t"]
+    index = VocabIndex(pieces)
+    mask = HealingMask(index, pieces, "", prompt_tokens=2, code_next=True)
+    scores = np.zeros(len(pieces), dtype=np.float32)
+    assert set(np.flatnonzero(np.isfinite(mask(np.array([6, 1]), scores)))) == {3, 6}
+    assert np.isfinite(mask(np.array([6, 1, 3]), scores)).all()  # then free

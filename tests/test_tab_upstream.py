@@ -97,6 +97,26 @@ def test_tab_on_llama_server_answers_as_the_embedded_engine_with_cache_and_typed
         own_engine.close()
 
 
+@pytest.mark.model
+def test_llama_server_answers_an_indented_line_with_code(llama_server, tmp_path):
+    """The code-first grammar (an indentation-only line) is accepted by llama-server and
+    holds: after a deeper line the model would otherwise answer blanks only."""
+    from test_tab_server import UNESCAPE
+
+    text = UNESCAPE.replace("        return res\n", "        \n")
+    cut = text.index("        \n    return re.sub") + 8
+    body = {"path": "unescape.py", "prefix": text[:cut], "suffix": text[cut:],
+            "cursor_id": "u2", "min_confidence": 0.0, "max_tokens": 6}
+    server, own_engine = serve_with_upstream(tmp_path, llama_server)
+    try:
+        got = httpx.post(f"{server.url}/v1/tab", json=body, timeout=600)
+        assert got.status_code == 200, got.text
+        assert got.json()["text"] and not got.json()["text"][0].isspace(), got.json()
+    finally:
+        server.stop()
+        own_engine.close()
+
+
 def test_unreachable_upstream_is_a_503_not_a_500(tmp_path):
     server, engine = serve_with_upstream(tmp_path, f"http://127.0.0.1:{free_port()}")
     try:
@@ -116,6 +136,14 @@ def test_healing_grammar_escapes_everything_the_user_typed():
     literal = grammar.split('"')[1]
     assert literal.startswith("a\\U00000022\\U0000005D")  # no raw quote can end the literal
     assert grammar.count('"') == 2 and grammar.endswith("[^\\x00]*")
+
+
+def test_healing_grammar_can_require_code_first():
+    """At an indentation-only line nothing is backed off and the output must start with
+    code: the grammar is then only that character class."""
+    assert healing_grammar("", code_next=True).startswith("root ::= [^ \\t\\r\\n")
+    assert healing_grammar("ab", code_next=True).startswith('root ::= "ab" [^ \\t')
+    assert healing_grammar("ab") == 'root ::= "ab" [^\\x00]*'
 
 
 def test_healed_logprobs_are_renormalised_over_the_allowed_alternatives():

@@ -93,7 +93,7 @@ class LocalTab:
                  slot: str, code_next: bool = False) -> Completion:
         self.slots.prepare(self.model, tokens)
         mask = [HealingMask(self.vocab, self.model.vocab_pieces(), heal, len(tokens),
-                            code_next)] if heal else []
+                            code_next)] if heal or code_next else []
         gen = self.model.generate(tokens, Sampling(max_tokens=max_tokens, logprobs=True,
                                                    stop=stop, processors=mask),
                                   cancel=cancel, on_text=on_text)
@@ -171,7 +171,7 @@ class UpstreamTab:
         (a superseded answer is dropped by the service; multi-line output is cut after)."""
         body = {"prompt": tokens, "n_predict": max_tokens, "temperature": 0.0,
                 "stop": stop, "n_probs": TOP_N, "cache_prompt": True,
-                **({"grammar": healing_grammar(heal, code_next)} if heal else {})}
+                **({"grammar": healing_grammar(heal, code_next)} if heal or code_next else {})}
         reply = self._call("/completion", body)
         probs = reply.get("completion_probabilities") or []
         return Completion(
@@ -196,8 +196,10 @@ def healing_grammar(heal: str, code_next: bool = False) -> str:
     [A-Za-z0-9] is written as a \\U escape, so typed text can never change the grammar."""
     literal = "".join(ch if ch.isascii() and ch.isalnum() else f"\\U{ord(ch):08X}"
                       for ch in heal)
-    code = " [^ \\t\\r\\n\\x00]" if code_next else ""
-    return f'root ::= "{literal}"{code} [^\\x00]*'
+    parts = [f'"{literal}"'] if heal else []
+    if code_next:  # the ASCII blanks, no-break and ideographic space (healing._blank_start)
+        parts.append("[^ \\t\\r\\n\\x0B\\x0C\\u00A0\\u3000\\x00]")
+    return f"root ::= {' '.join(parts)} [^\\x00]*"
 
 
 def constrained_logprobs(probs: list[dict], heal: bytes) -> list[float]:

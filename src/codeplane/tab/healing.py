@@ -17,9 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BLANKS = b" \t\r\n"
-_BLANK_BYTES = {bytes([b]) for b in BLANKS}
-
 
 class VocabIndex:
     """Token ids by their bytes: which tokens start with a text, which are a prefix of it."""
@@ -28,7 +25,7 @@ class VocabIndex:
         pairs = sorted((p, i) for i, p in enumerate(pieces) if p)
         self._sorted = [p for p, _ in pairs]
         self._ids = np.array([i for _, i in pairs], dtype=np.intc)
-        self._code_first = np.array([i for p, i in pairs if p[0] not in BLANKS], dtype=np.intc)
+        self._code_first = np.array([i for p, i in pairs if not _blank_start(p)], dtype=np.intc)
         self._exact: dict[bytes, list[int]] = {}
         for piece, i in pairs:
             self._exact.setdefault(piece, []).append(i)
@@ -46,7 +43,7 @@ class VocabIndex:
         longer = self._ids[lo:hi]
         if code_next:
             at = len(rest)
-            longer = longer[[p[at:at + 1] not in _BLANK_BYTES for p in self._sorted[lo:hi]]]
+            longer = longer[[not _blank_start(p[at:]) for p in self._sorted[lo:hi]]]
         shorter = [i for k in range(1, len(rest)) for i in self._exact.get(rest[:k], ())]
         return np.concatenate([longer, np.array(shorter, dtype=np.intc)])
 
@@ -54,6 +51,12 @@ class VocabIndex:
         """Whether some token is `text` followed by more bytes (` retu` -> ` return`)."""
         at = bisect.bisect_right(self._sorted, text)
         return at < len(self._sorted) and self._sorted[at].startswith(text)
+
+
+def _blank_start(piece: bytes) -> bool:
+    """Whether a token's text starts with whitespace - any, not only ASCII: held off
+    spaces, the model reached for a no-break space."""
+    return piece.decode("utf-8", "ignore")[:1].isspace()
 
 
 def _successor(text: bytes) -> bytes:
@@ -69,10 +72,12 @@ class Healing:
 
     tokens: list[int]
     text: str  # "" when nothing was backed off
-    # The line so far is indentation: after `text` the output must go on with code, not
-    # more blanks. Free, the model sometimes took a longer run of spaces than the line has
-    # (`   except`, three deeper than typed) or only spaces until the budget ran out (an
-    # empty answer): 12 of the 645 tuning positions (docs/tab.md, session 9).
+    # After `text` the output must start with code, not a blank: the line so far is
+    # indentation, which is then not backed off at all (the plain FIM prompt's shape).
+    # Backed off, the model re-emitted it as a longer run of spaces than typed (`   except`)
+    # or only spaces until the line ended (an empty answer): 17 of the 645 session-8 tuning
+    # positions (docs/tab.md, session 9). Not backed off and free, it answered `" self.x"`
+    # (issue 18's stray space).
     code_next: bool = False
 
 
@@ -98,7 +103,8 @@ def back_off(tokens: list[int], typed: list[int], piece: Callable[[int], bytes],
 
 
 class HealingMask:
-    """Logits processor: until `text` has been re-emitted, mask every inconsistent token."""
+    """Logits processor: until `text` has been re-emitted, mask every inconsistent token;
+    with `code_next`, also every token that would put a blank right after it."""
 
     def __init__(self, index: VocabIndex, pieces: list[bytes], text: str,
                  prompt_tokens: int, code_next: bool = False) -> None:

@@ -298,10 +298,10 @@ class TabService:
         if self.settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
             return Healing(anchor.before + typed + anchor.after, "")
         tokens = anchor.before + anchor.after + typed
-        heal = back_off(tokens, typed, model.piece, model.extends)
         line = req.prefix.rsplit("\n", 1)[-1]
-        heal.code_next = bool(heal.text) and bool(line) and not line.strip()
-        return heal
+        if line and not line.strip():  # only indentation so far: code must come next
+            return Healing(tokens, "", code_next=True)
+        return back_off(tokens, typed, model.piece, model.extends)
 
     def _anchor(self, model: TabModel, req: TabRequest, key: str, prefix: str, suffix: str
                 ) -> _Anchor:
