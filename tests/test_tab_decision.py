@@ -41,17 +41,20 @@ def test_closes_open_sees_only_brackets_the_prefix_opened():
 def test_same_mean_probability_different_decision():
     """The old scalar (the mean token probability, 0.6 for both) could not tell these apart;
     the fitted model puts the suggestion hanging on one unlikely token, and the one the
-    token budget cut, far below the even one. The default threshold (picked on the tuning
-    positions by the issue's rule) is low - a hidden answer scores nothing, a wrong one shown
-    is usually a near miss - so it hides only such near-hopeless answers."""
-    threshold = TabSettings().min_confidence
+    token budget cut, far below the even one."""
     even, one_guess = sure(), sure(min_logprob=math.log(0.05))
     assert even.mean_logprob == one_guess.mean_logprob
     assert decision.probability(even) > 5 * decision.probability(one_guess)
     assert decision.probability(sure(truncated=True)) < decision.probability(even) / 2
-    assert decision.probability(even) >= threshold
-    assert decision.probability(sure(min_logprob=math.log(0.01), mean_logprob=math.log(0.2),
-                                     truncated=True)) < threshold
+
+
+def test_nothing_is_hidden_by_default():
+    """Session 9: the issue's rule with a safety margin, leaving each of the 20 tuning
+    projects out, picks 0 - every hidden answer cost edit similarity the decision could not
+    win back in exact line. A near-hopeless suggestion is shown, with its low confidence."""
+    assert TabSettings().min_confidence == 0.0
+    hopeless = sure(min_logprob=math.log(0.01), mean_logprob=math.log(0.2), truncated=True)
+    assert 0.0 < decision.probability(hopeless) < 0.05
 
 
 @pytest.mark.model
