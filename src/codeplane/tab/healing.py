@@ -72,12 +72,12 @@ class Healing:
 
     tokens: list[int]
     text: str  # "" when nothing was backed off
-    # After `text` the output must start with code, not a blank: the line so far is
-    # indentation, which is then not backed off at all (the plain FIM prompt's shape).
-    # Backed off, the model re-emitted it as a longer run of spaces than typed (`   except`)
-    # or only spaces until the line ended (an empty answer): 17 of the 645 session-8 tuning
-    # positions (docs/tab.md, session 9). Not backed off and free, it answered `" self.x"`
-    # (issue 18's stray space).
+    # The line so far is indentation: after `text` the output must go on with code, not
+    # more blanks. Free, the model re-emitted the indentation as a longer run of spaces
+    # than typed (`   except`) or as spaces only until the line ended (an empty answer):
+    # 25 of the 645 session-8 tuning positions (docs/tab.md, session 9). The indentation
+    # is still backed off: kept whole and followed by code-first, the model answered from
+    # a split it never saw (`.`, `_x`; measured, worse).
     code_next: bool = False
 
 

@@ -29,7 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -300,10 +300,9 @@ class TabService:
         if self.settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
             return Healing(anchor.before + typed + anchor.after, "")
         tokens = anchor.before + anchor.after + typed
+        heal = back_off(tokens, typed, model.piece, model.extends)
         line = req.prefix.rsplit("\n", 1)[-1]
-        if line and not line.strip():  # only indentation so far: code must come next
-            return Healing(tokens, "", code_next=True)
-        return back_off(tokens, typed, model.piece, model.extends)
+        return replace(heal, code_next=bool(line) and not line.strip())
 
     def _anchor(self, model: TabModel, req: TabRequest, key: str, prefix: str, suffix: str
                 ) -> _Anchor:
