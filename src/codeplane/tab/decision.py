@@ -37,13 +37,14 @@ class Signals:
 FEATURES = ("mean_logprob", "min_logprob", "first_logprob", "log_tokens", "mid_line",
             "log_typed_chars", "truncated", "closes_bracket")
 # Fitted by `bench/tab.py --fit` (L2-regularised logistic regression, target: exact line) on
-# 237 tuning positions (requests, werkzeug, jinja2, markdown; seeds 7 and 8), 2026-11-24; the
-# data, the curves and the threshold rule are in docs/tab.md. Read: a suggestion is more
-# likely right when its least likely token and its tokens on average are likely, when more
-# of the line is typed, when it is short; much less when the token budget cut it.
-COEFFICIENTS = {"intercept": 1.1773, "mean_logprob": 1.3254, "min_logprob": 1.3452,
-                "first_logprob": 0.2489, "log_tokens": -0.6039, "mid_line": -0.1683,
-                "log_typed_chars": 0.4671, "truncated": -2.3529, "closes_bracket": 0.254}
+# 645 tuning positions of 20 projects (the five session-8 sets, seeds 7 and 8), 2026-11-24
+# (session 9); the data, the curves and the threshold rule are in docs/tab.md. Read: a
+# suggestion is more likely right when its tokens on average and its least likely token are
+# likely, when it closes the bracket in progress, when it is short; less when the token
+# budget cut it.
+COEFFICIENTS = {"intercept": 1.3431, "mean_logprob": 1.9868, "min_logprob": 1.7567,
+                "first_logprob": 0.278, "log_tokens": -0.5344, "mid_line": 0.2772,
+                "log_typed_chars": 0.1932, "truncated": -1.0268, "closes_bracket": 0.5799}
 
 
 def features(s: Signals) -> dict[str, float]:
