@@ -237,3 +237,14 @@ def test_start_of_a_dedented_line_gets_code_not_more_blanks(live_server):
     offset = text.index("        \n    return re.sub") + 8
     got = post(live_server, body(text, offset, cursor_id="indent1", min_confidence=0.0))
     assert got["text"] and not got["text"][0].isspace(), got
+
+
+def test_default_shows_a_doubtful_suggestion_with_its_confidence(live_server):
+    """Session 9: nothing is hidden by default (the margin rule's pick on 20 tuning
+    projects); a suggestion the decision doubts is shown and carries its low confidence,
+    for clients that filter. Until then this one was hidden (0.025)."""
+    text = UNESCAPE.replace("        return res\n", "        \n")
+    offset = text.index("        \n    return re.sub") + 8
+    got = post(live_server, body(text, offset, cursor_id="doubt1"))  # no min_confidence
+    assert got["shown"] and got["text"] and got["reason"] is None, got
+    assert got["confidence"] is not None and got["confidence"] < 0.025, got
