@@ -197,7 +197,7 @@ def healing_grammar(heal: str, code_next: bool = False) -> str:
     literal = "".join(ch if ch.isascii() and ch.isalnum() else f"\\U{ord(ch):08X}"
                       for ch in heal)
     parts = [f'"{literal}"'] if heal else []
-    if code_next:  # the ASCII blanks, no-break and ideographic space (healing._blank_start)
+    if code_next:  # the ASCII blanks, no-break and ideographic space (healing._blank_run)
         parts.append("[^ \\t\\r\\n\\x0B\\x0C\\u00A0\\u3000\\x00]")
     return f"root ::= {' '.join(parts)} [^\\x00]*"
 

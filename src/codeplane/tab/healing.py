@@ -25,7 +25,11 @@ class VocabIndex:
         pairs = sorted((p, i) for i, p in enumerate(pieces) if p)
         self._sorted = [p for p, _ in pairs]
         self._ids = np.array([i for _, i in pairs], dtype=np.intc)
-        self._code_first = np.array([i for p, i in pairs if not _blank_start(p)], dtype=np.intc)
+        # bytes of whitespace each token starts with: after a blank `rest` (indentation) a
+        # token goes on with a blank iff its run is longer than `rest` - one vector compare
+        # per generated token instead of decoding tens of thousands of ` x` tokens
+        self._lead = np.array([_blank_run(p) for p in self._sorted], dtype=np.intc)
+        self._code_first = self._ids[self._lead == 0]
         self._exact: dict[bytes, list[int]] = {}
         for piece, i in pairs:
             self._exact.setdefault(piece, []).append(i)
@@ -41,9 +45,11 @@ class VocabIndex:
         end = _successor(rest)
         hi = bisect.bisect_left(self._sorted, end) if end else len(self._sorted)
         longer = self._ids[lo:hi]
-        if code_next:
-            at = len(rest)
-            longer = longer[[not _blank_start(p[at:]) for p in self._sorted[lo:hi]]]
+        if code_next and not rest.strip():
+            longer = longer[self._lead[lo:hi] <= len(rest)]
+        elif code_next:  # code in `rest`: few tokens start with it
+            longer = longer[[_blank_run(p[len(rest):]) == 0 for p in self._sorted[lo:hi]]
+                            ] if hi > lo else longer
         shorter = [i for k in range(1, len(rest)) for i in self._exact.get(rest[:k], ())]
         return np.concatenate([longer, np.array(shorter, dtype=np.intc)])
 
@@ -53,10 +59,11 @@ class VocabIndex:
         return at < len(self._sorted) and self._sorted[at].startswith(text)
 
 
-def _blank_start(piece: bytes) -> bool:
-    """Whether a token's text starts with whitespace - any, not only ASCII: held off
-    spaces, the model reached for a no-break space."""
-    return piece.decode("utf-8", "ignore")[:1].isspace()
+def _blank_run(piece: bytes) -> int:
+    """Bytes of the whitespace a token starts with - any, not only ASCII: held off spaces,
+    the model reached for a no-break space."""
+    text = piece.decode("utf-8", "ignore")
+    return len(text[:len(text) - len(text.lstrip())].encode())
 
 
 def _successor(text: bytes) -> bytes:
