@@ -23,7 +23,8 @@ author wrote. Sources are pinned sdists (`pip download --no-binary :all:`) cache
 
     python bench/tab.py --cases 100 --json /tmp/tab-cases.json   # deterministic: no CPU lock
     python bench/tab.py --cases 240 --set tune --json /tmp/tune.json
-    python bench/tab.py --fit /tmp/tune.json   # coefficients, curves, the rule's threshold
+    python bench/tab.py --fit /tmp/tune.json /tmp/held.json  # coefficients, curves (in-sample
+        # and leaving each project out), the margin rule's threshold, shortened suggestions
     python bench/tab.py --cases 100 --set heldout --json /tmp/held.json  # untuned projects
     python bench/tab.py --rescore /tmp/held.json     # the table with the shipped decision
 
