@@ -237,10 +237,10 @@ def test_healing_at_indentation_continues_with_code_not_more_blanks():
     assert np.isfinite(free(np.array([8, 1]), scores)).all()
 
 
-def test_indentation_is_not_backed_off_and_code_comes_first():
-    """An indentation-only line keeps its tokens (the plain FIM prompt's shape) and the
-    first generated token must start with code - not a space (`" self.x"`, issue 18), not a
-    newline, not a no-break space (what the model reached for when spaces were masked)."""
+def test_code_first_masks_every_kind_of_blank():
+    """With nothing (more) to re-emit, `code_next` lets only tokens that start with code
+    through - not a space (`" self.x"`, issue 18), not a newline, not a tab, and not a
+    no-break space (what the model reached for when ASCII spaces were masked)."""
     import numpy as np
 
     from codeplane.tab.healing import HealingMask, VocabIndex
