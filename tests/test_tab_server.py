@@ -242,9 +242,9 @@ def test_start_of_a_dedented_line_gets_code_not_more_blanks(live_server):
 def test_default_shows_a_doubtful_suggestion_with_its_confidence(live_server):
     """Session 9: nothing is hidden by default (the margin rule's pick on 20 tuning
     projects); a suggestion the decision doubts is shown and carries its low confidence,
-    for clients that filter. Until then this one was hidden (0.025)."""
+    for clients that filter. Until then this one came back empty or hidden."""
     text = UNESCAPE.replace("        return res\n", "        \n")
     offset = text.index("        \n    return re.sub") + 8
     got = post(live_server, body(text, offset, cursor_id="doubt1"))  # no min_confidence
     assert got["shown"] and got["text"] and got["reason"] is None, got
-    assert got["confidence"] is not None and got["confidence"] < 0.025, got
+    assert got["confidence"] is not None and got["confidence"] < 0.1, got  # doubtful
