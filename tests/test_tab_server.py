@@ -228,13 +228,32 @@ def unescape(text):
 '''
 
 
-def test_start_of_a_dedented_line_gets_code_not_more_blanks(live_server):
-    """Session 9: after a deeper line the model re-emitted the healed indentation and then
-    only spaces until the line ended: an empty answer (17 of 645 tuning positions; or a
-    deeper indentation than typed, `   except`). After the indentation the healing now
-    requires code."""
-    text = UNESCAPE.replace("        return res\n", "        \n")
-    offset = text.index("        \n    return re.sub") + 8
+FIND = '''def find(environ, exports, get_path_info, start_response):
+    path = get_path_info(environ)
+    file_loader = None
+
+    for search_path, loader in exports:
+        if search_path == path:
+            real_filename, file_loader = loader(None)
+
+            if file_loader is not None:
+                break
+
+        if not search_path.endswith("/"):
+            search_path += "/"
+
+    return file_loader
+'''
+
+
+def test_indented_line_after_a_blank_line_gets_code_not_blanks(live_server):
+    """Session 9: on an indented line after a blank one the model re-emitted the healed
+    indentation and then only spaces until the line ended - an empty answer (17 of 645
+    tuning positions; elsewhere a deeper indentation than typed, `   except`). After the
+    indentation the healing now requires code. (What it writes here is a poor guess - the
+    prompt layout, not the healing, is why: docs/tab.md, session 9.)"""
+    text = FIND.replace("            if file_loader is not None:\n", "            \n")
+    offset = text.index("            \n                break") + 12
     got = post(live_server, body(text, offset, cursor_id="indent1", min_confidence=0.0))
     assert got["text"] and not got["text"][0].isspace(), got
 

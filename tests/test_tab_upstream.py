@@ -100,13 +100,14 @@ def test_tab_on_llama_server_answers_as_the_embedded_engine_with_cache_and_typed
 @pytest.mark.model
 def test_llama_server_answers_an_indented_line_with_code(llama_server, tmp_path):
     """The code-first grammar (an indentation-only line) is accepted by llama-server and
-    holds: after a deeper line the model would otherwise answer blanks only."""
-    from test_tab_server import UNESCAPE
+    holds: on an indented line after a blank one the model would otherwise answer blanks
+    only."""
+    from test_tab_server import FIND
 
-    text = UNESCAPE.replace("        return res\n", "        \n")
-    cut = text.index("        \n    return re.sub") + 8
-    body = {"path": "unescape.py", "prefix": text[:cut], "suffix": text[cut:],
-            "cursor_id": "u2", "min_confidence": 0.0, "max_tokens": 6}
+    text = FIND.replace("            if file_loader is not None:\n", "            \n")
+    cut = text.index("            \n                break") + 12
+    body = {"path": "find.py", "prefix": text[:cut], "suffix": text[cut:],
+            "cursor_id": "u2", "min_confidence": 0.0}
     server, own_engine = serve_with_upstream(tmp_path, llama_server)
     try:
         got = httpx.post(f"{server.url}/v1/tab", json=body, timeout=600)
