@@ -409,20 +409,25 @@ def _grep_next(env: Environment, ctx: ToolContext, first_hit: str) -> str:
     return f"\n{_next_step(match[1], line, line)}"
 
 
+def _needs_read(ctx: ToolContext, path: Path) -> bool:
+    """Would a change to path be refused as not read in this run? (the read-before-edit rule)"""
+    return ctx.read_before_edit and path not in ctx.seen
+
+
 def _unread_file(env: Environment, ctx: ToolContext, rel: str) -> bool:
-    """Would an edit of rel be refused as not read?"""
+    """`_needs_read` for a path as a hit names it."""
     try:
-        return ctx.read_before_edit and env.resolve(rel) not in ctx.seen
+        return _needs_read(ctx, env.resolve(rel))
     except (ToolError, ValueError, OSError):  # not a workspace path after all
         return False
 
 
 def _next_step(rel: str, first: int, last: int) -> str:
-    return (f"[next: to change {rel}, call {read_call(rel, first, last)} first; edit_file "
+    return (f"[next: to change {rel}, call {_read_call(rel, first, last)} first; edit_file "
             "needs the file read in this run, and a search hit is not a read]")
 
 
-def read_call(rel: str, first: int, last: int) -> str:
+def _read_call(rel: str, first: int, last: int) -> str:
     """The read_file call that shows lines first..last of rel with some context, written as
     the model would call it, so it can copy it instead of guessing."""
     args = {"path": rel, "start_line": max(first - _MARGIN, 1), "end_line": last + _MARGIN}
@@ -574,7 +579,7 @@ def edit_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dict
     if _kind(env, path) is None:
         err = _missing(env, args["path"])
         raise ToolError(f"{err}; use create_file for new files")
-    if ctx.read_before_edit and path not in ctx.seen:
+    if _needs_read(ctx, path):
         raise ToolError(_unread(env, path, args.get("old_string")))
     fmt = _text(env, path)
     before = fmt.text
@@ -600,7 +605,7 @@ def _unread(env: Environment, path: Path, old: str | None) -> str:
     at = text.find(old) if isinstance(old, str) and old else -1
     first = text.count("\n", 0, at) + 1 if at >= 0 else 1
     last = first + str(old).count("\n") if at >= 0 else MAX_READ_LINES - _MARGIN
-    return (f"read {rel} with read_file first: call {read_call(rel, first, last)}, then copy "
+    return (f"read {rel} with read_file first: call {_read_call(rel, first, last)}, then copy "
             "old_string exactly from its output")
 
 
@@ -672,7 +677,7 @@ def create_file(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, di
     if kind == "dir":
         raise ToolError(f"{args['path']} is a directory")
     exists = kind is not None
-    if ctx.read_before_edit and exists and path not in ctx.seen:
+    if exists and _needs_read(ctx, path):
         raise ToolError(f"{env.relative(path)} already exists; read it with read_file first, "
                         "then change it with edit_file (or overwrite it with create_file)")
     fmt = _text(env, path) if exists else TextFile("", "utf-8")  # an overwrite keeps the format
