@@ -68,6 +68,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=Path)
     args = ap.parse_args()
+    if not args.results.is_file():
+        ap.error(f"{args.results}: no such results file (bench/agent/run.py --out writes one)")
     for line in args.results.read_text().splitlines():
         row = json.loads(line)
         print(f"{row['label'] or row['search'] or '-':14s} {row['task']:26s} "
