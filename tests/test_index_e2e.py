@@ -279,18 +279,21 @@ def test_one_line_edit_reembeds_only_that_chunk(indexed) -> None:
 
 
 def test_openai_embeddings_endpoint_and_backend(server) -> None:
+    """Each local model serves its own name; "default" is the one the index uses."""
     live, _ = server
-    resp = httpx.post(f"{live.url}/v1/embeddings",
-                      json={"model": "bge-small", "input": ["def add(a, b): return a + b"]})
+    resp = httpx.post(f"{live.url}/v1/embeddings", timeout=120,  # the first call loads it
+                      json={"model": "bge-small-code", "input": ["def add(a, b): return a + b"]})
     assert resp.status_code == 200
     vec = np.asarray(resp.json()["data"][0]["embedding"])
     assert vec.shape == (384,) and abs(np.linalg.norm(vec) - 1) < 1e-3
-    remote = OpenAIEmbedder(f"{live.url}/v1", "bge-small", 384)
-    local = embedder_from_config({})
     texts = ["sum two numbers", "parse a date"]
-    assert np.allclose(remote.embed(texts), local.embed(texts), atol=1e-3)
+    for name, config in (("bge-small-code", {}), ("default", {}),
+                         ("bge-small", {"embedder": {"model": "bge-small"}})):
+        remote = OpenAIEmbedder(f"{live.url}/v1", name, 384)
+        assert np.allclose(remote.embed(texts), embedder_from_config(config).embed(texts),
+                           atol=1e-3), name
     bad = httpx.post(f"{live.url}/v1/embeddings", json={"model": "nope", "input": "x"})
-    assert bad.status_code == 404 and "bge-small" in bad.json()["error"]["message"]
+    assert bad.status_code == 404 and "bge-small-code" in bad.json()["error"]["message"]
 
 
 def many_files(root: Path, count: int) -> None:
@@ -462,3 +465,31 @@ def test_an_index_built_with_another_chunk_layout_is_re_embedded(server, tmp_pat
     assert sync(root, cfg).files_changed == 0
     hits = search_workspace(root, "convert a duration string like 1h30m into seconds", 1, cfg)
     assert hits[0]["start_line"] == 6
+
+
+def test_a_server_that_changed_its_embedding_model_re_embeds(tmp_path) -> None:
+    """Vectors of two models rank on different footing: a workspace embedded by the wheel's
+    bge-small, synced again after the server switched to bge-small-code, is emptied and
+    re-embedded in full (no vector is reused from the old model's cache), and search works."""
+    root = tmp_path / "utils"
+    write(root, {"durations.py": WORKSPACE["utils/durations.py"]})
+    home = tmp_path / "server-home"
+    client = tmp_path / "client-home"
+    runs = []
+    for model in ("bge-small", "bge-small-code", "bge-small-code"):
+        live = LiveServer(tenant_app(make_settings(
+            home, indexing={"embedder": {"model": model}})), free_port()).start()
+        try:
+            cfg = make_settings(client, server=live.url)
+            runs.append(sync(root, cfg))
+            hits = search_workspace(root, "convert a duration string like 1h30m into seconds",
+                                    1, cfg)
+            status = httpx.get(f"{live.url}/v1/models").json()
+        finally:
+            live.stop()
+        assert hits[0]["start_line"] == 6
+        assert {"bge-small", "bge-small-code"} <= {m["id"] for m in status["data"]}
+    first, switched, again = runs
+    assert switched.files_changed == first.files_changed == 1
+    assert switched.chunks_embedded == first.chunks_embedded == first.chunks_total
+    assert again.files_changed == 0

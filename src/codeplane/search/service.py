@@ -5,8 +5,10 @@ What the server persists:
   `s3://bucket/prefix/search/lancedb`): rotated vector, encrypted path, line range, HMAC'd chunk
   id; `sid` is derived from (tenant, workspace id), so tenants never share a table.
 - In the server database (`storage/tables.py`): (tenant, workspace) -> storage id and key
-  verifier, the Merkle nodes (encrypted path, HMAC hash) and the embedding cache ((tenant, key)
-  scope, HMAC(chunk) -> rotated vector).
+  verifier and the embedding model its vectors came from, the Merkle nodes (encrypted path,
+  HMAC hash) and the embedding cache ((tenant, key, model) scope, HMAC(chunk) -> rotated
+  vector). A workspace whose vectors came from another model than the one the server now runs
+  is emptied when it is next opened, so the client's next sync re-embeds everything.
 
 Replicas share both. Writes to one workspace's table hold the database lock `search:<sid>`
 (across replicas), so two uploads of the same file never interleave their delete and add: a
@@ -89,7 +91,7 @@ class CacheMiss(SearchError):
 @dataclass(frozen=True)
 class Workspace:
     """A tenant's workspace as stored: `sid` names its LanceDB table and Merkle rows, `scope`
-    partitions the embedding cache by tenant and key."""
+    partitions the embedding cache by tenant, key and embedding model."""
 
     sid: str
     scope: str
@@ -105,10 +107,12 @@ def storage_id(tenant: str, ws: str) -> str:
     return "s" + hashlib.sha256(f"{tenant}\0{ws}".encode()).hexdigest()[:40]
 
 
-def cache_scope(tenant: str, kid: str) -> str:
+def cache_scope(tenant: str, kid: str, model: str) -> str:
     """Cached vectors are shared by the workspaces of one key inside one tenant, never across
-    tenants (that would let a tenant probe whether another holds a given chunk)."""
-    return hashlib.sha256(f"{tenant}\0{kid}".encode()).hexdigest()[:32]
+    tenants (that would let a tenant probe whether another holds a given chunk), and never
+    across embedding models (another model's vector for the same chunk ranks on other
+    footing)."""
+    return hashlib.sha256(f"{tenant}\0{kid}\0{model}".encode()).hexdigest()[:32]
 
 
 def _ancestors(path: str) -> list[str]:
@@ -165,7 +169,7 @@ class SearchService:
         kid, model = key_id(server_key), self.embedder.name  # loads it outside the lock
         # The tenant's lock: the quota count and the insert are one step on every replica.
         with self.sql.lock(f"search-tenant:{tenant}"), self.sql.write() as db:
-            row = db.execute(select(WORKSPACES.c.key_id).where(
+            row = db.execute(select(WORKSPACES.c.key_id, WORKSPACES.c.model).where(
                 WORKSPACES.c.tenant == tenant, WORKSPACES.c.ws == ws)).first()
             if row is None:
                 count = db.scalar(select(func.count()).select_from(WORKSPACES).where(
@@ -179,17 +183,35 @@ class SearchService:
                     model=model, created=time.time()))
             elif row[0] != kid:
                 raise Forbidden("this key does not open that workspace")
+        if row is not None and row[1] != model:
+            self._reset(tenant, ws, model)
         return self.status(tenant, ws, server_key)
+
+    def _reset(self, tenant: str, ws: str, model: str) -> None:
+        """Empty a workspace embedded by another model (its vectors, its Merkle nodes, so the
+        client re-sends every file) and record the model that fills it from now on."""
+        sid = storage_id(tenant, ws)
+        with self._ws_lock(sid):
+            self._drop_vectors(sid)
+            with self.sql.write() as db:
+                db.execute(delete(NODES).where(NODES.c.ws == sid))
+                db.execute(WORKSPACES.update().where(
+                    WORKSPACES.c.tenant == tenant, WORKSPACES.c.ws == ws).values(model=model))
+        log.info("workspace %s of tenant %s was embedded by another model; emptied for "
+                 "re-embedding with %s", ws, tenant, model)
+
+    def _drop_vectors(self, sid: str) -> None:
+        name = f"ws_{sid}"
+        with self._lock:
+            self._tables.pop(name, None)
+            if name in self.db.list_tables().tables:
+                self.db.drop_table(name)
 
     def delete_workspace(self, tenant: str, ws: str, server_key: str) -> dict:
         """Drop the workspace's vectors, Merkle nodes and registration (frees quota)."""
         space = self._auth(tenant, ws, server_key)
         with self._ws_lock(space.sid):
-            name = f"ws_{space.sid}"
-            with self._lock:
-                self._tables.pop(name, None)
-                if name in self.db.list_tables().tables:
-                    self.db.drop_table(name)
+            self._drop_vectors(space.sid)
             with self.sql.write() as db:
                 db.execute(delete(NODES).where(NODES.c.ws == space.sid))
                 db.execute(delete(WORKSPACES).where(WORKSPACES.c.tenant == tenant,
@@ -204,7 +226,7 @@ class SearchService:
             raise NotFound(f"workspace {ws} is not indexed on this server")
         if row[1] != key_id(server_key):
             raise Forbidden("this key does not open that workspace")
-        return Workspace(row[0], cache_scope(tenant, row[1]))
+        return Workspace(row[0], cache_scope(tenant, row[1], self.embedder.name))
 
     def _rotation(self, server_key: str) -> np.ndarray:
         kid = key_id(server_key)

