@@ -29,7 +29,7 @@ import sys
 import tarfile
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +218,18 @@ def query_mrr(model, tok, queries: list[str], docs) -> float:
     return float(torch.where(ranks < 10, 1.0 / (ranks + 1), 0.0).mean())
 
 
+def lora_model(args: argparse.Namespace, dropout: bool):
+    """bge-small with a fresh LoRA (rank `--rank`, alpha 2x) on every attention/FFN linear."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = get_peft_model(torch_model(dropout), LoraConfig(
+        r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=TARGETS))
+    return model.train()
+
+
 def train(args: argparse.Namespace) -> None:
     """LoRA on the query side only: each batch of queries is encoded by the adapted model and
     scored (InfoNCE, temperature 0.05) against the fixed int8-ONNX vectors of *every* training
@@ -225,49 +237,29 @@ def train(args: argparse.Namespace) -> None:
     query, and stored indexes stay valid). The schedule is sized by time (`--minutes`); the
     best validation MRR@10 is kept."""
     import torch
-    from peft import LoraConfig, get_peft_model
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = get_peft_model(torch_model(), LoraConfig(
-        r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=TARGETS))
-    model.train()
+    model = lora_model(args, dropout=True)
     tok = tokenizer(QUERY_TOKENS)
     vectors = fixed_vectors()
     queries = [p["query"] for p in load_pairs("pairs")][:len(vectors["pairs_d"])]
     held = [p["query"] for p in load_pairs("validation")]
     docs = torch.from_numpy(vectors["pairs_d"])
     held_docs = torch.from_numpy(vectors["validation_d"])
-    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
-                              weight_decay=0.01)
-    best = query_mrr(model, tok, held, held_docs)
-    print(f"{len(queries)} pairs; step 0: validation MRR@10 {best:.3f}", flush=True)
-    save(model, WORK / "query_delta.npz")
-    started, step, total = time.time(), 0, None
-    while total is None or step < total:
-        for idx in torch.randperm(len(queries)).split(args.batch):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                q = encode(model, tok, [queries[i] for i in idx])
-            loss = torch.nn.functional.cross_entropy(q @ docs.T / args.temperature, idx)
-            loss.backward()
-            step += 1
-            if total is None and step == 5:  # size the cosine schedule to the time budget
-                total = max(10, int(60 * args.minutes / ((time.time() - started) / 5)))
-                print(f"{(time.time() - started) / 5:.1f} s/step -> {total} steps", flush=True)
-            for group in optim.param_groups:
-                group["lr"] = args.lr * lr_factor(step, total)
-            optim.step()
-            optim.zero_grad()
-            if step % args.every == 0 or step == total:
-                score = query_mrr(model, tok, held, held_docs)
-                print(f"step {step}: loss {loss.item():.3f} validation MRR@10 {score:.3f} "
-                      f"{time.time() - started:.0f} s", flush=True)
-                if score > best:
-                    best = score
-                    save(model, WORK / "query_delta.npz")
-            if step == total:
-                break
-    print(f"best validation MRR@10 {best:.3f}")
+    print(f"{len(queries)} training pairs")
+
+    def batches() -> list:
+        return list(torch.randperm(len(queries)).split(args.batch))
+
+    def loss_of(idx):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            q = encode(model, tok, [queries[i] for i in idx])
+        return torch.nn.functional.cross_entropy(q @ docs.T / args.temperature, idx)
+
+    def validate() -> tuple[float, str]:
+        score = query_mrr(model, tok, held, held_docs)
+        return score, f"{score:.3f}"
+
+    optimise(model, args, batches, loss_of, validate, WORK / "query_delta.npz")
 
 
 def project_batches(pairs: list[dict], size: int, generator) -> list[list[int]]:
@@ -319,31 +311,44 @@ def train_both(args: argparse.Namespace) -> None:
     suggested the bottleneck is. Writes WORK/both_delta.npz (best validation MRR@10) for
     `build --delta both_delta.npz`."""
     import torch
-    from peft import LoraConfig, get_peft_model
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = get_peft_model(torch_model(dropout=False), LoraConfig(
-        r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=TARGETS))
-    model.train()
+    model = lora_model(args, dropout=False)
     query_tok, chunk_tok = tokenizer(QUERY_TOKENS), tokenizer(args.chunk_tokens)
     pairs, held = load_pairs("pairs"), load_pairs("validation")[:args.validation]
+    print(f"{len(pairs)} training pairs")
+    generator = torch.Generator().manual_seed(0)
+
+    def loss_of(batch: list[int]):
+        q = encode(model, query_tok, [pairs[i]["query"] for i in batch])
+        d = encode(model, chunk_tok, [pairs[i]["text"] for i in batch])
+        logits = q @ d.T / args.temperature
+        labels = torch.arange(len(batch))
+        return (torch.nn.functional.cross_entropy(logits, labels)
+                + torch.nn.functional.cross_entropy(logits.T, labels)) / 2
+
+    def validate() -> tuple[float, str]:
+        mixed, own = both_mrr(model, query_tok, chunk_tok, held)
+        return mixed, f"{mixed:.3f} own-project {own:.3f}"
+
+    optimise(model, args, lambda: project_batches(pairs, args.batch, generator), loss_of,
+             validate, WORK / "both_delta.npz")
+
+
+def optimise(model, args: argparse.Namespace, batches: Callable[[], list],
+             loss_of: Callable, validate: Callable[[], tuple[float, str]], delta: Path) -> None:
+    """The loop both sides share: AdamW, the cosine schedule sized to `--minutes` from the
+    first five steps, validation every `--every` steps, the best validation's delta kept."""
+    import torch
+
     optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                               weight_decay=0.01)
-    best, own = both_mrr(model, query_tok, chunk_tok, held)
-    print(f"{len(pairs)} pairs; step 0: validation MRR@10 {best:.3f} own-project {own:.3f}",
-          flush=True)
-    save(model, WORK / "both_delta.npz")
-    generator = torch.Generator().manual_seed(0)
+    best, shown = validate()
+    print(f"step 0: validation MRR@10 {shown}", flush=True)
+    save(model, delta)
     started, step, total = time.time(), 0, None
     while total is None or step < total:
-        for batch in project_batches(pairs, args.batch, generator):
-            q = encode(model, query_tok, [pairs[i]["query"] for i in batch])
-            d = encode(model, chunk_tok, [pairs[i]["text"] for i in batch])
-            logits = q @ d.T / args.temperature
-            labels = torch.arange(len(batch))
-            loss = (torch.nn.functional.cross_entropy(logits, labels)
-                    + torch.nn.functional.cross_entropy(logits.T, labels)) / 2
+        for batch in batches():
+            loss = loss_of(batch)
             loss.backward()
             step += 1
             if total is None and step == 5:  # size the cosine schedule to the time budget
@@ -355,12 +360,12 @@ def train_both(args: argparse.Namespace) -> None:
             optim.step()
             optim.zero_grad()
             if step % args.every == 0 or step == total:
-                mixed, own = both_mrr(model, query_tok, chunk_tok, held)
-                print(f"step {step}: loss {loss.item():.3f} validation MRR@10 {mixed:.3f} "
-                      f"own-project {own:.3f} {time.time() - started:.0f} s", flush=True)
-                if mixed > best:
-                    best = mixed
-                    save(model, WORK / "both_delta.npz")
+                score, shown = validate()
+                print(f"step {step}: loss {loss.item():.3f} validation MRR@10 {shown} "
+                      f"{time.time() - started:.0f} s", flush=True)
+                if score > best:
+                    best = score
+                    save(model, delta)
             if step == total:
                 break
     print(f"best validation MRR@10 {best:.3f}")
