@@ -231,7 +231,7 @@ def embedder_from_config(config: dict) -> Embedder:
             if kind == "local":
                 _shared[key] = OnnxEmbedder(spec.get("threads"), name=local_model(config))
             elif kind == "openai":
-                _shared[key] = OpenAIEmbedder(spec["base_url"], spec.get("model", "bge-small"),
+                _shared[key] = OpenAIEmbedder(spec["base_url"], spec.get("model", DEFAULT_LOCAL),
                                               int(spec.get("dim", 384)), spec.get("api_key"))
             else:
                 raise EmbedderUnavailable(f"indexing.embedder.kind must be 'local' or 'openai', "
