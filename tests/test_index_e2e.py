@@ -467,10 +467,23 @@ def test_an_index_built_with_another_chunk_layout_is_re_embedded(server, tmp_pat
     assert hits[0]["start_line"] == 6
 
 
-def test_a_server_that_changed_its_embedding_model_re_embeds(tmp_path) -> None:
+def relabel_as_legacy(home: Path) -> None:
+    """Give the server's one workspace the storage id a store from before tenants kept (its
+    workspace id, `service._migrate`): its Merkle nodes and vector table follow."""
+    with sqlite3.connect(home / "server" / "codeplane.db") as db:
+        ws, sid = db.execute("SELECT ws, sid FROM search_workspaces").fetchone()
+        db.execute("UPDATE search_workspaces SET sid = ? WHERE sid = ?", (ws, sid))
+        db.execute("UPDATE search_nodes SET ws = ? WHERE ws = ?", (ws, sid))
+    tables = next(home.glob("server/**/lancedb"))
+    (tables / f"ws_{sid}.lance").rename(tables / f"ws_{ws}.lance")
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["tenant-sid", "legacy-sid"])
+def test_a_server_that_changed_its_embedding_model_re_embeds(tmp_path, legacy) -> None:
     """Vectors of two models rank on different footing: a workspace embedded by the wheel's
     bge-small, synced again after the server switched to bge-small-code, is emptied and
-    re-embedded in full (no vector is reused from the old model's cache), and search works."""
+    re-embedded in full (no vector is reused from the old model's cache), and search works;
+    also for a workspace stored under its pre-tenant storage id."""
     root = tmp_path / "utils"
     write(root, {"durations.py": WORKSPACE["utils/durations.py"]})
     home = tmp_path / "server-home"
@@ -487,6 +500,8 @@ def test_a_server_that_changed_its_embedding_model_re_embeds(tmp_path) -> None:
             status = httpx.get(f"{live.url}/v1/models").json()
         finally:
             live.stop()
+        if legacy and model == "bge-small":
+            relabel_as_legacy(home)
         assert hits[0]["start_line"] == 6
         assert {"bge-small", "bge-small-code"} <= {m["id"] for m in status["data"]}
     first, switched, again = runs

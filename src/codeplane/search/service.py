@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from sqlalchemy import delete, func, select
+from sqlalchemy import Executable, delete, func, select
 
 from codeplane.config import Settings
 from codeplane.core.principal import LOCAL_TENANT
@@ -169,7 +169,8 @@ class SearchService:
         kid, model = key_id(server_key), self.embedder.name  # loads it outside the lock
         # The tenant's lock: the quota count and the insert are one step on every replica.
         with self.sql.lock(f"search-tenant:{tenant}"), self.sql.write() as db:
-            row = db.execute(select(WORKSPACES.c.key_id, WORKSPACES.c.model).where(
+            row = db.execute(select(
+                WORKSPACES.c.key_id, WORKSPACES.c.model, WORKSPACES.c.sid).where(
                 WORKSPACES.c.tenant == tenant, WORKSPACES.c.ws == ws)).first()
             if row is None:
                 count = db.scalar(select(func.count()).select_from(WORKSPACES).where(
@@ -184,39 +185,34 @@ class SearchService:
             elif row[0] != kid:
                 raise Forbidden("this key does not open that workspace")
         if row is not None and row[1] != model:
-            self._reset(tenant, ws, model)
+            # a workspace embedded by another model: emptied (so the client re-sends every
+            # file) and recorded under the model that fills it from now on
+            self._empty(row[2], WORKSPACES.update().where(
+                WORKSPACES.c.tenant == tenant, WORKSPACES.c.ws == ws).values(model=model))
+            log.info("workspace %s of tenant %s was embedded by another model; emptied for "
+                     "re-embedding with %s", ws, tenant, model)
         return self.status(tenant, ws, server_key)
-
-    def _reset(self, tenant: str, ws: str, model: str) -> None:
-        """Empty a workspace embedded by another model (its vectors, its Merkle nodes, so the
-        client re-sends every file) and record the model that fills it from now on."""
-        sid = storage_id(tenant, ws)
-        with self._ws_lock(sid):
-            self._drop_vectors(sid)
-            with self.sql.write() as db:
-                db.execute(delete(NODES).where(NODES.c.ws == sid))
-                db.execute(WORKSPACES.update().where(
-                    WORKSPACES.c.tenant == tenant, WORKSPACES.c.ws == ws).values(model=model))
-        log.info("workspace %s of tenant %s was embedded by another model; emptied for "
-                 "re-embedding with %s", ws, tenant, model)
-
-    def _drop_vectors(self, sid: str) -> None:
-        name = f"ws_{sid}"
-        with self._lock:
-            self._tables.pop(name, None)
-            if name in self.db.list_tables().tables:
-                self.db.drop_table(name)
 
     def delete_workspace(self, tenant: str, ws: str, server_key: str) -> dict:
         """Drop the workspace's vectors, Merkle nodes and registration (frees quota)."""
         space = self._auth(tenant, ws, server_key)
-        with self._ws_lock(space.sid):
-            self._drop_vectors(space.sid)
-            with self.sql.write() as db:
-                db.execute(delete(NODES).where(NODES.c.ws == space.sid))
-                db.execute(delete(WORKSPACES).where(WORKSPACES.c.tenant == tenant,
-                                                    WORKSPACES.c.ws == ws))
+        self._empty(space.sid, delete(WORKSPACES).where(WORKSPACES.c.tenant == tenant,
+                                                         WORKSPACES.c.ws == ws))
         return {"workspace": ws, "deleted": True}
+
+    def _empty(self, sid: str, then: Executable) -> None:
+        """Drop a workspace's vector table and Merkle nodes and run `then` on its registration,
+        in one write under the workspace's lock. `sid` is the stored one (a workspace from
+        before tenants keeps its id as its sid)."""
+        with self._ws_lock(sid):
+            name = f"ws_{sid}"
+            with self._lock:
+                self._tables.pop(name, None)
+                if name in self.db.list_tables().tables:
+                    self.db.drop_table(name)
+            with self.sql.write() as db:
+                db.execute(delete(NODES).where(NODES.c.ws == sid))
+                db.execute(then)
 
     def _auth(self, tenant: str, ws: str, server_key: str) -> Workspace:
         with self.sql.read() as db:
