@@ -1,5 +1,6 @@
 """Adapt bge-small to code (issue 19): docstring -> function pairs from PyPI projects disjoint
-from the search benchmark, and query-side LoRA training against the product's chunk vectors.
+from the search benchmark, and LoRA training: the query side against fixed chunk vectors, or
+one shared encoder for both (`--side both`: how the shipped bge-small-code was made).
 
     python bench/search/finetune.py download     # the sdists of finetune_projects.txt (PyPI)
     python bench/search/finetune.py pairs        # -> WORK/pairs.jsonl + 500-pair validation.jsonl
@@ -7,14 +8,16 @@ from the search benchmark, and query-side LoRA training against the product's ch
     nice -n 10 python bench/search/finetune.py train --minutes 25     # -> WORK/query_delta.npz
     python bench/search/finetune.py build        # -> WORK/query.onnx (the delta merged, int8)
     python bench/search/evaluate.py --fit --query-embedder /tmp/codeplane-finetune/query.onnx
+    python bench/search/finetune.py train --side both --minutes 45 --batch 32 --lr 2e-4 --every 40
+    python bench/search/finetune.py build --delta both_delta.npz   # -> WORK/both.onnx
 
 A pair is what the product would see: the query is a function docstring's first sentence
 (`build.docstring_query`, the benchmark's rule); the document is the `Chunk.embed_text` of the
 chunk holding that function, chunked by the production chunker from a file whose docstrings are
 blanked (`corpus.blank_docstrings`, as the benchmark's corpus is). The torch model is the
 wheel's int8 ONNX dequantized (`onnx_delta.torch_state`), so training starts from exactly the
-weights the product runs. Results, and why the chunk side is not trained here: docs/search.md
-"Adapting the embedder to code".
+weights the unadapted model runs. Results: docs/search.md, "Adapting the embedder to code"
+(query side) and "Two-tower adaptation" (both sides, shipped).
 """
 
 from __future__ import annotations
@@ -133,7 +136,7 @@ def build_pairs() -> None:
 
 
 def embed_pairs(minutes: float) -> None:
-    """Query and chunk vectors of the pairs from the product's int8 ONNX (cached by text in
+    """Query and chunk vectors of the pairs from the wheel's int8 ONNX (cached by text in
     corpus.EmbeddingCache, so a re-run resumes), training chunks in blocks of 256 until the
     time budget is spent: the pairs are hash-ordered, so the embedded prefix spans the projects
     (the capped big ones, whose kept pairs are their lowest hashes, are over-represented)."""
