@@ -12,8 +12,11 @@ so an agent cannot pass by editing the tests.
 
 `--search none|dense|hybrid` measures what `codebase_search` is worth: the tool removed, or
 the workspace indexed first and searched dense-only (the old search) or hybrid (the default);
-see docs/search.md. `--search-description TEXT` and `--search-first` change only what the
-model is told about that tool (its description, its place in the list), to compare.
+see docs/search.md. `--search-description TEXT` and `--search-position N` change only what the
+model is told about that tool (its description, its place in the list), to compare; the
+product's until session 11 was `--search-description "Semantic search: find code by meaning
+('where are passwords hashed?'). Returns the most relevant snippets with paths and line
+ranges." --search-position 4`.
 `--task-seconds N` cancels a run after N seconds of wall time (the checker still runs), so a
 suite fits a time box on a loaded machine.
 
@@ -113,13 +116,15 @@ def search_setup(mode: str | None, ws: Path, server_url: str, home: Path, key_fi
     return None, settings, round(time.monotonic() - started, 1)
 
 
-def described(toolset: Toolset, text: str | None, first: bool) -> Toolset:
-    """`toolset` with codebase_search described by `text` and/or offered first, the tool
-    itself unchanged: a variant of what the model is told about search, to compare against
-    the default (which lists it fifth, after read_file, list_dir, file_search and grep)."""
-    tools = [dataclasses.replace(t, description=text or t.description)
-             if t.name == "codebase_search" else t for t in toolset.tools.values()]
-    return Toolset(sorted(tools, key=lambda t: t.name != "codebase_search") if first else tools)
+def described(toolset: Toolset, text: str | None, position: int | None) -> Toolset:
+    """`toolset` with codebase_search described by `text` and/or offered at `position` in the
+    list, the tool itself unchanged: a variant of what the model is told about search, to
+    compare against the default (its own description, offered first)."""
+    search = toolset.tools["codebase_search"]
+    others = [t for t in toolset.tools.values() if t is not search]
+    at = list(toolset.tools.values()).index(search) if position is None else position
+    return Toolset(others[:at] + [dataclasses.replace(search, description=text or
+                                                      search.description)] + others[at:])
 
 
 def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
@@ -192,8 +197,9 @@ def main() -> int:
                     "dense-only (the old search) or hybrid (the default); codeplane harness only")
     ap.add_argument("--search-description", help="codebase_search's description as the model "
                     "sees it (a variant to compare; default: the product's)")
-    ap.add_argument("--search-first", action="store_true",
-                    help="offer codebase_search first in the tool list (a variant to compare)")
+    ap.add_argument("--search-position", type=int,
+                    help="offer codebase_search at this place in the tool list, 0 = first "
+                    "(a variant to compare; default: the product's, first)")
     ap.add_argument("--label", default="", help="variant name recorded in each row")
     ap.add_argument("--summarize", type=Path, help="print the table for a results file")
     args = ap.parse_args()
@@ -246,9 +252,9 @@ def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_d
             toolset, settings, index_seconds = search_setup(
                 args.search, ws, base.removesuffix("/v1"), Path(tmp) / "client",
                 runs_dir / "search.key")
-            if args.search_description or args.search_first:
+            if args.search_description or args.search_position is not None:
                 toolset = described(toolset or default_toolset(), args.search_description,
-                                    args.search_first)
+                                    args.search_position)
             start = time.monotonic()
             info = run_codeplane(task, ws, base, model, args.max_steps, transcript,
                                  json.loads(args.config), toolset, settings,
