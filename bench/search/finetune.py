@@ -222,7 +222,8 @@ def query_mrr(model, tok, queries: list[str], docs) -> float:
 
 
 def lora_model(args: argparse.Namespace, dropout: bool):
-    """bge-small with a fresh LoRA (rank `--rank`, alpha 2x) on every attention/FFN linear."""
+    """bge-small with a LoRA (rank `--rank`, alpha 2x) on every attention/FFN linear: fresh, or
+    `--init`'s saved delta to continue a run (its rank must match)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -230,6 +231,8 @@ def lora_model(args: argparse.Namespace, dropout: bool):
     torch.manual_seed(0)
     model = get_peft_model(torch_model(dropout), LoraConfig(
         r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=TARGETS))
+    if args.init:
+        load(model, Path(args.init))
     return model.train()
 
 
@@ -311,15 +314,15 @@ def train_both(args: argparse.Namespace) -> None:
     """LoRA on one shared encoder for queries and chunks (a symmetric bi-encoder, as bge was
     trained): InfoNCE both ways over same-project batches. Every chunk is re-encoded each step,
     so this costs ~10x the query-side run per pair; the chunk side is where the query-side run
-    suggested the bottleneck is. Writes WORK/both_delta.npz (best validation MRR@10) for
-    `build --delta both_delta.npz`."""
+    suggested the bottleneck is. Writes WORK/`--out` (best validation MRR@10) for
+    `build --delta`. `--init` with another `--seed` continues a run on a fresh batch order."""
     import torch
 
     model = lora_model(args, dropout=False)
     query_tok, chunk_tok = tokenizer(QUERY_TOKENS), tokenizer(args.chunk_tokens)
     pairs, held = load_pairs("pairs"), load_pairs("validation")[:args.validation]
     print(f"{len(pairs)} training pairs")
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(args.seed)
 
     def loss_of(batch: list[int]):
         q = encode(model, query_tok, [pairs[i]["query"] for i in batch])
@@ -334,7 +337,7 @@ def train_both(args: argparse.Namespace) -> None:
         return mixed, f"{mixed:.3f} own-project {own:.3f}"
 
     optimise(model, args, lambda: project_batches(pairs, args.batch, generator), loss_of,
-             validate, WORK / "both_delta.npz")
+             validate, WORK / args.out)
 
 
 def optimise(model, args: argparse.Namespace, batches: Callable[[], list],
@@ -381,16 +384,34 @@ def lr_factor(step: int, total: int | None) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - 10) / max(1, total - 10))))
 
 
+def lora_modules(model) -> Iterator[tuple[str, object]]:
+    """(the linear's name in BertModel, its peft LoRA wrapper) for every adapted linear."""
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_A") and "default" in module.lora_A:
+            yield name.removeprefix("base_model.model."), module
+
+
+def load(model, path: Path) -> None:
+    """The inverse of `save`: a delta's A and B (scaling divided out) into the LoRA weights."""
+    import torch
+
+    delta = np.load(path)
+    with torch.no_grad():
+        for linear, module in lora_modules(model):
+            module.lora_A["default"].weight.copy_(torch.from_numpy(
+                delta[f"{linear}.A"].astype(np.float32)))
+            module.lora_B["default"].weight.copy_(torch.from_numpy(
+                delta[f"{linear}.B"].astype(np.float32) / module.scaling["default"]))
+
+
 def save(model, path: Path) -> None:
     """The delta as `<linear>.A` [r, in] and `<linear>.B` [out, r] with the LoRA scaling folded
     into B, fp16: what onnx_delta.merge_delta reads."""
     delta = {}
-    for name, module in model.named_modules():
-        if hasattr(module, "lora_A") and "default" in module.lora_A:
-            linear = name.removeprefix("base_model.model.")
-            delta[f"{linear}.A"] = module.lora_A["default"].weight.detach().numpy()
-            delta[f"{linear}.B"] = (module.lora_B["default"].weight.detach().numpy()
-                                    * module.scaling["default"])
+    for linear, module in lora_modules(model):
+        delta[f"{linear}.A"] = module.lora_A["default"].weight.detach().numpy()
+        delta[f"{linear}.B"] = (module.lora_B["default"].weight.detach().numpy()
+                                * module.scaling["default"])
     np.savez_compressed(path, **{k: v.astype(np.float16) for k, v in delta.items()})
 
 
@@ -404,6 +425,9 @@ def main() -> None:
     parser.add_argument("--validation", type=int, default=VALIDATION,
                         help="validation pairs scored every --every steps (both sides)")
     parser.add_argument("--delta", default="query_delta.npz", help="build: the delta in WORK")
+    parser.add_argument("--init", help="train: start the LoRA from this saved delta")
+    parser.add_argument("--out", default="both_delta.npz", help="train --side both: in WORK")
+    parser.add_argument("--seed", type=int, default=0, help="train --side both: batch order")
     parser.add_argument("--minutes", type=float, default=40)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
