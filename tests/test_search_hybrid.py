@@ -16,7 +16,7 @@ from codeplane.agent import tools as T
 from codeplane.agent.env import local_environment
 from codeplane.indexing.api import search
 from codeplane.indexing.lexical import Shape, analyse, defines, path_match
-from codeplane.indexing.rank import Weights, fuse_chunks, rank_files
+from codeplane.indexing.rank import FILE_WEIGHTS, Weights, fuse_chunks, is_documentation, rank_files
 from codeplane.indexing.sync import sync
 from codeplane.server.app import create_app
 
@@ -216,3 +216,22 @@ def test_fusion_mixes_normalised_lists_and_ranks_files() -> None:
     files = rank_files(q, [(("x/retry.py", 1, 2), 0.5), (("y.py", 1, 2), 0.55)],
                        Weights(dense=1, lexical=0, define=0, second=0, path=0.2))
     assert files[0][0] == "x/retry.py"  # its name says "retry"
+
+
+def test_file_ranking_puts_the_code_above_a_changelog_that_repeats_the_request() -> None:
+    """A changelog entry restates the request word for word, so its chunk outscores the code
+    that has to change; in file ranking documentation is demoted, not dropped."""
+    q = analyse("retry the request when the server sends Retry-After")
+    chunks = [(("CHANGES.rst", 10, 14), 0.95), (("docs/usage.md", 1, 9), 0.9),
+              (("src/client/retries.py", 20, 48), 0.6), (("src/client/auth.py", 1, 30), 0.2)]
+    files = [path for path, _, _ in rank_files(q, chunks, FILE_WEIGHTS[q.shape])]
+    assert files[0] == "src/client/retries.py"
+    assert set(files) == {"CHANGES.rst", "docs/usage.md", "src/client/retries.py",
+                          "src/client/auth.py"}  # still there, below the code it matched
+    assert files.index("CHANGES.rst") < files.index("src/client/auth.py")
+    assert [is_documentation(p) for p in ("README", "docs/api.rst", "HISTORY.md",
+                                          "LICENSE.txt", "notes.txt")] == [True] * 5
+    assert [is_documentation(p) for p in ("src/readers.py", "requirements-dev.txt",
+                                          "pyproject.toml", "docs/conf.py", "app/history.py",
+                                          "licenses/")] == [False] * 6
+

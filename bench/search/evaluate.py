@@ -201,6 +201,7 @@ GRID_DENSE = [i / 10 for i in range(11)]
 GRID_DEFINE = [0.0, 0.2, 0.5, 1.0]
 GRID_SECOND = [0.0, 0.1, 0.2, 0.4]
 GRID_PATH = [0.0, 0.05, 0.1, 0.2, 0.4]
+GRID_DOCS = [1.0, 0.7, 0.5, 0.3, 0.0]
 
 
 def fit(data: dict[str, list[tuple[dict, Candidates]]]) -> dict:
@@ -215,11 +216,12 @@ def fit(data: dict[str, list[tuple[dict, Candidates]]]) -> dict:
                 continue
             grid = itertools.product(GRID_DENSE, GRID_DEFINE,
                                      GRID_SECOND if level == "files" else [0.0],
-                                     GRID_PATH if level == "files" else [0.0])
+                                     GRID_PATH if level == "files" else [0.0],
+                                     GRID_DOCS if level == "files" else [1.0])
             best, best_score = None, -1.0
-            for d, df, sec, pth in grid:
+            for d, df, sec, pth, docs in grid:
                 w = rank.Weights(dense=d, lexical=round(1 - d, 2), define=df, second=sec,
-                                 path=pth)
+                                 path=pth, docs=docs)
                 total = 0.0
                 for c in items:
                     fused = rank.fuse_chunks(c.query, c.dense, c.lexical, c.text.get, w)
