@@ -52,7 +52,7 @@ def test_parallel_calls_results_in_call_order_and_transcript(scripted, repo, tmp
     assert tool_msgs[1]["content"].startswith("b.py:1:B = 2\n[next: to change b.py, call "
                                               "read_file")
     assert tool_msgs[3]["content"].endswith("A = 10")  # ... and after it, as ordered
-    assert "read_file" in [t["function"]["name"] for t in scripted.requests[0]["tools"]]
+    assert scripted.requests[0]["tools"][0]["function"]["name"] == "read_file"
     first = scripted.requests[0]["messages"]
     assert "{" not in first[0]["content"]  # the system prompt is static (KV-cache prefix)
     assert first[1]["content"] == "set A to 10\n\nFiles in the repository:\na.py\nb.py"

@@ -80,16 +80,6 @@ def test_system_prompt_names_codebase_search_only_when_it_is_offered(scripted, r
     assert offered.replace(SEARCH_STEP, "") == removed  # the one difference
 
 
-def test_codebase_search_is_offered_first_and_says_when_to_use_it(scripted, repo) -> None:
-    """Told only "find code by meaning" in fifth place, code-medium guessed a file instead of
-    searching; described by when to use it and offered first, it searched (docs/search.md)."""
-    first_system_prompt(scripted, repo)
-    tools = [t["function"] for t in scripted.requests[0]["tools"]]
-    assert tools[0]["name"] == "codebase_search"
-    assert "does not name the file" in tools[0]["description"]
-    assert "before read_file" in tools[0]["description"]
-
-
 def test_unindexed_workspace_keeps_the_prompt_and_the_tool_points_to_grep(
         scripted, repo, settings) -> None:
     """Decided: the prompt depends on the toolset, not on whether this workspace has an

@@ -13,10 +13,9 @@ so an agent cannot pass by editing the tests.
 `--search none|dense|hybrid` measures what `codebase_search` is worth: the tool removed, or
 the workspace indexed first and searched dense-only (the old search) or hybrid (the default);
 see docs/search.md. `--search-description TEXT` and `--search-position N` change only what the
-model is told about that tool (its description, its place in the list), to compare; the
-product's until session 11 was `--search-description "Semantic search: find code by meaning
-('where are passwords hashed?'). Returns the most relevant snippets with paths and line
-ranges." --search-position 4`.
+model is told about that tool (its description, its place in the list), to compare: the
+product's is fifth (`--search-position 4`); session 8's "hint" variant is `--search-position 0`
+with its text in docs/search.md.
 `--task-seconds N` cancels a run after N seconds of wall time (the checker still runs), so a
 suite fits a time box on a loaded machine.
 
@@ -119,7 +118,7 @@ def search_setup(mode: str | None, ws: Path, server_url: str, home: Path, key_fi
 def described(toolset: Toolset, text: str | None, position: int | None) -> Toolset:
     """`toolset` with codebase_search described by `text` and/or offered at `position` in the
     list, the tool itself unchanged: a variant of what the model is told about search, to
-    compare against the default (its own description, offered first)."""
+    compare against the default (its own description, fifth in the list)."""
     search = toolset.tools["codebase_search"]
     others = [t for t in toolset.tools.values() if t is not search]
     at = list(toolset.tools.values()).index(search) if position is None else position
@@ -199,7 +198,7 @@ def main() -> int:
                     "sees it (a variant to compare; default: the product's)")
     ap.add_argument("--search-position", type=int,
                     help="offer codebase_search at this place in the tool list, 0 = first "
-                    "(a variant to compare; default: the product's, first)")
+                    "(a variant to compare; default: the product's, fifth)")
     ap.add_argument("--label", default="", help="variant name recorded in each row")
     ap.add_argument("--summarize", type=Path, help="print the table for a results file")
     args = ap.parse_args()

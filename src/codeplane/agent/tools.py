@@ -529,13 +529,8 @@ def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[st
             yield from list_files(env, base / entry.name, use_rg=False)
 
 
-# Described by when to use it and offered first (default_toolset): with "Semantic search: find
-# code by meaning" in fifth place, code-medium never called it on tasks that do not name the
-# file and guessed one instead (docs/search.md, "The agent's view").
-@tool("codebase_search", "Find where something is implemented when the task does not name the "
-      "file: ask in words, e.g. 'where are strings converted to booleans?'. Returns the "
-      "best-matching code with file paths and line ranges. Call it before read_file when you "
-      "do not know which file to change.",
+@tool("codebase_search", "Semantic search: find code by meaning ('where are passwords "
+      "hashed?'). Returns the most relevant snippets with paths and line ranges.",
       {"query": {"type": "string"}, "limit": {"type": "integer"},
        "target_directories": {"type": "array", "items": {"type": "string"}},
        "files": {"type": "boolean", "description": "rank whole files: use when asking where "
@@ -921,7 +916,7 @@ def _write(env: Environment, path: Path, fmt: TextFile, text: str) -> None:
 
 def default_toolset() -> Toolset:
     """The standard tools, in the order their schemas are offered to the model."""
-    return Toolset([codebase_search, read_file, list_dir, file_search, grep, edit_file,
+    return Toolset([read_file, list_dir, file_search, grep, codebase_search, edit_file,
                     create_file, delete_file, read_lints, run_terminal_cmd, todo_write])
 
 
