@@ -116,7 +116,8 @@ def search_cmd(
         help="Only results under this directory (a workspace or a folder inside one).")] = None,
     limit: Annotated[int, typer.Option(help="Number of results.", min=1, max=100)] = 10,
     files: Annotated[bool, typer.Option(
-        "--files", help="Rank files, not snippets: where would this change go?")] = False,
+        "--files", help="Rank files, not snippets: where would this change go? "
+        "Documentation ranks below code that matches as well.")] = False,
     code: Annotated[bool, typer.Option(
         "--code", help="Only source files (no changelog, README or config).")] = False,
     root: Annotated[Path | None, typer.Option(
