@@ -88,4 +88,6 @@ def test_a_tampered_or_missing_delta_is_refused(monkeypatch, tmp_path) -> None:
 def test_an_unknown_local_model_names_the_known_ones() -> None:
     with pytest.raises(EmbedderUnavailable, match="bge-small, bge-small-code"):
         local_model({"embedder": {"model": "bge-large"}})
+    with pytest.raises(EmbedderUnavailable, match="bge-small, bge-small-code"):
+        OnnxEmbedder(name="bge-large")
     assert local_model({"embedder": {"kind": "openai", "model": "anything"}}) is None

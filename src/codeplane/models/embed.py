@@ -97,9 +97,13 @@ def local_model(config: dict) -> str | None:
     spec = config.get("embedder") or {}
     if spec.get("kind", "local") != "local":
         return None
-    name = spec.get("model", DEFAULT_LOCAL)
+    return known_local(spec.get("model", DEFAULT_LOCAL), "indexing.embedder.model")
+
+
+def known_local(name: str, field: str = "embedding model") -> str:
+    """`name` if it is a LOCAL_MODELS entry; otherwise the error names the ones there are."""
     if name not in LOCAL_MODELS:
-        raise EmbedderUnavailable(f"indexing.embedder.model {name!r} is not a local model; "
+        raise EmbedderUnavailable(f"{field} {name!r} is not a local model; "
                                   f"one of {', '.join(LOCAL_MODELS)}")
     return name
 
@@ -122,10 +126,7 @@ class OnnxEmbedder:
         folder = bge_files()
         source: Path | bytes
         if model is None:
-            if name not in LOCAL_MODELS:
-                raise EmbedderUnavailable(f"unknown local embedding model {name!r}; one of "
-                                          f"{', '.join(LOCAL_MODELS)}")
-            self.name = name
+            self.name = known_local(name)
             source = folder / "model.onnx"
             _verify(source, BGE_SHA256)
             delta = LOCAL_MODELS[name]
