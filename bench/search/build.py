@@ -54,28 +54,35 @@ def order(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def localisation(repo: str, count: int) -> list[dict]:
-    """Commits (of the last 400) that modify 1-4 existing non-test source files and whose
-    message is a request in words, not a chore."""
-    log = git(repo, "log", "--no-merges", "-n", "400", "--format=@@%H %P", "--name-status")
-    candidates = []
+def modified_commits(repo: str, newest: int) -> list[tuple[str, str, list[str]]]:
+    """(commit, parent, modified non-test source files) of the `newest` non-merge commits
+    that modify 1-4 such existing files."""
+    log = git(repo, "log", "--no-merges", "-n", str(newest), "--format=@@%H %P", "--name-status")
+    out = []
     for block in log.split("@@")[1:]:
         head, *changes = block.strip().splitlines()
         sha, *parents = head.split()
-        if len(parents) != 1:
-            continue
         modified = [c.split("\t")[-1] for c in changes if c.startswith("M\t")]
         gold = sorted(p for p in modified if SOURCE.search(p) and not is_test(p))
-        if not 1 <= len(gold) <= 4:
-            continue
-        candidates.append((sha, parents[0], gold))
+        if len(parents) == 1 and 1 <= len(gold) <= 4:
+            out.append((sha, parents[0], gold))
+    return out
+
+
+def change_request(repo: str, sha: str) -> str | None:
+    """The commit message's first paragraph when it is a request in words, not a chore."""
+    query = first_paragraph(git(repo, "log", "-1", "--format=%B", sha))
+    return None if len(query.split()) < 4 or CHORE.search(query) else query
+
+
+def localisation(repo: str, count: int) -> list[dict]:
+    """Requests among the last 400 commits, in a fixed (sha-hashed) order."""
     out = []
-    for sha, parent, gold in sorted(candidates, key=lambda c: order(c[0])):
-        query = first_paragraph(git(repo, "log", "-1", "--format=%B", sha))
-        if len(query.split()) < 4 or CHORE.search(query):
-            continue
-        out.append({"repo": repo, "commit": sha, "parent": parent, "query": query,
-                    "gold": gold})
+    for sha, parent, gold in sorted(modified_commits(repo, 400), key=lambda c: order(c[0])):
+        query = change_request(repo, sha)
+        if query:
+            out.append({"repo": repo, "commit": sha, "parent": parent, "query": query,
+                        "gold": gold})
         if len(out) == count:
             break
     return out

@@ -35,8 +35,9 @@ IGNORED = pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORES)
 
 
 def mirror(repo: str) -> Path:
-    """owner/name -> its bare git dir under /work/.mirror."""
-    return MIRRORS / repo.replace("/", "+") / "repo"
+    """owner/name -> its git dir under /work/.mirror (bare, or `repo/.git` for some snapshots)."""
+    path = MIRRORS / repo.replace("/", "+") / "repo"
+    return path / ".git" if (path / ".git").is_dir() else path
 
 
 def git(repo: str, *args: str) -> str:

@@ -55,6 +55,11 @@ QUERY_TOKENS = 64
 TARGETS = ["query", "key", "value", "dense"]  # every attention and FFN linear of BertLayer
 
 
+def listed(path: Path) -> list[str]:
+    """The entries of a project list: one a line, `#` starts a comment."""
+    return [entry for line in path.read_text().splitlines() if (entry := line.split("#")[0].strip())]
+
+
 def download(names: list[str]) -> None:
     """pip's own client fetches each pinned sdist (PyPI only, no dependencies, no wheels)."""
     (WORK / "sdists").mkdir(parents=True, exist_ok=True)
@@ -109,9 +114,8 @@ def order(text: str) -> str:
 
 
 def build_pairs() -> None:
-    """All projects' pairs, deduplicated (a query seen twice is dropped, as build.py does; one
-    pair per chunk text, so no in-batch negative is secretly a positive), capped per project,
-    then a fixed validation split by hash."""
+    """All projects' pairs, capped per project, deduplicated (`unique_pairs`; a query seen
+    twice is dropped, as build.py does), then a fixed validation split by hash."""
     rows: list[dict] = []
     for archive in sorted((WORK / "sdists").iterdir()):
         project = archive.name.rsplit("-", 1)[0]
@@ -119,20 +123,32 @@ def build_pairs() -> None:
                  for p in file_pairs(path, text)]
         rows += sorted(found, key=lambda p: order(p["query"]))[:PER_PROJECT]
         print(f"{project}: {len(found)} pairs", file=sys.stderr)
+    write_split(unique_pairs(sorted(rows, key=lambda r: order(r["query"]))), "", VALIDATION)
+
+
+def unique_pairs(rows: list[dict]) -> list[dict]:
+    """`rows` in their order without queries seen twice, and one pair per chunk text (so no
+    in-batch negative is secretly a positive)."""
     seen: dict[str, int] = {}
     for r in rows:
         seen[r["query"]] = seen.get(r["query"], 0) + 1
     unique: dict[str, dict] = {}
-    for r in sorted(rows, key=lambda r: order(r["query"])):
+    for r in rows:
         if seen[r["query"]] == 1:
             unique.setdefault(r["text"], r)
-    pairs = list(unique.values())
-    for name, part in (("validation", pairs[:VALIDATION]), ("pairs", pairs[VALIDATION:])):
-        with (WORK / f"{name}.jsonl").open("w") as fh:
+    return list(unique.values())
+
+
+def write_split(pairs: list[dict], prefix: str, validation: int) -> None:
+    """The first `validation` pairs to WORK/{prefix}validation.jsonl, the rest to
+    WORK/{prefix}pairs.jsonl."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    for name, part in (("validation", pairs[:validation]), ("pairs", pairs[validation:])):
+        with (WORK / f"{prefix}{name}.jsonl").open("w") as fh:
             fh.writelines(json.dumps(p) + "\n" for p in part)
     projects = {p["project"] for p in pairs}
     print(f"{len(pairs)} pairs from {len(projects)} projects "
-          f"({len(pairs) - VALIDATION} train, {VALIDATION} validation)")
+          f"({len(pairs) - validation} train, {validation} validation)")
 
 
 def embed_pairs(minutes: float) -> None:
@@ -315,12 +331,17 @@ def train_both(args: argparse.Namespace) -> None:
     trained): InfoNCE both ways over same-project batches. Every chunk is re-encoded each step,
     so this costs ~10x the query-side run per pair; the chunk side is where the query-side run
     suggested the bottleneck is. Writes WORK/`--out` (best validation MRR@10) for
-    `build --delta`. `--init` with another `--seed` continues a run on a fresh batch order."""
+    `build --delta`. `--init` with another `--seed` continues a run on a fresh batch order;
+    `--extra` mixes in another pair set and picks by the mean of both validations."""
     import torch
 
     model = lora_model(args, dropout=False)
     query_tok, chunk_tok = tokenizer(QUERY_TOKENS), tokenizer(args.chunk_tokens)
     pairs, held = load_pairs("pairs"), load_pairs("validation")[:args.validation]
+    extra_held = []
+    if args.extra:
+        pairs += load_pairs(f"{args.extra}_pairs")
+        extra_held = load_pairs(f"{args.extra}_validation")[:args.validation]
     print(f"{len(pairs)} training pairs")
     generator = torch.Generator().manual_seed(args.seed)
 
@@ -334,7 +355,11 @@ def train_both(args: argparse.Namespace) -> None:
 
     def validate() -> tuple[float, str]:
         mixed, own = both_mrr(model, query_tok, chunk_tok, held)
-        return mixed, f"{mixed:.3f} own-project {own:.3f}"
+        if not extra_held:
+            return mixed, f"{mixed:.3f} own-project {own:.3f}"
+        extra, _ = both_mrr(model, query_tok, chunk_tok, extra_held)
+        mean = (mixed + extra) / 2
+        return mean, f"{mean:.3f} (docstring {mixed:.3f}, {args.extra} {extra:.3f})"
 
     optimise(model, args, lambda: project_batches(pairs, args.batch, generator), loss_of,
              validate, WORK / args.out)
@@ -427,6 +452,8 @@ def main() -> None:
     parser.add_argument("--delta", default="query_delta.npz", help="build: the delta in WORK")
     parser.add_argument("--init", help="train: start the LoRA from this saved delta")
     parser.add_argument("--out", default="both_delta.npz", help="train --side both: in WORK")
+    parser.add_argument("--extra", help="train --side both: also WORK/EXTRA_pairs.jsonl, "
+                        "validated on WORK/EXTRA_validation.jsonl (commit_pairs.py: commit)")
     parser.add_argument("--seed", type=int, default=0, help="train --side both: batch order")
     parser.add_argument("--minutes", type=float, default=40)
     parser.add_argument("--batch", type=int, default=64)
@@ -438,8 +465,7 @@ def main() -> None:
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     if args.step == "download":
-        download([line.split("#")[0].strip() for line in PROJECTS.read_text().splitlines()
-                  if line.split("#")[0].strip()])
+        download(listed(PROJECTS))
     elif args.step == "pairs":
         build_pairs()
     elif args.step == "vectors":
