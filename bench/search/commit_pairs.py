@@ -16,6 +16,7 @@ commit, so no batch holds one query twice with two answers.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -72,6 +73,8 @@ def project_pairs(repo: str) -> list[dict]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                            epilog=f"projects: {PROJECTS}").parse_args()
     repos = listed(PROJECTS)
     rows: list[dict] = []
     for repo in repos:
