@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import math
 import subprocess
@@ -40,7 +39,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from build import docstring_query, is_test
+from build import docstring_query, is_test, order
 from corpus import IGNORED, SKIP_DIRS, SKIP_PARTS, EmbeddingCache, blank_docstrings
 
 from codeplane.indexing.chunker import chunk_text
@@ -107,10 +106,6 @@ def file_pairs(path: str, text: str) -> list[dict]:
         if chunk is not None:
             out.append({"query": query, "text": chunk.embed_text(path)})
     return out
-
-
-def order(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def build_pairs() -> None:
@@ -463,6 +458,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--every", type=int, default=25, help="steps between validations")
     args = parser.parse_args()
+    if args.extra and (args.step, args.side) != ("train", "both"):
+        parser.error("--extra needs `train --side both`")
+    if args.extra and not (WORK / f"{args.extra}_pairs.jsonl").exists():
+        parser.error(f"--extra {args.extra}: no {WORK / args.extra}_pairs.jsonl "
+                     "(commit_pairs.py writes commit_pairs.jsonl)")
     WORK.mkdir(parents=True, exist_ok=True)
     if args.step == "download":
         download(listed(PROJECTS))
