@@ -105,9 +105,15 @@ def test_newer_request_drops_queued_and_cancels_running(engine):
     svc = TabService(engine, TabSettings(max_tokens=4))
     text = SOURCE.rstrip("\n") + ")\n"
     req = TabRequest(**body(text, text.rindex("div") + 3, cursor_id="t3"))
-    gate = threading.Event()
-    blocker = threading.Thread(target=engine.run_sync, args=("code-small", lambda m: gate.wait(60)))
+    running, gate = threading.Event(), threading.Event()
+
+    def occupy(model) -> None:
+        running.set()
+        gate.wait(60)
+
+    blocker = threading.Thread(target=engine.run_sync, args=("code-small", occupy))
     blocker.start()  # occupy the model worker so the next request has to queue
+    assert running.wait(60)  # the blocker holds the worker before anything else is queued
     try:
         session, seq, cancel = svc.begin(req)
         results = []
