@@ -16,7 +16,15 @@ from codeplane.agent import tools as T
 from codeplane.agent.env import local_environment
 from codeplane.indexing.api import search
 from codeplane.indexing.lexical import Shape, analyse, defines, path_match
-from codeplane.indexing.rank import FILE_WEIGHTS, Weights, fuse_chunks, is_documentation, rank_files
+from codeplane.indexing.rank import (
+    CHUNK_WEIGHTS,
+    FILE_WEIGHTS,
+    Weights,
+    fuse_chunks,
+    is_documentation,
+    is_test,
+    rank_files,
+)
 from codeplane.indexing.sync import sync
 from codeplane.server.app import create_app
 
@@ -218,13 +226,19 @@ def test_fusion_mixes_normalised_lists_and_ranks_files() -> None:
     assert files[0][0] == "x/retry.py"  # its name says "retry"
 
 
+def ranked_files(q, dense: list) -> list[str]:
+    """Files ranked as `search --files` ranks them, from dense hits alone."""
+    w = FILE_WEIGHTS[q.shape]
+    return [path for path, _, _ in rank_files(q, fuse_chunks(q, dense, [], lambda key: None, w), w)]
+
+
 def test_file_ranking_puts_the_code_above_a_changelog_that_repeats_the_request() -> None:
     """A changelog entry restates the request word for word, so its chunk outscores the code
     that has to change; in file ranking documentation is demoted, not dropped."""
     q = analyse("retry the request when the server sends Retry-After")
     chunks = [(("CHANGES.rst", 10, 14), 0.95), (("docs/usage.md", 1, 9), 0.9),
               (("src/client/retries.py", 20, 48), 0.6), (("src/client/auth.py", 1, 30), 0.2)]
-    files = [path for path, _, _ in rank_files(q, chunks, FILE_WEIGHTS[q.shape])]
+    files = ranked_files(q, chunks)
     assert files[0] == "src/client/retries.py"
     assert set(files) == {"CHANGES.rst", "docs/usage.md", "src/client/retries.py",
                           "src/client/auth.py"}  # still there, below the code it matched
@@ -234,4 +248,24 @@ def test_file_ranking_puts_the_code_above_a_changelog_that_repeats_the_request()
     assert [is_documentation(p) for p in ("src/readers.py", "requirements-dev.txt",
                                           "pyproject.toml", "docs/conf.py", "app/history.py",
                                           "licenses/")] == [False] * 6
+
+
+def test_file_ranking_puts_the_code_above_tests_that_name_the_behaviour() -> None:
+    """A test named after the behaviour (`test_retry_after_header`) matches a request's words
+    better than the code that implements it; with tests indexed, tests held 40% of the top 5."""
+    q = analyse("retry the request when the server sends Retry-After")
+    chunks = [(("tests/test_retries.py", 5, 30), 0.97), (("src/client/retries_test.go", 1, 9), 0.93),
+              (("web/retry.spec.ts", 1, 9), 0.9), (("src/client/retries.py", 20, 48), 0.6),
+              (("src/client/auth.py", 1, 30), 0.2)]
+    files = ranked_files(q, chunks)
+    assert files[0] == "src/client/retries.py"
+    assert len(files) == 5  # demoted, not dropped
+    assert files.index("tests/test_retries.py") < files.index("src/client/auth.py")
+    top = fuse_chunks(q, chunks, [], lambda key: None, CHUNK_WEIGHTS[q.shape])[0][0]
+    assert top == ("src/client/retries.py", 20, 48)  # chunk search (no --files) too
+    assert [is_test(p) for p in ("tests/test_a.py", "pkg/tests/data.json", "test_cli.py",
+                                 "pkg/a_test.go", "web/a.test.ts", "src/test/java/FooTest.java",
+                                 "conftest.py", "spec/models/user_spec.rb")] == [True] * 8
+    assert [is_test(p) for p in ("src/flask/testing.py", "numpy/testing/utils.py", "latest.py",
+                                 "contest.py", "testdata.py", "docs/tests.rst")] == [False] * 6
 

@@ -6,13 +6,15 @@ scores are normalised by the query's best score and mixed with a few weights fit
 shape (`lexical.Shape`) on tuning repositories (`bench/search/evaluate.py --fit`), then checked
 on held-out repositories. Files are ranked by their best chunk, plus their second-best chunk,
 plus a path that names a query word: "where would this change go" is a question about files.
-Documentation (changelogs, READMEs, prose docs) is demoted, not dropped, in file ranking: a
-changelog entry restates the change request, so it would outrank the code the request is about
-(measured: docs/search.md, "Documentation in file ranking").
+Documentation (changelogs, READMEs, prose docs) and tests are demoted, not dropped: a changelog
+entry restates a change request and a test names the behaviour it checks, so either would
+outrank the code the request is about (measured: docs/search.md, "Documentation in file
+ranking" and "The whole tree indexed: tests and docs demoted").
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +24,9 @@ from codeplane.indexing.lexical import Query, Shape, defines, path_match
 DOC_SUFFIXES = (".md", ".markdown", ".rst", ".adoc", ".txt")
 DOC_NAMES = ("changes", "changelog", "history", "news", "readme", "authors", "contributing",
              "license", "notice")
+# Not `testing/`: numpy.testing and pandas._testing are libraries other code imports.
+TEST_DIRS = frozenset({"test", "tests", "__tests__", "spec", "specs", "testsuite"})
+TEST_STEM = re.compile(r"test_.+|conftest|.+_test|.+_spec|.+\.(?:test|spec)|.+Tests?")
 
 Key = tuple[str, int, int]  # (workspace-relative path, start line, end line)
 
@@ -33,7 +38,8 @@ class Weights:
     define: float  # the chunk defines an identifier the query names
     second: float  # files: share of the second-best chunk's score
     path: float  # files: the file's path names a query word
-    docs: float = 1.0  # files: multiplier of a documentation file's score (`is_documentation`)
+    docs: float = 1.0  # multiplier of a documentation chunk's score (`is_documentation`)
+    tests: float = 1.0  # multiplier of a test chunk's score (`is_test`)
 
 
 # Fitted by `python bench/search/evaluate.py --fit` on the tuning repositories (click, flask,
@@ -42,19 +48,25 @@ class Weights:
 # localisation. No localisation request was a bare identifier, so files borrow the chunk fit
 # there. Identifier `define` tied on tuning at 0.5, 1.0 and 2.0 (MRR 1.0); 1.0 is kept because a
 # name called from many short places otherwise out-scores its definition lexically (held-out MRR
-# 0.988 at 0.5, 0.996 at 1.0). Files' `docs` factor: a scan with the other weights fixed
-# (1.0 ... 0.0) rose on tuning to 0.7 and was flat from 0.7 to 0.0; 0.3 keeps a changelog
-# reachable when no code matches. Held-out numbers: docs/indexing.md, docs/search.md.
+# 0.988 at 0.5, 0.996 at 1.0). The `docs` and `tests` factors: scans with the other weights
+# fixed (1.0 ... 0.0), with tests and docs indexed, rose on tuning and were flat from 0.5 to 0.0
+# (files' `docs`: from 0.7); 0.3 keeps a changelog or a test reachable when no code matches.
+# Held-out numbers: docs/indexing.md, docs/search.md.
 CHUNK_WEIGHTS = {
-    Shape.PROSE: Weights(dense=0.8, lexical=0.2, define=0.0, second=0.0, path=0.0),
-    Shape.MIXED: Weights(dense=0.7, lexical=0.3, define=0.0, second=0.0, path=0.0),
-    Shape.IDENTIFIER: Weights(dense=0.0, lexical=1.0, define=1.0, second=0.0, path=0.0),
+    Shape.PROSE: Weights(dense=0.8, lexical=0.2, define=0.0, second=0.0, path=0.0, docs=0.3,
+                         tests=0.3),
+    Shape.MIXED: Weights(dense=0.7, lexical=0.3, define=0.0, second=0.0, path=0.0, docs=0.3,
+                         tests=0.3),
+    Shape.IDENTIFIER: Weights(dense=0.0, lexical=1.0, define=1.0, second=0.0, path=0.0,
+                              docs=0.3, tests=0.3),
 }
 FILE_WEIGHTS = {
-    Shape.PROSE: Weights(dense=0.3, lexical=0.7, define=0.0, second=0.0, path=0.0, docs=0.3),
-    Shape.MIXED: Weights(dense=0.1, lexical=0.9, define=0.5, second=0.2, path=0.0, docs=0.3),
+    Shape.PROSE: Weights(dense=0.3, lexical=0.7, define=0.0, second=0.0, path=0.0, docs=0.3,
+                         tests=0.3),
+    Shape.MIXED: Weights(dense=0.1, lexical=0.9, define=0.5, second=0.2, path=0.0, docs=0.3,
+                         tests=0.3),
     Shape.IDENTIFIER: Weights(dense=0.0, lexical=1.0, define=1.0, second=0.0, path=0.0,
-                              docs=0.3),
+                              docs=0.3, tests=0.3),
 }
 
 # `indexing.fusion = "dense"`: the server's ranking alone (files by their best chunk).
@@ -69,6 +81,16 @@ def is_documentation(path: str) -> bool:
     if name.endswith(DOC_SUFFIXES):
         return not name.startswith("requirements")
     return name.split(".", 1)[0] in DOC_NAMES and language_for(name) is None
+
+
+def is_test(path: str) -> bool:
+    """A test: anything under a `tests/` (`test/`, `__tests__/`, `spec/` ...) directory, its
+    fixtures too, or a source file named like one (`test_x.py`, `x_test.go`, `x.test.ts`,
+    `x.spec.js`, `XTest.java`, `conftest.py`)."""
+    *dirs, name = path.split("/")
+    if TEST_DIRS.intersection(dirs):
+        return True
+    return language_for(name) is not None and bool(TEST_STEM.fullmatch(name.rsplit(".", 1)[0]))
 
 
 def _normalised(hits: list[tuple[Key, float]]) -> dict[Key, float]:
@@ -88,9 +110,10 @@ def _normalised(hits: list[tuple[Key, float]]) -> dict[Key, float]:
 def fuse_chunks(query: Query, dense: list[tuple[Key, float]], lexical: list[tuple[Key, float]],
                 text_of: Callable[[Key], str | None], weights: Weights | None = None,
                 unembedded: frozenset[Key] = frozenset()) -> list[tuple[Key, float]]:
-    """Chunks from either list, best first, scored by the shape's weights. `unembedded` chunks
-    (withheld for secrets, or not uploaded yet) have no dense score to lose: their lexical score
-    stands in for it, so they compete on what is known."""
+    """Chunks from either list, best first, scored by the shape's weights (documentation and
+    tests scaled down). `unembedded` chunks (withheld for secrets, or not uploaded yet) have no
+    dense score to lose: their lexical score stands in for it, so they compete on what is
+    known."""
     w = weights or CHUNK_WEIGHTS[query.shape]
     d, lex = _normalised(dense), _normalised(lexical)
     scored = []
@@ -100,13 +123,14 @@ def fuse_chunks(query: Query, dense: list[tuple[Key, float]], lexical: list[tupl
         if w.define and query.names:
             text = text_of(key)
             score += w.define * (defines(query, text) if text else 0.0)
-        scored.append((key, score))
+        scored.append((key, score * _kind_factor(key[0], w)))
     return sorted(scored, key=lambda kv: -kv[1])
 
 
 def rank_files(query: Query, chunks: list[tuple[Key, float]], weights: Weights | None = None
                ) -> list[tuple[str, float, Key]]:
-    """(path, score, best chunk) best first, from fused chunk scores."""
+    """(path, score, best chunk) best first, from fused chunk scores (`fuse_chunks` with the
+    same weights: documentation and tests are already scaled there)."""
     w = weights or FILE_WEIGHTS[query.shape]
     best: dict[str, list[tuple[float, Key]]] = {}
     for key, score in chunks:
@@ -117,5 +141,11 @@ def rank_files(query: Query, chunks: list[tuple[Key, float]], weights: Weights |
     for path, top in best.items():
         second = top[1][0] if len(top) > 1 else 0.0
         score = top[0][0] + w.second * second + w.path * path_match(query, path)
-        files.append((path, score * (w.docs if is_documentation(path) else 1.0), top[0][1]))
+        files.append((path, score, top[0][1]))
     return sorted(files, key=lambda f: -f[1])
+
+
+def _kind_factor(path: str, w: Weights) -> float:
+    if is_documentation(path):
+        return w.docs
+    return w.tests if is_test(path) else 1.0
