@@ -83,8 +83,9 @@ class IndexedChunk:
 class Snapshots:
     """Chunked trees of one repository, with a per-blob cache."""
 
-    def __init__(self, repo: str) -> None:
+    def __init__(self, repo: str, whole_tree: bool = False) -> None:
         self.repo = repo
+        self.whole_tree = whole_tree  # tests and docs too, as `codeplane index` sees the repo
         self.blob_chunks: dict[str, list[Chunk]] = {}
         self.cat = subprocess.Popen(["git", "--git-dir", str(mirror(repo)), "cat-file", "--batch"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -100,15 +101,17 @@ class Snapshots:
 
     def files(self, commit: str) -> dict[str, str]:
         """path -> blob id of the files the indexer would see (its default ignores, the size
-        cap), without documentation and test trees."""
+        cap), without documentation and test trees unless `whole_tree`."""
         out = {}
         for line in git(self.repo, "ls-tree", "-r", "-l", commit).splitlines():
             meta, path = line.split("\t", 1)
             _, kind, sha, size = meta.split()
             if kind != "blob" or size == "-" or int(size) > DEFAULT_MAX_BYTES:
                 continue
-            if path.startswith(SKIP_DIRS) or IGNORED.match_file(path) or \
-                    SKIP_PARTS & set(path.split("/")[:-1]) or path.endswith((".po", ".svg")):
+            if IGNORED.match_file(path) or path.endswith((".po", ".svg")):
+                continue
+            if not self.whole_tree and (path.startswith(SKIP_DIRS)
+                                        or SKIP_PARTS & set(path.split("/")[:-1])):
                 continue
             out[path] = sha
         return out

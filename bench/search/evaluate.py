@@ -64,7 +64,7 @@ class Index:
     """One snapshot: its chunks in a real client FTS5 index and their dense vectors."""
 
     def __init__(self, snaps: Snapshots, commit: str, blank: bool, embeddings: EmbeddingCache,
-                 home: Path, layout: str = "today") -> None:
+                 home: Path, layout: str = "today", centre: float = 0.0) -> None:
         self.chunks: list[IndexedChunk] = snaps.chunks(commit, blank_docstrings if blank
                                                        else None)
         root = home / f"{snaps.repo.replace('/', '+')}-{commit[:10]}-{int(blank)}"
@@ -83,11 +83,17 @@ class Index:
         for c in self.chunks:
             self.file_text[c.path] += c.chunk.text.lower() + "\n"
         self.matrix = embeddings.vectors([LAYOUTS[layout](c.path, c.chunk) for c in self.chunks])
+        # hubness correction probe: a chunk's cosine to the snapshot's mean vector, subtracted
+        # (times `centre`) from its score in the dense top 100 (docs/search.md, session 13)
+        self.centre = centre
+        self.centrality = self.matrix @ self.matrix.mean(axis=0) if centre else None
 
     def candidates(self, query: str, qvec: np.ndarray, gold: set) -> Candidates:
         sims = self.matrix @ qvec
         top = np.argsort(-sims)[:DENSE_K]
-        dense = [(self.keys[i], float(sims[i])) for i in top]
+        if self.centrality is not None:
+            sims = sims - self.centre * self.centrality
+        dense = sorted(((self.keys[i], float(sims[i])) for i in top), key=lambda kv: -kv[1])
         q = analyse(query)
         started = time.perf_counter()
         lexical = [((r.path, r.start, r.end), s) for r, s in
@@ -167,13 +173,15 @@ def load(name: str) -> list[dict]:
 
 def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefix: str = "",
             layout: str = "today", query_words: bool = False,
-            query_embeddings: EmbeddingCache | None = None
-            ) -> dict[str, list[tuple[dict, Candidates]]]:
+            query_embeddings: EmbeddingCache | None = None, whole_tree: bool = False,
+            centre: float = 0.0) -> dict[str, list[tuple[dict, Candidates]]]:
     """Candidates for every query of every set, one index per (repo, commit, blanked);
     `query_prefix` is prepended to the embedded query only (an embedder's instruction),
     `layout` names the chunk text the embedder sees (`layouts.py`), `query_words` splits the
     embedded query's identifiers into words too; `query_embeddings` embeds the queries when
-    they have their own model (an adapted query side, finetune.py)."""
+    they have their own model (an adapted query side, finetune.py); `whole_tree` indexes
+    tests and docs too, as a user's `codeplane index` would; `centre` is the hubness probe's
+    weight (`Index`)."""
     snaps: dict[str, Snapshots] = {}
     out: dict[str, list] = {}
     for name in sets:
@@ -185,8 +193,9 @@ def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefi
             groups[(r["repo"], r.get("parent", r["commit"]))].append(i)
         out[name] = []
         for (repo, commit), members in groups.items():
-            snaps.setdefault(repo, Snapshots(repo))
-            index = Index(snaps[repo], commit, name == "docstring", embeddings, home, layout)
+            snaps.setdefault(repo, Snapshots(repo, whole_tree))
+            index = Index(snaps[repo], commit, name == "docstring", embeddings, home, layout,
+                          centre)
             for i in members:
                 r = rows[i]
                 gold = set(r["gold"]) if name == "localisation" else chunk_gold(index, r["gold"])
@@ -202,6 +211,7 @@ GRID_DEFINE = [0.0, 0.2, 0.5, 1.0]
 GRID_SECOND = [0.0, 0.1, 0.2, 0.4]
 GRID_PATH = [0.0, 0.05, 0.1, 0.2, 0.4]
 GRID_DOCS = [1.0, 0.7, 0.5, 0.3, 0.0]
+GRID_TESTS = [1.0, 0.5, 0.3, 0.0]  # fit it with --whole-tree: no tests are indexed otherwise
 
 
 def fit(data: dict[str, list[tuple[dict, Candidates]]]) -> dict:
@@ -217,11 +227,11 @@ def fit(data: dict[str, list[tuple[dict, Candidates]]]) -> dict:
             grid = itertools.product(GRID_DENSE, GRID_DEFINE,
                                      GRID_SECOND if level == "files" else [0.0],
                                      GRID_PATH if level == "files" else [0.0],
-                                     GRID_DOCS if level == "files" else [1.0])
+                                     GRID_DOCS, GRID_TESTS)
             best, best_score = None, -1.0
-            for d, df, sec, pth, docs in grid:
+            for d, df, sec, pth, docs, tests in grid:
                 w = rank.Weights(dense=d, lexical=round(1 - d, 2), define=df, second=sec,
-                                 path=pth, docs=docs)
+                                 path=pth, docs=docs, tests=tests)
                 total = 0.0
                 for c in items:
                     fused = rank.fuse_chunks(c.query, c.dense, c.lexical, c.text.get, w)
@@ -259,13 +269,19 @@ def main() -> None:
                         help="the same, for the queries only")
     parser.add_argument("--max-chars", type=int, default=chunker.MAX_CHARS,
                         help="chunk size budget (the chunker's MAX_CHARS)")
+    parser.add_argument("--whole-tree", action="store_true",
+                        help="index test and documentation trees too (by default they stay out,"
+                        " as a .codeplaneignore would keep them)")
+    parser.add_argument("--centre", type=float, default=0.0,
+                        help="hubness probe: subtract this times each chunk's cosine to the "
+                        "snapshot's mean vector from its dense score")
     args = parser.parse_args()
     chunker.MAX_CHARS = args.max_chars  # a probe of the budget, not a setting
     embeddings = EmbeddingCache(onnx_embedder(args.embedder))
     queries = args.query_embedder and EmbeddingCache(onnx_embedder(args.query_embedder))
     with tempfile.TemporaryDirectory() as tmp:
         data = collect(args.sets.split(","), embeddings, Path(tmp), args.query_prefix,
-                       args.layout, args.query_words, queries)
+                       args.layout, args.query_words, queries, args.whole_tree, args.centre)
     weights = fit(data) if args.fit else None
     if weights:
         for level, by_shape in weights.items():
