@@ -130,7 +130,7 @@ def fuse_chunks(query: Query, dense: list[tuple[Key, float]], lexical: list[tupl
 def rank_files(query: Query, chunks: list[tuple[Key, float]], weights: Weights | None = None
                ) -> list[tuple[str, float, Key]]:
     """(path, score, best chunk) best first, from fused chunk scores (`fuse_chunks` with the
-    same weights: documentation and tests are already scaled there)."""
+    same weights: documentation and tests are scaled there, and their path bonus here)."""
     w = weights or FILE_WEIGHTS[query.shape]
     best: dict[str, list[tuple[float, Key]]] = {}
     for key, score in chunks:
@@ -140,7 +140,8 @@ def rank_files(query: Query, chunks: list[tuple[Key, float]], weights: Weights |
     files = []
     for path, top in best.items():
         second = top[1][0] if len(top) > 1 else 0.0
-        score = top[0][0] + w.second * second + w.path * path_match(query, path)
+        bonus = w.path * path_match(query, path) * _kind_factor(path, w)
+        score = top[0][0] + w.second * second + bonus
         files.append((path, score, top[0][1]))
     return sorted(files, key=lambda f: -f[1])
 
