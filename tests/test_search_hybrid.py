@@ -263,6 +263,8 @@ def test_file_ranking_puts_the_code_above_tests_that_name_the_behaviour() -> Non
     assert files.index("tests/test_retries.py") < files.index("src/client/auth.py")
     top = fuse_chunks(q, chunks, [], lambda key: None, CHUNK_WEIGHTS[q.shape])[0][0]
     assert top == ("src/client/retries.py", 20, 48)  # chunk search (no --files) too
+    asked = analyse("the tests of retrying when the server sends Retry-After")
+    assert ranked_files(asked, chunks)[0] == "tests/test_retries.py"  # asked for: not demoted
     assert [is_test(p) for p in ("tests/test_a.py", "pkg/tests/data.json", "test_cli.py",
                                  "pkg/a_test.go", "web/a.test.ts", "src/test/java/FooTest.java",
                                  "conftest.py", "spec/models/user_spec.rb")] == [True] * 8

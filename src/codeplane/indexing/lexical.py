@@ -24,6 +24,10 @@ STOPWORDS = frozenset(["a", "an", "and", "are", "as", "at", "be", "been", "being
 CODEISH = re.compile(r"`[^`]+`|\b\w+\.\w+\b|\b\w*[A-Za-z0-9]_\w+|\b_\w+|\b[a-z]+[A-Z]\w*"
                      r"|\b[A-Z][a-z]+[A-Z]\w*|\w+\(\)|--[a-z][\w-]+")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A request that says one of these asks for tests ("the tests of the retry logic",
+# `test_retry_after`): ranking must not demote them for it (`indexing.rank`).
+TEST_WORDS = frozenset(["test", "tests", "testing", "spec", "specs", "conftest", "fixture",
+                        "fixtures"])
 
 
 class Shape(StrEnum):
@@ -45,6 +49,10 @@ class Query:
     def lexical_text(self) -> str:
         """What to hand to the BM25 index: the informative tokens only."""
         return " ".join(self.terms)
+
+    @property
+    def asks_for_tests(self) -> bool:
+        return not TEST_WORDS.isdisjoint(self.terms)
 
 
 def analyse(text: str) -> Query:

@@ -123,7 +123,7 @@ def fuse_chunks(query: Query, dense: list[tuple[Key, float]], lexical: list[tupl
         if w.define and query.names:
             text = text_of(key)
             score += w.define * (defines(query, text) if text else 0.0)
-        scored.append((key, score * _kind_factor(key[0], w)))
+        scored.append((key, score * _kind_factor(key[0], w, query)))
     return sorted(scored, key=lambda kv: -kv[1])
 
 
@@ -140,13 +140,14 @@ def rank_files(query: Query, chunks: list[tuple[Key, float]], weights: Weights |
     files = []
     for path, top in best.items():
         second = top[1][0] if len(top) > 1 else 0.0
-        bonus = w.path * path_match(query, path) * _kind_factor(path, w)
+        bonus = w.path * path_match(query, path) * _kind_factor(path, w, query)
         score = top[0][0] + w.second * second + bonus
         files.append((path, score, top[0][1]))
     return sorted(files, key=lambda f: -f[1])
 
 
-def _kind_factor(path: str, w: Weights) -> float:
+def _kind_factor(path: str, w: Weights, query: Query) -> float:
+    """The demotion of documentation and tests; none for tests the request asks for."""
     if is_documentation(path):
         return w.docs
-    return w.tests if is_test(path) else 1.0
+    return w.tests if is_test(path) and not query.asks_for_tests else 1.0
