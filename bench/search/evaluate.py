@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
+from build import PER_REPO, localisation
 from conftest import make_settings
 from corpus import EmbeddingCache, IndexedChunk, Snapshots, blank_docstrings
 from layouts import LAYOUTS, spaced
@@ -174,18 +175,19 @@ def load(name: str) -> list[dict]:
 def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefix: str = "",
             layout: str = "today", query_words: bool = False,
             query_embeddings: EmbeddingCache | None = None, whole_tree: bool = False,
-            centre: float = 0.0) -> dict[str, list[tuple[dict, Candidates]]]:
+            centre: float = 0.0, requests: list[dict] | None = None
+            ) -> dict[str, list[tuple[dict, Candidates]]]:
     """Candidates for every query of every set, one index per (repo, commit, blanked);
     `query_prefix` is prepended to the embedded query only (an embedder's instruction),
     `layout` names the chunk text the embedder sees (`layouts.py`), `query_words` splits the
     embedded query's identifiers into words too; `query_embeddings` embeds the queries when
     they have their own model (an adapted query side, finetune.py); `whole_tree` indexes
     tests and docs too, as a user's `codeplane index` would; `centre` is the hubness probe's
-    weight (`Index`)."""
+    weight (`Index`); `requests` replace the committed localisation set (`--repos`)."""
     snaps: dict[str, Snapshots] = {}
     out: dict[str, list] = {}
     for name in sets:
-        rows = load(name)
+        rows = requests if name == "localisation" and requests else load(name)
         qvecs = (query_embeddings or embeddings).vectors(
             [query_prefix + (spaced(r["query"]) if query_words else r["query"]) for r in rows])
         groups: dict[tuple, list[int]] = defaultdict(list)
@@ -246,6 +248,14 @@ def fit(data: dict[str, list[tuple[dict, Candidates]]]) -> dict:
     return fitted
 
 
+def other_requests(repos: str | None) -> list[dict] | None:
+    """Localisation requests from repositories outside the committed set, built now."""
+    if not repos:
+        return None
+    return [dict(r, split="other") for repo in repos.split(",")
+            for r in localisation(repo, PER_REPO["localisation"])]
+
+
 def onnx_embedder(spec: str) -> OnnxEmbedder:
     """A LOCAL_MODELS name, or the path of an int8 ONNX build."""
     return OnnxEmbedder(name=spec) if spec in LOCAL_MODELS else OnnxEmbedder(model=Path(spec))
@@ -275,13 +285,17 @@ def main() -> None:
     parser.add_argument("--centre", type=float, default=0.0,
                         help="hubness probe: subtract this times each chunk's cosine to the "
                         "snapshot's mean vector from its dense score")
+    parser.add_argument("--repos", help="OWNER/NAME,...: localisation requests built now from "
+                        "these mirrors (12 each, as build.py does), reported as 'other' "
+                        "repositories instead of the committed set")
     args = parser.parse_args()
     chunker.MAX_CHARS = args.max_chars  # a probe of the budget, not a setting
     embeddings = EmbeddingCache(onnx_embedder(args.embedder))
     queries = args.query_embedder and EmbeddingCache(onnx_embedder(args.query_embedder))
     with tempfile.TemporaryDirectory() as tmp:
         data = collect(args.sets.split(","), embeddings, Path(tmp), args.query_prefix,
-                       args.layout, args.query_words, queries, args.whole_tree, args.centre)
+                       args.layout, args.query_words, queries, args.whole_tree, args.centre,
+                       other_requests(args.repos))
     weights = fit(data) if args.fit else None
     if weights:
         for level, by_shape in weights.items():
@@ -289,7 +303,7 @@ def main() -> None:
                 print(f"{level} {shape.value}: {w}")
     for name, items in data.items():
         level = "files" if name == "localisation" else "chunks"
-        for split in ("tuning", "held-out"):
+        for split in ("tuning", "held-out", "other"):
             rows: dict[str, list[dict]] = defaultdict(list)
             for r, c in items:
                 if r["split"] != split:
