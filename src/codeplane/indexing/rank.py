@@ -29,6 +29,7 @@ TEST_DIRS = frozenset({"test", "tests", "__tests__", "spec", "specs", "testsuite
 TEST_STEM = re.compile(r"test_.+|conftest|.+_test|.+_spec|.+\.(?:test|spec)|.+Tests?")
 
 Key = tuple[str, int, int]  # (workspace-relative path, start line, end line)
+DEMOTED = 0.3  # the fitted `docs` and `tests` factor (see the fit's comment below)
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ class Weights:
     define: float  # the chunk defines an identifier the query names
     second: float  # files: share of the second-best chunk's score
     path: float  # files: the file's path names a query word
-    docs: float = 1.0  # multiplier of a documentation chunk's score (`is_documentation`)
-    tests: float = 1.0  # multiplier of a test chunk's score (`is_test`)
+    docs: float = DEMOTED  # multiplier of a documentation chunk's score (`is_documentation`)
+    tests: float = DEMOTED  # multiplier of a test chunk's score (`is_test`)
 
 
 # Fitted by `python bench/search/evaluate.py --fit` on the tuning repositories (click, flask,
@@ -53,24 +54,19 @@ class Weights:
 # (files' `docs`: from 0.7); 0.3 keeps a changelog or a test reachable when no code matches.
 # Held-out numbers: docs/indexing.md, docs/search.md.
 CHUNK_WEIGHTS = {
-    Shape.PROSE: Weights(dense=0.8, lexical=0.2, define=0.0, second=0.0, path=0.0, docs=0.3,
-                         tests=0.3),
-    Shape.MIXED: Weights(dense=0.7, lexical=0.3, define=0.0, second=0.0, path=0.0, docs=0.3,
-                         tests=0.3),
-    Shape.IDENTIFIER: Weights(dense=0.0, lexical=1.0, define=1.0, second=0.0, path=0.0,
-                              docs=0.3, tests=0.3),
+    Shape.PROSE: Weights(dense=0.8, lexical=0.2, define=0.0, second=0.0, path=0.0),
+    Shape.MIXED: Weights(dense=0.7, lexical=0.3, define=0.0, second=0.0, path=0.0),
+    Shape.IDENTIFIER: Weights(dense=0.0, lexical=1.0, define=1.0, second=0.0, path=0.0),
 }
 FILE_WEIGHTS = {
-    Shape.PROSE: Weights(dense=0.3, lexical=0.7, define=0.0, second=0.0, path=0.0, docs=0.3,
-                         tests=0.3),
-    Shape.MIXED: Weights(dense=0.1, lexical=0.9, define=0.5, second=0.2, path=0.0, docs=0.3,
-                         tests=0.3),
-    Shape.IDENTIFIER: Weights(dense=0.0, lexical=1.0, define=1.0, second=0.0, path=0.0,
-                              docs=0.3, tests=0.3),
+    Shape.PROSE: Weights(dense=0.3, lexical=0.7, define=0.0, second=0.0, path=0.0),
+    Shape.MIXED: Weights(dense=0.1, lexical=0.9, define=0.5, second=0.2, path=0.0),
+    Shape.IDENTIFIER: Weights(dense=0.0, lexical=1.0, define=1.0, second=0.0, path=0.0),
 }
 
 # `indexing.fusion = "dense"`: the server's ranking alone (files by their best chunk).
-DENSE_ONLY = Weights(dense=1.0, lexical=0.0, define=0.0, second=0.0, path=0.0)
+DENSE_ONLY = Weights(dense=1.0, lexical=0.0, define=0.0, second=0.0, path=0.0, docs=1.0,
+                     tests=1.0)
 
 
 def is_documentation(path: str) -> bool:
