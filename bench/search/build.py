@@ -16,6 +16,7 @@ Sampling is deterministic (sha-ordered), so a rebuild yields the same sets.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import hashlib
 import json
@@ -40,6 +41,8 @@ SOURCE = re.compile(r"\.pyi?$")
 
 
 def is_test(path: str) -> bool:
+    """The benchmark's rule for answers, kept as the committed data were built with it: wider
+    than the product's `indexing.rank.is_test` (it counts `testing/` and `typing_tests/`)."""
     parts = path.split("/")
     return any(p in ("tests", "test", "testing", "testsuite", "typing_tests") for p in parts[:-1]) or \
         parts[-1].startswith("test_") or parts[-1] == "conftest.py"
@@ -137,6 +140,8 @@ def docstring_and_identifier(repo: str, counts: dict[str, int]) -> tuple[list[di
 
 
 def main() -> None:
+    argparse.ArgumentParser(description="Rebuild bench/search/data/*.jsonl from the mirrors of "
+                            "the tuning and held-out repositories (deterministic).").parse_args()
     DATA.mkdir(exist_ok=True)
     sets: dict[str, list[dict]] = {"localisation": [], "docstring": [], "identifier": []}
     for repo in TUNING + HELD_OUT:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
 from build import PER_REPO, localisation
 from conftest import make_settings
-from corpus import EmbeddingCache, IndexedChunk, Snapshots, blank_docstrings
+from corpus import EmbeddingCache, IndexedChunk, Snapshots, blank_docstrings, mirror
 from layouts import LAYOUTS, spaced
 
 from codeplane.indexing import chunker, rank
@@ -289,6 +289,9 @@ def main() -> None:
                         "these mirrors (12 each, as build.py does), reported as 'other' "
                         "repositories instead of the committed set")
     args = parser.parse_args()
+    missing = [r for r in (args.repos or "").split(",") if r and not mirror(r).is_dir()]
+    if missing:
+        parser.error(f"no mirror of {', '.join(missing)}: run `fetch github:OWNER/NAME` first")
     chunker.MAX_CHARS = args.max_chars  # a probe of the budget, not a setting
     embeddings = EmbeddingCache(onnx_embedder(args.embedder))
     queries = args.query_embedder and EmbeddingCache(onnx_embedder(args.query_embedder))
