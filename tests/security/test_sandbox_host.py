@@ -1,5 +1,5 @@
 """The sandbox is not the host's root (#29 C3): a sandboxed command runs as an unprivileged
-uid in a user namespace with no capabilities, cannot write the host's kernel settings
+uid in a user namespace with no capabilities (and cannot make another), cannot write the host's kernel settings
 (/proc/sys, /proc/sysrq-trigger) or read its keyrings (/proc/keys), and setuid files grant
 nothing. Real bubblewrap; the only write to a kernel setting is the audit's harmless one (the
 current value written back), and /proc/sysrq-trigger is only opened, never written."""
@@ -17,8 +17,8 @@ SANDBOX_UID = 1000  # the uid commands run as (docs/agent.md, "Sandbox")
 
 def test_commands_run_as_an_unprivileged_uid_without_capabilities(ws: Path) -> None:
     res = BwrapRunner(ws).run("id -u; id -g; id -un; grep -E '^Cap(Eff|Prm|Bnd):' "
-                              "/proc/self/status; cat /proc/self/uid_map; echo x > made.txt",
-                              ws, Limits())
+                              "/proc/self/status; cat /proc/self/uid_map; echo x > made.txt; "
+                              "unshare --user true && echo NESTED-USERNS", ws, Limits())
     lines = [line.split() for line in res.output.splitlines()]
     assert lines[0] == [str(SANDBOX_UID)] and lines[1] == [str(SANDBOX_UID)], res.output
     assert lines[2] == ["sandbox"], res.output
@@ -27,6 +27,7 @@ def test_commands_run_as_an_unprivileged_uid_without_capabilities(ws: Path) -> N
     # the sandbox's only uid is the server's own: what it writes belongs to the server
     assert lines[6] == [str(SANDBOX_UID), str(os.geteuid()), "1"], res.output
     assert (ws / "made.txt").stat().st_uid == os.geteuid()
+    assert "NESTED-USERNS" not in res.output  # no user namespace of its own inside
 
 
 def test_host_kernel_settings_and_keys_are_out_of_reach(ws: Path) -> None:

@@ -203,14 +203,19 @@ def _sweep(parent: Path) -> None:
         return
     for child in children:
         pid, start = _NAME.fullmatch(child.name).groups()
-        if start_ticks(int(pid)) != int(start):
+        if start_ticks(int(pid)) == int(start):
+            continue
+        try:
             leaves = [leaf for leaf in child.iterdir() if leaf.is_dir()]
-            _remove([*leaves, child])
+        except OSError:  # another process swept it first
+            continue
+        _remove([*leaves, child])
 
 
-def _remove(dirs: list[Path]) -> bool:
-    """rmdir each cgroup in order, killing what is still in it until it is empty; False if
-    one stayed busy (a process stuck in the kernel) past the deadline."""
+def _remove(dirs: list[Path]) -> None:
+    """rmdir each cgroup in order, killing what is still in it until it is empty; one that
+    stays busy past the deadline (a process stuck in the kernel) is left, and so are the
+    rest (a sandbox's cgroup is made again, with its limits, when its next command starts)."""
     deadline = time.monotonic() + _REMOVE_SECONDS
     for path in dirs:
         while True:
@@ -222,9 +227,8 @@ def _remove(dirs: list[Path]) -> bool:
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    return False
+                    return
                 time.sleep(0.02)
-    return True
 
 
 def _kill_all(path: Path) -> None:
@@ -248,6 +252,7 @@ class SandboxCgroup:
                  layout: Layout | None = None) -> None:
         """Limits given here are the sandbox's; without them, the first command's apply."""
         self.memory_bytes, self.pids = memory_bytes, pids
+        self.memory_limit = 0  # the limit in force while commands run
         self._layout = layout  # None: this host's, found when the first command starts
         self.name = f"sb-{_owner(os.getpid())}-{secrets.token_hex(6)}"
         self._lock = threading.Lock()
@@ -288,6 +293,7 @@ class SandboxCgroup:
                 _remove([d / self.name for d in self.layout.dirs()])
 
     def _make(self, layout: Layout, memory_bytes: int, pids: int) -> None:
+        self.memory_limit = memory_bytes
         try:
             self._limit(layout, memory_bytes, pids)
         except OSError:

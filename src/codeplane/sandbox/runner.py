@@ -54,7 +54,7 @@ _ETC = ("passwd", "group", "hosts", "hostname", "nsswitch.conf", "resolv.conf", 
         "python3.11", "python3.12", "python3.13", "mtab", "inputrc", "bash.bashrc", "profile",
         "environment", "locale.alias")
 SANDBOX_UID = 1000  # the uid (and gid) commands run as, in a user namespace of their own
-# the sandbox's own passwd and group (the host's name users the sandbox has no business with)
+# the sandbox's own passwd and group: the host's user names are none of its business
 _PASSWD = f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::/tmp:/bin/sh\n" \
           "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
 _GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:65534:\n"
@@ -74,9 +74,9 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class Limits:
     timeout: float = 120.0
-    cpu_seconds: int = 300
-    memory_bytes: int = 4 << 30
-    processes: int = 256
+    cpu_seconds: int = 300  # per process
+    memory_bytes: int = 4 << 30  # the sandbox's (its cgroup), and each process's address space
+    processes: int = 256  # the sandbox's (its pids cgroup), and RLIMIT_NPROC
     file_bytes: int = 1 << 30
     open_files: int = 1024
     output_bytes: int = 32 << 10
@@ -208,8 +208,8 @@ class BwrapRunner:
     def _argv(self, argv: list[str], cwd: Path, limits: Limits, writable: bool,
               guard: GitGuard | None = None, fds: tuple[int, int] | None = None) -> list[str]:
         args = [str(self.bwrap), "--die-with-parent", "--new-session", "--unshare-all",
-                "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid",
-                str(SANDBOX_UID), "--cap-drop", "ALL"]
+                "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+                *_no_nested_userns(str(self.bwrap), self.probe_seconds), "--cap-drop", "ALL"]
         if fds:  # network: bwrap reports the sandbox's pid, then waits until slirp is ready
             args += ["--info-fd", str(fds[0]), "--block-fd", str(fds[1])]
         for top in ("/usr", "/opt"):
@@ -272,6 +272,18 @@ class BwrapRunner:
         size = min(limits.tmp_bytes, limits.memory_bytes)
         return [str(self.unshare), "--mount", "--propagation", "private", *user, "--",
                 "/bin/sh", "-c", mount, "sh", str(size), str(self.scratch), _PASSWD, _GROUP]
+
+
+@functools.cache
+def _no_nested_userns(bwrap: str, timeout: float) -> list[str]:
+    """`--disable-userns` where this bwrap has it (0.8; Ubuntu 22.04 ships 0.6, which still
+    runs sandboxes, whose commands can then make user namespaces of their own)."""
+    try:
+        usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True,
+                               timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):  # the start-up probe reports what is wrong
+        return []
+    return ["--disable-userns"] if "--disable-userns" in usage.stdout + usage.stderr else []
 
 
 @functools.cache
@@ -447,7 +459,7 @@ def supervise(argv: list[str], command: str, cwd: Path, env: dict[str, str], lim
         notes = [session.close()]
         if leaf:
             if leaf.out_of_memory():
-                notes.append(_OOM_NOTE.format(memory=limits.memory_bytes))
+                notes.append(_OOM_NOTE.format(memory=cgroup.memory_limit))
             cgroup.leave(leaf)
     if killed in _KILL_NOTES:
         capture.add(b"\n" + _KILL_NOTES[killed].format(disk=limits.disk_bytes).encode())
