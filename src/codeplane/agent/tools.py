@@ -522,11 +522,18 @@ def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[st
     if kind != "dir":
         yield from [env.relative(base)] if kind else []
         return
-    for entry in env.workspace.list(base):  # symlinked directories are not entered
-        if entry.stat.kind != "dir":
-            yield env.relative(base / entry.name)
+    # depth first in name order, iteratively: a tree 1,000 directories deep must not exhaust
+    # the interpreter's stack (symlinked directories are not entered)
+    stack = [(base, iter(env.workspace.list(base)))]
+    while stack:
+        folder, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+        elif entry.stat.kind != "dir":
+            yield env.relative(folder / entry.name)
         elif entry.name not in _SKIP_DIRS and entry.name[0] != ".":
-            yield from list_files(env, base / entry.name, use_rg=False)
+            stack.append((folder / entry.name, iter(env.workspace.list(folder / entry.name))))
 
 
 @tool("codebase_search", "Semantic search: find code by meaning ('where are passwords "
