@@ -31,7 +31,7 @@ from typing import Any
 
 from codeplane.agent.env import Environment, ToolError
 from codeplane.sandbox.files import Refused, TextFile, TooLarge, decode
-from codeplane.sandbox.workspace import FileStat
+from codeplane.sandbox.workspace import Entry, FileStat
 
 MAX_CHARS = 8000
 MAX_FILE_BYTES = 8 << 20  # larger files are refused before reading (logs, data, sparse files)
@@ -524,7 +524,7 @@ def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[st
         return
     # depth first in name order, iteratively: a tree 1,000 directories deep must not exhaust
     # the interpreter's stack (symlinked directories are not entered)
-    stack = [(base, iter(env.workspace.list(base)))]
+    stack = [(base, _listing(env, base))]
     while stack:
         folder, entries = stack[-1]
         entry = next(entries, None)
@@ -533,7 +533,15 @@ def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[st
         elif entry.stat.kind != "dir":
             yield env.relative(folder / entry.name)
         elif entry.name not in _SKIP_DIRS and entry.name[0] != ".":
-            stack.append((folder / entry.name, iter(env.workspace.list(folder / entry.name))))
+            stack.append((folder / entry.name, _listing(env, folder / entry.name)))
+
+
+def _listing(env: Environment, folder: Path) -> Iterator[Entry]:
+    """A folder's entries; none for one that cannot be listed (past PATH_MAX, gone)."""
+    try:
+        return iter(env.workspace.list(folder))
+    except (Refused, OSError):
+        return iter(())
 
 
 @tool("codebase_search", "Semantic search: find code by meaning ('where are passwords "
