@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from codeplane.core.errors import APIError
-from codeplane.sandbox import clone, reaper, remote
+from codeplane.sandbox import clone, reaper, remote, treegit
 from codeplane.sandbox.cgroups import SandboxCgroup
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits, SandboxUnavailable
@@ -398,20 +398,15 @@ class Fleet:
         """A shell command in the sandbox, bounded by the fleet's limits and the tenant's
         remaining disk quota."""
         s = self.settings
-        limits = self._limits(timeout=min(timeout or s.max_timeout, s.max_timeout),
-                              disk_bytes=max(1, self._disk_left(box.tenant or "")),
-                              output_bytes=64 << 10)
+        limits = Limits(timeout=min(timeout or s.max_timeout, s.max_timeout),
+                        cpu_seconds=s.cpu_seconds, memory_bytes=s.memory_bytes,
+                        processes=s.processes,
+                        disk_bytes=max(1, self._disk_left(box.tenant or "")),
+                        output_bytes=64 << 10)
         try:
             return box.runner().run(command, box.workspace, limits)
         except SandboxUnavailable as exc:  # overload or a broken host: the client may retry
             raise FleetError(503, str(exc), "sandbox_unavailable") from None
-
-    def _limits(self, **command: Any) -> Limits:
-        """A command's limits: the fleet's for CPU, memory and processes, `command`'s for
-        the rest."""
-        s = self.settings
-        return Limits(cpu_seconds=s.cpu_seconds, memory_bytes=s.memory_bytes,
-                      processes=s.processes, **command)
 
     def check_write(self, box: Sandbox, size: int) -> None:
         """Refuse a file write that would take the tenant past its disk quota."""
@@ -424,20 +419,20 @@ class Fleet:
 
     def diff(self, box: Sandbox) -> str:
         """The sandbox's changes against its commit, untracked files included, as a patch.
-        git runs inside the sandbox (the tree is untrusted; `.git` is read-only there), with
-        a private index and object directory in /tmp so intent-to-add does not touch the
-        repository."""
-        script = ("cp .git/index /tmp/cp-index 2>/dev/null; mkdir -p /tmp/cp-objects &&"
-                  " export GIT_INDEX_FILE=/tmp/cp-index GIT_OBJECT_DIRECTORY=/tmp/cp-objects"
-                  " GIT_ALTERNATE_OBJECT_DIRECTORIES=\"$PWD/.git/objects\" &&"
-                  " git add --all --intent-to-add >/dev/null &&"
-                  " git -c core.quotepath=off diff --no-ext-diff --no-textconv --binary HEAD")
-        limits = self._limits(timeout=60, output_bytes=self.settings.max_file_bytes,
-                              disk_bytes=1 << 20)
-        result = box.runner().run(script, box.workspace, limits)
-        if result.exit_code != 0 or result.truncated:
-            raise FleetError(422, f"diff failed: {result.output[-500:]}", "diff_failed")
-        return result.output
+        git runs inside the sandbox over a private repository (`treegit.py`): the tree,
+        its `.git/config` included, is the tenant's."""
+        try:
+            change = treegit.diff(box.runner(), box.workspace, box.commit,
+                                  self.settings.max_file_bytes)
+        except SandboxUnavailable as exc:
+            raise FleetError(503, str(exc), "sandbox_unavailable") from None
+        except treegit.TreeGitError as exc:
+            raise FleetError(422, f"diff failed: {exc}", "diff_failed") from None
+        if change.patch is None:
+            raise FleetError(413, f"the diff is {change.size} bytes; the limit is "
+                                  f"{self.settings.max_file_bytes}. What changed:\n"
+                                  f"{change.summary}", "diff_too_large")
+        return change.patch
 
     def close(self) -> None:
         """Stop refilling and remove every sandbox this server made, pooled ones included."""
@@ -533,7 +528,10 @@ class Fleet:
 
     def base(self, repo: Path, commit: str) -> Path:
         """The cached checkout of repo at commit, built once (under a per-key lock) into a
-        temporary directory named for its owner, then renamed into place."""
+        temporary directory named for its owner, then renamed into place. `--no-local`: the
+        objects arrive as one pack of what the commits need, so the base shares no file with
+        the repository and borrows nothing through alternates (git inside a sandbox, which
+        sees only its own tree, finds every object)."""
         key = hashlib.sha256(f"{repo}\0{commit}".encode()).hexdigest()[:24]
         final = self.bases / key
         with self._lock:
@@ -543,8 +541,10 @@ class Fleet:
                 return final
             tmp = self._tmp(self.bases, key)
             clone.teardown(tmp)
-            clone.run_checked(["git", "clone", "--quiet", "--no-checkout", "--", str(repo), str(tmp)])
-            clone.run_checked(["git", "-C", str(tmp), "checkout", "--quiet", "--detach", commit])
+            clone.run_checked(["git", *clone.SAFE_GIT, "clone", "--quiet", "--no-local",
+                               "--no-checkout", "--", str(repo), str(tmp)])
+            clone.run_checked(["git", *clone.SAFE_GIT, "-C", str(tmp), "checkout", "--quiet",
+                               "--detach", commit])
             os.replace(tmp, final)
             return final
 
@@ -556,7 +556,10 @@ class Fleet:
         for tmp in [*self.bases.glob(".tmp-*"), *self.remotes.glob(".tmp-*")]:
             pid, start = tmp.name.split("-")[1:3]
             if not reaper.Owner(int(pid), int(start)).alive():
-                reaper.reap(tmp)
+                try:
+                    reaper.reap(tmp)
+                except OSError as exc:  # logged; the next start tries again
+                    log.error("could not remove %s left by a dead server: %s", tmp, exc)
 
     def _fill(self) -> None:
         """Background: top every pool up to its target, one sandbox at a time."""
@@ -622,10 +625,9 @@ def resolve(repo: Path, ref: str) -> str:
 
 
 def _git(args: list[str], cwd: Path) -> str:
-    proc = subprocess.run(["git", "-c", "core.fsmonitor=false", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0",
-                               "GIT_CEILING_DIRECTORIES": str(cwd.parent)})
+    proc = subprocess.run(["git", *clone.SAFE_GIT, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={**clone.git_env(), "GIT_CEILING_DIRECTORIES": str(cwd.parent)})
     if proc.returncode != 0:
         raise FleetError(400, f"not a git repository or unknown ref in {cwd.name}: "
                               f"{proc.stderr.strip()[:300] or 'no such commit'}", "unknown_ref")
@@ -633,14 +635,14 @@ def _git(args: list[str], cwd: Path) -> str:
 
 
 def _disk_added(box: Sandbox) -> int:
-    """Bytes this sandbox added: its overlay upper layer, or its whole tree otherwise."""
+    """Bytes this sandbox added: its overlay upper layer, or its whole tree otherwise.
+    `du` rather than `os.walk`, which recurses on Python 3.11 (a 1,000-deep directory raised
+    RecursionError) and cannot reach past PATH_MAX; du does both."""
     top = box.path / "upper" if (box.path / "upper").is_dir() else box.workspace
-    total = 0
-    for dirpath, _, names in os.walk(top):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
+    done = subprocess.run(["du", "-s", "-x", "-B1", "--", str(top)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    try:  # an unreadable entry makes du fail but still print the total of the rest
+        return int(done.stdout.split()[0])
+    except (IndexError, ValueError):
+        return 0
 
