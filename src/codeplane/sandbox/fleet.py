@@ -25,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from pydantic import BaseModel, Field
 
 from codeplane.core.errors import APIError
 from codeplane.sandbox import clone, reaper, remote, treegit
+from codeplane.sandbox.cgroups import SandboxCgroup
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits, SandboxUnavailable
 from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspace
@@ -55,8 +57,19 @@ class FleetSettings(BaseModel):
     max_per_tenant: int = Field(16, ge=1, description="sandboxes one tenant may hold")
     disk_per_tenant: int = Field(4 << 30, ge=1 << 20,
                                  description="bytes a tenant's sandboxes may add to the disk")
-    cpu_seconds: int = Field(300, ge=1, description="per command")
-    memory_bytes: int = Field(4 << 30, ge=64 << 20, description="per command (address space)")
+    cpu_seconds: int = Field(300, ge=1, description="per process of a command")
+    memory_bytes: int = Field(4 << 30, ge=64 << 20,
+                              description="per sandbox: all its processes and its /tmp "
+                                          "together (a memory cgroup; where the host has "
+                                          "none, per process); also each process's "
+                                          "address space")
+    processes: int = Field(256, ge=16, description="processes and threads per sandbox (a "
+                                                   "pids cgroup)")
+    max_execs_per_tenant: int = Field(4, ge=1, description="commands one tenant may run at "
+                                                           "once through the API; more get 429")
+    exec_workers: int = Field(32, ge=1, description="commands running at once through the "
+                                                    "API on this host (every tenant); more "
+                                                    "wait for a free worker")
     max_timeout: float = Field(600.0, gt=0, description="longest wall clock a command may ask")
     max_file_bytes: int = Field(8 << 20, ge=1024, description="largest file read or written "
                                                               "through the API")
@@ -92,6 +105,9 @@ class Sandbox:
     created: float = field(default_factory=time.time)
     tenant: str | None = None  # None while it waits in a pool
     holder: str = "api"  # who uses it: "api", "agent run", "background <run id>"
+    # every process of the sandbox, whoever runs it (the API, an agent run), in one cgroup
+    # with the fleet's limits
+    cgroup: SandboxCgroup = field(default_factory=SandboxCgroup, repr=False)
     _runner: BwrapRunner | None = field(default=None, repr=False)
 
     @property
@@ -101,7 +117,7 @@ class Sandbox:
     def runner(self) -> BwrapRunner:
         """The bubblewrap runner over this workspace, probed once on first use."""
         if self._runner is None:
-            self._runner = BwrapRunner(self.workspace)
+            self._runner = BwrapRunner(self.workspace, cgroup=self.cgroup)
         return self._runner
 
     def describe(self) -> dict[str, Any]:
@@ -118,8 +134,9 @@ class PooledWorkspace(LocalWorkspace):
 
     def __init__(self, fleet: Fleet, box: Sandbox, release: bool = True,
                  network: bool = False) -> None:
-        super().__init__(box.workspace,
-                         BwrapRunner(box.workspace, network=True) if network else box.runner())
+        runner = BwrapRunner(box.workspace, network=True, cgroup=box.cgroup) if network \
+            else box.runner()
+        super().__init__(box.workspace, runner)
         self.fleet, self.box, self.release = fleet, box, release
 
     def describe(self) -> dict[str, Any]:
@@ -189,6 +206,11 @@ class Fleet:
         self._pending: dict[str, int] = {}  # sandboxes being made now, per tenant
         self._pools: dict[tuple[str, str], Pool] = {}
         self._fetched: dict[str, float] = {}  # URL -> monotonic time of its last fetch
+        # API commands run here, never on the server's request threads (a command can take
+        # minutes); `_execs` counts each tenant's running and waiting ones
+        self._exec_pool = ThreadPoolExecutor(self.settings.exec_workers,
+                                             thread_name_prefix="fleet-exec")
+        self._execs: dict[str, int] = {}
         self._wake = threading.Condition(self._lock)
         self._closed = False
         self._filler = threading.Thread(target=self._fill, name="fleet-pool", daemon=True)
@@ -344,19 +366,47 @@ class Fleet:
                                **_pool_numbers(list(self._pools.values()))},
                     "pools": pools, "reaped_at_start": self.reaped}
 
+    def start_exec(self, box: Sandbox, command: str,
+                   timeout: float | None = None) -> Future[CommandResult]:
+        """`exec` on the fleet's own workers; FleetError now if the command is malformed or
+        the tenant already runs `max_execs_per_tenant` commands (429)."""
+        if "\0" in command:
+            raise FleetError(400, "the command contains a NUL byte", "invalid_command")
+        tenant = box.tenant or ""
+        with self._lock:
+            running = self._execs.get(tenant, 0)
+            if running >= self.settings.max_execs_per_tenant:
+                raise FleetError(429, f"tenant runs {running} commands; the limit is "
+                                      f"{self.settings.max_execs_per_tenant} at once",
+                                 "exec_quota_exceeded")
+            self._execs[tenant] = running + 1
+        try:
+            future = self._exec_pool.submit(self.exec, box, command, timeout)
+        except RuntimeError:  # the fleet is closing
+            self._exec_done(tenant)
+            raise FleetError(503, "the server is shutting down", "sandbox_unavailable") from None
+        future.add_done_callback(lambda _: self._exec_done(tenant))
+        return future
+
+    def _exec_done(self, tenant: str) -> None:
+        with self._lock:
+            self._execs[tenant] -= 1
+            if not self._execs[tenant]:
+                del self._execs[tenant]
+
     def exec(self, box: Sandbox, command: str, timeout: float | None = None) -> CommandResult:
         """A shell command in the sandbox, bounded by the fleet's limits and the tenant's
         remaining disk quota."""
         s = self.settings
         limits = Limits(timeout=min(timeout or s.max_timeout, s.max_timeout),
                         cpu_seconds=s.cpu_seconds, memory_bytes=s.memory_bytes,
+                        processes=s.processes,
                         disk_bytes=max(1, self._disk_left(box.tenant or "")),
                         output_bytes=64 << 10)
         try:
-            runner = box.runner()
+            return box.runner().run(command, box.workspace, limits)
         except SandboxUnavailable as exc:  # overload or a broken host: the client may retry
             raise FleetError(503, str(exc), "sandbox_unavailable") from None
-        return runner.run(command, box.workspace, limits)
 
     def check_write(self, box: Sandbox, size: int) -> None:
         """Refuse a file write that would take the tenant past its disk quota."""
@@ -386,6 +436,7 @@ class Fleet:
 
     def close(self) -> None:
         """Stop refilling and remove every sandbox this server made, pooled ones included."""
+        self._exec_pool.shutdown(wait=False, cancel_futures=True)  # running ones die below
         with self._lock:
             self._closed = True
             self._wake.notify_all()
@@ -454,7 +505,8 @@ class Fleet:
         sandbox_id = "sb_" + secrets.token_hex(8)
         box = Sandbox(id=sandbox_id, repo=repo, ref=ref, commit=commit,
                       path=self.boxes / sandbox_id, strategy=self.strategy.name, tenant=tenant,
-                      holder=holder)
+                      holder=holder, cgroup=SandboxCgroup(self.settings.memory_bytes,
+                                                          self.settings.processes))
         reaper.Record(box.id, str(box.path), self.owner).write(self.records)
         try:
             self.strategy.make(base, box.path)

@@ -78,9 +78,17 @@ def show(request: Request, sandbox_id: str) -> dict:
 
 
 @router.post("/{sandbox_id}/exec")
-def exec_(request: Request, sandbox_id: str, body: ExecBody) -> dict:
-    box = _box(request, sandbox_id)
-    return _fleet(request).exec(box, body.command, body.timeout).to_dict()
+async def exec_(request: Request, sandbox_id: str, body: ExecBody) -> dict:
+    """Runs on the fleet's own workers (`Fleet.start_exec`): a command holds none of the
+    server's request threads while it runs, so one tenant's commands cannot starve the
+    routes of another; past the tenant's cap, 429."""
+    box = await asyncio.to_thread(_box, request, sandbox_id)
+    try:
+        result = await asyncio.wrap_future(
+            _fleet(request).start_exec(box, body.command, body.timeout))
+    except FleetError as exc:
+        raise exc.to_api() from None
+    return result.to_dict()
 
 
 @router.get("/{sandbox_id}/files")
