@@ -462,7 +462,7 @@ class _Supervisor:
             self._died(self.worker.died(), "idle")
         name = self.spec.name
         if self.closing:
-            raise EngineCrashed(name, f"model {name} is unavailable: the engine is shut down")
+            raise self._closed()
         wait = self.not_before - time.monotonic()
         if wait > 0:
             raise EngineCrashed(name, f"model {name}'s worker process crashed "
@@ -475,6 +475,10 @@ class _Supervisor:
             self.worker = Worker(self.spec, self.settings)
         except WorkerDied as died:
             raise self._died(died, "loading the model") from None
+        if self.closing:  # the engine shut down while the model loaded
+            self.worker.close()
+            self.worker = None
+            raise self._closed()
         log.info("model %s: loaded in %.1f s by worker %d", name,
                  self.worker.info.load_seconds, self.worker.pid)
         return self.worker
@@ -483,8 +487,7 @@ class _Supervisor:
         self.worker = None
         name = self.spec.name
         if self.closing:
-            return EngineCrashed(name, f"model {name}'s worker was stopped: the engine is "
-                                       "shut down")
+            return self._closed()
         self.failures += 1
         self.crashes[died.cause] += 1
         delay = 0.0 if self.failures == 1 else min(BACKOFF_MAX_S,
@@ -496,6 +499,10 @@ class _Supervisor:
                   else "the next request starts a new one", "\n".join(died.tail) or "(none)")
         return EngineCrashed(name, f"model {name}'s worker process crashed ({died.cause}) "
                                    f"while {during}", retry_after=delay or None)
+
+    def _closed(self) -> EngineCrashed:
+        return EngineCrashed(self.spec.name, f"model {self.spec.name} is unavailable: the "
+                                             "engine is shut down")
 
     def status(self) -> WorkerStatus:
         worker = self.worker

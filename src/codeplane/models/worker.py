@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("codeplane.engine")
 TAIL_LINES = 20  # lines of the worker's output kept for the crash log
-CANCEL_POLL_S = 0.02  # how often a waiting call looks at its cancel event
+CANCEL_POLL_S = 0.02  # how often a waiting call looks at its cancel event (if it has one)
 STOP_WAIT_S = 5.0  # a stopped worker gets this long to exit before it is killed
 
 
@@ -119,7 +119,7 @@ class Worker:
             if not told and (failed is not None or cancel is not None and cancel.is_set()):
                 self._send(("cancel", job_id))
                 told = True
-            if not self._poll(CANCEL_POLL_S):
+            if not self._poll(CANCEL_POLL_S if cancel is not None and not told else None):
                 continue
             kind, got, payload = self._recv()
             if got != job_id:
