@@ -327,25 +327,31 @@ class ModelRun:
     accepted: int
     same: bool  # all three produced the same tokens
     verify_seconds: float  # speculative: time inside forward passes
+    product_seconds: float  # the product's rewrite (guided), wall time of the engine call
+    product_inside: float  # ... of which its prefill and decode in the model's worker
 
 
 def decode_rate(runs: list[ModelRun], method: str) -> float:
     return sum(r.tokens - 1 for r in runs) / max(1e-9, sum(r.seconds[method] for r in runs))
 
 
-def run_case(engine, model: str, case: dict, window: int, repeats: int) -> ModelRun:
-    """Exactness from the product's model path (guided decoding, as `apply_edit` runs it);
-    speed from unguided greedy decoding of the same windows, `repeats` times each way,
-    interleaved, keeping each way's fastest decode (other jobs on a shared 2-core box only
-    ever add time). Unguided, so all three ways must give the very same tokens."""
+def run_case(engine, local, model: str, case: dict, window: int, repeats: int) -> ModelRun:
+    """Exactness from the product's model path (guided decoding, as `apply_edit` runs it, in
+    the engine's worker for `model`); speed from unguided greedy decoding of the same
+    windows on `local` (the same model loaded in this process: the three ways need its
+    internals), `repeats` times each way, interleaved, keeping each way's fastest decode
+    (other jobs on a shared 2-core box only ever add time). Unguided, so all three ways must
+    give the very same tokens."""
     from codeplane.apply.formats import join_lines, parse_edit, split_lines
-    from codeplane.apply.rewrite import jobs, rewrite
+    from codeplane.apply.rewrite import jobs
     from codeplane.apply.speculative import decode
     from codeplane.models.engine import Sampling
 
     lines, newline, final = split_lines(case["original"])
     parsed = parse_edit(edit_for(case, "markers"), lines)
-    product = engine.run_sync(model, lambda m: rewrite(m, lines, parsed, case["path"]))
+    started = time.perf_counter()
+    product = engine.run_sync(model, "apply.rewrite", lines, parsed, case["path"])
+    product_seconds = time.perf_counter() - started
     prefill = sum(r.prompt_seconds for r in product.runs)  # the uncached prefill
 
     def ways(m):
@@ -360,7 +366,7 @@ def run_case(engine, model: str, case: dict, window: int, repeats: int) -> Model
 
     best: dict[str, float] = {}
     for _ in range(repeats):
-        spec, plain, gens = engine.run_sync(model, ways)
+        spec, plain, gens = ways(local)
         for method, seconds in (("spec", sum(r.decode_seconds for r in spec)),
                                 ("loop", sum(r.decode_seconds for r in plain)),
                                 ("engine", sum(g.decode_seconds for g in gens))):
@@ -375,19 +381,23 @@ def run_case(engine, model: str, case: dict, window: int, repeats: int) -> Model
         sum(r.forward_passes for r in spec), sum(r.drafted for r in spec),
         sum(r.accepted for r in spec),
         all(s.text == p.text and g.text.startswith(s.text)
-            for s, p, g in zip(spec, plain, gens)), verify)
+            for s, p, g in zip(spec, plain, gens)), verify, product_seconds,
+        prefill + sum(r.decode_seconds for r in product.runs))
 
 
 def run_model(cases: list[dict], model: str, count: int, max_window: int,
               repeats: int) -> None:
     from codeplane.config import load_settings
-    from codeplane.models.engine import Engine
+    from codeplane.models.engine import Engine, LocalModel
+    from codeplane.models.registry import ModelRegistry
 
-    engine = Engine(load_settings())
-    engine.run_sync(model, lambda m: None)  # load outside the timings
+    settings = load_settings()
+    engine = Engine(settings)
+    engine.info(model)  # load outside the timings
+    local = LocalModel(ModelRegistry(settings).get(model), settings)
     runs: list[ModelRun] = []
     for case, window in model_cases(cases, count, max_window):
-        run = run_case(engine, model, case, window, repeats)
+        run = run_case(engine, local, model, case, window, repeats)
         runs.append(run)
         rate = {k: (run.tokens - 1) / max(v, 1e-9) for k, v in run.seconds.items()}
         print(f"  {run.path:34s} window {run.window:3d} lines  exact={run.exact!s:5s} "
@@ -397,6 +407,7 @@ def run_model(cases: list[dict], model: str, count: int, max_window: int,
               f"{'' if run.same else '  OUTPUTS DIFFER'}"
               f"{'' if run.ok else '  ' + run.why}", flush=True)
     engine.close()
+    local.llama.close()
     print_model_summary(runs, model)
 
 
@@ -432,6 +443,11 @@ def print_model_summary(runs: list[ModelRun], model: str) -> None:
           f"accepted, {100 * verify / max(total, 1e-9):.0f}% of decode time in forward passes")
     print(f"  prefill (identical for all three): {sum(r.prompt_seconds for r in runs):.1f}s "
           f"for the {len(runs)} prompts")
+    wall = sum(r.product_seconds for r in runs)
+    outside = sorted(r.product_seconds - r.product_inside for r in runs)
+    print(f"  product path (guided, in the engine's worker): {wall / len(runs):.2f} s/case; "
+          f"outside its prefill and decode (planning, checks, the worker round trip) median "
+          f"{statistics.median(outside) * 1000:.0f} ms, max {outside[-1] * 1000:.0f} ms")
 
 
 RESCUE_STYLES = ("markers", "tight", "dedented", "search", "udiff")
@@ -508,7 +524,7 @@ def run_rescue(cases: list[dict], model: str, count: int, max_window: int) -> No
     print(f"rescue ({model}): deterministic outcomes in {time.perf_counter() - start:.0f} s; "
           f"{len(picked)} declined cases whose windows total <= {max_window} lines", flush=True)
     engine = Engine(load_settings())
-    engine.run_sync(model, lambda m: None)  # load outside the timings
+    engine.info(model)  # load outside the timings
     kinds: dict[str, list[str]] = defaultdict(list)
     seconds: dict[str, list[float]] = defaultdict(list)
     for index, style, size in picked:
@@ -574,7 +590,7 @@ def run_ties(cases: list[dict], model: str) -> None:
     print(f"ties ({model}): {len(ties)} of {list(outcomes.values()).count('declined')} "
           f"deterministic declines are two-place ties", flush=True)
     engine = Engine(load_settings())
-    engine.run_sync(model, lambda m: None)  # load outside the timings
+    engine.info(model)  # load outside the timings
     gained: dict[str, list[str]] = defaultdict(list)
     for index, style in ties:
         case = cases[index]

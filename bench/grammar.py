@@ -15,8 +15,9 @@ from llama_cpp import LlamaGrammar
 
 from codeplane.agent.tools import schemas
 from codeplane.config import load_settings
-from codeplane.models.engine import Engine, LocalModel, Sampling
+from codeplane.models.engine import LocalModel, Sampling
 from codeplane.models.local_openai import tool_call_grammar
+from codeplane.models.registry import ModelRegistry
 
 TASKS = {  # a short call, and one whose arguments are a long string (code)
     "read": "Read the file src/app.py and fix the bug in add().",
@@ -65,11 +66,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--task", choices=sorted(TASKS), default="read")
     args = parser.parse_args()
-    engine = Engine(load_settings(None))
+    settings = load_settings(None)
+    model = LocalModel(ModelRegistry(settings).get(args.model), settings)  # its internals
     try:
-        engine.run_sync(args.model, lambda m: measure(m, TASKS[args.task], args.max_tokens))
+        measure(model, TASKS[args.task], args.max_tokens)
     finally:
-        engine.close()
+        model.llama.close()
 
 
 if __name__ == "__main__":

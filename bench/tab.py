@@ -60,6 +60,7 @@ import uvicorn
 
 from codeplane.config import load_settings
 from codeplane.models.engine import Engine, LocalModel, Sampling
+from codeplane.models.registry import ModelRegistry
 from codeplane.server.app import create_app
 from codeplane.tab import decision, postprocess
 from codeplane.tab.context import Budget, build_request
@@ -216,24 +217,21 @@ def serve(engine: Engine) -> tuple[str, uvicorn.Server]:
     return f"http://127.0.0.1:{port}", server
 
 
-def naive(engine: Engine, model_name: str, settings: TabSettings, p: Point,
-          reset: bool = True) -> Outcome:
+def naive(model: LocalModel, settings: TabSettings, p: Point, reset: bool = True) -> Outcome:
+    """The plain FIM call at `p`, on a model loaded in this process (its KV cache is cleared
+    first with `reset`, which no engine job does)."""
     body = build_request(p.path, p.doc, p.offset, None, Budget())
     mode = postprocess.choose_mode(body["prefix"], body["suffix"], settings.max_lines)
-
-    def run(model: LocalModel) -> Outcome:
-        start = time.perf_counter()
-        if reset:
-            model.llama.reset()  # no KV reuse
-        tokens = model.fim_tokens(body["prefix"], body["suffix"])
-        budget = settings.max_tokens_multiline if mode.multiline else settings.max_tokens
-        gen = model.generate(tokens, Sampling(max_tokens=budget,
-                                              stop=[] if mode.multiline else ["\n"]))
-        text = postprocess.clean(gen.text, body["prefix"], body["suffix"], mode)
-        return Outcome((time.perf_counter() - start) * 1000, text, "naive", gen.prompt_tokens,
-                       gen.cached_tokens)
-
-    return engine.run_sync(model_name, run)
+    start = time.perf_counter()
+    if reset:
+        model.llama.reset()  # no KV reuse
+    tokens = model.fim_tokens(body["prefix"], body["suffix"])
+    budget = settings.max_tokens_multiline if mode.multiline else settings.max_tokens
+    gen = model.generate(tokens, Sampling(max_tokens=budget,
+                                          stop=[] if mode.multiline else ["\n"]))
+    text = postprocess.clean(gen.text, body["prefix"], body["suffix"], mode)
+    return Outcome((time.perf_counter() - start) * 1000, text, "naive", gen.prompt_tokens,
+                   gen.cached_tokens)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -628,7 +626,7 @@ def run_cases(args: argparse.Namespace) -> dict:
     cases = make_cases(rng, files, args.cases)
     settings = TabSettings(model=args.model, **({"layout": args.layout} if args.layout else {}))
     engine = Engine(load_settings(tab=settings.model_dump()))
-    engine.run_sync(args.model, lambda m: None)
+    engine.info(args.model)  # load the weights outside the timings
     url, server = serve(engine)
     others = {name: TabService(engine, settings.model_copy(update={"layout": name}))
               for name in filter(None, args.compare.split(","))}
@@ -715,7 +713,7 @@ def main() -> None:
     settings = TabSettings(model=args.model, min_confidence=args.min_confidence,
                            **({"layout": args.layout} if args.layout else {}))
     engine = Engine(load_settings(tab=settings.model_dump()))
-    engine.run_sync(args.model, lambda m: None)  # load the weights outside the timings
+    engine.info(args.model)  # load the weights outside the timings
     url, server = serve(engine)
     t0 = time.perf_counter()
     with httpx.Client(timeout=120) as http:
@@ -727,9 +725,12 @@ def main() -> None:
     model_idx = [i for i in idx if fast[i].source == "model"]
     paused = [i for i in idx if pts[i].pause_s >= DEBOUNCE_S]  # where a naive client asks
     sample = sorted(rng.sample(paused, min(args.naive, len(paused))))
-    base = {i: naive(engine, args.model, settings, pts[i]) for i in sample}
     qsample = sorted(rng.sample(paused, min(args.quality, len(paused))))
-    qbase = [naive(engine, args.model, settings, pts[i], reset=False) for i in qsample]
+    engine.close()  # the baseline's model is loaded here (it clears the KV cache)
+    model = LocalModel(ModelRegistry(engine.settings).get(args.model), engine.settings) \
+        if sample or qsample else None
+    base = {i: naive(model, settings, pts[i]) for i in sample}
+    qbase = [naive(model, settings, pts[i], reset=False) for i in qsample]
 
     calls = [fast[i] for i in model_idx]
     prompt = sum(o.prompt_tokens for o in calls)
@@ -771,7 +772,6 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    engine.close()
 
 
 if __name__ == "__main__":

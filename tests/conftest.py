@@ -1,5 +1,6 @@
 """Shared fixtures: isolated CODEPLANE_HOMEs that share the real pulled weights, one engine per
-test session (loading a model costs seconds), and a real server on a loopback port."""
+test session (loading a model costs seconds; its workers are processes), one in-process model
+for tests of `LocalModel`'s own logic, and a real server on a loopback port."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 import uvicorn
 
 from codeplane.config import Settings, load_settings
-from codeplane.models.engine import Engine
+from codeplane.models.engine import Engine, LocalModel
+from codeplane.models.registry import ModelRegistry
 from codeplane.sandbox.microvm import unavailable as microvm_unavailable
 
 WEIGHTS_HOME = Path(os.environ.get("CODEPLANE_TEST_WEIGHTS_HOME", "~/.codeplane")).expanduser()
@@ -74,6 +76,15 @@ def engine(session_settings: Settings):
     eng = Engine(session_settings)
     yield eng
     eng.close()
+
+
+@pytest.fixture(scope="session")
+def local_model(session_settings: Settings) -> LocalModel:
+    """code-small loaded in the test process, for tests of the model's own logic (KV
+    cache, grammar); product code reaches models through the engine's workers only."""
+    model = LocalModel(ModelRegistry(session_settings).get("code-small"), session_settings)
+    yield model
+    model.llama.close()
 
 
 class LiveServer:

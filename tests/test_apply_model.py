@@ -206,13 +206,18 @@ def test_model_result_that_leaves_the_file_unchanged_is_rejected(engine, monkeyp
     """An edit that only re-indents a line aligns as "changes nothing" (the alignment
     collapses whitespace) and declines; a model rewrite that then returns the file as it was
     must not count as applied (the benchmark had one such wrong merge)."""
-    from codeplane.apply import rewrite as rewrite_module
+    from codeplane.apply.rewrite import Rewrite
 
     original = "def f(x):\n    if x:\n        y = 1\n    return y\n\n\ndef g():\n    pass\n"
     sketch = "# ... existing code ...\n    if x:\n        y = 1\n        return y\n\n\n# ... existing code ...\n"
     lines = original.removesuffix("\n").split("\n")
-    monkeypatch.setattr(rewrite_module, "rewrite",
-                        lambda *args, **kwargs: rewrite_module.Rewrite(list(lines)))
+    run_sync = engine.run_sync  # the model's rewrite (in its worker) answers the original
+
+    def unchanged(model: str, job: str, *args, **kwargs):
+        return Rewrite(list(lines)) if job == "apply.rewrite" else run_sync(model, job, *args,
+                                                                            **kwargs)
+
+    monkeypatch.setattr(engine, "run_sync", unchanged)
     result = apply_edit(original, sketch, "f.py", engine, "code-small")
     assert not result.ok and result.merged is None
     assert any("original file unchanged" in d for d in result.diagnostics), result.diagnostics

@@ -18,7 +18,7 @@ TOOLS = [WEATHER_TOOL, {"type": "function", "function": {
 MESSAGES = [{"role": "user", "content": "Hello! How are you today?"}]
 
 
-def test_greedy_output_equals_the_full_grammar_sampler(engine):
+def test_greedy_output_equals_the_full_grammar_sampler(local_model):
     gbnf = tool_call_grammar(TOOLS, "required")
 
     def both(model):
@@ -33,12 +33,12 @@ def test_greedy_output_equals_the_full_grammar_sampler(engine):
             full.append(token)
         return gated, model.llama.detokenize(full).decode()
 
-    gated, full = engine.run_sync("code-small", both)
+    gated, full = both(local_model)
     assert gated == full
     assert gated.startswith("<tool_call>\n{")  # the prompt alone would get a chatty reply
 
 
-def test_sampled_forced_calls_are_well_formed(engine):
+def test_sampled_forced_calls_are_well_formed(local_model):
     gbnf = tool_call_grammar(TOOLS, {"type": "function", "function": {"name": "get_weather"}})
 
     def sample(model, seed):
@@ -48,7 +48,7 @@ def test_sampled_forced_calls_are_well_formed(engine):
 
     complete = 0
     for seed in (1, 2, 3):
-        gen = engine.run_sync("code-small", lambda m, s=seed: sample(m, s))
+        gen = sample(local_model, seed)
         if gen.finish_reason == "length":
             continue  # cut off mid-argument; only complete calls can be checked
         complete += 1

@@ -29,7 +29,7 @@ def _greedy_by_verify(model, prompt: list[int], count: int) -> list[int]:
     return out
 
 
-def test_generate_after_verify_and_commit_matches_an_empty_cache(engine) -> None:
+def test_generate_after_verify_and_commit_matches_an_empty_cache(local_model) -> None:
     def run(model):
         prompt = model.tokenize(PROMPT)
         text = _fresh_generate(model, prompt)
@@ -49,10 +49,10 @@ def test_generate_after_verify_and_commit_matches_an_empty_cache(engine) -> None
         assert again.text == text and again.cached_tokens >= len(prompt) - 1
         return True
 
-    assert engine.run_sync("code-small", run)
+    assert run(local_model)
 
 
-def test_score_does_not_depend_on_what_is_cached(engine) -> None:
+def test_score_does_not_depend_on_what_is_cached(local_model) -> None:
     def run(model):
         prefix, tokens = model.tokenize(PROMPT), model.tokenize("    if n < 2:\n")
         model.kv.truncate(0)
@@ -69,10 +69,10 @@ def test_score_does_not_depend_on_what_is_cached(engine) -> None:
         assert after == _fresh_generate(model, prefix)
         return True
 
-    assert engine.run_sync("code-small", run)
+    assert run(local_model)
 
 
-def test_saved_sequence_comes_back(engine) -> None:
+def test_saved_sequence_comes_back(local_model) -> None:
     def run(model):
         first, second = model.tokenize(PROMPT), model.tokenize(OTHER)
         want = _fresh_generate(model, first)
@@ -90,4 +90,4 @@ def test_saved_sequence_comes_back(engine) -> None:
         assert again.text == want
         return True
 
-    assert engine.run_sync("code-small", run)
+    assert run(local_model)

@@ -42,7 +42,7 @@ def test_tool_result_round_trip(client, engine):
              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21, "sky": "sunny"}'},
     ]
-    prompt = engine.run_sync("code-medium", lambda m: m.render_chat(messages, [WEATHER]))
+    prompt = engine.run_sync("code-medium", "render_chat", messages, [WEATHER])
     assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
     assert '<tool_response>\n{"temp_c": 21, "sky": "sunny"}\n</tool_response>' in prompt
     reply = client.chat.completions.create(model="code-medium", temperature=0, max_tokens=8,
@@ -168,7 +168,7 @@ def test_client_disconnect_cancels_generation(live_server, engine):
     with (httpx.Client(base_url=live_server.url, timeout=60) as http,
           http.stream("POST", "/v1/chat/completions", json=body) as reply):
         for line in reply.iter_lines():
-            if line.startswith("data: ") and '"content": "' in line:
+            if line.startswith("data: ") and '"content":"' in line:  # compact JSON
                 break  # first token arrived; hang up
     start = time.perf_counter()
     quick = httpx.post(f"{live_server.url}/v1/completions", timeout=60,

@@ -10,7 +10,10 @@ import threading
 
 import httpx
 import pytest
+from upstreams.scripted import wait_for
 
+from codeplane.core.principal import LOCAL_TENANT
+from codeplane.core.schemas import ChatCompletionRequest
 from codeplane.tab.context import Budget, build_request
 from codeplane.tab.service import TabRequest, TabService, TabSettings
 
@@ -107,20 +110,24 @@ def test_newer_request_drops_queued_and_cancels_running(engine):
     req = TabRequest(**body(text, text.rindex("div") + 3, cursor_id="t3"))
     running, gate = threading.Event(), threading.Event()
 
-    def occupy(model) -> None:
+    def occupy(_chunk: dict) -> None:  # its first streamed chunk holds the model's queue
         running.set()
         gate.wait(60)
 
-    blocker = threading.Thread(target=engine.run_sync, args=("code-small", occupy))
-    blocker.start()  # occupy the model worker so the next request has to queue
-    assert running.wait(60)  # the blocker holds the worker before anything else is queued
+    chat = ChatCompletionRequest(model="code-small", max_tokens=2, messages=[
+        {"role": "user", "content": "hi"}])
+    blocker = threading.Thread(target=engine.run_sync, args=("code-small", "openai.chat", chat,
+                                                             True), kwargs={"on_event": occupy})
+    blocker.start()  # occupy the model so the next request has to queue
+    assert running.wait(60)  # the blocker holds the model before anything else is queued
     try:
-        session, seq, cancel = svc.begin(req)
+        session, seq, cancel = svc.begin(req, LOCAL_TENANT)
         results = []
-        queued = threading.Thread(target=lambda: results.append(engine.run_sync(
-            "code-small", lambda m: svc.generate(m, req, session, seq, cancel))))
+        queued = threading.Thread(target=lambda: results.append(
+            svc.generate(req, LOCAL_TENANT, session, seq, cancel)))
         queued.start()
-        svc.begin(req)  # a newer keystroke from the same cursor
+        wait_for(lambda: engine.status()["code-small"].waiting == 1, what="for the queue")
+        svc.begin(req, LOCAL_TENANT)  # a newer keystroke from the same cursor
         assert cancel.is_set()
     finally:
         gate.set()

@@ -31,12 +31,9 @@ YES_NO = 'root ::= "yes" | "no"'
 
 
 def p_yes(engine: Engine, model: str, query: str, code: str) -> float:
-    def job(m):
-        tokens = m.chat_tokens([{"role": "user",
-                                 "content": PROMPT.format(query=query, code=code[:1600])}])
-        return m.generate(tokens, Sampling(max_tokens=1, logprobs=True, grammar=YES_NO))
-
-    g = engine.run_sync(model, job)
+    ask = [{"role": "user", "content": PROMPT.format(query=query, code=code[:1600])}]
+    _, g = engine.run_sync(model, "chat_generate", ask, None,
+                           Sampling(max_tokens=1, logprobs=True, grammar=YES_NO))
     p = math.exp(g.token_logprobs[0]) if g.token_logprobs else 0.5
     return p if g.text.strip().startswith("y") else 1.0 - p
 

@@ -42,12 +42,9 @@ MAX_TOKENS = 48
 def rewrite(engine: Engine, model: str, prompt: str) -> tuple[str, float]:
     """(generated text, seconds) for one request."""
     started = time.perf_counter()
-
-    def job(m):
-        tokens = m.chat_tokens([{"role": "user", "content": prompt}])
-        return m.generate(tokens, Sampling(max_tokens=MAX_TOKENS)).text
-
-    text = engine.run_sync(model, job)
+    _, gen = engine.run_sync(model, "chat_generate", [{"role": "user", "content": prompt}],
+                             None, Sampling(max_tokens=MAX_TOKENS))
+    text = gen.text
     return text.replace("```python", "").replace("```", "").strip(), time.perf_counter() - started
 
 

@@ -90,6 +90,10 @@ class EngineSettings(BaseModel):
     n_ctx: int = Field(8192, ge=256, description="context window allocated per loaded model")
     n_threads: int | None = Field(None, ge=1, description="CPU threads; default: all cores")
     n_batch: int = Field(512, ge=32)
+    extra_buffer_types: bool = Field(
+        False, description="let llama.cpp repack weights into its extra CPU buffer types "
+                           "(AMX, CPU_REPACK): faster on some CPUs, but its AMX path crashes "
+                           "on some Xeons (docs/models-and-server.md)")
 
 
 class StorageSettings(BaseModel):

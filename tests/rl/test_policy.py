@@ -59,7 +59,7 @@ def test_prompts_match_the_engines_tokens_with_tools(policy, engine):
          "function": {"name": "read_file", "arguments": '{"path": "setup.py"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "from setuptools import setup"}]
     ids = policy.prompt_ids(history, TOOLS)
-    assert ids == engine.run_sync("code-small", lambda m: m.chat_tokens(history, TOOLS))
+    assert ids == engine.run_sync("code-small", "chat_tokens", history, TOOLS)
     assert "<tools>" in policy.decode(ids) and "read_file" in policy.decode(ids)
 
 
@@ -124,9 +124,9 @@ def test_gguf_adapter_swaps_into_llama_cpp_and_matches_torch(policy, engine, tmp
     without_gap = float((reference - sampled).abs().mean())
     assert with_gap < 0.25 and with_gap < without_gap / 2, (with_gap, without_gap)
     # swapping the base back restores the base model's numbers exactly
-    engine.run_sync("code-small", lambda m: m.lora.set(None))
-    again = engine.run_sync("code-small", lambda m: m.kv.score(
-        base_turn.prompt_ids, base_turn.token_ids[:-1]))
+    engine.run_sync("code-small", "set_lora", None)
+    again = engine.run_sync("code-small", "score", base_turn.prompt_ids,
+                            base_turn.token_ids[:-1])
     assert again == pytest.approx(sum(base_turn.logprobs[:len(base_turn.token_ids) - 1]),
                                   abs=0.05)
 
@@ -135,13 +135,13 @@ def test_a_broken_adapter_is_refused(engine, tmp_path: Path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF not really")
     with pytest.raises(AdapterError):
-        engine.run_sync("code-small", lambda m: m.lora.set(bad))
+        engine.run_sync("code-small", "set_lora", bad)
     wrong = write_gguf_adapter(
         {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(4, 7),
          "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(7, 4)},
         tmp_path / "wrong.gguf", "qwen2", 8.0)
     with pytest.raises(AdapterError):
-        engine.run_sync("code-small", lambda m: m.lora.set(wrong))
+        engine.run_sync("code-small", "set_lora", wrong)
 
 
 def test_required_tool_choice_is_a_grammar_constrained_call(engine, tmp_path: Path):

@@ -99,10 +99,10 @@ def _pick_reading(result: ApplyResult, engine: Engine, model: str, readings: lis
                   path: str, join, original: str) -> None:
     """A tie between two placements: the model scores both (no decoding) and the likelier
     one is taken when it is clearly likelier (`rank.MIN_MARGIN`)."""
-    from codeplane.apply.rank import MIN_MARGIN, rank
+    from codeplane.apply.rank import MIN_MARGIN
 
     try:
-        ranking = engine.run_sync(model, lambda m: rank(m, readings[0], readings[1]))
+        ranking = engine.run_sync(model, "apply.rank", readings[0], readings[1])
     except ContextOverflow as exc:
         result.diagnostics.append(f"model ranking of the two readings skipped: {exc}")
         return
@@ -122,11 +122,9 @@ def _pick_reading(result: ApplyResult, engine: Engine, model: str, readings: lis
 
 def _model_path(result: ApplyResult, engine: Engine, model: str, lines: list[str], parsed,
                 path: str, speculative: bool, join, original: str) -> None:
-    from codeplane.apply.rewrite import rewrite
-
     result.method = "model"
     try:
-        done = engine.run_sync(model, lambda m: rewrite(m, lines, parsed, path, speculative))
+        done = engine.run_sync(model, "apply.rewrite", lines, parsed, path, speculative)
     except ContextOverflow as exc:
         result.diagnostics.append(f"model path failed: {exc}")
         return

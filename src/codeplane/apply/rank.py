@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from codeplane.models.engine import ContextOverflow, LocalModel
+from codeplane.models.jobs import JobContext
 
 CONTEXT = 24  # lines shared before (and scored after) each difference
 MIN_MARGIN = 3.0  # nats: the pick must be e^3 (about 20) times likelier than the other
@@ -35,8 +36,10 @@ class Ranking:
         return abs(self.scores[0] - self.scores[1])
 
 
-def rank(model: LocalModel, first: list[str], second: list[str]) -> Ranking:
-    """Score both readings over the places where they differ, each with the same context."""
+def rank(ctx: JobContext, first: list[str], second: list[str]) -> Ranking:
+    """Score both readings over the places where they differ, each with the same context
+    (the engine job `apply.rank`, in the model's worker)."""
+    model = ctx.model
     start = time.perf_counter()
     scores, tokens = [0.0, 0.0], 0
     for context, texts in _differences(first, second):

@@ -19,6 +19,7 @@ from codeplane.apply.formats import ParsedEdit, is_marker
 from codeplane.apply.speculative import Decoded, decode
 from codeplane.apply.validate import language_for
 from codeplane.models.engine import LocalModel
+from codeplane.models.jobs import JobContext
 
 MAX_OCCURRENCES = 6  # a line more frequent than this in the file locates nothing
 MARGIN = 3  # unchanged lines kept on each side of a window
@@ -178,8 +179,10 @@ def _head(region: list[str], before: int, piece: list[str]) -> list[str]:
     return region[:max(before, best[1])]
 
 
-def rewrite(model: LocalModel, original: list[str], parsed: ParsedEdit, path: str,
+def rewrite(ctx: JobContext, original: list[str], parsed: ParsedEdit, path: str,
             speculative: bool = True) -> Rewrite:
+    """The engine job `apply.rewrite`: every window decoded in the model's worker."""
+    model = ctx.model
     planned = jobs(model, original, parsed, path)
     if isinstance(planned, str):
         return Rewrite(None, [planned])

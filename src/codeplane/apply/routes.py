@@ -8,9 +8,10 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field
 
 from codeplane.apply.api import apply_edit
-from codeplane.core.errors import not_found
+from codeplane.core.errors import not_found, unavailable
 from codeplane.core.principal import principal_of
 from codeplane.core.schemas import WireModel
+from codeplane.models.engine import EngineCrashed
 from codeplane.models.registry import UnknownModel
 
 router = APIRouter()
@@ -35,6 +36,8 @@ def apply(body: ApplyRequest, request: Request) -> dict:
                             body.model, method=body.method)
     except UnknownModel as exc:
         raise not_found(str(exc)) from exc
+    except EngineCrashed as exc:
+        raise unavailable(str(exc), code="engine_crashed") from None
     request.app.state.services.events.record("apply_outcome", principal_of(request).tenant, {
         "model": body.model, "ok": result.ok, "method": result.method, "format": result.format,
         "seconds": result.seconds, "output_tokens": result.output_tokens})

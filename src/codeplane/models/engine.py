@@ -1,28 +1,35 @@
-"""The local inference engine: llama.cpp models kept resident, one thread per model.
+"""The local inference engine: llama.cpp models kept resident, each in its own worker process.
 
-Why one thread per model: a llama.cpp context is not thread-safe, and its KV cache is the
-latency budget (a 1,200-token prompt costs ~9 s cold and ~0.2 s when its prefix is cached on
-2 cores). A single worker per model serializes access and keeps the cache warm for whichever
-request comes next; `Llama.generate` reuses the longest common token prefix by itself, so
-callers that keep prompt layouts stable (Tab, agent turns) get the speed for free.
+Why a process per model: native code that crashes (llama.cpp's AMX kernels segfault on some
+Xeons, issue #30) must take down one model's worker, never the server (`models/worker.py`).
+Why one at a time: a llama.cpp context is not thread-safe, and its KV cache is the latency
+budget (a 1,200-token prompt costs ~9 s cold and ~0.2 s when its prefix is cached on 2
+cores). Each model's jobs queue in the server and run one by one in its worker, which keeps
+the cache warm for whichever request comes next; `Llama.generate` reuses the longest common
+token prefix by itself, so callers that keep prompt layouts stable (Tab, agent turns) get the
+speed for free.
 
-Compartments use `Engine.run(name, fn)` to execute `fn(model)` on that thread.
+Compartments call `Engine.run(name, job, *args)`: `job` names a function of the table in
+`models/jobs.py`, which runs in the worker with the loaded `LocalModel`, so the boundary is
+crossed once per request, never per token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -33,9 +40,9 @@ from codeplane.models.lora import LoraSlot
 from codeplane.models.pull import ensure_weights
 from codeplane.models.registry import ModelRegistry, ModelSpec
 from codeplane.models.toolcalls import tools_system_note
+from codeplane.models.worker import Worker, WorkerDied
 
 log = logging.getLogger("codeplane.engine")
-T = TypeVar("T")
 TOP_K = 40  # candidates kept when sampling with temperature
 
 # FIM dialects by token text; the first whose three tokens all exist in the vocab wins.
@@ -56,9 +63,25 @@ class ContextOverflow(ValueError):
                          f"{n_ctx} tokens (prompt plus at least one generated token)")
         self.prompt_tokens, self.n_ctx = prompt_tokens, n_ctx
 
+    def __reduce__(self):  # raised in a worker, re-raised in the server: rebuilt from fields
+        return ContextOverflow, (self.prompt_tokens, self.n_ctx)
+
 
 class Unsupported(ValueError):
     """The model lacks a capability (e.g. FIM tokens)."""
+
+
+class EngineCrashed(RuntimeError):
+    """A model's worker process died (or is backing off after dying) instead of answering.
+    Routes answer 503 `engine_crashed`; `retry_after` is the back-off still to wait, if any."""
+
+    def __init__(self, model: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.model, self.retry_after = model, retry_after
+
+
+class JobDropped(RuntimeError):
+    """The job's cancel event was set before its turn came: it never reached the model."""
 
 
 @dataclass
@@ -75,6 +98,19 @@ class Sampling:
     # captured logprobs are those of the constrained distribution.
     processors: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = field(
         default_factory=list)
+
+
+@dataclass(frozen=True)
+class LogitScale:
+    """Logits processor that divides by a temperature. Unlike `Sampling.temperature` (applied
+    by llama.cpp's sampler after the processors) it runs before logprob capture, so captured
+    logprobs are those of the tempered distribution, as RL's importance ratios need. A
+    module-level class, so a `Sampling` holding it crosses to the worker process."""
+
+    factor: float
+
+    def __call__(self, _ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        return scores * self.factor
 
 
 @dataclass
@@ -94,8 +130,20 @@ class Generation:
     stop_logprob: float | None = None
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the server knows of a model loaded in its worker."""
+
+    name: str
+    n_ctx: int
+    metadata: dict[str, str]
+    load_seconds: float
+    extra_buffer_types: bool  # llama.cpp's `use_extra_bufts` as the model was loaded
+
+
 class LocalModel:
-    """One loaded GGUF. Every method must run on the model's own worker thread."""
+    """One loaded GGUF. Product code uses it only inside the model's worker process (one
+    thread at a time); tests and benchmarks of its own logic may load one in-process."""
 
     def __init__(self, spec: ModelSpec, settings: Settings) -> None:
         from llama_cpp import Llama  # heavy import: only when a model is really loaded
@@ -106,8 +154,9 @@ class LocalModel:
         # llama-cpp-python defaults decode to half the cores (assuming hyperthreads); on the
         # 2-vCPU machines we measured 46 tok/s with both cores vs 27 with one.
         threads = cfg.n_threads or os.cpu_count() or 1
-        self.llama = Llama(model_path=str(path), n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                           n_threads=threads, n_threads_batch=threads, verbose=False)
+        with _model_params(use_extra_bufts=cfg.extra_buffer_types):
+            self.llama = Llama(model_path=str(path), n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
+                               n_threads=threads, n_threads_batch=threads, verbose=False)
         self.load_seconds = time.perf_counter() - start
         self.spec = spec
         self.name = spec.name
@@ -120,6 +169,10 @@ class LocalModel:
         self.stop_ids = self._stop_ids()
         self.fim_ids = self._fim_ids()
         self._pieces: list[bytes] | None = None
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(self.name, self.n_ctx, self.metadata, self.load_seconds,
+                         bool(self.llama.model_params.use_extra_bufts))
 
     # -- tokens --------------------------------------------------------------------------
 
@@ -261,62 +314,236 @@ class LocalModel:
         )
 
 
+BACKOFF_S = 1.0  # after a second crash in a row the next start waits this long, ...
+BACKOFF_MAX_S = 60.0  # ... doubling with every further crash, up to this
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One model's worker, for /metrics and operators."""
+
+    pid: int | None  # None: not running (not started yet, or dead and not restarted)
+    job: str | None  # the job in flight
+    waiting: int  # jobs queued behind it
+    restarts: int  # workers started after a crash
+    crashes: dict[str, int]  # by cause: "SIGSEGV", "SIGKILL", "exit code 1", ...
+
+
 class Engine:
-    """Loads local models on first use and runs work for each on its own thread."""
+    """Starts each local model's worker process on first use and runs named jobs on it
+    (`models/jobs.py`), one at a time per model, first come first served."""
 
     def __init__(self, settings: Settings, registry: ModelRegistry | None = None) -> None:
         self.settings = settings
         self.registry = registry or ModelRegistry(settings)
-        self._models: dict[str, LocalModel] = {}
-        self._workers: dict[str, ThreadPoolExecutor] = {}
+        self._models: dict[str, _Supervisor] = {}
         self._lock = threading.Lock()
 
     def spec(self, name: str) -> ModelSpec:
         return self.registry.get(name)
 
     def loaded(self) -> list[str]:
-        return list(self._models)
+        """Models whose worker is running."""
+        return [name for name, sup in list(self._models.items()) if sup.worker is not None]
 
-    async def run(self, name: str, fn: Callable[[LocalModel], T]) -> tuple[T, float]:
-        """Run `fn(model)` on the model's worker; return (result, seconds waited in queue)."""
-        spec = self.registry.get(name)
-        worker = self._worker(spec.name)
+    def info(self, name: str) -> ModelInfo:
+        """The loaded model's facts; starts its worker if needed (benchmarks call it to load
+        a model outside their timings)."""
+        sup = self._supervisor(name)
+        return sup.submit(lambda: sup.ensure().info).result()
+
+    async def run(self, name: str, job: str, *args: Any,
+                  on_event: Callable[[Any], None] | None = None,
+                  cancel: threading.Event | None = None) -> tuple[Any, float]:
+        """Run `job(*args)` in the model's worker; return (result, seconds waited in the
+        queue). `on_event` gets the job's streamed events on a thread of the engine's;
+        setting `cancel` stops the job between two tokens, or drops it before it starts
+        (JobDropped). Raises what the job raised, or EngineCrashed."""
+        sup = self._supervisor(name)
+        _known(job)
         submitted = time.perf_counter()
         waited = 0.0
 
-        def job() -> T:
+        def call() -> Any:
             nonlocal waited
             waited = time.perf_counter() - submitted
-            return fn(self._load(spec))
+            return sup.call(job, args, on_event, cancel)
 
-        result = await asyncio.get_running_loop().run_in_executor(worker, job)
+        result = await asyncio.wrap_future(sup.submit(call))
         return result, waited
 
-    def run_sync(self, name: str, fn: Callable[[LocalModel], T]) -> T:
-        """Blocking variant for CLI commands and benchmarks (same worker, same cache)."""
-        spec = self.registry.get(name)
-        return self._worker(spec.name).submit(lambda: fn(self._load(spec))).result()
+    def run_sync(self, name: str, job: str, *args: Any,
+                 on_event: Callable[[Any], None] | None = None,
+                 cancel: threading.Event | None = None) -> Any:
+        """Blocking variant for CLI commands, benchmarks and sync routes (same queue)."""
+        sup = self._supervisor(name)
+        _known(job)
+        return sup.submit(lambda: sup.call(job, args, on_event, cancel)).result()
 
-    def _worker(self, name: str) -> ThreadPoolExecutor:
-        with self._lock:
-            if name not in self._workers:
-                self._workers[name] = ThreadPoolExecutor(1, thread_name_prefix=f"model-{name}")
-            return self._workers[name]
-
-    def _load(self, spec: ModelSpec) -> LocalModel:
-        # Only ever called on the model's own worker thread, so no lock is needed per model.
-        if spec.name not in self._models:
-            log.info("loading model %s", spec.name)
-            self._models[spec.name] = LocalModel(spec, self.settings)
-        return self._models[spec.name]
+    def status(self) -> dict[str, WorkerStatus]:
+        return {name: sup.status() for name, sup in list(self._models.items())}
 
     def close(self) -> None:
-        for worker in self._workers.values():
-            worker.shutdown(wait=True, cancel_futures=True)
-        for model in self._models.values():
-            model.llama.close()
-        self._models.clear()
-        self._workers.clear()
+        """Stop every worker; calls in flight fail with EngineCrashed, queued ones too."""
+        with self._lock:
+            supervisors = list(self._models.values())
+            self._models.clear()
+        for sup in supervisors:
+            sup.close()
+
+    def _supervisor(self, name: str) -> _Supervisor:
+        spec = self.registry.get(name)
+        with self._lock:
+            if spec.name not in self._models:
+                self._models[spec.name] = _Supervisor(spec, self.settings)
+            return self._models[spec.name]
+
+
+def _known(job: str) -> None:
+    from codeplane.models.jobs import JOBS
+
+    if job not in JOBS:
+        raise ValueError(f"no engine job {job!r} (models/jobs.py)")
+
+
+class _Supervisor:
+    """One model's worker over time: started on first use, started afresh after a crash
+    (at once the first time, then with a back-off doubling per crash in a row, so a model
+    that crashes on every load or decode never spins), fed one job at a time by `queue`,
+    whose one thread waits on the worker's socket."""
+
+    def __init__(self, spec: ModelSpec, settings: Settings) -> None:
+        self.spec, self.settings = spec, settings
+        self.queue = ThreadPoolExecutor(1, thread_name_prefix=f"model-{spec.name}")
+        self.waiting = 0  # submitted, not started
+        self._count = threading.Lock()  # for `waiting`
+        self.worker: Worker | None = None
+        self.failures = 0  # crashes in a row: the back-off's exponent
+        self.not_before = 0.0  # monotonic time before which no worker starts
+        self.restarts = 0
+        self.crashes: Counter[str] = Counter()
+        self.closing = False
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        """Queue `fn` for the queue's thread."""
+        self._wait(+1)
+
+        def started() -> Any:
+            self._wait(-1)
+            return fn()
+
+        future = self.queue.submit(started)
+        future.add_done_callback(lambda f: f.cancelled() and self._wait(-1))
+        return future
+
+    def _wait(self, change: int) -> None:
+        with self._count:
+            self.waiting += change
+
+    def call(self, job: str, args: tuple, on_event: Callable[[Any], None] | None,
+             cancel: threading.Event | None) -> Any:
+        """Runs on the queue's thread."""
+        if cancel is not None and cancel.is_set():
+            raise JobDropped(f"{job} was cancelled before it reached {self.spec.name}")
+        worker = self.ensure()
+        try:
+            result = worker.call(job, args, on_event, cancel)
+        except WorkerDied as died:
+            raise self._died(died, f"running {job}") from None
+        self.failures = 0
+        return result
+
+    def ensure(self) -> Worker:
+        """The running worker, started if there is none (on the queue's thread). A worker
+        that died between two jobs counts as a crash, but fails no request."""
+        if self.worker is not None:
+            if self.worker.alive():
+                return self.worker
+            self._died(self.worker.died(), "idle")
+        name = self.spec.name
+        if self.closing:
+            raise self._closed()
+        wait = self.not_before - time.monotonic()
+        if wait > 0:
+            raise EngineCrashed(name, f"model {name}'s worker process crashed "
+                                      f"{self.failures} times in a row; it restarts in "
+                                      f"{wait:.1f} s", retry_after=wait)
+        if self.crashes:
+            self.restarts += 1
+        log.info("model %s: starting its worker process", name)
+        try:
+            self.worker = Worker(self.spec, self.settings)
+        except WorkerDied as died:
+            raise self._died(died, "loading the model") from None
+        if self.closing:  # the engine shut down while the model loaded
+            self.worker.close()
+            self.worker = None
+            raise self._closed()
+        log.info("model %s: loaded in %.1f s by worker %d", name,
+                 self.worker.info.load_seconds, self.worker.pid)
+        return self.worker
+
+    def _died(self, died: WorkerDied, during: str) -> EngineCrashed:
+        self.worker = None
+        name = self.spec.name
+        if self.closing:
+            return self._closed()
+        self.failures += 1
+        self.crashes[died.cause] += 1
+        delay = 0.0 if self.failures == 1 else min(BACKOFF_MAX_S,
+                                                   BACKOFF_S * 2 ** (self.failures - 2))
+        self.not_before = time.monotonic() + delay
+        log.error("model %s: worker %d died (%s) while %s; %s. Its last output:\n%s", name,
+                  died.pid, died.cause, during,
+                  f"no new worker for {delay:g} s ({self.failures} crashes in a row)" if delay
+                  else "the next request starts a new one", "\n".join(died.tail) or "(none)")
+        return EngineCrashed(name, f"model {name}'s worker process crashed ({died.cause}) "
+                                   f"while {during}", retry_after=delay or None)
+
+    def _closed(self) -> EngineCrashed:
+        return EngineCrashed(self.spec.name, f"model {self.spec.name} is unavailable: the "
+                                             "engine is shut down")
+
+    def status(self) -> WorkerStatus:
+        worker = self.worker
+        return WorkerStatus(worker.pid if worker else None, worker.job if worker else None,
+                            self.waiting, self.restarts, dict(self.crashes))
+
+    def close(self) -> None:
+        self.closing = True
+        if (worker := self.worker) is not None:
+            worker.stop()  # a call in flight reads EOF and fails
+        self.queue.shutdown(wait=True, cancel_futures=True)
+        if (worker := self.worker) is not None:
+            worker.close()
+            self.worker = None
+
+
+@contextlib.contextmanager
+def _model_params(**fields: Any) -> Iterator[None]:
+    """Load with llama.cpp model parameters that llama-cpp-python's `Llama()` takes no
+    argument for (0.3.36: `use_extra_bufts`). `Llama()` starts from
+    `llama_model_default_params()`, so that function is wrapped for the one load; the lock
+    keeps two loads in one process from seeing each other's wrapper."""
+    import llama_cpp.llama_cpp as native
+
+    with _PARAMS_LOCK:
+        default = native.llama_model_default_params
+
+        def params():  # a ctypes struct
+            value = default()
+            for key, setting in fields.items():
+                setattr(value, key, setting)
+            return value
+
+        native.llama_model_default_params = params
+        try:
+            yield
+        finally:
+            native.llama_model_default_params = default
+
+
+_PARAMS_LOCK = threading.Lock()
 
 
 class _LogitCapture:

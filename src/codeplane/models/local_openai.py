@@ -1,7 +1,8 @@
 """The local engine speaking the OpenAI schema: request models in, response/chunk dicts out.
 
-These functions run on a model's worker thread (see `Engine.run`). Streaming works by passing
-`emit`, which receives each OpenAI chunk dict as soon as it is known.
+`chat` and `completions` are engine jobs (`models/jobs.py`): they run in the model's worker
+process. With `stream`, each OpenAI chunk dict is emitted to the caller as soon as it is
+known.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ from typing import Any
 
 from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest, stop_list
 from codeplane.models.engine import Generation, LocalModel, Sampling, Unsupported
+from codeplane.models.jobs import JobContext
 from codeplane.models.toolcalls import ToolCall, parse_tool_calls, tool_names
 
 Emit = Callable[[dict[str, Any]], None]
 _OPENERS = ("<tool_call>", "```", "{", "[")
 
 
-def chat(model: LocalModel, req: ChatCompletionRequest, cancel: threading.Event,
-         emit: Emit | None = None) -> tuple[dict[str, Any], Generation]:
+def chat(ctx: JobContext, req: ChatCompletionRequest, stream: bool
+         ) -> tuple[dict[str, Any], Generation]:
+    """One /v1/chat/completions answer (the engine job `openai.chat`)."""
+    model, emit = ctx.model, ctx.emit if stream else None
     tools = req.tools if req.tool_choice != "none" else None
     sampling = Sampling(
         max_tokens=req.max_completion_tokens or req.max_tokens or 1024,
@@ -31,12 +35,12 @@ def chat(model: LocalModel, req: ChatCompletionRequest, cancel: threading.Event,
     )
     tokens = model.chat_tokens(req.messages_json(), tools)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    stream = _ChatStream(emit, rid, created, req.model, holdback=bool(tools)) if emit else None
-    gen = model.generate(tokens, sampling, cancel, stream.text if stream else None)
+    chunks = _ChatStream(emit, rid, created, req.model, holdback=bool(tools)) if emit else None
+    gen = model.generate(tokens, sampling, ctx.cancel, chunks.text if chunks else None)
     content, calls = parse_tool_calls(gen.text, tool_names(tools)) if tools else (gen.text, [])
     finish = "tool_calls" if calls else _finish(gen)
-    if stream:
-        stream.finish(content, calls, finish)
+    if chunks:
+        chunks.finish(content, calls, finish)
     message: dict[str, Any] = {"role": "assistant", "content": content or None}
     if calls:
         message["tool_calls"] = [c.to_openai() for c in calls]
@@ -49,8 +53,23 @@ def chat(model: LocalModel, req: ChatCompletionRequest, cancel: threading.Event,
     return body, gen
 
 
-def complete(model: LocalModel, req: CompletionRequest, prompt: str, index: int,
-             cancel: threading.Event, emit: Emit | None = None) -> tuple[dict, Generation]:
+def completions(ctx: JobContext, req: CompletionRequest, stream: bool
+                ) -> tuple[dict[str, Any], Generation]:
+    """One /v1/completions answer, a choice per prompt (the engine job `openai.completions`;
+    the caller allows `stream` with one prompt only). The generation returned is the first
+    prompt's."""
+    emit = ctx.emit if stream else None
+    bodies = [_choice(ctx.model, req, p, i, ctx.cancel, emit)
+              for i, p in enumerate(req.prompts())]
+    first, gen = bodies[0]
+    if len(bodies) > 1:
+        first = {**first, "choices": [b["choices"][0] for b, _ in bodies],
+                 "usage": _sum_usage([b["usage"] for b, _ in bodies])}
+    return first, gen
+
+
+def _choice(model: LocalModel, req: CompletionRequest, prompt: str, index: int,
+            cancel: threading.Event, emit: Emit | None = None) -> tuple[dict, Generation]:
     """One choice of /v1/completions; FIM when the request carries a suffix."""
     if req.suffix is not None:
         tokens = model.fim_tokens(prompt, req.suffix)
@@ -86,6 +105,14 @@ def usage(gen: Generation) -> dict[str, Any]:
     return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
             "total_tokens": gen.prompt_tokens + gen.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": gen.cached_tokens}}
+
+
+def _sum_usage(usages: list[dict]) -> dict:
+    keys = ("prompt_tokens", "completion_tokens", "total_tokens")
+    total = {k: sum(u[k] for u in usages) for k in keys}
+    total["prompt_tokens_details"] = {
+        "cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)}
+    return total
 
 
 def tool_call_grammar(tools: list[dict] | None, choice: str | dict | None) -> str | None:

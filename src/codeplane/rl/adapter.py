@@ -15,11 +15,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from codeplane.core.chat import Cancelled, Sampling, Turn
-from codeplane.models.engine import Engine, LocalModel
+from codeplane.models.engine import Engine, JobDropped, LogitScale
 from codeplane.models.engine import Sampling as EngineSampling
 from codeplane.models.local_openai import tool_call_grammar
 from codeplane.rl.policy import assistant_turn
@@ -70,18 +69,14 @@ class LlamaSampler:
         self._seed_lock = threading.Lock()
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Write the adapter, then swap it in on the model's worker thread (between two
+        """Write the adapter, then swap it in in the model's worker (between two
         generations, never during one); older adapter files are removed."""
         self.adapters.mkdir(parents=True, exist_ok=True)
-        arch = self.engine.run_sync(self.name, lambda m: m.metadata["general.architecture"])
+        arch = self.engine.info(self.name).metadata["general.architecture"]
         path = write_gguf_adapter(weights, self.adapters / f"policy-v{version}.gguf", arch,
                                   self.lora_alpha)
-
-        def swap(model: LocalModel) -> None:
-            model.lora.set(path)
-            self.version = version
-
-        self.engine.run_sync(self.name, swap)
+        self.engine.run_sync(self.name, "set_lora", path)
+        self.version = version
         for old in self.adapters.glob("policy-v*.gguf"):
             if old != path:
                 old.unlink(missing_ok=True)
@@ -97,17 +92,15 @@ class LlamaSampler:
         tools_used = tools if sampling.tool_choice != "none" else []
         with self._seed_lock:
             seed = next(self._seeds)
-        return self.engine.run_sync(
-            self.name, lambda m: self._complete(m, messages, tools_used, sampling, seed, cancel))
-
-    def _complete(self, model: LocalModel, messages: list[dict], tools: list[dict],
-                  sampling: Sampling, seed: int, cancel: threading.Event | None) -> Turn:
-        prompt = model.chat_tokens(messages, tools)
         engine_sampling = _engine_sampling(sampling, seed)
         # tool_choice "required": the product's grammar (a `<tool_call>` of one of the tools);
         # the logprobs are captured before it masks, so the trainer scores the same numbers
-        engine_sampling.grammar = tool_call_grammar(tools, sampling.tool_choice)
-        gen = model.generate(prompt, engine_sampling, cancel)
+        engine_sampling.grammar = tool_call_grammar(tools_used, sampling.tool_choice)
+        try:
+            prompt, gen = self.engine.run_sync(self.name, "chat_generate", messages,
+                                               tools_used, engine_sampling, cancel=cancel)
+        except JobDropped:
+            raise Cancelled() from None
         if gen.finish_reason == "cancelled":
             raise Cancelled()
         ids = list(gen.token_ids)
@@ -115,7 +108,7 @@ class LlamaSampler:
         if gen.stop_token is not None and gen.stop_logprob is not None:
             ids.append(gen.stop_token)
             logprobs.append(gen.stop_logprob)
-        message, reason = assistant_turn(gen.text, tools, gen.finish_reason)
+        message, reason = assistant_turn(gen.text, tools_used, gen.finish_reason)
         return Turn(message, reason,
                     {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                      "total_tokens": len(prompt) + len(ids)},
@@ -126,10 +119,6 @@ def _engine_sampling(sampling: Sampling, seed: int) -> EngineSampling:
     if sampling.temperature <= 0:
         return EngineSampling(max_tokens=sampling.max_tokens, temperature=0.0, logprobs=True,
                               seed=seed)
-    inverse = 1.0 / sampling.temperature
-
-    def scale(_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        return scores * inverse
-
     return EngineSampling(max_tokens=sampling.max_tokens, temperature=1.0, top_k=0,
-                          logprobs=True, seed=seed, processors=[scale])
+                          logprobs=True, seed=seed,
+                          processors=[LogitScale(1.0 / sampling.temperature)])

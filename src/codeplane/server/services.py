@@ -25,6 +25,7 @@ from codeplane.events.log import EventLog
 from codeplane.gateway.keys import KeyStore
 from codeplane.gateway.router import Gateway
 from codeplane.models.engine import Engine
+from codeplane.models.metrics import EngineCollector
 from codeplane.sandbox.fleet import Fleet, FleetSettings
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.storage import Database, ObjectStore, Replica, StorageError
@@ -109,6 +110,7 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     replica = Replica(db, settings.storage.lease_seconds)
     keys = KeyStore.from_settings(settings, replica)
     metrics = Metrics()
+    metrics.registry.register(EngineCollector(engine))
     events = EventLog(store, compact_every_s=settings.storage.compact_events_hours * 3600,
                       lock=db.lock)
     records = RunRecords(db, replica)

@@ -4,8 +4,9 @@ The service builds token prompts (its cache-friendly layout needs the FIM contro
 the typed text's last token, to heal it) and needs each generated token's log-probability
 (the show/hide decision). Both backends give exactly that:
 
-* `LocalTab` - the server's own llama.cpp model, on its worker thread: per-file KV slots,
-  healing as a logits mask, log-probabilities of the constrained distribution.
+* `LocalTab` - the server's own llama.cpp model, in its worker process (the engine job
+  `tab.suggest`): per-file KV slots, healing as a logits mask, log-probabilities of the
+  constrained distribution.
 * `UpstreamTab` - llama.cpp's `llama-server` (`-np N -cb`: parallel slots, continuous
   batching) over its native API: `/tokenize` for tokens and pieces, `/completion` with a
   token prompt, `cache_prompt` (each slot keeps its KV cache; the server routes a prompt to
@@ -45,6 +46,7 @@ class Completion:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    restored: bool = False  # a saved KV slot was restored for the prompt (`slots.py`)
 
 
 class UpstreamError(RuntimeError):
@@ -70,10 +72,12 @@ class TabModel(Protocol):
 
 
 class LocalTab:
-    """The embedded model; every call runs on its worker thread (`Engine.run`)."""
+    """The embedded model, in its worker process, serving one tenant's request (the KV
+    slots it restores are that tenant's)."""
 
-    def __init__(self, model: LocalModel, vocab: VocabIndex, slots: KVSlots) -> None:
-        self.model, self.vocab, self.slots = model, vocab, slots
+    def __init__(self, model: LocalModel, vocab: VocabIndex, slots: KVSlots,
+                 tenant: str) -> None:
+        self.model, self.vocab, self.slots, self.tenant = model, vocab, slots, tenant
         self.name = model.name
 
     def fim(self) -> tuple[int, int, int] | None:
@@ -91,15 +95,16 @@ class LocalTab:
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
                  slot: str, code_next: bool = False) -> Completion:
-        self.slots.prepare(self.model, tokens)
+        restored = self.slots.prepare(self.model, tokens, self.tenant)
         mask = [HealingMask(self.vocab, self.model.vocab_pieces(), heal, len(tokens),
                             code_next)] if heal or code_next else []
         gen = self.model.generate(tokens, Sampling(max_tokens=max_tokens, logprobs=True,
                                                    stop=stop, processors=mask),
                                   cancel=cancel, on_text=on_text)
-        self.slots.finished(self.model, slot)
+        self.slots.finished(self.model, self.tenant, slot)
         return Completion(gen.text, gen.token_logprobs or [], gen.finish_reason,
-                          gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens)
+                          gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens,
+                          restored)
 
 
 class UpstreamTab:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 
 from codeplane.core.errors import APIError, not_found, unavailable
 from codeplane.core.principal import principal_of
-from codeplane.models.engine import ContextOverflow, Engine, Unsupported
+from codeplane.models.engine import ContextOverflow, Engine, EngineCrashed, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
 from codeplane.tab.backend import UpstreamError
@@ -31,16 +31,18 @@ async def tab(body: TabRequest, request: Request) -> dict:
     svc = service(request)
     if not svc.remote(body.model):  # an upstream's model is checked by the upstream
         _require_fim(svc.engine, body.model or svc.settings.model)
+    tenant = principal_of(request).tenant
     try:
-        result = await svc.complete(body)
+        result = await svc.complete(body, tenant)
     except ContextOverflow as exc:
         raise APIError(400, str(exc), code="context_length_exceeded") from None
     except Unsupported as exc:
         raise APIError(400, str(exc), param="model") from None
     except UpstreamError as exc:
         raise unavailable(str(exc), code="upstream_unavailable") from None
+    except EngineCrashed as exc:
+        raise unavailable(str(exc), code="engine_crashed") from None
     if result.shown and result.source == "model":  # cache/typed-ahead: shown already
-        tenant = principal_of(request).tenant
         # the decision's signals ride along (and on to the accepted/rejected event), so the
         # show/hide model can be refitted from what users took (tab/decision.py)
         fields = {"suggestion_id": result.id, "model": body.model or svc.settings.model,

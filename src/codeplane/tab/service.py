@@ -16,6 +16,12 @@ On 2 CPU cores a cold 1,000-token FIM prompt costs seconds, one new token ~0.1 s
 * Show/hide: the decision's P(exact line) (`decision.py`) must reach a threshold.
 * Model calls go to the embedded engine or, with `upstream`, to a llama-server that batches
   (`backend.py`); the caches, sessions and typed-ahead stay here either way.
+* Tenants: the cache and the sessions are keyed by tenant as well, so one tenant never gets
+  another's suggestion nor cancels another's request with the same `cursor_id`.
+
+On the embedded engine the model path (`answer`: prompt layout, decode, post-processing,
+decision) runs in the model's worker process as the engine job `tab.suggest`, with the
+anchors, KV slots and vocabulary index it needs kept there; one round trip per model call.
 
 Nothing is persisted: the cache and sessions are in-memory and bounded.
 """
@@ -34,7 +40,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from codeplane.models.engine import Engine, LocalModel, Unsupported
+from codeplane.core.principal import LOCAL_TENANT
+from codeplane.models.engine import Engine, JobDropped, Unsupported
+from codeplane.models.jobs import JobContext
 from codeplane.tab import decision, postprocess
 from codeplane.tab.backend import LocalTab, TabModel, UpstreamTab
 from codeplane.tab.feedback import ShownLog
@@ -144,7 +152,23 @@ class _Anchor:
 class _Session:
     seq: int = 0
     cancel: threading.Event = field(default_factory=threading.Event)
-    anchor: _Anchor | None = None
+
+
+@dataclass
+class Answer:
+    """What the model path returns for one request (picklable: it leaves the worker)."""
+
+    text: str  # post-processed suggestion
+    confidence: float
+    signals: dict
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    model_ms: float
+    restored: bool  # a saved KV slot was restored for it
+
+
+SessionKey = tuple[str, str]  # (tenant, cursor_id)
 
 
 class TabService:
@@ -152,15 +176,14 @@ class TabService:
         self.engine = engine
         self.settings = settings
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._sessions: OrderedDict[SessionKey, _Session] = OrderedDict()
         self._lock = threading.Lock()
-        self.slots = KVSlots(settings.kv_slots)
-        self._vocabs: dict[str, VocabIndex] = {}  # per model name, built on first healing
         self.upstream = UpstreamTab(settings.model, settings.upstream,
                                     settings.upstream_timeout_s) if settings.upstream else None
         # upstream calls block on HTTP: a pool as wide as the upstream's parallel slots
         self._pool = ThreadPoolExecutor(settings.upstream_parallel, "tab-upstream") \
             if settings.upstream else None
+        self._anchors = Anchors(settings.sessions)  # the upstream's (the engine's: in its worker)
         self.shown = ShownLog()  # for accept/reject feedback (tab/feedback.py)
         self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
                       "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
@@ -177,10 +200,10 @@ class TabService:
             self._pool.shutdown(cancel_futures=True)
             self.upstream.close()
 
-    def lookup(self, req: TabRequest) -> TabResult | None:
+    def lookup(self, req: TabRequest, tenant: str) -> TabResult | None:
         """Fast paths only (cache, typed-ahead, mid-line skip); None means ask the model."""
         start = time.perf_counter()
-        hit = self._lookup(req)
+        hit = self._lookup(req, tenant)
         if hit is not None:
             source, entry = hit
             self.stats["cache_hits" if source == "cache" else "typed_ahead"] += 1
@@ -191,11 +214,11 @@ class TabService:
                              "mid_line")
         return None
 
-    def begin(self, req: TabRequest) -> tuple[_Session, int, threading.Event]:
-        """Claim the session slot: cancel the previous request of this cursor."""
+    def begin(self, req: TabRequest, tenant: str) -> tuple[_Session, int, threading.Event]:
+        """Claim the session slot: cancel the previous request of this tenant's cursor."""
         with self._lock:
-            session = self._sessions.pop(req.cursor_id, None) or _Session()
-            self._sessions[req.cursor_id] = session
+            session = self._sessions.pop((tenant, req.cursor_id), None) or _Session()
+            self._sessions[tenant, req.cursor_id] = session
             while len(self._sessions) > self.settings.sessions:
                 self._sessions.popitem(last=False)
             session.cancel.set()
@@ -203,158 +226,99 @@ class TabService:
             session.cancel = threading.Event()
             return session, session.seq, session.cancel
 
-    async def complete(self, req: TabRequest) -> TabResult:
+    async def complete(self, req: TabRequest, tenant: str) -> TabResult:
         start = time.perf_counter()
-        answer = self._answer_fast(req, start)
-        if answer is not None:
-            return answer
-        session, seq, cancel = self.begin(req)
+        fast = self._answer_fast(req, tenant, start)
+        if fast is not None:
+            return fast
+        session, seq, cancel = self.begin(req, tenant)
         if self.remote(req.model):
             result = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self.generate, self.upstream, req, session, seq, cancel)
+                self._pool, self.generate, req, tenant, session, seq, cancel)
         else:
-            result, _ = await self.engine.run(
-                req.model or self.settings.model,
-                lambda m: self.generate(self._local(m), req, session, seq, cancel))
+            began = time.perf_counter()
+            try:
+                got, _ = await self.engine.run(*self._job(req, tenant), cancel=cancel)
+            except JobDropped:
+                got = None
+            result = self._settle(req, tenant, session, seq, got, began)
         result.latency_ms = _ms(start)
         return result
 
-    def complete_sync(self, req: TabRequest) -> TabResult:
+    def complete_sync(self, req: TabRequest, tenant: str = LOCAL_TENANT) -> TabResult:
         """Blocking variant for benchmarks and scripts (same worker, same KV cache)."""
         start = time.perf_counter()
-        answer = self._answer_fast(req, start)
-        if answer is not None:
-            return answer
-        session, seq, cancel = self.begin(req)
-        if self.remote(req.model):
-            result = self.generate(self.upstream, req, session, seq, cancel)
-        else:
-            result = self.engine.run_sync(
-                req.model or self.settings.model,
-                lambda m: self.generate(self._local(m), req, session, seq, cancel))
+        fast = self._answer_fast(req, tenant, start)
+        if fast is not None:
+            return fast
+        session, seq, cancel = self.begin(req, tenant)
+        result = self.generate(req, tenant, session, seq, cancel)
         result.latency_ms = _ms(start)
         return result
 
-    def _answer_fast(self, req: TabRequest, start: float) -> TabResult | None:
+    def generate(self, req: TabRequest, tenant: str, session: _Session, seq: int,
+                 cancel: threading.Event) -> TabResult:
+        """The model path of a request that has claimed its session (blocking): on the
+        upstream, or on the engine. A request superseded before its turn is dropped."""
+        start = time.perf_counter()
+        try:
+            if cancel.is_set():
+                raise JobDropped("superseded")
+            if self.remote(req.model):
+                got = answer(self.upstream, self.settings, req, self._anchors,
+                             (tenant, req.cursor_id), cancel)
+            else:
+                got = self.engine.run_sync(*self._job(req, tenant), cancel=cancel)
+        except JobDropped:
+            got = None
+        return self._settle(req, tenant, session, seq, got, start)
+
+    def _job(self, req: TabRequest, tenant: str) -> tuple:
+        """(model, job, args) of the engine call for `req`."""
+        return req.model or self.settings.model, "tab.suggest", self.settings, req, tenant
+
+    def _answer_fast(self, req: TabRequest, tenant: str, start: float) -> TabResult | None:
         """The fast-path answer, a `miss` for fast-only requests, or None: ask the model."""
-        fast = self.lookup(req)
+        fast = self.lookup(req, tenant)
         if fast is not None or not req.fast_only:
             self.stats["requests"] += 1  # a fast-only miss is counted by its follow-up
         if fast is None and req.fast_only:
             return TabResult("", _ms(start), False, "miss", False, None, req.request_id, "miss")
         return fast
 
-    # -- model path (runs on the model's worker thread) -----------------------------------
-
-    def generate(self, model: TabModel, req: TabRequest, session: _Session, seq: int,
-                 cancel: threading.Event) -> TabResult:
-        start = time.perf_counter()
-        if session.seq != seq:  # a newer keystroke arrived while this one was queued
+    def _settle(self, req: TabRequest, tenant: str, session: _Session, seq: int,
+                got: Answer | None, start: float) -> TabResult:
+        """Count the model's answer (None: dropped before it ran) and cache it, unless a
+        newer keystroke of the session made it stale."""
+        if got is not None:
+            self.stats["model_calls"] += 1
+            self.stats["prompt_tokens"] += got.prompt_tokens
+            self.stats["cached_tokens"] += got.cached_tokens
+            self.stats["slot_restores"] += got.restored
+        if got is None or session.seq != seq:
             self.stats["cancelled"] += 1
-            return TabResult("", 0.0, False, "cancelled", False, None, req.request_id, "stale")
-        mode = postprocess.choose_mode(req.prefix, req.suffix, self.settings.max_lines)
-        heal = self._prompt(model, req, session)
-        slot = session.anchor.key if session.anchor else req.path
-        budget = req.max_tokens or (self.settings.max_tokens_multiline if mode.multiline
-                                    else self.settings.max_tokens)
-        gen = model.complete(heal.tokens, heal.text, budget,
-                             [] if mode.multiline else ["\n"], cancel,
-                             _line_guard(mode, req.prefix[:-len(heal.text) or None], cancel),
-                             slot, heal.code_next)
-        self.stats["model_calls"] += 1
-        self.stats["prompt_tokens"] += gen.prompt_tokens
-        self.stats["cached_tokens"] += gen.cached_tokens
-        self.stats["slot_restores"] = self.slots.restored
-        if session.seq != seq:
-            self.stats["cancelled"] += 1
-            return TabResult("", _ms(start), False, "cancelled", False, None, req.request_id,
-                             "stale", gen.prompt_tokens, gen.cached_tokens,
-                             gen.completion_tokens, _ms(start))
-        raw = gen.text[len(heal.text):] if gen.text.startswith(heal.text) else ""
-        text = postprocess.clean(raw, req.prefix, req.suffix, mode)
-        kept = len(model.tokenize(heal.text + text)) if text else 0
-        sig = decision.signals(text, req.prefix, gen.logprobs[:kept],
-                               gen.finish_reason == "length")
-        conf = decision.probability(sig)
+            stale = TabResult("", _ms(start), False, "cancelled", False, None, req.request_id,
+                              "stale")
+            if got is not None:
+                stale.prompt_tokens, stale.cached_tokens = got.prompt_tokens, got.cached_tokens
+                stale.completion_tokens, stale.model_ms = got.completion_tokens, got.model_ms
+            return stale
         min_conf = self.settings.min_confidence if req.min_confidence is None \
             else req.min_confidence
-        entry = _Entry(text, conf, bool(text) and conf >= min_conf,
-                       f"t{secrets.token_hex(8)}", sig.to_json())
-        self._store(self._key(req, req.prefix), entry)
+        entry = _Entry(got.text, got.confidence, bool(got.text) and got.confidence >= min_conf,
+                       f"t{secrets.token_hex(8)}", got.signals)
+        self._store(self._key(tenant, req, req.prefix), entry)
         result = self._result(req, start, entry, "model")
-        result.prompt_tokens, result.cached_tokens = gen.prompt_tokens, gen.cached_tokens
-        result.completion_tokens, result.model_ms = gen.completion_tokens, _ms(start)
+        result.prompt_tokens, result.cached_tokens = got.prompt_tokens, got.cached_tokens
+        result.completion_tokens, result.model_ms = got.completion_tokens, got.model_ms
         return result
-
-    def _prompt(self, model: TabModel, req: TabRequest, session: _Session) -> Healing:
-        key = _digest(model.name, req.path, *(f"{s.path}\0{s.text}" for s in req.context))
-        anchor = session.anchor
-        if not (anchor and anchor.key == key and anchor.suffix == req.suffix
-                and req.prefix.startswith(anchor.prefix)
-                and len(req.prefix) - len(anchor.prefix) <= MAX_TYPED_CHARS):
-            cut = req.prefix.rfind("\n") + 1
-            anchor = self._anchor(model, req, key, req.prefix[:cut], req.suffix)
-            session.anchor = anchor
-        rest = req.prefix[len(anchor.prefix):]
-        typed = model.tokenize(rest) if rest else []
-        if self.settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
-            return Healing(anchor.before + typed + anchor.after, "")
-        tokens = anchor.before + anchor.after + typed
-        heal = back_off(tokens, typed, model.piece, model.extends)
-        line = req.prefix.rsplit("\n", 1)[-1]
-        return replace(heal, code_next=bool(line) and not line.strip())
-
-    def _anchor(self, model: TabModel, req: TabRequest, key: str, prefix: str, suffix: str
-                ) -> _Anchor:
-        """The stable pieces of the prompt around the typed text T, trimmed from the far
-        ends (whole lines) to the token budget. `anchor`: [ctx] <pre> P0 <suf> S <mid> T;
-        `psm`: [ctx] <pre> P0 T <suf> S <mid>; `spm`: [ctx] <suf> S <pre> P0 T <mid>."""
-        fim = model.fim()
-        if fim is None:
-            raise Unsupported(f"model {model.name} has no fill-in-the-middle tokens")
-        pre, suf, mid = fim
-        start = prefix  # the anchor's text; only its tokens are trimmed
-        head = self._context_tokens(model, req)
-        limit = self.settings.max_prompt_tokens - MAX_TYPED_CHARS // 3 - len(head) - 3
-        while True:
-            p, s = model.tokenize(prefix), model.tokenize(suffix)
-            if len(p) + len(s) <= limit or (not prefix and not suffix):
-                break
-            if len(prefix) >= len(suffix):
-                lines = prefix.split("\n")
-                prefix = "\n".join(lines[max(1, len(lines) // 4):])
-            else:
-                lines = suffix.split("\n")
-                suffix = "\n".join(lines[: len(lines) * 3 // 4])
-        if self.settings.layout == "spm":
-            return _Anchor(key, start, req.suffix, [*head, suf, *s, pre, *p], [mid])
-        return _Anchor(key, start, req.suffix, [*head, pre, *p], [suf, *s, mid])
-
-    def _local(self, model: LocalModel) -> LocalTab:
-        """The embedded model as a Tab backend (its vocabulary index is built once)."""
-        if model.name not in self._vocabs:
-            self._vocabs[model.name] = VocabIndex(model.vocab_pieces())
-        return LocalTab(model, self._vocabs[model.name], self.slots)
-
-    def _context_tokens(self, model: TabModel, req: TabRequest) -> list[int]:
-        if not req.context:
-            return []
-        repo = model.tokenize("<|repo_name|>", special=True)
-        sep = model.tokenize("<|file_sep|>", special=True)
-        if len(repo) != 1 or len(sep) != 1:  # not a Qwen-style vocab: plain comments
-            text = "".join(f"# {s.path}\n{s.text}\n" for s in req.context)
-            return model.tokenize(f"{text}# {req.path}\n")
-        out = [*repo, *model.tokenize("workspace\n")]
-        for s in req.context:  # snippet text is user data: never tokenized as control tokens
-            out += [*sep, *model.tokenize(f"{s.path}\n{s.text}\n")]
-        return out + [*sep, *model.tokenize(f"{req.path}\n")]
 
     # -- cache ---------------------------------------------------------------------------
 
-    def _key(self, req: TabRequest, prefix: str) -> str:
+    def _key(self, tenant: str, req: TabRequest, prefix: str) -> str:
         ctx = [f"{s.path}\0{s.text}" for s in req.context]
-        return _digest(req.cursor_id, req.model or self.settings.model, req.path, prefix,
-                       req.suffix, *ctx)
+        return _digest(tenant, req.cursor_id, req.model or self.settings.model, req.path,
+                       prefix, req.suffix, *ctx)
 
     def _store(self, key: str, entry: _Entry) -> None:
         if self.settings.cache_size == 0:
@@ -372,20 +336,20 @@ class TabService:
                 self._cache.move_to_end(key)
             return entry
 
-    def _lookup(self, req: TabRequest) -> tuple[str, _Entry] | None:
-        exact = self._get(self._key(req, req.prefix))
+    def _lookup(self, req: TabRequest, tenant: str) -> tuple[str, _Entry] | None:
+        exact = self._get(self._key(tenant, req, req.prefix))
         if exact is not None:
             return "cache", exact
         scan = min(self.settings.typed_ahead_chars, len(req.prefix))
         for back in range(1, scan + 1):
-            entry = self._get(self._key(req, req.prefix[:-back]))
+            entry = self._get(self._key(tenant, req, req.prefix[:-back]))
             if entry is None or not entry.shown:
                 continue
             typed = req.prefix[-back:]
             if entry.text.startswith(typed) and len(entry.text) > back:
                 rest = _Entry(entry.text[back:], entry.confidence, True, entry.id,
                               entry.signals)
-                self._store(self._key(req, req.prefix), rest)
+                self._store(self._key(tenant, req, req.prefix), rest)
                 return "typed_ahead", rest
             return None  # the user typed something else: the old suggestion is dead
         return None
@@ -395,6 +359,121 @@ class TabService:
         return TabResult(entry.text if entry.shown else "", _ms(start), source != "model",
                          source, entry.shown, round(entry.confidence, 4), req.request_id,
                          reason, id=entry.id if entry.shown else None, signals=entry.signals)
+
+
+class Anchors:
+    """The prompt layout of each recent session, by (tenant, cursor): kept where the model
+    runs (the engine's worker, or the service for an upstream), bounded like the sessions."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._anchors: OrderedDict[SessionKey, _Anchor] = OrderedDict()
+        self._lock = threading.Lock()  # upstream calls run on a pool
+
+    def get(self, key: SessionKey) -> _Anchor | None:
+        with self._lock:
+            return self._anchors.get(key)
+
+    def put(self, key: SessionKey, anchor: _Anchor) -> None:
+        with self._lock:
+            self._anchors[key] = anchor
+            self._anchors.move_to_end(key)
+            while len(self._anchors) > self.size:
+                self._anchors.popitem(last=False)
+
+
+# -- the model path (in the model's worker for the engine, on the pool for an upstream) ------
+
+
+def suggest(ctx: JobContext, settings: TabSettings, req: TabRequest, tenant: str) -> Answer:
+    """The engine job `tab.suggest`: `answer` on the worker's model, with the anchors, KV
+    slots and vocabulary index kept in the worker."""
+    vocab = ctx.resident("tab.vocab", lambda: VocabIndex(ctx.model.vocab_pieces()))
+    slots = ctx.resident("tab.slots", lambda: KVSlots(settings.kv_slots))
+    anchors = ctx.resident("tab.anchors", lambda: Anchors(settings.sessions))
+    return answer(LocalTab(ctx.model, vocab, slots, tenant), settings, req, anchors,
+                  (tenant, req.cursor_id), ctx.cancel)
+
+
+def answer(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anchors,
+           session: SessionKey, cancel: threading.Event) -> Answer:
+    """Prompt, decode, post-process and score one suggestion."""
+    start = time.perf_counter()
+    mode = postprocess.choose_mode(req.prefix, req.suffix, settings.max_lines)
+    heal, slot = _prompt(model, settings, req, anchors, session)
+    budget = req.max_tokens or (settings.max_tokens_multiline if mode.multiline
+                                else settings.max_tokens)
+    gen = model.complete(heal.tokens, heal.text, budget, [] if mode.multiline else ["\n"],
+                         cancel, _line_guard(mode, req.prefix[:-len(heal.text) or None], cancel),
+                         slot, heal.code_next)
+    raw = gen.text[len(heal.text):] if gen.text.startswith(heal.text) else ""
+    text = postprocess.clean(raw, req.prefix, req.suffix, mode)
+    kept = len(model.tokenize(heal.text + text)) if text else 0
+    sig = decision.signals(text, req.prefix, gen.logprobs[:kept], gen.finish_reason == "length")
+    return Answer(text, decision.probability(sig), sig.to_json(), gen.prompt_tokens,
+                  gen.cached_tokens, gen.completion_tokens, _ms(start), gen.restored)
+
+
+def _prompt(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anchors,
+            session: SessionKey) -> tuple[Healing, str]:
+    """The healed prompt and its KV slot key; moves the session's anchor if needed."""
+    key = _digest(model.name, req.path, *(f"{s.path}\0{s.text}" for s in req.context))
+    anchor = anchors.get(session)
+    if not (anchor and anchor.key == key and anchor.suffix == req.suffix
+            and req.prefix.startswith(anchor.prefix)
+            and len(req.prefix) - len(anchor.prefix) <= MAX_TYPED_CHARS):
+        cut = req.prefix.rfind("\n") + 1
+        anchor = _anchor(model, settings, req, key, req.prefix[:cut], req.suffix)
+        anchors.put(session, anchor)
+    rest = req.prefix[len(anchor.prefix):]
+    typed = model.tokenize(rest) if rest else []
+    if settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
+        return Healing(anchor.before + typed + anchor.after, ""), anchor.key
+    tokens = anchor.before + anchor.after + typed
+    heal = back_off(tokens, typed, model.piece, model.extends)
+    line = req.prefix.rsplit("\n", 1)[-1]
+    return replace(heal, code_next=bool(line) and not line.strip()), anchor.key
+
+
+def _anchor(model: TabModel, settings: TabSettings, req: TabRequest, key: str, prefix: str,
+            suffix: str) -> _Anchor:
+    """The stable pieces of the prompt around the typed text T, trimmed from the far
+    ends (whole lines) to the token budget. `anchor`: [ctx] <pre> P0 <suf> S <mid> T;
+    `psm`: [ctx] <pre> P0 T <suf> S <mid>; `spm`: [ctx] <suf> S <pre> P0 T <mid>."""
+    fim = model.fim()
+    if fim is None:
+        raise Unsupported(f"model {model.name} has no fill-in-the-middle tokens")
+    pre, suf, mid = fim
+    start = prefix  # the anchor's text; only its tokens are trimmed
+    head = _context_tokens(model, req)
+    limit = settings.max_prompt_tokens - MAX_TYPED_CHARS // 3 - len(head) - 3
+    while True:
+        p, s = model.tokenize(prefix), model.tokenize(suffix)
+        if len(p) + len(s) <= limit or (not prefix and not suffix):
+            break
+        if len(prefix) >= len(suffix):
+            lines = prefix.split("\n")
+            prefix = "\n".join(lines[max(1, len(lines) // 4):])
+        else:
+            lines = suffix.split("\n")
+            suffix = "\n".join(lines[: len(lines) * 3 // 4])
+    if settings.layout == "spm":
+        return _Anchor(key, start, req.suffix, [*head, suf, *s, pre, *p], [mid])
+    return _Anchor(key, start, req.suffix, [*head, pre, *p], [suf, *s, mid])
+
+
+def _context_tokens(model: TabModel, req: TabRequest) -> list[int]:
+    if not req.context:
+        return []
+    repo = model.tokenize("<|repo_name|>", special=True)
+    sep = model.tokenize("<|file_sep|>", special=True)
+    if len(repo) != 1 or len(sep) != 1:  # not a Qwen-style vocab: plain comments
+        text = "".join(f"# {s.path}\n{s.text}\n" for s in req.context)
+        return model.tokenize(f"{text}# {req.path}\n")
+    out = [*repo, *model.tokenize("workspace\n")]
+    for s in req.context:  # snippet text is user data: never tokenized as control tokens
+        out += [*sep, *model.tokenize(f"{s.path}\n{s.text}\n")]
+    return out + [*sep, *model.tokenize(f"{req.path}\n")]
 
 
 def _line_guard(mode: Mode, prefix: str, stop: threading.Event):

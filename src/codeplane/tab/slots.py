@@ -7,7 +7,9 @@ saved slot sharing the longest token prefix with the new prompt is restored.
 
 Saved and restored through the model's KV cache (`models/kv.py`: llama.cpp's per-sequence
 state, only this sequence's KV, ~12 KB per token for the 0.5B model, ~10 ms to save and
-~2 ms to restore). Slots live in memory only and are bounded (count and total bytes).
+~2 ms to restore). Slots live in the model's worker process only (`tab.service.suggest`)
+and are bounded (count and total bytes). Each belongs to a tenant: a request is only ever
+given back a slot its own tenant saved.
 """
 
 from __future__ import annotations
@@ -21,41 +23,44 @@ MIN_GAIN = 32  # restoring pays off once it saves this many prompt tokens
 
 
 class KVSlots:
+    """The saved sequences of one model (it lives in that model's worker)."""
+
     def __init__(self, count: int, max_bytes: int = 256 << 20) -> None:
         self.count, self.max_bytes = count, max_bytes
         self._slots: OrderedDict[tuple[str, str], SavedSequence] = OrderedDict()
-        self._owner: tuple[str, str] | None = None  # (model, slot key) of the live cache
+        self._owner: tuple[str, str] | None = None  # (tenant, slot key) of the live cache
         self._live: list[int] = []  # tokens the live cache held after Tab's last request
-        self.restored = 0
 
-    def prepare(self, model: LocalModel, tokens: list[int]) -> None:
-        """Make the live KV cache cover as much of `tokens` as any saved slot can."""
+    def prepare(self, model: LocalModel, tokens: list[int], tenant: str) -> bool:
+        """Make the live KV cache cover as much of `tokens` as any slot `tenant` saved
+        can; True when a slot was restored."""
         if self.count == 0:
-            return
+            return False
         cached = model.cached_prefix(tokens)
         if cached + MIN_GAIN < len(self._live):
             self._save_live(model)  # this request would overwrite it: keep a copy
         best, gain = None, MIN_GAIN
-        for (name, slot_key), slot in self._slots.items():
-            if name == model.name:
+        for (owner, slot_key), slot in self._slots.items():
+            if owner == tenant:
                 shared = model.kv.common_prefix(slot.tokens, tokens)
                 if shared - cached >= gain:
-                    best, gain = (name, slot_key), shared - cached
+                    best, gain = (owner, slot_key), shared - cached
         if best is None:
-            return
+            return False
         model.kv.restore(self._slots[best])
         self._slots.move_to_end(best)
-        self.restored += 1
+        return True
 
-    def finished(self, model: LocalModel, key: str) -> None:
-        """Remember who owns the live cache after a Tab request on `key` (a file)."""
+    def finished(self, model: LocalModel, tenant: str, key: str) -> None:
+        """Remember who owns the live cache after `tenant`'s Tab request on `key` (a
+        file)."""
         if self.count:
-            self._owner = (model.name, key)
+            self._owner = (tenant, key)
             self._live = model.kv.tokens
 
     def _save_live(self, model: LocalModel) -> None:
         live = model.kv.tokens
-        if self._owner is None or self._owner[0] != model.name or live != self._live:
+        if self._owner is None or live != self._live:
             return  # another compartment used the model since: not ours to keep
         saved = model.kv.save()
         if saved is None:

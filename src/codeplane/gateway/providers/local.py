@@ -1,10 +1,12 @@
 """The local llama.cpp engine as a gateway deployment (`provider = "local"`).
 
-Work runs through `Engine.run` on the model's own worker thread via `local_openai`, exactly as
-the server did before the gateway: KV-cache prefix reuse stays automatic, and a cancelled call
-(client gone, stream closed) sets the cancel event so decoding stops between two tokens.
-Errors keep the server's mapping: context overflow and unsupported features are the client's
-(400, not retried); missing or corrupt weights are the deployment's (503, may fail over).
+Work runs as an engine job (`openai.chat`, `openai.completions`: `models/local_openai.py`) in
+the model's worker process: KV-cache prefix reuse stays automatic, and a cancelled call
+(client gone, stream closed) sets the cancel event, which the engine forwards to the worker
+so decoding stops between two tokens. Errors keep the server's mapping: context overflow and
+unsupported features are the client's (400, not retried); missing or corrupt weights are the
+deployment's (503, may fail over), and so is a crashed worker (503 `engine_crashed`; the
+engine starts a fresh one for the next request).
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from typing import Any
 
 from codeplane.core.metrics import Metrics
 from codeplane.gateway.providers.base import Call, UpstreamError
-from codeplane.models import local_openai
-from codeplane.models.engine import ContextOverflow, Engine, Generation, LocalModel, Unsupported
+from codeplane.models.engine import (
+    ContextOverflow,
+    Engine,
+    EngineCrashed,
+    Generation,
+    Unsupported,
+)
 from codeplane.models.pull import WeightsError, ensure_weights
 
 CAPABILITY = {"chat": "chat", "completions": "completion", "embeddings": "embeddings"}
-Work = Callable[[LocalModel, threading.Event, Callable[[dict], None] | None],
-                tuple[dict, Generation]]
+JOBS = {"chat": "openai.chat", "completions": "openai.completions"}
 
 
 class LocalProvider:
@@ -30,10 +36,10 @@ class LocalProvider:
         self.engine, self.model, self.metrics = engine, model, metrics
 
     async def request(self, call: Call) -> dict[str, Any]:
-        work = self._work(call)
+        self._require(call)
         cancel = threading.Event()
         try:
-            body, gen, waited = await self._run(work, cancel, None)
+            body, gen, waited = await self._run(call, cancel, None)
         except asyncio.CancelledError:
             cancel.set()  # client went away: free the model between two tokens
             raise
@@ -42,7 +48,7 @@ class LocalProvider:
         return body
 
     async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
-        work = self._work(call)
+        self._require(call)
         cancel = threading.Event()
         queue: asyncio.Queue[dict | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -50,7 +56,7 @@ class LocalProvider:
         def emit(chunk: dict) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, chunk)
 
-        task = asyncio.ensure_future(self._run(work, cancel, emit))
+        task = asyncio.ensure_future(self._run(call, cancel, emit))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
             while (chunk := await queue.get()) is not None:
@@ -68,27 +74,6 @@ class LocalProvider:
             if not task.done():
                 task.cancel()
 
-    def _work(self, call: Call) -> Work:
-        self._require(call)
-        req = call.parsed
-        if call.kind == "chat":
-            return lambda model, cancel, emit: local_openai.chat(model, req, cancel, emit)
-        prompts = req.prompts()
-        if call.stream and len(prompts) != 1:
-            raise UpstreamError(400, "streaming supports exactly one prompt", retryable=False,
-                                param="prompt")
-
-        def work(model: LocalModel, cancel: threading.Event, emit) -> tuple[dict, Generation]:
-            bodies = [local_openai.complete(model, req, p, i, cancel, emit)
-                      for i, p in enumerate(prompts)]
-            first, gen = bodies[0]
-            if len(bodies) > 1:
-                first = {**first, "choices": [b["choices"][0] for b, _ in bodies],
-                         "usage": _sum_usage([b["usage"] for b, _ in bodies])}
-            return first, gen
-
-        return work
-
     def _require(self, call: Call) -> None:
         """Fail before queueing: no capability is 400, missing weights 503."""
         spec = self.engine.spec(self.model)
@@ -98,6 +83,9 @@ class LocalProvider:
         if capability not in spec.capabilities:
             raise UpstreamError(400, f"model {call.raw.get('model')!r} does not support "
                                      f"{capability}", retryable=False, param="model")
+        if call.kind == "completions" and call.stream and len(call.parsed.prompts()) != 1:
+            raise UpstreamError(400, "streaming supports exactly one prompt", retryable=False,
+                                param="prompt")
         if spec.name not in self.engine.loaded():
             try:
                 ensure_weights(spec, self.engine.settings)
@@ -105,11 +93,12 @@ class LocalProvider:
                 raise UpstreamError(503, str(exc), retryable=True,
                                     code="model_unavailable") from None
 
-    async def _run(self, work: Work, cancel: threading.Event,
-                   emit) -> tuple[dict, Generation, float]:
+    async def _run(self, call: Call, cancel: threading.Event,
+                   emit: Callable[[dict], None] | None) -> tuple[dict, Generation, float]:
         try:
-            (body, gen), waited = await self.engine.run(self.model,
-                                                        lambda m: work(m, cancel, emit))
+            (body, gen), waited = await self.engine.run(
+                self.model, JOBS[call.kind], call.parsed, emit is not None, on_event=emit,
+                cancel=cancel)
         except ContextOverflow as exc:
             raise UpstreamError(400, str(exc), retryable=False, code="context_length_exceeded",
                                 param="messages") from None
@@ -118,6 +107,9 @@ class LocalProvider:
         except WeightsError as exc:
             raise UpstreamError(503, str(exc), retryable=True,
                                 code="model_unavailable") from None
+        except EngineCrashed as exc:
+            raise UpstreamError(503, str(exc), retryable=True, code="engine_crashed",
+                                retry_after=exc.retry_after) from None
         return body, gen, waited
 
     def _record(self, gen: Generation, waited: float) -> None:
@@ -126,14 +118,6 @@ class LocalProvider:
 
     async def aclose(self) -> None:
         """The engine belongs to the app; nothing to release here."""
-
-
-def _sum_usage(usages: list[dict]) -> dict:
-    keys = ("prompt_tokens", "completion_tokens", "total_tokens")
-    total = {k: sum(u[k] for u in usages) for k in keys}
-    total["prompt_tokens_details"] = {
-        "cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)}
-    return total
 
 
 class EmbedderProvider:
