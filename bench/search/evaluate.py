@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import re
 import sys
 import tempfile
@@ -31,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
-from build import PER_REPO, localisation
+from build import PER_REPO, load, localisation
 from conftest import make_settings
 from corpus import EmbeddingCache, IndexedChunk, Snapshots, blank_docstrings, mirror
 from layouts import LAYOUTS, spaced
@@ -166,10 +165,6 @@ def table(title: str, rows: dict[str, list[dict]]) -> None:
         mean = {k: sum(m[k] for m in ms) / len(ms) for k in ms[0]}
         print(f"| {method} | {len(ms)} | {mean['R@1']:.2f} | {mean['R@5']:.2f} | "
               f"{mean['R@10']:.2f} | {mean['MRR@10']:.3f} |")
-
-
-def load(name: str) -> list[dict]:
-    return [json.loads(line) for line in (HERE / "data" / f"{name}.jsonl").open()]
 
 
 def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefix: str = "",
