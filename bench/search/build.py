@@ -58,7 +58,7 @@ SOURCE = re.compile(r"\.pyi?$")
 
 
 def is_test(path: str) -> bool:
-    """The benchmark's rule for answers, kept as the committed data were built with it: wider
+    """The benchmark's rule for answers, kept as the measured sets were built with it: wider
     than the product's `indexing.rank.is_test` (it counts `testing/` and `typing_tests/`)."""
     parts = path.split("/")
     return any(p in ("tests", "test", "testing", "testsuite", "typing_tests") for p in parts[:-1]) or \
