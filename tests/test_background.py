@@ -405,6 +405,15 @@ def test_pull_works_where_git_knows_no_identity(scripted, repo, server, tmp_path
         author, committer = git(local, "log", "-1", "--format=%an <%ae>%n%cn <%ce>").split("\n")[:2]
         assert author == "codeplane <agent@codeplane.invalid>"
         assert committer == (user or "codeplane <codeplane@localhost>")
+    # a conflict: `git am --abort` needs an identity too, or the checkout is left mid-merge
+    clash = tmp_path / "clash"
+    git(tmp_path, "clone", "-q", str(repo), str(clash))
+    (clash / "hello.txt").write_text("goodbye\n")
+    git(clash, "add", "-A")
+    git(clash, "commit", "-qm", "mine")
+    refused = cli("pull", run_id, "--path", str(clash), key=key, server=server, env=bare)
+    assert refused.returncode == 2 and "does not apply cleanly" in refused.stderr
+    assert not git(clash, "status", "--porcelain") and not (clash / ".git/rebase-apply").exists()
 
 
 @pytest.mark.model

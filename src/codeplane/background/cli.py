@@ -176,11 +176,11 @@ def pull(run_id: RunId,
     patch = api.call("GET", f"/{run_id}/patch").text
     if not patch.strip():
         fail(f"run {run_id} changed nothing: there is no patch to pull")
-    am = subprocess.run(["git", "-C", str(path), *committer_fallback(path), "am", "--3way",
-                         "--quiet"], input=patch, capture_output=True, text=True, check=False)
+    git = ["git", "-C", str(path), *committer_fallback(path)]  # --abort records one too
+    am = subprocess.run([*git, "am", "--3way", "--quiet"], input=patch, capture_output=True,
+                        text=True, check=False)
     if am.returncode != 0:
-        subprocess.run(["git", "-C", str(path), "am", "--abort"], capture_output=True,
-                       check=False)
+        subprocess.run([*git, "am", "--abort"], capture_output=True, check=False)
         detail = (am.stderr or am.stdout).strip().splitlines()
         fail(f"the patch of run {run_id} does not apply cleanly to {path.resolve()}; nothing "
              f"was changed. git said: {' / '.join(detail[:6])}")
