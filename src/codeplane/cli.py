@@ -6,12 +6,21 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from codeplane import __version__
 from codeplane.agent.cli import agent_cmd, tool_cmd
 from codeplane.apply.cli import apply_command
 from codeplane.background.cli import agents_app
-from codeplane.clikit import ConfigOption, err_console, fail, settings
+from codeplane.clikit import (
+    ConfigOption,
+    JsonOption,
+    console,
+    err_console,
+    fail,
+    print_json,
+    settings,
+)
 from codeplane.config import ConfigError
 from codeplane.events.cli import events_app
 from codeplane.gateway.cli import gateway_app, keys_app
@@ -80,6 +89,30 @@ def serve(
             workers or cfg.serve.workers)
     except ConfigError as exc:  # bad [[models]]/[router]/[gateway]/[tab], or an unsafe bind
         fail(str(exc))
+
+
+@app.command()
+def doctor(json_: JsonOption = False, config: ConfigOption = None) -> None:
+    """Check what this machine can run: CPU and llama.cpp build, a one-token decode by every
+    installed model (in a child process), sandbox backends, cgroups, configured storage.
+
+    Exit status 1 when something the settings need is broken; warnings do not count."""
+    from dataclasses import asdict
+
+    from codeplane.doctor import run_checks
+
+    checks = run_checks(settings(config))
+    failed = any(c.status == "fail" for c in checks)
+    if json_:
+        print_json({"ok": not failed, "checks": [asdict(c) for c in checks]})
+    else:
+        for c in checks:
+            mark = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+            console.print(f"{mark[c.status]} {c.name:<18} {escape(c.detail)}", soft_wrap=True)
+            if c.fix and c.status != "ok":
+                console.print(f"     {'':<18} fix: {escape(c.fix)}", soft_wrap=True)
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()
