@@ -117,14 +117,18 @@ def doctor(json_: JsonOption = False, config: ConfigOption = None) -> None:
 
 @app.command()
 def quickstart(
-    model: Annotated[str, typer.Option(help="Model for the FIM demo.")] = "code-small",
-    chat_model: Annotated[str, typer.Option(help="Model for the tool-call demo.")] = "code-medium",
+    tab_model: Annotated[str, typer.Option(help="Model for Tab and apply.")] = "code-small",
+    agent_model: Annotated[str, typer.Option(help="Model for the agent.")] = "code-medium",
+    agent_steps: Annotated[int, typer.Option(help="The agent's maximum model turns.",
+                                             min=1, max=50)] = 8,
     config: ConfigOption = None,
 ) -> None:
-    """Pull the built-in models, start a server, show a real FIM completion and tool call."""
+    """Pull the built-in models, start a server and show codeplane on a sample project it
+    writes: private index and search, the agent fixing a failing test in a sandbox, apply,
+    Tab. Exit status 1 when a step failed."""
     from codeplane.quickstart import run
 
-    run(settings(config), model, chat_model)
+    run(settings(config), tab_model, agent_model, agent_steps)
 
 
 def main() -> None:
