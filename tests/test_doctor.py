@@ -87,13 +87,17 @@ def test_a_crashing_model_is_reported_with_its_signal_and_fails_the_run(tmp_path
     assert text.returncode == 1 and "FAIL model crashy" in " ".join(text.stdout.split())
 
 
-def test_an_unreachable_configured_database_fails(tmp_path):
+def test_unreachable_configured_storage_fails(tmp_path):
     url = f"postgresql://codeplane:s3cret-pw@127.0.0.1:{free_port()}/codeplane"
-    proc = doctor(home_with(tmp_path, config=f'[storage]\ndatabase = "{url}"\n'), "--json")
+    config = (f'[storage]\ndatabase = "{url}"\nobjects = "s3://bucket/prefix"\n'
+              f'endpoint_url = "http://127.0.0.1:{free_port()}"\n')
+    proc = doctor(home_with(tmp_path, config=config), "--json")
     assert proc.returncode == 1
-    database = checks(proc)["database"]
+    got = checks(proc)
+    database, objects = got["database"], got["object store"]
     assert database["status"] == "fail" and "127.0.0.1" in database["detail"]
     assert "s3cret-pw" not in proc.stdout and database["fix"]
+    assert objects["status"] == "fail" and "cannot reach" in objects["detail"]
 
 
 def test_help_and_bad_input():
