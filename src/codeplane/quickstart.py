@@ -30,6 +30,7 @@ from codeplane.indexing.api import IndexUnavailable, search_workspace
 from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.sync import sync
+from codeplane.indexing.vectors import EmbedModeError
 from codeplane.models.cli import pull_with_progress
 from codeplane.models.pull import WeightsError
 from codeplane.models.registry import ModelRegistry
@@ -155,7 +156,7 @@ class StepFailed(Exception):
 # The failures a step reports as one line (any other exception is a bug and keeps its
 # traceback): the server or a model misbehaving, no sandbox on this machine, the index.
 STEP_ERRORS = (StepFailed, httpx.HTTPError, RemoteError, IndexUnavailable, KeyFileError,
-               SandboxUnavailable, ToolError)
+               EmbedModeError, SandboxUnavailable, ToolError)
 
 
 def run(settings: Settings, tab_model: str, agent_model: str, agent_steps: int = 8) -> None:
