@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import make_settings
 
@@ -48,11 +49,21 @@ def test_quickstart_shows_every_step_on_its_sample_project(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def without_bwrap(bin_dir: Path) -> str:
+    """A PATH with every program of this one but bubblewrap: a machine that lacks it."""
+    bin_dir.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        for program in Path(folder).glob("*") if Path(folder).is_dir() else ():
+            if program.name != "bwrap" and not (bin_dir / program.name).exists():
+                (bin_dir / program.name).symlink_to(program)
+    return str(bin_dir)
+
+
 def test_a_failing_step_is_reported_and_the_others_still_run(tmp_path):
-    """A machine without bubblewrap (PATH holds only Python): the agent step says why it
-    cannot run, the others still run, exit 1, no traceback."""
+    """A machine without bubblewrap: the agent step says why it cannot run, the others still
+    run, exit 1, no traceback."""
     home = make_settings(tmp_path / "home").home
-    proc = quickstart(home, PATH=os.path.dirname(sys.executable))
+    proc = quickstart(home, PATH=without_bwrap(tmp_path / "bin"))
     out = proc.stdout
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + out, proc.stderr
     assert "✗ the agent fixes the failing test in a sandbox failed" in out
