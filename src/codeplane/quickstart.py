@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -225,6 +226,8 @@ def _server(settings: Settings) -> Iterator[str]:
            "warning"]
     if settings.config_file and settings.config_file.is_file():
         cmd += ["--config", str(settings.config_file)]
+    # a `kill` of the quickstart unwinds like Ctrl-C does, so the server never outlives it
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     server = subprocess.Popen(cmd, env=env)
     try:
         _wait_healthy(url, server)
@@ -233,6 +236,7 @@ def _server(settings: Settings) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _wait_healthy(url: str, server: subprocess.Popen, timeout: float = 120) -> None:
