@@ -181,37 +181,21 @@ def sandbox_checks(settings: Settings) -> list[Check]:
     return checks
 
 
-def cgroup_check(mountinfo: Path = Path("/proc/self/mountinfo")) -> Check:
-    """Which cgroup hierarchy is mounted and what may be written to it: the sandbox gives
-    each command a pids cgroup (v1 `pids` or v2 with pids delegated)."""
-    v1, v2 = {}, []
-    for line in _read(mountinfo).splitlines():
-        fields = line.split(" - ", 1)
-        if len(fields) != 2:
-            continue
-        mount_point = fields[0].split()[4]
-        fstype, _, options = fields[1].split()[:3]
-        if fstype == "cgroup":
-            for controller in {"memory", "pids"} & set(options.split(",")):
-                v1[controller] = "rw" if os.access(mount_point, os.W_OK) else "ro"
-        elif fstype == "cgroup2":
-            delegated = _read(Path(mount_point) / "cgroup.subtree_control").split()
-            v2.append((mount_point, delegated))
-    parts = [f"v1 {c} ({mode})" for c, mode in sorted(v1.items())]
-    parts += [f"v2 at {m}: {' '.join(d) or 'no controllers'} delegated" for m, d in v2]
-    detail = "; ".join(parts) or "no cgroup filesystem mounted"
-    if v1.get("pids") == "rw" or any("pids" in d for _, d in v2):
+def cgroup_check() -> Check:
+    """Which cgroup hierarchy sandboxes use and what bounds their memory and processes, as
+    the sandbox itself found it (`sandbox.cgroups.describe`)."""
+    from codeplane.sandbox import cgroups
+
+    found = cgroups.describe()
+    where = ", ".join(f"{name} at {path}" for name, path in found["cgroups"].items())
+    detail = (f"{found['note']}: {where or 'no sandbox cgroups'}; memory bounded "
+              f"{found['memory']}; processes bounded {found['pids']}")
+    if set(found["cgroups"]) >= set(cgroups.CONTROLLERS):
         return Check("cgroups", "ok", detail)
     return Check("cgroups", "warn", detail,
-                 "without a writable pids cgroup, sandboxes run as root refuse to start "
-                 "(mount cgroup v1 pids rw, or delegate pids in cgroup v2)")
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
+                 "give sandboxes memory and pids cgroups: run the server as root, under "
+                 "systemd with Delegate=yes (cgroup v2), or hand it <mount>/<controller>/"
+                 f"{cgroups.PARENT} (cgroup v1); docs/agent.md, \"Sandbox\"")
 
 
 # ---------------------------------------------------------------- storage
