@@ -5,7 +5,8 @@ is broken), with a one-line fix. Anything that touches llama.cpp runs in a child
 (`python -m codeplane.doctor decode NAME`), so a build that uses instructions this CPU lacks
 (SIGILL) or weights that crash the loader (SIGSEGV) are reported with their signal instead of
 taking the doctor down. The probes themselves belong to their compartments (the sandbox's
-`BwrapRunner.check`, `microvm.unavailable`, the storage clients); this module only calls them.
+`BwrapRunner.check`, `microvm.unavailable` and `cgroups.describe`, the storage clients); this
+module only calls them.
 """
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ def _child(settings: Settings, args: list[str], timeout: float) -> dict | str:
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
         return lines[-1][:300]
-    return json.loads(done.stdout)
+    try:  # the last line: a library may print before it
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"the child process answered no JSON: {done.stdout[-200:]!r}"
 
 
 _SIGNALS = {"SIGILL": "the build uses CPU instructions this machine lacks",
