@@ -330,9 +330,10 @@ def test_store_rolls_back_a_failed_transaction(tmp_path):
     store.close()
 
 
-def cli(*args: str, key: str, server) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CODEPLANE_API_KEY": key, "CODEPLANE_SERVER": server.url,
-           "PYTHONPATH": os.pathsep.join(sys.path)}
+def cli(*args: str, key: str, server, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess:
+    env = {**(os.environ if env is None else env), "CODEPLANE_API_KEY": key,
+           "CODEPLANE_SERVER": server.url, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run([sys.executable, "-m", "codeplane", "agents", *args],
                           capture_output=True, text=True, env=env, timeout=120, check=False)
 
@@ -372,6 +373,47 @@ def test_cli_launch_logs_and_pull_with_and_without_conflicts(scripted, repo, ser
     assert cli("show", run_id, key=key, server=server).returncode == 2
     assert not (server.app.state.services.background.root / run_id).exists()
     assert _events(server, run_id) == []
+
+
+def no_git_identity(home: Path) -> dict[str, str]:
+    """The environment of a fresh machine or container: an empty HOME, no system git config,
+    no EMAIL or GIT_* variables, so git knows no user.name/user.email."""
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GIT_") and k not in ("EMAIL", "XDG_CONFIG_HOME")}
+    return {**env, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def test_pull_works_where_git_knows_no_identity(scripted, repo, server, tmp_path):
+    """`git am` records a committer: with no identity configured it used to refuse
+    ('Committer identity unknown'). The patch keeps its author; the committer is the user
+    when git knows them, else a fixed codeplane identity."""
+    key = caller(server)["authorization"][7:]
+    scripted.script = list(HELLO)
+    run_id = launch(server, repo)["id"]
+    assert ended(server, run_id)["status"] == "completed"
+    bare = no_git_identity(tmp_path / "empty-home")
+    for name, user in (("anonymous", None), ("known", "Ada <ada@example.org>")):
+        local = tmp_path / name
+        git(tmp_path, "clone", "-q", str(repo), str(local))
+        if user:
+            git(local, "config", "user.name", "Ada")
+            git(local, "config", "user.email", "ada@example.org")
+        pulled = cli("pull", run_id, "--path", str(local), key=key, server=server, env=bare)
+        assert pulled.returncode == 0, pulled.stderr
+        assert (local / "hello.txt").read_text() == "hello\n"
+        author, committer = git(local, "log", "-1", "--format=%an <%ae>%n%cn <%ce>").split("\n")[:2]
+        assert author == "codeplane <agent@codeplane.invalid>"
+        assert committer == (user or "codeplane <codeplane@localhost>")
+    # a conflict: `git am --abort` needs an identity too, or the checkout is left mid-merge
+    clash = tmp_path / "clash"
+    git(tmp_path, "clone", "-q", str(repo), str(clash))
+    (clash / "hello.txt").write_text("goodbye\n")
+    git(clash, "add", "-A")
+    git(clash, "commit", "-qm", "mine")
+    refused = cli("pull", run_id, "--path", str(clash), key=key, server=server, env=bare)
+    assert refused.returncode == 2 and "does not apply cleanly" in refused.stderr
+    assert not git(clash, "status", "--porcelain") and not (clash / ".git/rebase-apply").exists()
 
 
 @pytest.mark.model

@@ -174,6 +174,17 @@ def test_index_then_search_finds_the_function(indexed) -> None:
     assert coupon[0]["path"] == "billing/invoice.py" and coupon[0]["start_line"] == 11
 
 
+def test_a_search_writes_no_warning_to_the_server_log(indexed, capfd) -> None:
+    """LanceDB warns on stderr (from Rust, past Python's logging) on every query that selects
+    columns without `_distance`: hundreds of lines per benchmark run in the server log."""
+    root, cfg, _, _ = indexed
+    capfd.readouterr()
+    hits = search_workspace(root, "reduce the order total with a coupon", 3, cfg)
+    assert hits and all(0 < h["score"] <= 1 for h in hits)  # the score still comes back
+    err = capfd.readouterr().err
+    assert "_distance" not in err and "arning" not in err, err
+
+
 def test_planted_secrets_never_reach_the_server(indexed) -> None:
     root, cfg, report, wire = indexed
     assert report.files_withheld_secrets == 2

@@ -1,10 +1,11 @@
 """Agent task suite: resolve rate, steps and wall time per task, for codeplane's agent and for
 mini-swe-agent driving the same local model through the same `codeplane serve` endpoint.
 
-Each task in bench/agent/tasks/NAME/ has `repo/` (copied to a fresh workspace), `task.json`
-(`prompt`, `check` - a shell command run in the sandbox after the agent stops - and a
-reference `solution`), and optionally `check/` files copied over the workspace before checking
-so an agent cannot pass by editing the tests.
+Each task in bench/agent/tasks/NAME/ has `repo/` (copied to a fresh workspace) or names a
+third-party `snapshot` (fetched on first use, snapshots.py), `task.json` (`prompt`, `check` - a
+shell command run in the sandbox after the agent stops - and a reference `solution`), and
+optionally `check/` files copied over the workspace before checking so an agent cannot pass by
+editing the tests.
 
     python bench/agent/run.py --validate          # checks fail before, pass after `solution`
     python bench/agent/run.py --models code-small,code-medium --harness codeplane,mini \
@@ -48,6 +49,9 @@ from codeplane.agent.tools import Toolset, default_toolset
 from codeplane.sandbox import BwrapRunner, Limits
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from snapshots import SnapshotError, snapshot
+
 TASKS = HERE / "tasks"
 
 
@@ -59,9 +63,10 @@ def load_tasks(only: list[str] | None) -> list[tuple[str, dict]]:
     return tasks
 
 
-def workspace(name: str, root: Path) -> Path:
+def workspace(name: str, task: dict, root: Path) -> Path:
     ws = root / name
-    shutil.copytree(TASKS / name / "repo", ws)
+    shutil.copytree(snapshot(task["snapshot"]) if "snapshot" in task else TASKS / name / "repo",
+                    ws)
     return ws
 
 
@@ -78,8 +83,8 @@ def validate(tasks: list[tuple[str, dict]]) -> int:
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, task in tasks:
-            before, _ = check(name, task, workspace(name, Path(tmp) / "before"))
-            ws = workspace(name, Path(tmp) / "after")
+            before, _ = check(name, task, workspace(name, task, Path(tmp) / "before"))
+            ws = workspace(name, task, Path(tmp) / "after")
             BwrapRunner(ws).run(task["solution"], ws, Limits())
             after, out = check(name, task, ws)
             ok = not before and after
@@ -206,6 +211,11 @@ def main() -> int:
         summarize([json.loads(line) for line in args.summarize.read_text().splitlines()])
         return 0
     tasks = load_tasks(args.tasks.split(",") if args.tasks else None)
+    try:  # the third-party trees first: offline, say so before any server starts
+        for name in {task["snapshot"] for _, task in tasks if "snapshot" in task}:
+            snapshot(name)
+    except SnapshotError as exc:
+        ap.exit(2, f"error: {exc}\n")
     if args.validate:
         return 1 if validate(tasks) else 0
     url, server = (args.server, None) if args.server else start_server()
@@ -243,7 +253,7 @@ def cpu_lock(path: Path | None):
 
 def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_dir: Path):
     with tempfile.TemporaryDirectory() as tmp:
-        ws = workspace(name, Path(tmp))
+        ws = workspace(name, task, Path(tmp))
         transcript = runs_dir / f"{harness}{args.label and '-' + args.label}-{model}-{name}.jsonl"
         start = time.monotonic()
         index_seconds = 0.0

@@ -1,7 +1,10 @@
 """Build the three search benchmarks from the history of public Python repositories.
 
-    # mirrors first: `fetch github:pallets/click` etc. (see REPOS); then
-    python bench/search/build.py            # writes bench/search/data/*.jsonl
+    # mirrors first: `fetch github:pallets/click` etc. (see PINNED); then
+    python bench/search/build.py            # writes the sets under CACHE/sets-<version>/
+
+evaluate.py and latency.py call `load`, which builds the sets on first use: they hold text of
+third-party repositories (docstrings, commit messages), so they are never committed.
 
 1. localisation: a commit's message (first paragraph) is the query; the non-test source files it
    modified are the answer, searched in the tree of the commit's parent.
@@ -11,7 +14,8 @@
    answer is the chunk holding its definition, in the HEAD tree.
 
 Repositories are split by name into tuning (weights are fitted there) and held-out (reported).
-Sampling is deterministic (sha-ordered), so a rebuild yields the same sets.
+Each is read at a pinned commit and sampling is sha-ordered, so every build yields the same
+bytes (those of the sets once committed here, measured in docs/search.md).
 """
 
 from __future__ import annotations
@@ -21,17 +25,30 @@ import ast
 import hashlib
 import json
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus import Snapshots, git
+from corpus import CACHE, Snapshots, git, mirror
 
 TUNING = ["pallets/click", "pallets/flask", "pallets/jinja", "psf/requests"]
 HELD_OUT = ["encode/httpx", "marshmallow-code/marshmallow", "python-attrs/attrs",
             "python-poetry/tomlkit"]
-DATA = Path(__file__).resolve().parent / "data"
+# the commit each set is built at (other repositories, `evaluate.py --repos`: their HEAD)
+PINNED = {"pallets/click": "2c8cd3ac958a7eb316d67f2d316c27086c4c0369",
+          "pallets/flask": "2ac89889f4cc330eabd50f295dcef02828522c69",
+          "pallets/jinja": "5ef70112a1ff19c05324ff889dd30405b1002044",
+          "psf/requests": "1f6589ec3a1ee910f9a65cc3ceac60b26677bc0e",
+          "encode/httpx": "ae1b9f66238f75ced3ced5e4485408435de10768",
+          "marshmallow-code/marshmallow": "341b927f219205704728c05cd61f04d7e9727523",
+          "python-attrs/attrs": "c1dc5dcba16ed827aa6dcad896b41a3afedb4e32",
+          "python-poetry/tomlkit": "d8ed1e3cdb024dfc2c6f12b45a0dfd4d4d91f727"}
+HERE = Path(__file__).resolve().parent
+SETS = ("localisation", "docstring", "identifier")
 PER_REPO = {"localisation": 12, "docstring": 40, "identifier": 30}
 CHORE = re.compile(r"\b(bump|release|version|changelog|typo|merge|pre-commit|lint|format|"
                    r"formatting|ci|workflow|docs?|readme|sphinx|tox|flake8|black|ruff|mypy|"
@@ -41,7 +58,7 @@ SOURCE = re.compile(r"\.pyi?$")
 
 
 def is_test(path: str) -> bool:
-    """The benchmark's rule for answers, kept as the committed data were built with it: wider
+    """The benchmark's rule for answers, kept as the measured sets were built with it: wider
     than the product's `indexing.rank.is_test` (it counts `testing/` and `typing_tests/`)."""
     parts = path.split("/")
     return any(p in ("tests", "test", "testing", "testsuite", "typing_tests") for p in parts[:-1]) or \
@@ -59,8 +76,9 @@ def order(key: str) -> str:
 
 def modified_commits(repo: str, newest: int) -> list[tuple[str, str, list[str]]]:
     """(commit, parent, modified non-test source files) of the `newest` non-merge commits
-    that modify 1-4 such existing files."""
-    log = git(repo, "log", "--no-merges", "-n", str(newest), "--format=@@%H %P", "--name-status")
+    (up to the pinned one) that modify 1-4 such existing files."""
+    log = git(repo, "log", "--no-merges", "-n", str(newest), "--format=@@%H %P", "--name-status",
+              PINNED.get(repo, "HEAD"))
     out = []
     for block in log.split("@@")[1:]:
         head, *changes = block.strip().splitlines()
@@ -115,7 +133,7 @@ def docstring_query(node: ast.AST) -> str | None:
 
 def docstring_and_identifier(repo: str, counts: dict[str, int]) -> tuple[list[dict], list[dict]]:
     snaps = Snapshots(repo)
-    head = git(repo, "rev-parse", "HEAD").strip()
+    head = git(repo, "rev-parse", PINNED.get(repo, "HEAD")).strip()
     docs, names = [], {}
     for path in snaps.files(head):
         if not SOURCE.search(path) or is_test(path):
@@ -139,22 +157,53 @@ def docstring_and_identifier(repo: str, counts: dict[str, int]) -> tuple[list[di
     return docs, idents
 
 
-def main() -> None:
-    argparse.ArgumentParser(description="Rebuild bench/search/data/*.jsonl from the mirrors of "
-                            "the tuning and held-out repositories (deterministic).").parse_args()
-    DATA.mkdir(exist_ok=True)
-    sets: dict[str, list[dict]] = {"localisation": [], "docstring": [], "identifier": []}
+def folder() -> Path:
+    """Where this version of the build rules keeps its sets (a change to them builds anew)."""
+    rules = b"".join((HERE / name).read_bytes() for name in ("build.py", "corpus.py"))
+    return CACHE / f"sets-{hashlib.sha256(rules).hexdigest()[:12]}"
+
+
+def load(name: str) -> list[dict]:
+    """One set's rows, built first if this machine has not built it yet."""
+    path = folder() / f"{name}.jsonl"
+    if not path.exists():
+        write_sets(folder())
+    return [json.loads(line) for line in path.open()]
+
+
+def write_sets(dest: Path) -> None:
+    """Build every set from the mirrors at their pinned commits; SystemExit naming the
+    `fetch` to run when a mirror is missing or lacks its commit."""
+    absent = [r for r in TUNING + HELD_OUT if not mirror(r).is_dir() or subprocess.run(
+        ["git", "--git-dir", str(mirror(r)), "cat-file", "-e", f"{PINNED[r]}^{{commit}}"],
+        capture_output=True, check=False).returncode]
+    if absent:
+        raise SystemExit("the search sets are built from mirrors of " + ", ".join(absent) +
+                         " (at the commits in bench/search/build.py PINNED), missing here: "
+                         "run `fetch github:OWNER/NAME` for each first")
+    sets: dict[str, list[dict]] = {name: [] for name in SETS}
     for repo in TUNING + HELD_OUT:
         sets["localisation"] += localisation(repo, PER_REPO["localisation"])
         docs, idents = docstring_and_identifier(repo, PER_REPO)
         sets["docstring"] += docs
         sets["identifier"] += idents
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".sets-", dir=dest.parent))
     for name, rows in sets.items():
-        with (DATA / f"{name}.jsonl").open("w") as fh:
+        with (staging / f"{name}.jsonl").open("w") as fh:
             for row in rows:
                 row["split"] = "tuning" if row["repo"] in TUNING else "held-out"
                 fh.write(json.dumps(row) + "\n")
-        print(f"{name}: {len(rows)} queries")
+        print(f"{name}: {len(rows)} queries", file=sys.stderr)
+    shutil.rmtree(dest, ignore_errors=True)  # a rebuild (`build.py` run again) replaces it
+    staging.replace(dest)
+
+
+def main() -> None:
+    argparse.ArgumentParser(description="Build the search sets (bench/search/build.py PINNED "
+                            "commits of the mirrors; deterministic) into " + str(folder()) +
+                            "; evaluate.py builds them on first use itself.").parse_args()
+    write_sets(folder())
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import re
 import sys
 import tempfile
@@ -31,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
-from build import PER_REPO, localisation
+from build import PER_REPO, load, localisation
 from conftest import make_settings
 from corpus import EmbeddingCache, IndexedChunk, Snapshots, blank_docstrings, mirror
 from layouts import LAYOUTS, spaced
@@ -168,10 +167,6 @@ def table(title: str, rows: dict[str, list[dict]]) -> None:
               f"{mean['R@10']:.2f} | {mean['MRR@10']:.3f} |")
 
 
-def load(name: str) -> list[dict]:
-    return [json.loads(line) for line in (HERE / "data" / f"{name}.jsonl").open()]
-
-
 def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefix: str = "",
             layout: str = "today", query_words: bool = False,
             query_embeddings: EmbeddingCache | None = None, whole_tree: bool = False,
@@ -183,7 +178,7 @@ def collect(sets: list[str], embeddings: EmbeddingCache, home: Path, query_prefi
     embedded query's identifiers into words too; `query_embeddings` embeds the queries when
     they have their own model (an adapted query side, finetune.py); `whole_tree` indexes
     tests and docs too, as a user's `codeplane index` would; `centre` is the hubness probe's
-    weight (`Index`); `requests` replace the committed localisation set (`--repos`)."""
+    weight (`Index`); `requests` replace the pinned localisation set (`--repos`)."""
     snaps: dict[str, Snapshots] = {}
     out: dict[str, list] = {}
     for name in sets:
@@ -249,7 +244,7 @@ def fit(data: dict[str, list[tuple[dict, Candidates]]]) -> dict:
 
 
 def other_requests(repos: str | None) -> list[dict] | None:
-    """Localisation requests from repositories outside the committed set, built now."""
+    """Localisation requests from repositories outside the pinned set, built now."""
     if not repos:
         return None
     return [dict(r, split="other") for repo in repos.split(",")
@@ -287,7 +282,7 @@ def main() -> None:
                         "snapshot's mean vector from its dense score")
     parser.add_argument("--repos", help="OWNER/NAME,...: localisation requests built now from "
                         "these mirrors (12 each, as build.py does), reported as 'other' "
-                        "repositories instead of the committed set")
+                        "repositories instead of the pinned set")
     args = parser.parse_args()
     missing = [r for r in (args.repos or "").split(",") if r and not mirror(r).is_dir()]
     if missing:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import subprocess
@@ -30,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
+from build import PINNED, load
 from conftest import LiveServer, free_port, make_settings
 from corpus import mirror
 
@@ -50,14 +50,14 @@ def main() -> None:
     parser.add_argument("--repo", default="psf/requests")
     parser.add_argument("--lock", type=Path, help="flock this file around the timed queries")
     args = parser.parse_args()
-    queries = [json.loads(line)["query"] for name in ("localisation", "docstring")
-               for line in (HERE / "data" / f"{name}.jsonl").open()
-               if json.loads(line)["repo"] == args.repo]
+    queries = [row["query"] for name in ("localisation", "docstring") for row in load(name)
+               if row["repo"] == args.repo]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         root = work / "repo"
         root.mkdir()
-        archive = subprocess.run(["git", "--git-dir", str(mirror(args.repo)), "archive", "HEAD"],
+        archive = subprocess.run(["git", "--git-dir", str(mirror(args.repo)), "archive",
+                                  PINNED.get(args.repo, "HEAD")],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "x", "-C", str(root)], input=archive, check=True)
         (root / ".codeplaneignore").write_text(IGNORE)

@@ -6,12 +6,21 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from codeplane import __version__
 from codeplane.agent.cli import agent_cmd, tool_cmd
 from codeplane.apply.cli import apply_command
 from codeplane.background.cli import agents_app
-from codeplane.clikit import ConfigOption, err_console, fail, settings
+from codeplane.clikit import (
+    ConfigOption,
+    JsonOption,
+    console,
+    err_console,
+    fail,
+    print_json,
+    settings,
+)
 from codeplane.config import ConfigError
 from codeplane.events.cli import events_app
 from codeplane.gateway.cli import gateway_app, keys_app
@@ -83,15 +92,43 @@ def serve(
 
 
 @app.command()
+def doctor(json_: JsonOption = False, config: ConfigOption = None) -> None:
+    """Check what this machine can run: CPU and llama.cpp build, a one-token decode by every
+    installed model (in a child process), sandbox backends, cgroups, configured storage.
+
+    Exit status 1 when something the settings need is broken; warnings do not count."""
+    from dataclasses import asdict
+
+    from codeplane.doctor import run_checks
+
+    checks = run_checks(settings(config))
+    failed = any(c.status == "fail" for c in checks)
+    if json_:
+        print_json({"ok": not failed, "checks": [asdict(c) for c in checks]})
+    else:
+        for c in checks:
+            mark = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+            console.print(f"{mark[c.status]} {c.name:<18} {escape(c.detail)}", soft_wrap=True)
+            if c.fix and c.status != "ok":
+                console.print(f"     {'':<18} fix: {escape(c.fix)}", soft_wrap=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def quickstart(
-    model: Annotated[str, typer.Option(help="Model for the FIM demo.")] = "code-small",
-    chat_model: Annotated[str, typer.Option(help="Model for the tool-call demo.")] = "code-medium",
+    tab_model: Annotated[str, typer.Option(help="Model for Tab and apply.")] = "code-small",
+    agent_model: Annotated[str, typer.Option(help="Model for the agent.")] = "code-medium",
+    agent_steps: Annotated[int, typer.Option(help="The agent's maximum model turns.",
+                                             min=1, max=50)] = 8,
     config: ConfigOption = None,
 ) -> None:
-    """Pull the built-in models, start a server, show a real FIM completion and tool call."""
+    """Pull the built-in models, start a server and show codeplane on a sample project it
+    writes: private index and search, the agent fixing a failing test in a sandbox, apply,
+    Tab. Exit status 1 when a step failed."""
     from codeplane.quickstart import run
 
-    run(settings(config), model, chat_model)
+    run(settings(config), tab_model, agent_model, agent_steps)
 
 
 def main() -> None:

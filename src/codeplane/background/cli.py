@@ -176,12 +176,25 @@ def pull(run_id: RunId,
     patch = api.call("GET", f"/{run_id}/patch").text
     if not patch.strip():
         fail(f"run {run_id} changed nothing: there is no patch to pull")
-    am = subprocess.run(["git", "-C", str(path), "am", "--3way", "--quiet"], input=patch,
-                        capture_output=True, text=True, check=False)
+    git = ["git", "-C", str(path), *committer_fallback(path)]  # --abort records one too
+    am = subprocess.run([*git, "am", "--3way", "--quiet"], input=patch, capture_output=True,
+                        text=True, check=False)
     if am.returncode != 0:
-        subprocess.run(["git", "-C", str(path), "am", "--abort"], capture_output=True,
-                       check=False)
+        subprocess.run([*git, "am", "--abort"], capture_output=True, check=False)
         detail = (am.stderr or am.stdout).strip().splitlines()
         fail(f"the patch of run {run_id} does not apply cleanly to {path.resolve()}; nothing "
              f"was changed. git said: {' / '.join(detail[:6])}")
     typer.echo(f"applied run {run_id} to {path.resolve()}")
+
+
+# Who `git am` records as committer where git knows nobody (a fresh machine, a container):
+# without it git refuses to commit. The patch's own author is kept either way.
+FALLBACK_COMMITTER = ("-c", "user.name=codeplane", "-c", "user.email=codeplane@localhost")
+
+
+def committer_fallback(path: Path) -> tuple[str, ...]:
+    """Options naming codeplane as committer, only when git has no identity for `path`
+    (`git var` resolves it as `git am` would: config, GIT_COMMITTER_*, EMAIL)."""
+    known = subprocess.run(["git", "-C", str(path), "var", "GIT_COMMITTER_IDENT"],
+                           capture_output=True, check=False)
+    return () if known.returncode == 0 else FALLBACK_COMMITTER

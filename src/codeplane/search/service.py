@@ -392,7 +392,8 @@ class SearchService:
             q = q.where(_path_filter([prefix]), prefilter=True)
         if self._has_ann(table):
             q = q.nprobes(32).refine_factor(4)
-        rows = q.select(["path", "start", "end"]).to_list()
+        # `_distance` named explicitly: LanceDB warns on stderr for every query that leaves it out
+        rows = q.select(["path", "start", "end", "_distance"]).to_list()
         return {"results": [{"path": r["path"], "start_line": int(r["start"]),
                              "end_line": int(r["end"]), "score": round(1 - r["_distance"], 5)}
                             for r in rows],
