@@ -152,7 +152,8 @@ def test_requests_relayed_by_an_untrusted_proxy_are_remote(tmp_path, engine, hea
 
 
 def test_a_trusted_proxy_is_believed_about_the_client(tmp_path, engine):
-    settings = make_settings(tmp_path / "home", serve={"trusted_proxies": ["127.0.0.0/8"]})
+    settings = make_settings(tmp_path / "home", serve={"trusted_proxies": ["127.0.0.0/8"],
+                                                       "proxy_header": "x-forwarded-for"})
     server = LiveServer(create_app(settings, engine=engine), free_port()).start()
     try:
         remote = httpx.get(f"{server.url}/v1/models",
