@@ -58,6 +58,16 @@ class ServeSettings(BaseModel):
                     "allow_unsandboxed)")
     max_runs_per_tenant: int = Field(4, ge=1, description="concurrent agent runs per tenant")
     max_body_bytes: int = Field(32 << 20, ge=1024, description="larger request bodies get 413")
+    # the HTTP edge (server/edge.py, docs/deployment.md): slow and greedy clients
+    header_timeout_s: float = Field(10.0, gt=0, description="a request's line and headers "
+                                    "must arrive within this many seconds, else 408")
+    max_header_bytes: int = Field(64 << 10, ge=1024, description="larger request headers "
+                                                                 "get 431")
+    max_connections: int = Field(2048, ge=1, description="open connections per server "
+                                 "process (lowered to fit the file-descriptor limit); past "
+                                 "it new ones get 503")
+    max_connections_per_ip: int = Field(128, ge=1, description="open connections per client "
+                                        "address (trusted proxies excepted); past it 503")
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="addresses or networks (CIDR) of reverse proxies believed about the "
