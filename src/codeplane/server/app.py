@@ -31,6 +31,7 @@ from codeplane.search import routes as search_routes
 from codeplane.server.auth import AuthGate, BodyLimit, check_exposure
 from codeplane.server.edge import EdgeConfig, raise_fd_limit
 from codeplane.server.services import build_services
+from codeplane.storage.modes import tighten
 from codeplane.tab import routes as tab_routes
 
 # Open without a key: liveness only. /docs and /openapi.json stay behind the gate (deny by
@@ -43,7 +44,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        settings.server_dir.mkdir(parents=True, exist_ok=True)
+        tighten(settings.server_dir)  # 0700/0600, whatever an older version left
         freeze_startup_objects()
         yield
         await services.aclose()
