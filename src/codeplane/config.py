@@ -77,6 +77,8 @@ class ServeSettings(BaseModel):
         None, description="the one header the trusted proxies set to the client's address: "
                           "its right-most entry is believed, every other forwarded header "
                           "ignored (docs/deployment.md); required with trusted_proxies")
+    ui_session_hours: float = Field(12.0, gt=0, description="how long a web-UI sign-in "
+                                    "lasts (sign-out and revoking the key end it sooner)")
     public_metrics: bool = Field(False, description="serve /metrics without an API key (for a "
                                                     "Prometheus scraper); otherwise it is gated")
 

@@ -23,11 +23,13 @@ exception is a server that has no active key at all, on a request it would serve
 OpenAI SDKs insist on sending some placeholder key, and refusing it on a keyless laptop would
 protect nothing.
 
-The web UI (`/ui`) signs in by storing the key in an HttpOnly, SameSite=Strict cookie
-(`UI_COOKIE`), read only when no header carries a key. A cookie is sent by the browser on its
-own, so for any method other than GET/HEAD it counts only with the `X-Codeplane-UI` header,
-which a cross-site form or image cannot set (cross-site request forgery). A browser asking
-for a `/ui` page without a key is sent to the sign-in page instead of a JSON 401.
+The web UI (`/ui`) signs in to a server-side session (`background/web.py`): its token is in an
+HttpOnly, SameSite=Strict cookie (`UI_COOKIE`), read only when no header carries a key, and
+stands for the session's key while the session lives (`KeyStore.session_key`). A cookie is
+sent by the browser on its own, so for any method other than GET/HEAD it counts only with the
+`X-Codeplane-UI` header, which a cross-site form or image cannot set (cross-site request
+forgery). A browser asking for a `/ui` page without a key is sent to the sign-in page instead
+of a JSON 401.
 """
 
 from __future__ import annotations
@@ -107,12 +109,14 @@ class AuthGate:
 
     def principal(self, scope: Scope) -> Principal | None:
         headers = Headers(scope=scope)
-        secret = _secret(headers) or _cookie_secret(scope, headers)
-        key = self.keys.lookup(secret) if secret else None
+        secret = _secret(headers)
+        session = "" if secret else _session_token(scope, headers)
+        key = self.keys.lookup(secret) if secret else \
+            self.keys.session_key(session) if session else None
         if key is not None:
             return Principal(key.tenant, key.id, key.name)
         anonymous = self.mode == "off" or (self.mode == "auto" and self._local(scope, headers))
-        if secret and not (anonymous and not self.keys.has_active()):
+        if (secret or session) and not (anonymous and not self.keys.has_active()):
             return None  # a wrong or revoked key is refused, not downgraded to anonymous
         return Principal(LOCAL_TENANT) if anonymous else None
 
@@ -159,8 +163,9 @@ def _secret(headers: Headers) -> str:
     return (headers.get("x-api-key") or bearer).strip()
 
 
-def _cookie_secret(scope: Scope, headers: Headers) -> str:
-    """The web UI's key from its cookie; on unsafe methods only with the UI header."""
+def _session_token(scope: Scope, headers: Headers) -> str:
+    """The web UI's session token from its cookie; on unsafe methods only with the UI
+    header."""
     if scope["type"] == "http" and scope["method"] not in SAFE_METHODS \
             and headers.get(UI_HEADER) != "1":
         return ""
