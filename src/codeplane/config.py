@@ -63,10 +63,10 @@ class ServeSettings(BaseModel):
                                     "must arrive within this many seconds, else 408")
     max_header_bytes: int = Field(64 << 10, ge=1024, description="larger request headers "
                                                                  "get 431")
-    max_connections: int = Field(2048, ge=1, description="open connections per server "
+    max_connections: int = Field(4096, ge=1, description="open connections per server "
                                  "process (lowered to fit the file-descriptor limit); past "
                                  "it new ones get 503")
-    max_connections_per_ip: int = Field(128, ge=1, description="open connections per client "
+    max_connections_per_ip: int = Field(256, ge=1, description="open connections per client "
                                         "address (trusted proxies excepted); past it 503")
     trusted_proxies: list[str] = Field(
         default_factory=list,
