@@ -120,29 +120,23 @@ def refused(sock: socket.socket) -> bool:
     return reply.startswith(b"HTTP/1.1 503")
 
 
-def test_connections_past_the_per_address_cap_are_refused_at_once(tmp_path):
-    server = start(tmp_path, max_connections_per_ip=4)
-    held = [connect(server.port) for _ in range(4)]
+@pytest.mark.parametrize("caps, held_from, refused_from, still_served", [
+    ({"max_connections_per_ip": 4}, ["127.0.0.1"] * 4, "127.0.0.1", "127.0.0.2"),
+    ({"max_connections": 6, "max_connections_per_ip": 100},
+     [f"127.0.0.{2 + i}" for i in range(6)], "127.0.0.9", None),
+], ids=["per-address", "per-process"])
+def test_connections_past_a_cap_are_refused_at_once(tmp_path, caps, held_from, refused_from,
+                                                    still_served):
+    server = start(tmp_path, **caps)
+    held = [connect(server.port, source=source) for source in held_from]
     try:
-        assert refused(connect(server.port))
-        assert healthz(server.url, source="127.0.0.2") == 200  # another client is served
+        assert refused(connect(server.port, source=refused_from))
+        if still_served:  # another client is served meanwhile
+            assert healthz(server.url, source=still_served) == 200
         for sock in held:
             sock.close()
-        wait_for(lambda: healthz(server.url) == 200, what="the first address served again")
-    finally:
-        for sock in held:
-            sock.close()
-        server.stop()
-
-
-def test_connections_past_the_server_cap_are_refused_at_once(tmp_path):
-    server = start(tmp_path, max_connections=6, max_connections_per_ip=100)
-    held = [connect(server.port, source=f"127.0.0.{2 + i}") for i in range(6)]
-    try:
-        assert refused(connect(server.port, source="127.0.0.9"))
-        for sock in held:
-            sock.close()
-        wait_for(lambda: healthz(server.url) == 200, what="served again")
+        wait_for(lambda: healthz(server.url, source=refused_from) == 200,
+                 what="served again once the connections are gone")
     finally:
         for sock in held:
             sock.close()
