@@ -106,7 +106,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
-        self._header_bytes = 0
+        self._header_bytes = 0  # read while the current request was in its headers
         self._ip = self.client[0] if self.client else ""
         limits = self.config.edge
         self._counted = limits.capped(self._ip)
@@ -130,14 +130,19 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._deadline is not None:  # between a request's first byte and its headers' end
-            self._header_bytes += len(data)
-            if self._header_bytes > self.config.edge.max_header_bytes:
-                self._refuse(431, "request headers are larger than "
-                                  f"{self.config.edge.max_header_bytes} bytes "
-                                  "(serve.max_header_bytes)")
-                return
+        """Count a read toward the headers when the request was still in its headers before
+        and after it (a read that begins or ends them is one read, bounded by itself; a body
+        never counts), and check after the parser has taken it (a parser callback cannot
+        stop it cleanly): unfinished headers held stay within the limit plus one read."""
+        before = self._deadline
         super().data_received(data)
+        if self._deadline is None or self._deadline is not before:
+            return
+        self._header_bytes += len(data)
+        if self._header_bytes > self.config.edge.max_header_bytes:
+            self._refuse(431, "request headers are larger than "
+                              f"{self.config.edge.max_header_bytes} bytes "
+                              "(serve.max_header_bytes)")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
