@@ -92,7 +92,7 @@ def ui_router() -> APIRouter:
         resp = RedirectResponse("/ui", 303)
         resp.set_cookie(UI_COOKIE, keys.open_session(found, ttl), max_age=ttl, path="/",
                         **_cookie_flags(request))
-        resp.delete_cookie(FORM_COOKIE, path="/ui/login")
+        resp.delete_cookie(FORM_COOKIE, path="/ui/login", **_cookie_flags(request))
         return resp
 
     @router.post("/ui/logout")
@@ -103,7 +103,7 @@ def ui_router() -> APIRouter:
         if session:
             request.app.state.services.keys.close_session(session)
         resp = sign_in_form(request)
-        resp.delete_cookie(UI_COOKIE, path="/")
+        resp.delete_cookie(UI_COOKIE, path="/", **_cookie_flags(request))
         return resp
 
     @router.get("/ui")
