@@ -260,6 +260,7 @@ def soak(repo_root: Path, scratch: Path, count: int, agent_count: int) -> bool:
         f'[gateway]\nauth = "on"\n'
         f"[fleet]\npool_size = 4\nmax_per_tenant = {count}\n"
         f"max_sandboxes = {count + agent_count + 8}\n"
+        "max_execs_per_tenant = 16\n"  # sandboxes() runs 16 commands at once
         f'[[models]]\nname = "scripted"\nprovider = "openai"\nbase_url = "{model.url}"\n'
         'model = "scripted"\n')
     keys = KeyStore.from_settings(load_settings(home=home))

@@ -188,8 +188,9 @@ from pathlib import Path
 from codeplane.sandbox import BwrapRunner, Limits
 ws = Path(sys.argv[1])
 res = BwrapRunner(ws).run("echo hi > made.txt; dd if=/dev/zero of=/tmp/f bs=1M count=64 2>&1 "
-                          "| head -1; git init -q 2>&1 | tail -1; cat /etc/shadow",
-                          ws, Limits(tmp_bytes=16 << 20))
+                          "| head -1; git init -q 2>&1 | tail -1; cat /etc/shadow; id -u; "
+                          ": > /proc/sys/kernel/core_uses_pid", ws,  # opened, never written
+                          Limits(tmp_bytes=16 << 20))
 print(res.output)
 """
 
@@ -211,6 +212,8 @@ def test_the_same_sandbox_without_root() -> None:
         assert (ws / "made.txt").stat().st_uid == 65534, out.stdout + out.stderr
         assert "No space left on device" in out.stdout and "Read-only file system" in out.stdout
         assert "No such file or directory" in out.stdout  # /etc/shadow
+        assert "\n1000\n" in out.stdout  # the sandbox's uid, mapped to nobody's
+        assert "core_uses_pid: Read-only file system" in out.stdout
         assert not (ws / ".git").exists()
     finally:
         shutil.rmtree(ws, ignore_errors=True)

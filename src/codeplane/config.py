@@ -45,7 +45,13 @@ class ServeSettings(BaseModel):
     workspace_roots: list[Path] = Field(
         default_factory=list,
         description="directories under which agent runs and sandboxes may work; empty: none "
-                    "(server-side runs refused until an operator names a root)")
+                    "(server-side runs refused until an operator names a root). Every "
+                    "tenant's roots while tenant_roots is empty; once it names a tenant, the "
+                    "keyless local tenant's only")
+    tenant_roots: dict[str, list[Path]] = Field(
+        default_factory=dict,
+        description="tenant -> its own workspace roots (docs/fleet.md); a tenant it does not "
+                    "name has none")
     allow_unsandboxed: bool = Field(False, description="may a request ask for sandbox=false")
     allow_network: bool = Field(False, description="may a request ask for network=true")
     repo_urls: list[str] = Field(
@@ -159,6 +165,7 @@ class Settings(BaseSettings):
     agent: dict[str, Any] = Field(default_factory=dict)
     tab: dict[str, Any] = Field(default_factory=dict)
     fleet: dict[str, Any] = Field(default_factory=dict)  # [fleet]: sandbox/fleet.py
+    background: dict[str, Any] = Field(default_factory=dict)  # background/service.py
 
     config_file: Path | None = Field(None, exclude=True)
 

@@ -129,7 +129,7 @@ def test_minimal_etc(ws: Path) -> None:
     listing = res.output.split()
     assert "shadow" not in listing and "gshadow" not in listing and "ssh" not in listing
     assert "No such file or directory" in res.output
-    assert "root" in listing and "True" in listing and "passwd" in listing
+    assert "sandbox" in listing and "True" in listing and "passwd" in listing  # its own
     assert "ld.so.cache" in listing and "ssl" in listing
 
 

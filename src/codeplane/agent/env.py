@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from codeplane.sandbox import CommandResult, Limits, Workspace, open_workspace
-from codeplane.sandbox.files import Refused
+from codeplane.sandbox.files import Refused, is_git_name
 from codeplane.sandbox.workspace import DEFAULT_BACKEND, UnknownBackend
 
 TOOL_OUTPUT_BYTES = 64 << 20  # what a trusted tool (rg, ruff) may print before it is killed
@@ -36,8 +36,9 @@ class Environment:
     def resolve(self, path: str, write: bool = False) -> Path:
         """Absolute real path inside the workspace; ToolError for anything that escapes.
 
-        Writes into `.git` are refused too: a planted hook would run later on the host,
-        outside any sandbox (the sandbox mounts `.git` read-only for the same reason)."""
+        Writes into git metadata (`.git` at any depth, as `files.is_git_name` reads it) are
+        refused too: a planted hook or config would run later on the host, outside any
+        sandbox (the sandbox mounts every `.git` read-only for the same reason)."""
         if not isinstance(path, str) or not path.strip():
             raise ToolError("path must be a non-empty string")
         raw = Path(path.strip())
@@ -48,8 +49,7 @@ class Environment:
             real = self.workspace.real(raw)
         except Refused as exc:
             raise ToolError(f"{exc}; only files under {self.root} are accessible") from None
-        git = self.root / ".git"
-        if write and (real == git or git in real.parents):
+        if write and any(is_git_name(part) for part in real.relative_to(self.root).parts):
             raise ToolError(f"path {path!r} is inside .git, which the agent may not modify")
         return real
 

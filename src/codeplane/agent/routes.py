@@ -2,7 +2,8 @@
 `GET /v1/agent/runs/{id}/events` (SSE, resumable with `Last-Event-ID`), `POST .../{id}/cancel`.
 
 A run executes the same `Agent` as the CLI on a thread of its own. What it may do is server
-policy, not the request's wish: it works in a directory under `serve.workspace_roots`, inside
+policy, not the request's wish: it works in a directory under the caller's workspace roots
+(`sandbox/roots.py`: `serve.workspace_roots`, or the tenant's `serve.tenant_roots`), inside
 the sandbox and without network unless `serve.allow_unsandboxed` / `serve.allow_network` let
 a request ask otherwise, and it reaches models in-process through the gateway with the
 caller's key and priority (no loopback call, nothing taken from the Host header). Runs belong
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,6 +37,7 @@ from codeplane.gateway.router import Client, Gateway
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox import SandboxUnavailable
 from codeplane.sandbox.fleet import FleetError
+from codeplane.sandbox.roots import Roots
 
 KEEPALIVE = 5.0  # seconds without an event before the stream sends a comment line
 POLL_S = 0.5  # how often a watcher reads a run another replica runs (its own wake it at once)
@@ -63,8 +64,8 @@ class RunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: str = Field(min_length=1, max_length=100_000)
     path: str = Field(min_length=1, max_length=4096,
-                      description="absolute workspace directory under a serve.workspace_roots "
-                                  "entry on the server machine")
+                      description="absolute workspace directory under one of the caller's "
+                                  "workspace roots on the server machine")
     model: str = Field("code-medium", min_length=1, max_length=200)
     max_steps: int = Field(25, ge=1, le=200)
     max_tokens: int = Field(1024, ge=16, le=8192)
@@ -79,7 +80,7 @@ class RunRequest(BaseModel):
     _checked = field_validator("task", "path", "model")(_text)
 
 
-def check_policy(body: RunRequest, serve: ServeSettings) -> Path:
+def check_policy(body: RunRequest, serve: ServeSettings, tenant: str) -> Path:
     """The run's workspace, if server policy allows this request; APIError otherwise."""
     if body.backend == "host":  # the host backend is sandbox=false under another name
         body = body.model_copy(update={"sandbox": False})
@@ -97,36 +98,10 @@ def check_policy(body: RunRequest, serve: ServeSettings) -> Path:
                             "have no network (an operator can allow it with "
                             "serve.allow_network = true)", code="network_not_allowed",
                        param="network")
-    return workspace(body.path, serve.workspace_roots)
-
-
-def workspace(path: str, roots: list[Path]) -> Path:
-    """`path` resolved (symlinks included) if it lies under one of `roots`."""
-    if not roots:
-        raise APIError(403, "server-side agent runs are off: no workspace roots are "
-                            "configured. An operator enables them by naming the directories "
-                            "runs may work under: `workspace_roots = [\"/srv/code\"]` in the "
-                            "[serve] section of codeplane.toml (or CODEPLANE_SERVE__WORKSPACE_"
-                            "ROOTS='[\"/srv/code\"]'). Or run the agent on your machine with "
-                            "`codeplane agent`", code="no_workspace_roots", param="path")
-    if not Path(path).is_absolute():
-        raise APIError(400, f"path {path!r} must be absolute", param="path")
-    real = Path(os.path.realpath(path))
-    for root in roots:
-        top = Path(os.path.realpath(root.expanduser()))
-        if real == top or top in real.parents:
-            break
-    else:
-        allowed = ", ".join(str(r) for r in roots)
-        raise APIError(403, f"path {path!r} is outside the workspace roots ({allowed})",
-                       code="outside_workspace_roots", param="path")
-    try:
-        is_dir = real.is_dir()
-    except OSError as exc:
-        raise APIError(400, f"path {path!r}: {exc.strerror}", param="path") from None
-    if not is_dir:
-        raise APIError(400, f"workspace {path} is not a directory", param="path")
-    return real
+    roots = Roots.of(serve, tenant)
+    if body.backend == "pool":  # a sandbox of the repository: it must be one, wholly ours
+        return roots.repository(body.path, param="path")
+    return roots.directory(body.path)
 
 
 def gateway_client(request: Request, gateway: Gateway, principal: Principal,
@@ -148,7 +123,7 @@ def gateway_client(request: Request, gateway: Gateway, principal: Principal,
 async def create_run(body: RunRequest, request: Request):
     principal = principal_of(request)
     settings = request.app.state.settings
-    root = check_policy(body, settings.serve)
+    root = check_policy(body, settings.serve, principal.tenant)
     manager, gateway = runs_of(request), gateway_of(request)
     if gateway.group(body.model) is None:
         raise not_found(f"model {body.model!r} does not exist; available: "

@@ -31,7 +31,7 @@ from typing import Any
 
 from codeplane.agent.env import Environment, ToolError
 from codeplane.sandbox.files import Refused, TextFile, TooLarge, decode
-from codeplane.sandbox.workspace import FileStat
+from codeplane.sandbox.workspace import Entry, FileStat
 
 MAX_CHARS = 8000
 MAX_FILE_BYTES = 8 << 20  # larger files are refused before reading (logs, data, sparse files)
@@ -522,11 +522,26 @@ def list_files(env: Environment, base: Path, use_rg: bool = True) -> Iterator[st
     if kind != "dir":
         yield from [env.relative(base)] if kind else []
         return
-    for entry in env.workspace.list(base):  # symlinked directories are not entered
-        if entry.stat.kind != "dir":
-            yield env.relative(base / entry.name)
+    # depth first in name order, iteratively: a tree 1,000 directories deep must not exhaust
+    # the interpreter's stack (symlinked directories are not entered)
+    stack = [(base, _listing(env, base))]
+    while stack:
+        folder, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+        elif entry.stat.kind != "dir":
+            yield env.relative(folder / entry.name)
         elif entry.name not in _SKIP_DIRS and entry.name[0] != ".":
-            yield from list_files(env, base / entry.name, use_rg=False)
+            stack.append((folder / entry.name, _listing(env, folder / entry.name)))
+
+
+def _listing(env: Environment, folder: Path) -> Iterator[Entry]:
+    """A folder's entries; none for one that cannot be listed (past PATH_MAX, gone)."""
+    try:
+        return iter(env.workspace.list(folder))
+    except (Refused, OSError):
+        return iter(())
 
 
 @tool("codebase_search", "Semantic search: find code by meaning ('where are passwords "

@@ -1,8 +1,8 @@
 """`/v1/background-agents`: launch a run that outlives the request, list and show runs, watch
 their events (SSE, resumable with `Last-Event-ID`), send a follow-up, cancel, get the patch.
 
-Same policy as `/v1/agent/runs` (its checks are reused, not restated): the repo lies under
-`serve.workspace_roots`, commands always run sandboxed without network, models are reached
+Same policy as `/v1/agent/runs` (its checks are reused, not restated): the repo lies under the
+caller's workspace roots (`sandbox/roots.py`), commands always run sandboxed without network, models are reached
 in-process through the gateway with the caller's key, runs are capped per tenant, and another
 tenant's run is missing (404).
 """
@@ -29,7 +29,7 @@ from codeplane.core.sse import resume_after
 from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox.fleet import FleetError
-from codeplane.sandbox.routes import repo_of
+from codeplane.sandbox.roots import Roots
 
 KEEPALIVE_S = 5.0
 ENDS = ("end", "interrupted")
@@ -50,8 +50,8 @@ def _text(value: str) -> str:
 class LaunchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     repo: str = Field(min_length=1, max_length=4096,
-                      description="absolute path of a git repository (or bundle) under "
-                                  "serve.workspace_roots, or a URL under serve.repo_urls")
+                      description="absolute path of a git repository (or bundle) under the "
+                                  "caller's workspace roots, or a URL under serve.repo_urls")
     ref: str = Field("HEAD", min_length=1, max_length=256, pattern=r"^[^-\s][^\s]*$",
                      description="branch, tag or commit to start from (not an option)")
     task: str = Field(min_length=1, max_length=100_000)
@@ -78,7 +78,7 @@ def _limit(exc: RunLimit) -> APIError:
 async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
     """Acquire a sandbox of the repo and start the agent; returns the run at once."""
     principal = principal_of(request)
-    repo = repo_of(request, body.repo)
+    repo = Roots.of(request.app.state.settings.serve, principal.tenant).repo(body.repo)
     gateway = gateway_of(request)
     if gateway.group(body.model) is None:
         raise not_found(f"model {body.model!r} does not exist; available: "
@@ -121,9 +121,17 @@ def show(run_id: str, request: Request) -> dict[str, Any]:
 
 @router.get("/v1/background-agents/{run_id}/patch")
 def patch(run_id: str, request: Request) -> PlainTextResponse:
-    """The run's result as `git format-patch` text (empty: no change, or not finished)."""
-    get_run(request, run_id)
-    text = service_of(request).store.patch(run_id) or ""
+    """The run's result as `git format-patch` text (empty: no change, or not finished);
+    413 when the result was larger than `[background] patch_bytes` (its branch bundle holds
+    it)."""
+    run = get_run(request, run_id)
+    text = service_of(request).store.patch(run_id)
+    if text is None and run["commit_sha"]:
+        raise APIError(413, f"the result of background agent {run_id!r} is larger than this "
+                            "server stores as a patch ([background] patch_bytes); its branch "
+                            f"{run['branch']} is kept whole as a git bundle on the server",
+                       code="patch_too_large")
+    text = text or ""
     return PlainTextResponse(text, media_type="text/x-diff", headers={
         "content-disposition": f'attachment; filename="codeplane-{run_id}.patch"'})
 

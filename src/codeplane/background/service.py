@@ -11,9 +11,17 @@ The fleet (`sandbox/fleet.py`) is the one place that makes checkouts: a run acqu
 copy-on-write sandbox of (repo, ref) and releases it when the run ends or is deleted. What a
 finished run keeps is its patch (in the store) and its branch, as a git bundle of
 `base..codeplane/<id>` under `background/<id>/`; a follow-up on a finished run acquires a new
-sandbox at the base and fetches that branch into it. A restart therefore keeps a finished run's
-patch and branch and nothing else: the fleet's reaper removes every sandbox the dead process
-held, and the store marks its unfinished runs interrupted.
+sandbox at the base and checks that branch out in it. A restart therefore keeps a finished
+run's patch and branch and nothing else: the fleet's reaper removes every sandbox the dead
+process held, and the store marks its unfinished runs interrupted.
+
+Git never runs on the host over a run's tree: the tree is the tenant's (and the agent's), and
+its `.git/config`, attributes or nested repositories would be configuration the host runs.
+The diff after each tool call, the commit, the patch and the bundle are made inside the run's
+sandbox (`sandbox/treegit.py`) and reach the host as data. A tree whose post-command sweep
+could not finish (`gitguard.tainted`) is not committed: the run ends with an error saying so.
+What a run stores is bounded (`[background]`: `diff_bytes` of diff events, then summaries;
+`patch_bytes` of result patch, then the branch bundle alone).
 """
 
 from __future__ import annotations
@@ -21,9 +29,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import shutil
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -32,78 +39,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field, ValidationError
+
 from codeplane.agent.env import Environment
 from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.runs import Run, RunManager
 from codeplane.background.store import Store
+from codeplane.config import ConfigError
 from codeplane.core.chat import ChatModel
 from codeplane.core.wakeups import Wakeups
+from codeplane.sandbox import files, gitguard, treegit
 from codeplane.sandbox.fleet import Fleet, PooledWorkspace, Sandbox
 from codeplane.sandbox.runner import Limits
+from codeplane.sandbox.treegit import TreeGitError
 
 log = logging.getLogger("codeplane.background")
-GIT_TIMEOUT = 120.0
 CLOSE_WAIT_S = 15.0  # how long shutdown waits for cancelled runs to record their end
 COMMAND_TIMEOUT_S = 120.0  # per agent command, as for agent runs
-# Host-side git over a tree the agent wrote: no hooks, no fsmonitor, a fixed identity. (The
-# agent cannot write .git: its tools refuse it and the sandbox mounts it read-only.)
-SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
-            "-c", "user.name=codeplane", "-c", "user.email=agent@codeplane.invalid",
-            "-c", "commit.gpgsign=false")
 ModelFactory = Callable[[str], ChatModel]  # agent run id -> the model client for that turn
 
 
-class GitError(Exception):
-    """A git step failed; the message says which and why."""
+class BackgroundSettings(BaseModel):
+    """`[background]` in codeplane.toml: what one run may store in the server database."""
+
+    model_config = {"extra": "forbid"}
+    diff_bytes: int = Field(4 << 20, ge=0, description="bytes of `diff` events one run stores; "
+                                                       "past them, a summary (diffstat) per "
+                                                       "change")
+    patch_bytes: int = Field(16 << 20, ge=0, description="largest result patch stored; a "
+                                                         "larger result is kept as its branch "
+                                                         "bundle only")
+
+    @classmethod
+    def of(cls, settings: Any) -> BackgroundSettings:
+        """From the server's settings (their raw `background` section); ConfigError."""
+        try:
+            return cls(**(getattr(settings, "background", None) or {}))
+        except ValidationError as exc:
+            raise ConfigError(f"invalid [background] settings: {exc}") from None
 
 
-def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    """Run git with the safe settings above; its stdout, or GitError with its stderr."""
-    try:
-        done = subprocess.run(["git", *SAFE_GIT, *args], cwd=cwd, capture_output=True, check=False,
-                              text=True, timeout=GIT_TIMEOUT, env={**os.environ, **(env or {})})
-    except subprocess.TimeoutExpired:
-        raise GitError(f"git {args[0]} took longer than {GIT_TIMEOUT:.0f}s") from None
-    if done.returncode != 0:
-        raise GitError(f"git {args[0]} failed: {done.stderr.strip()[:500]}")
-    return done.stdout
-
-
-def working_diff(dest: Path, base: str) -> str:
-    """Everything changed in the checkout since `base`, new files included, as a diff; a
-    scratch index outside the tree keeps the checkout's own index untouched."""
-    with tempfile.TemporaryDirectory(prefix="codeplane-index-") as scratch:
-        env = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
-        git(dest, "read-tree", base, env=env)
-        git(dest, "add", "-A", env=env)
-        return git(dest, "diff", "--cached", base, env=env)
-
-
-def commit_result(dest: Path, branch: str, base: str, message: str) -> tuple[str | None, str]:
-    """Commit the checkout's changes on `branch`: (commit or None if nothing changed, the
-    patch from `base` in `git format-patch` form, empty when nothing changed)."""
-    git(dest, "checkout", "--quiet", "-B", branch)
-    git(dest, "add", "-A")
-    if git(dest, "status", "--porcelain"):
-        git(dest, "commit", "--quiet", "-m", message)
-    head = git(dest, "rev-parse", "HEAD").strip()
-    if head == base:
-        return None, ""
-    return head, git(dest, "format-patch", "--stdout", f"{base}..{head}")
-
-
-def keep_branch(dest: Path, branch: str, base: str, bundle: Path) -> None:
-    """Save `branch` (its commits since `base`) as a bundle file: the branch outlives the
-    sandbox it was made in, and `git fetch BUNDLE BRANCH` brings it into any clone."""
-    bundle.parent.mkdir(parents=True, exist_ok=True)
-    git(dest, "bundle", "create", "--quiet", str(bundle), branch, f"^{base}")
-
-
-def restore_branch(dest: Path, branch: str, bundle: Path) -> None:
-    """Check out a kept branch in a fresh sandbox of its base (a follow-up on a finished
-    run continues from its result, and its patch then covers every turn)."""
-    git(dest, "fetch", "--quiet", "--no-tags", str(bundle), f"{branch}:{branch}")
-    git(dest, "checkout", "--quiet", branch)
+class ResultRefused(Exception):
+    """A run's tree cannot be committed (the message says why)."""
 
 
 @dataclass
@@ -120,7 +97,9 @@ class Live:
     run: Run | None = None
     cancelled: bool = False
     turns: int = 0
-    last_diff: str = ""
+    head: str | None = None  # the result committed so far (kept as the run's bundle)
+    last_digest: str = ""  # of the last diff recorded: an unchanged tree records nothing
+    diff_stored: int = 0  # bytes of diff events stored, against BackgroundSettings.diff_bytes
     running: bool = True
     thread: threading.Thread | None = None
 
@@ -134,6 +113,7 @@ class BackgroundService:
         self.root = server_dir / "background"
         self.store = store or Store.open(self.root / "runs.db")
         self.runs, self.fleet, self.settings = runs, fleet, settings
+        self.quota = BackgroundSettings.of(settings)
         self.store.interrupt_unfinished()
         self._live: dict[str, Live] = {}
         self._wakeups = Wakeups()
@@ -207,15 +187,7 @@ class BackgroundService:
                 live.run = self._turn(run_id, live, continuation(live.task, follow_up))
             if live.cancelled:
                 status = "cancelled"
-            assert live.box is not None
-            branch = f"codeplane/{run_id}"
-            head, patch = commit_result(live.box.workspace, branch, live.base,
-                                        f"codeplane agent: {live.task[:200]}")
-            if head is not None:
-                keep_branch(live.box.workspace, branch, live.base, self._bundle(run_id))
-            self.store.update(run_id, commit_sha=head, patch=patch)
-            self.record(run_id, {"type": "result", "branch": f"codeplane/{run_id}",
-                                 "commit": head, "patch_bytes": len(patch)})
+            self._commit(run_id, live)
         except Exception as exc:  # the run must end, whatever failed
             log.exception("background run %s failed", run_id)
             status, error = "error", f"{type(exc).__name__}: {exc}"
@@ -232,16 +204,80 @@ class BackgroundService:
             except Exception:  # recorded as the run's end by _supervise
                 log.exception("background run %s: the follow-up could not start", run_id)
 
+    def _commit(self, run_id: str, live: Live) -> None:
+        """Commit the sandbox's tree on the run's branch (git runs inside the sandbox), keep
+        the branch as a bundle and store the patch (up to `patch_bytes`) and a `result`
+        event. ResultRefused for a tree its sweep marked tainted."""
+        box = live.box
+        assert box is not None
+        reason = gitguard.tainted(box.workspace)
+        if reason is not None:
+            raise ResultRefused(f"the sandbox's tree is tainted ({reason}): nothing is "
+                                "committed from it")
+        tag = secrets.token_hex(6)
+        previous = None
+        if live.head is not None:  # a result made in an earlier sandbox of this run
+            files.write_atomic(box.workspace, Path(f".codeplane-{tag}-in.bundle"),
+                               self._bundle(run_id).read_bytes())
+            previous = (live.head, f".codeplane-{tag}-in.bundle")
+        branch = f"codeplane/{run_id}"
+        result = treegit.commit(box.runner(), box.workspace, live.base, branch,
+                                f"codeplane agent: {live.task[:200]}", tag, previous)
+        patch, size = "", 0
+        if result.bundle_file and result.patch_file:
+            self._keep(box, result.bundle_file, self._bundle(run_id))
+            patch, size = self._patch(box, result.patch_file)
+        head = result.head if result.head != live.base else None
+        live.head = head
+        self.store.update(run_id, commit_sha=head, patch=patch)
+        self.record(run_id, {"type": "result", "branch": branch, "commit": head,
+                             "patch_bytes": size, "patch_omitted": patch is None})
+
+    def _keep(self, box: Sandbox, name: str, bundle: Path) -> None:
+        """Copy the branch bundle the sandbox wrote out of its tree, as bytes (bounded by
+        the disk the tenant's sandboxes may use: the bundle is a compressed tree)."""
+        bundle.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = bundle.with_name(f".{bundle.name}.{secrets.token_hex(4)}")
+        files.copy_out(box.workspace, Path(name), tmp, self.fleet.settings.disk_per_tenant)
+        os.replace(tmp, bundle)
+
+    def _patch(self, box: Sandbox, name: str) -> tuple[str | None, int]:
+        """The result patch the sandbox wrote (None past `patch_bytes`) and its size."""
+        try:
+            data = files.read_bytes(box.workspace, Path(name), self.quota.patch_bytes)
+        except files.TooLarge as exc:
+            return None, exc.size
+        return data.decode("utf-8", "replace"), len(data)
+
     def _on_event(self, run_id: str, live: Live, event: Event) -> None:
         """Store an agent event (without the bulky prompt copies); after a tool ran, a
         `diff` event when the checkout's changes moved."""
         slim = {k: v for k, v in event.items() if k not in ("messages", "tools")}
         self.record(run_id, slim)
         if event["type"] == "tool_result" and live.box is not None:
-            diff = working_diff(live.box.workspace, live.base)
-            if diff != live.last_diff:
-                live.last_diff = diff
-                self.record(run_id, {"type": "diff", "diff": diff})
+            self._record_diff(run_id, live, live.box)
+
+    def _record_diff(self, run_id: str, live: Live, box: Sandbox) -> None:
+        """The tree's diff against the base, computed in the sandbox: stored whole while the
+        run's `diff_bytes` allow it, else as a summary naming its size."""
+        left = max(0, self.quota.diff_bytes - live.diff_stored)
+        try:
+            change = treegit.diff(box.runner(), box.workspace, live.base, left)
+        except TreeGitError as exc:  # the run goes on; its events just miss this diff
+            log.warning("background run %s: no diff after a tool call: %s", run_id, exc)
+            return
+        if change.digest == live.last_digest:
+            return
+        live.last_digest = change.digest
+        if change.patch is not None:
+            live.diff_stored += change.size
+            self.record(run_id, {"type": "diff", "diff": change.patch})
+            return
+        note = (f"[codeplane: the diff is {change.size} bytes; this run has stored "
+                f"{live.diff_stored} of its {self.quota.diff_bytes} bytes of diffs, so only "
+                "a summary is kept. The result's branch holds every change.]\n")
+        self.record(run_id, {"type": "diff", "diff": note + change.summary,
+                             "omitted_bytes": change.size})
 
     def record(self, run_id: str, event: Event) -> int:
         """Store an event, stamped with the wall-clock time it was recorded (`at`): what
@@ -329,9 +365,11 @@ class BackgroundService:
             box = self.fleet.acquire(live.tenant, live.repo, live.base,
                                      holder=f"background {run_id}")
             live.box = box
-            bundle = self._bundle(run_id)
-            if bundle.is_file():
-                restore_branch(box.workspace, f"codeplane/{run_id}", bundle)
+            if live.head is not None:
+                name = f".codeplane-{secrets.token_hex(6)}-in.bundle"
+                files.write_atomic(box.workspace, Path(name), self._bundle(run_id).read_bytes())
+                treegit.check_out(box.runner(), box.workspace, live.base,
+                                  f"codeplane/{run_id}", name)
             self.record(run_id, {"type": "checkout", "repo": str(live.repo), "ref": live.base,
                                  "commit": live.base, "sandbox": box.id,
                                  "strategy": box.strategy})

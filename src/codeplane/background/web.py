@@ -31,6 +31,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from codeplane.background.routes import get_run, service_of
 from codeplane.core.errors import not_found
 from codeplane.core.principal import principal_of
+from codeplane.sandbox.roots import Roots
 
 UI_COOKIE = "codeplane_session"  # the session's token; read by the auth gate (server/auth.py)
 FORM_COOKIE = "codeplane_login"  # the sign-in form's token, matched at sign-in (login CSRF)
@@ -109,9 +110,10 @@ def ui_router() -> APIRouter:
     @router.get("/ui")
     def runs(request: Request) -> HTMLResponse:
         principal = principal_of(request)
+        roots = Roots.of(request.app.state.settings.serve, principal.tenant)
         return page("runs.html", tenant=principal.tenant,
                     runs=service_of(request).store.list(principal.tenant),
-                    roots=[str(r) for r in request.app.state.settings.serve.workspace_roots])
+                    roots=[str(r) for r in roots.paths])
 
     @router.get("/ui/runs/{run_id}")
     def run_page(run_id: str, request: Request) -> HTMLResponse:

@@ -3,19 +3,28 @@
 Four strategies, tried in the order `bench/fleet.py` measured them on this host class (ext4,
 root): an overlayfs mount (a mount syscall: milliseconds and no data copied, whatever the
 tree's size; needs CAP_SYS_ADMIN), `cp --reflink=always` (shared extents; needs btrfs/XFS,
-refused by ext4), `git clone --shared` of the base (objects shared through alternates, the
-work tree written out: cost grows with the tree), and a full copy (the baseline). `choose`
-probes each on a tiny tree on the fleet's own filesystem and keeps the first that works, so
-a host without root or without reflinks falls back instead of failing.
+refused by ext4), `git clone --local` of the base (objects hard-linked, the work tree written
+out: cost grows with the tree), and a full copy (the baseline). `choose` probes each on a
+tiny tree on the fleet's own filesystem and keeps the first that works, so a host without
+root or without reflinks falls back instead of failing.
 
 Every strategy builds `dest/ws` (the tree a sandbox works in) and nothing outside `dest`;
-`teardown` undoes it, so the reaper can remove a sandbox knowing only its directory.
+every object the tree's `.git` needs lies inside it (no alternates pointing at the base), so
+git run inside the sandbox, which sees nothing but the tree, finds them all. `teardown` undoes
+it, so the reaper can remove a sandbox knowing only its directory.
+
+Copies and removals use coreutils (`cp -a`, `rm -rf`), not `shutil`: on Python 3.11
+`shutil.copytree` and `shutil.rmtree` recurse, and a tree 1,000 directories deep (which any
+sandboxed command can make) raised RecursionError; coreutils walk any depth, past PATH_MAX.
+
+Host-side git here runs over the fleet's own bases and mirrors, or a repository under the
+workspace roots, with no system or global config (`git_env`): an operator's `~/.gitconfig`
+neither changes what is cloned nor disables git's own ownership check (`safe.directory`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Protocol
@@ -25,11 +34,20 @@ class CloneError(RuntimeError):
     """A strategy could not make a workspace (its stderr says why)."""
 
 
+# `git -c` settings for host-side git over a repository: nothing it may name runs
+SAFE_GIT = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
+
+
+def git_env() -> dict[str, str]:
+    """The environment of host-side git: no system or global config, no prompt."""
+    return {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+
 def run_checked(argv: list[str], cwd: Path | None = None) -> str:
     """stdout of a trusted program (git, cp, mount); CloneError with its stderr."""
     proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300,
-                          check=False, env={**os.environ, "GIT_TERMINAL_PROMPT": "0",
-                                            "LC_ALL": "C"})
+                          check=False, env=git_env())
     if proc.returncode != 0:
         raise CloneError(f"{' '.join(argv[:3])}: {proc.stderr.strip() or proc.returncode}")
     return proc.stdout
@@ -64,16 +82,19 @@ class Reflink:
 
 
 class SharedClone:
-    """`git clone --shared`: objects borrowed from the base, the work tree written out."""
+    """`git clone --local`: objects hard-linked from the base (not borrowed through
+    alternates, which would name a path the sandbox cannot see), the work tree written out.
+    The name is kept from when it cloned `--shared`: configs name it."""
 
     name = "git-shared"
 
     def make(self, base: Path, dest: Path) -> None:
         dest.mkdir(parents=True)
-        commit = run_checked(["git", "-C", str(base), "rev-parse", "HEAD"]).strip()
-        run_checked(["git", "clone", "--quiet", "--shared", "--no-checkout", "--", str(base),
-              str(dest / "ws")])
-        run_checked(["git", "-C", str(dest / "ws"), "checkout", "--quiet", "--detach", commit])
+        commit = run_checked(["git", *SAFE_GIT, "-C", str(base), "rev-parse", "HEAD"]).strip()
+        run_checked(["git", *SAFE_GIT, "clone", "--quiet", "--local", "--no-checkout", "--",
+                     str(base), str(dest / "ws")])
+        run_checked(["git", *SAFE_GIT, "-C", str(dest / "ws"), "checkout", "--quiet",
+                     "--detach", commit])
 
 
 class FullCopy:
@@ -83,7 +104,7 @@ class FullCopy:
 
     def make(self, base: Path, dest: Path) -> None:
         dest.mkdir(parents=True)
-        shutil.copytree(base, dest / "ws", symlinks=True)
+        run_checked(["cp", "-a", "--reflink=never", "--", str(base), str(dest / "ws")])
 
 
 STRATEGIES: tuple[type, ...] = (Overlay, Reflink, SharedClone, FullCopy)
@@ -108,10 +129,10 @@ def choose(scratch: Path, wanted: str = "auto") -> Strategy:
     base.mkdir(parents=True)
     (base / "f").write_text("probe\n")
     try:
-        run_checked(["git", "-c", "user.name=codeplane", "-c", "user.email=fleet@localhost", "init",
-              "--quiet", str(base)])
-        run_checked(["git", "-C", str(base), "-c", "user.name=codeplane", "-c",
-              "user.email=fleet@localhost", "commit", "--quiet", "--allow-empty", "-m", "p"])
+        identity = ("-c", "user.name=codeplane", "-c", "user.email=fleet@localhost")
+        run_checked(["git", *identity, "init", "--quiet", str(base)])
+        run_checked(["git", "-C", str(base), *identity, "commit", "--quiet", "--allow-empty",
+                     "-m", "p"])
         for kind in STRATEGIES:
             try:
                 kind().make(base, probe / kind.name)
@@ -149,10 +170,14 @@ def _unescape(field: str) -> str:
 
 
 def teardown(dest: Path) -> None:
-    """Unmount whatever is mounted under dest (lazily if busy), then delete it."""
+    """Unmount whatever is mounted under dest (lazily if busy), then delete it, at any depth,
+    never crossing into another filesystem (a mount that would not go)."""
     for point in mounts_under(dest):
         subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False,
                        timeout=60)
-    shutil.rmtree(dest, ignore_errors=True)
-    if dest.exists():  # rmtree skipped something (an immutable file, a busy mount)
-        raise OSError(f"could not remove {dest}")
+    if not os.path.lexists(dest):
+        return
+    done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(dest)],
+                          capture_output=True, text=True, check=False, timeout=3600)
+    if os.path.lexists(dest):  # an immutable file, a busy mount
+        raise OSError(f"could not remove {dest}: {done.stderr.strip()[-300:]}")

@@ -13,6 +13,16 @@ larger than the limit, before a byte is read (a sparse file reports its full siz
 Writing: into a temporary file in the same directory (same walk, same fd), fsync'ed, given the
 old file's mode and owner, then renamed over the name. Readers and a killed writer see the old
 file or the new one, never a mix; a symlink swapped in at the name is replaced, not followed.
+The temporary name has a fixed length, so any name the filesystem takes can be written.
+
+Git metadata is never written or removed here: a path with a component git would take for
+`.git` (in any case, with the trailing dots and spaces NTFS drops, or as its 8.3 short name
+`git~1`, as git's own `core.protectNTFS` check does) is refused at any depth. A repository's
+config is code the host's git would run; nothing the harness writes on a tenant's behalf may
+create one.
+
+A name longer than the filesystem allows (ENAMETOOLONG), a symlink loop (ELOOP) or a path
+that changes kind under the walk are refused (Refused), not raised as OS errors.
 
 Python's standard library has no openat2(RESOLVE_BENEATH); the walk does by hand what it
 would do.
@@ -48,29 +58,56 @@ class TooLarge(Refused):
         self.size, self.limit = size, limit
 
 
+_REFUSED_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR)
+
+
+def is_git_name(name: str) -> bool:
+    """Would git take this path component for `.git`?"""
+    return name.rstrip(". ").lower() in (".git", "git~1")
+
+
+def in_git_metadata(root: Path, path: Path) -> bool:
+    """Does `path` (resolved, symlinks included) name `.git` or something inside one?"""
+    real = confine(root, path)
+    return any(is_git_name(part) for part in real.relative_to(os.path.realpath(root)).parts)
+
+
 def confine(root: Path, path: Path) -> Path:
     """The real location of `path` (absolute, or relative to root); Refused outside root."""
     candidate = path if path.is_absolute() else root / path
-    real = Path(os.path.realpath(candidate))
-    if real != root and root not in real.parents:
+    real = Path(_realpath(str(candidate)))
+    if not _under(str(real), str(root)):
         via = " (through a symlink)" if Path(os.path.abspath(candidate)) != real else ""
         raise Refused(f"{path} is outside the workspace{via}")
     return real
 
 
+def _realpath(path: str) -> str:
+    """os.path.realpath, resolved by the kernel when the path exists: one open(O_PATH)
+    instead of an lstat per component in Python (walks call this per directory, and a tree
+    1,000 directories deep made that quadratic: a minute per walk)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except (OSError, ValueError):  # absent (a file to create), a loop, a NUL: Python's way
+        return os.path.realpath(path)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc
+        return os.path.realpath(path)
+    finally:
+        os.close(fd)
+
+
+def _under(real: str, root: str) -> bool:
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
 def read_bytes(root: Path, path: Path, max_bytes: int) -> bytes:
     """The bytes of a regular file inside root, at most max_bytes of them (TooLarge)."""
     with _parent(root, path) as (dir_fd, name, real):
-        _check_kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), real)
-        try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENXIO):
-                raise Refused(f"{real.name} is not a regular file") from None
-            raise
+        fd = _open_regular(dir_fd, name, real)
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(fd)
-            _check_kind(st, real)
             if st.st_size > max_bytes:
                 raise TooLarge(real, st.st_size, max_bytes)
             data = f.read(max_bytes + 1)
@@ -79,16 +116,52 @@ def read_bytes(root: Path, path: Path, max_bytes: int) -> bytes:
     return data
 
 
+def copy_out(root: Path, path: Path, dest: Path, max_bytes: int) -> int:
+    """Copy a regular file inside root to a host path (created, never followed), streamed:
+    the bytes a sandbox produced reach the host as data, never whole in memory. TooLarge
+    past max_bytes (dest is then removed); the number of bytes copied."""
+    with _parent(root, path) as (dir_fd, name, real):
+        src = os.fdopen(_open_regular(dir_fd, name, real), "rb")
+    copied = 0
+    with src, open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600),
+                   "wb") as out:
+        while chunk := src.read(1 << 20):
+            copied += len(chunk)
+            if copied > max_bytes:
+                out.close()
+                dest.unlink()
+                raise TooLarge(real, copied, max_bytes)
+            out.write(chunk)
+    return copied
+
+
+def _open_regular(dir_fd: int, name: str, real: Path) -> int:
+    """An fd of the regular file `name` in dir_fd (no symlink followed, no FIFO blocking)."""
+    _check_kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), real)
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise Refused(f"{real.name} is not a regular file") from None
+        raise
+    try:
+        _check_kind(os.fstat(fd), real)
+    except Refused:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_atomic(root: Path, path: Path, data: bytes) -> None:
     """Replace (or create, with its directories) a file inside root atomically, keeping the
-    old file's mode and owner."""
-    with _parent(root, path, create=True) as (dir_fd, name, real):
+    old file's mode and owner. Refused for git metadata."""
+    with _parent(root, path, create=True, writing=True) as (dir_fd, name, real):
         try:
             old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             _check_kind(old, real)
         except FileNotFoundError:
             old = None
-        tmp = f".{name}.{secrets.token_hex(4)}.codeplane-tmp"
+        tmp = f".codeplane-tmp-{secrets.token_hex(8)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600 if old else 0o666, dir_fd=dir_fd)
         try:
@@ -114,31 +187,50 @@ def write_atomic(root: Path, path: Path, data: bytes) -> None:
 
 
 def remove(root: Path, path: Path) -> None:
-    """Delete a regular file inside root (never what a swapped-in symlink points to)."""
-    with _parent(root, path) as (dir_fd, name, real):
+    """Delete a regular file inside root (never what a swapped-in symlink points to, never
+    git metadata)."""
+    with _parent(root, path, writing=True) as (dir_fd, name, real):
         _check_kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), real)
         os.unlink(name, dir_fd=dir_fd)
 
 
 @contextmanager
-def _parent(root: Path, path: Path, create: bool = False) -> Iterator[tuple[int, str, Path]]:
+def _parent(root: Path, path: Path, create: bool = False,
+            writing: bool = False) -> Iterator[tuple[int, str, Path]]:
     """An fd of the real parent directory reached from root without following any symlink,
-    the final name, and the real path."""
+    the final name, and the real path. OS errors that say the path itself is unusable
+    (a name too long, a symlink loop, a file where a directory was) become Refused."""
     root = Path(os.path.realpath(root))
-    real = confine(root, path)
+    try:
+        real = confine(root, path)
+    except OSError as exc:
+        raise _refusal(path, exc) from None
     parts = real.relative_to(root).parts
     if not parts:
         raise Refused("the workspace root is a directory, not a file")
+    if writing and any(is_git_name(part) for part in parts):
+        raise Refused(f"{path} is git metadata (.git), which is never written from outside the "
+                      "sandbox: git would run its config and hooks on the host")
     fd = os.open(root, _DIR_FLAGS)
     try:
         for name in parts[:-1]:
             fd = _descend(fd, name, create, real)
         yield fd, parts[-1], real
+    except OSError as exc:
+        if exc.errno in _REFUSED_ERRNOS:
+            raise _refusal(path, exc) from None
+        raise
     finally:
         os.close(fd)
 
 
+def _refusal(path: Path, exc: OSError) -> Refused:
+    return Refused(f"{str(path)[:200]}: {exc.strerror or exc}")
+
+
 def _descend(fd: int, name: str, create: bool, real: Path) -> int:
+    """The fd of directory `name` in fd (made if `create`), never through a symlink; fd is
+    closed when its child is open."""
     try:
         child = os.open(name, _DIR_FLAGS, dir_fd=fd)
     except FileNotFoundError:
@@ -154,8 +246,7 @@ def _descend(fd: int, name: str, create: bool, real: Path) -> int:
             raise Refused(f"{real}: {name} changed into a symlink or a file while in use; "
                           "refusing to follow it") from None
         raise
-    finally:
-        os.close(fd)
+    os.close(fd)
     return child
 
 

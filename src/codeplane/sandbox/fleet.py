@@ -25,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from codeplane.core.errors import APIError
-from codeplane.sandbox import clone, reaper, remote
+from codeplane.sandbox import clone, reaper, remote, treegit
+from codeplane.sandbox.cgroups import SandboxCgroup
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits, SandboxUnavailable
 from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspace
@@ -55,8 +57,19 @@ class FleetSettings(BaseModel):
     max_per_tenant: int = Field(16, ge=1, description="sandboxes one tenant may hold")
     disk_per_tenant: int = Field(4 << 30, ge=1 << 20,
                                  description="bytes a tenant's sandboxes may add to the disk")
-    cpu_seconds: int = Field(300, ge=1, description="per command")
-    memory_bytes: int = Field(4 << 30, ge=64 << 20, description="per command (address space)")
+    cpu_seconds: int = Field(300, ge=1, description="per process of a command")
+    memory_bytes: int = Field(4 << 30, ge=64 << 20,
+                              description="per sandbox: all its processes and its /tmp "
+                                          "together (a memory cgroup; where the host has "
+                                          "none, per process); also each process's "
+                                          "address space")
+    processes: int = Field(256, ge=16, description="processes and threads per sandbox (a "
+                                                   "pids cgroup)")
+    max_execs_per_tenant: int = Field(4, ge=1, description="commands one tenant may run at "
+                                                           "once through the API; more get 429")
+    exec_workers: int = Field(32, ge=1, description="commands running at once through the "
+                                                    "API on this host (every tenant); more "
+                                                    "wait for a free worker")
     max_timeout: float = Field(600.0, gt=0, description="longest wall clock a command may ask")
     max_file_bytes: int = Field(8 << 20, ge=1024, description="largest file read or written "
                                                               "through the API")
@@ -92,6 +105,9 @@ class Sandbox:
     created: float = field(default_factory=time.time)
     tenant: str | None = None  # None while it waits in a pool
     holder: str = "api"  # who uses it: "api", "agent run", "background <run id>"
+    # every process of the sandbox, whoever runs it (the API, an agent run), in one cgroup
+    # with the fleet's limits
+    cgroup: SandboxCgroup = field(default_factory=SandboxCgroup, repr=False)
     _runner: BwrapRunner | None = field(default=None, repr=False)
 
     @property
@@ -101,7 +117,7 @@ class Sandbox:
     def runner(self) -> BwrapRunner:
         """The bubblewrap runner over this workspace, probed once on first use."""
         if self._runner is None:
-            self._runner = BwrapRunner(self.workspace)
+            self._runner = BwrapRunner(self.workspace, cgroup=self.cgroup)
         return self._runner
 
     def describe(self) -> dict[str, Any]:
@@ -118,8 +134,9 @@ class PooledWorkspace(LocalWorkspace):
 
     def __init__(self, fleet: Fleet, box: Sandbox, release: bool = True,
                  network: bool = False) -> None:
-        super().__init__(box.workspace,
-                         BwrapRunner(box.workspace, network=True) if network else box.runner())
+        runner = BwrapRunner(box.workspace, network=True, cgroup=box.cgroup) if network \
+            else box.runner()
+        super().__init__(box.workspace, runner)
         self.fleet, self.box, self.release = fleet, box, release
 
     def describe(self) -> dict[str, Any]:
@@ -189,6 +206,11 @@ class Fleet:
         self._pending: dict[str, int] = {}  # sandboxes being made now, per tenant
         self._pools: dict[tuple[str, str], Pool] = {}
         self._fetched: dict[str, float] = {}  # URL -> monotonic time of its last fetch
+        # API commands run here, never on the server's request threads (a command can take
+        # minutes); `_execs` counts each tenant's running and waiting ones
+        self._exec_pool = ThreadPoolExecutor(self.settings.exec_workers,
+                                             thread_name_prefix="fleet-exec")
+        self._execs: dict[str, int] = {}
         self._wake = threading.Condition(self._lock)
         self._closed = False
         self._filler = threading.Thread(target=self._fill, name="fleet-pool", daemon=True)
@@ -344,19 +366,47 @@ class Fleet:
                                **_pool_numbers(list(self._pools.values()))},
                     "pools": pools, "reaped_at_start": self.reaped}
 
+    def start_exec(self, box: Sandbox, command: str,
+                   timeout: float | None = None) -> Future[CommandResult]:
+        """`exec` on the fleet's own workers; FleetError now if the command is malformed or
+        the tenant already runs `max_execs_per_tenant` commands (429)."""
+        if "\0" in command:
+            raise FleetError(400, "the command contains a NUL byte", "invalid_command")
+        tenant = box.tenant or ""
+        with self._lock:
+            running = self._execs.get(tenant, 0)
+            if running >= self.settings.max_execs_per_tenant:
+                raise FleetError(429, f"tenant runs {running} commands; the limit is "
+                                      f"{self.settings.max_execs_per_tenant} at once",
+                                 "exec_quota_exceeded")
+            self._execs[tenant] = running + 1
+        try:
+            future = self._exec_pool.submit(self.exec, box, command, timeout)
+        except RuntimeError:  # the fleet is closing
+            self._exec_done(tenant)
+            raise FleetError(503, "the server is shutting down", "sandbox_unavailable") from None
+        future.add_done_callback(lambda _: self._exec_done(tenant))
+        return future
+
+    def _exec_done(self, tenant: str) -> None:
+        with self._lock:
+            self._execs[tenant] -= 1
+            if not self._execs[tenant]:
+                del self._execs[tenant]
+
     def exec(self, box: Sandbox, command: str, timeout: float | None = None) -> CommandResult:
         """A shell command in the sandbox, bounded by the fleet's limits and the tenant's
         remaining disk quota."""
         s = self.settings
         limits = Limits(timeout=min(timeout or s.max_timeout, s.max_timeout),
                         cpu_seconds=s.cpu_seconds, memory_bytes=s.memory_bytes,
+                        processes=s.processes,
                         disk_bytes=max(1, self._disk_left(box.tenant or "")),
                         output_bytes=64 << 10)
         try:
-            runner = box.runner()
+            return box.runner().run(command, box.workspace, limits)
         except SandboxUnavailable as exc:  # overload or a broken host: the client may retry
             raise FleetError(503, str(exc), "sandbox_unavailable") from None
-        return runner.run(command, box.workspace, limits)
 
     def check_write(self, box: Sandbox, size: int) -> None:
         """Refuse a file write that would take the tenant past its disk quota."""
@@ -369,23 +419,24 @@ class Fleet:
 
     def diff(self, box: Sandbox) -> str:
         """The sandbox's changes against its commit, untracked files included, as a patch.
-        git runs inside the sandbox (the tree is untrusted; `.git` is read-only there), with
-        a private index and object directory in /tmp so intent-to-add does not touch the
-        repository."""
-        script = ("cp .git/index /tmp/cp-index 2>/dev/null; mkdir -p /tmp/cp-objects &&"
-                  " export GIT_INDEX_FILE=/tmp/cp-index GIT_OBJECT_DIRECTORY=/tmp/cp-objects"
-                  " GIT_ALTERNATE_OBJECT_DIRECTORIES=\"$PWD/.git/objects\" &&"
-                  " git add --all --intent-to-add >/dev/null &&"
-                  " git -c core.quotepath=off diff --no-ext-diff --no-textconv --binary HEAD")
-        limits = Limits(timeout=60, output_bytes=self.settings.max_file_bytes,
-                        disk_bytes=1 << 20)
-        result = box.runner().run(script, box.workspace, limits)
-        if result.exit_code != 0 or result.truncated:
-            raise FleetError(422, f"diff failed: {result.output[-500:]}", "diff_failed")
-        return result.output
+        git runs inside the sandbox over a private repository (`treegit.py`): the tree,
+        its `.git/config` included, is the tenant's."""
+        try:
+            change = treegit.diff(box.runner(), box.workspace, box.commit,
+                                  self.settings.max_file_bytes)
+        except SandboxUnavailable as exc:
+            raise FleetError(503, str(exc), "sandbox_unavailable") from None
+        except treegit.TreeGitError as exc:
+            raise FleetError(422, f"diff failed: {exc}", "diff_failed") from None
+        if change.patch is None:
+            raise FleetError(413, f"the diff is {change.size} bytes; the limit is "
+                                  f"{self.settings.max_file_bytes}. What changed:\n"
+                                  f"{change.summary}", "diff_too_large")
+        return change.patch
 
     def close(self) -> None:
         """Stop refilling and remove every sandbox this server made, pooled ones included."""
+        self._exec_pool.shutdown(wait=False, cancel_futures=True)  # running ones die below
         with self._lock:
             self._closed = True
             self._wake.notify_all()
@@ -454,7 +505,8 @@ class Fleet:
         sandbox_id = "sb_" + secrets.token_hex(8)
         box = Sandbox(id=sandbox_id, repo=repo, ref=ref, commit=commit,
                       path=self.boxes / sandbox_id, strategy=self.strategy.name, tenant=tenant,
-                      holder=holder)
+                      holder=holder, cgroup=SandboxCgroup(self.settings.memory_bytes,
+                                                          self.settings.processes))
         reaper.Record(box.id, str(box.path), self.owner).write(self.records)
         try:
             self.strategy.make(base, box.path)
@@ -476,7 +528,10 @@ class Fleet:
 
     def base(self, repo: Path, commit: str) -> Path:
         """The cached checkout of repo at commit, built once (under a per-key lock) into a
-        temporary directory named for its owner, then renamed into place."""
+        temporary directory named for its owner, then renamed into place. `--no-local`: the
+        objects arrive as one pack of what the commits need, so the base shares no file with
+        the repository and borrows nothing through alternates (git inside a sandbox, which
+        sees only its own tree, finds every object)."""
         key = hashlib.sha256(f"{repo}\0{commit}".encode()).hexdigest()[:24]
         final = self.bases / key
         with self._lock:
@@ -486,8 +541,10 @@ class Fleet:
                 return final
             tmp = self._tmp(self.bases, key)
             clone.teardown(tmp)
-            clone.run_checked(["git", "clone", "--quiet", "--no-checkout", "--", str(repo), str(tmp)])
-            clone.run_checked(["git", "-C", str(tmp), "checkout", "--quiet", "--detach", commit])
+            clone.run_checked(["git", *clone.SAFE_GIT, "clone", "--quiet", "--no-local",
+                               "--no-checkout", "--", str(repo), str(tmp)])
+            clone.run_checked(["git", *clone.SAFE_GIT, "-C", str(tmp), "checkout", "--quiet",
+                               "--detach", commit])
             os.replace(tmp, final)
             return final
 
@@ -499,7 +556,10 @@ class Fleet:
         for tmp in [*self.bases.glob(".tmp-*"), *self.remotes.glob(".tmp-*")]:
             pid, start = tmp.name.split("-")[1:3]
             if not reaper.Owner(int(pid), int(start)).alive():
-                reaper.reap(tmp)
+                try:
+                    reaper.reap(tmp)
+                except OSError as exc:  # logged; the next start tries again
+                    log.error("could not remove %s left by a dead server: %s", tmp, exc)
 
     def _fill(self) -> None:
         """Background: top every pool up to its target, one sandbox at a time."""
@@ -565,10 +625,9 @@ def resolve(repo: Path, ref: str) -> str:
 
 
 def _git(args: list[str], cwd: Path) -> str:
-    proc = subprocess.run(["git", "-c", "core.fsmonitor=false", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0",
-                               "GIT_CEILING_DIRECTORIES": str(cwd.parent)})
+    proc = subprocess.run(["git", *clone.SAFE_GIT, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={**clone.git_env(), "GIT_CEILING_DIRECTORIES": str(cwd.parent)})
     if proc.returncode != 0:
         raise FleetError(400, f"not a git repository or unknown ref in {cwd.name}: "
                               f"{proc.stderr.strip()[:300] or 'no such commit'}", "unknown_ref")
@@ -576,14 +635,14 @@ def _git(args: list[str], cwd: Path) -> str:
 
 
 def _disk_added(box: Sandbox) -> int:
-    """Bytes this sandbox added: its overlay upper layer, or its whole tree otherwise."""
+    """Bytes this sandbox added: its overlay upper layer, or its whole tree otherwise.
+    `du` rather than `os.walk`, which recurses on Python 3.11 (a 1,000-deep directory raised
+    RecursionError) and cannot reach past PATH_MAX; du does both."""
     top = box.path / "upper" if (box.path / "upper").is_dir() else box.workspace
-    total = 0
-    for dirpath, _, names in os.walk(top):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
+    done = subprocess.run(["du", "-s", "-x", "-B1", "--", str(top)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    try:  # an unreadable entry makes du fail but still print the total of the rest
+        return int(done.stdout.split()[0])
+    except (IndexError, ValueError):
+        return 0
 

@@ -9,6 +9,7 @@ a pid alone could be reused by an unrelated process after a reboot or a long upt
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 from dataclasses import asdict, dataclass
@@ -16,6 +17,8 @@ from pathlib import Path
 
 from codeplane.core.procs import start_ticks
 from codeplane.sandbox import clone
+
+log = logging.getLogger("codeplane.fleet")
 
 
 @dataclass(frozen=True)
@@ -83,22 +86,35 @@ def reap(path: Path) -> int:
 
 def reap_orphans(records: Path, sandboxes: Path) -> dict[str, int]:
     """At startup: every record whose owner is dead, and every sandbox directory with no
-    record, is reaped. Records of a live owner (another server on the same home) are left."""
-    stats = {"sandboxes": 0, "processes": 0}
+    record, is reaped. Records of a live owner (another server on the same home) are left.
+    A sandbox that cannot be removed is logged and counted in `failed`, its record kept for
+    the next start: one tenant's tree never stops the server from starting."""
+    stats = {"sandboxes": 0, "processes": 0, "failed": 0}
     kept: set[str] = set()
     for path in sorted(records.glob("*.json")):
         record = Record.read(path)
         if record is not None and record.owner.alive():
             kept.add(record.id)
             continue
-        if record is not None:
-            stats["processes"] += reap(Path(record.path))
-            stats["sandboxes"] += 1
+        if record is not None and not _reap_counted(Path(record.path), stats):
+            kept.add(record.id)
+            continue
         path.unlink(missing_ok=True)
     for tmp in records.glob(".*.tmp"):
         tmp.unlink(missing_ok=True)
     for directory in sorted(sandboxes.iterdir()):
         if directory.name not in kept:
-            stats["processes"] += reap(directory)
-            stats["sandboxes"] += 1
+            _reap_counted(directory, stats)
     return stats
+
+
+def _reap_counted(path: Path, stats: dict[str, int]) -> bool:
+    """Reap one sandbox into the start-up counts; False (logged) if it could not go."""
+    try:
+        stats["processes"] += reap(path)
+    except OSError as exc:
+        log.error("could not remove the sandbox %s left by a dead server: %s", path, exc)
+        stats["failed"] += 1
+        return False
+    stats["sandboxes"] += 1
+    return True

@@ -1,9 +1,10 @@
 """`/v1/sandboxes`: the fleet over HTTP, behind the auth gate and scoped to the caller's
 tenant (another tenant's sandbox is a 404, indistinguishable from one that never existed).
 
-A repo must lie under `serve.workspace_roots` (the same policy as agent runs) or be a URL
-under `serve.repo_urls` (`sandbox/remote.py`); file paths are
-resolved by `sandbox/files.py`, so nothing outside the sandbox's tree is read or written.
+A repo must lie under the caller's workspace roots (`sandbox/roots.py`, the same policy as
+agent runs) or be a URL under `serve.repo_urls` (`sandbox/remote.py`); file paths are
+resolved by `sandbox/files.py`, so nothing outside the sandbox's tree is read or written, and
+git metadata (`.git` at any depth) is neither read nor written through the API.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from pathlib import Path
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from codeplane.agent.routes import workspace as under_roots
 from codeplane.core.errors import APIError
 from codeplane.core.principal import principal_of
-from codeplane.sandbox import files, remote
+from codeplane.sandbox import files
 from codeplane.sandbox.fleet import Fleet, FleetError, Sandbox
+from codeplane.sandbox.roots import Roots
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
@@ -26,8 +27,8 @@ router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 class CreateBody(BaseModel):
     model_config = {"extra": "forbid"}
     repo: str = Field(..., max_length=4096, description="absolute path of a git directory (or "
-                                                         "bundle) under serve.workspace_roots, "
-                                                         "or a URL under serve.repo_urls")
+                                                         "bundle) under the caller's workspace "
+                                                         "roots, or a URL under serve.repo_urls")
     ref: str = Field("HEAD", min_length=1, max_length=256)
 
 
@@ -48,28 +49,12 @@ def _box(request: Request, sandbox_id: str) -> Sandbox:
         raise exc.to_api() from None
 
 
-def repo_of(request: Request, repo: str) -> Path | str:
-    """What a request names as its repo: a URL as it is (the fleet checks it against
-    `serve.repo_urls` and fetches it), else the real path if it lies under the roots: a
-    directory, or a `.bundle` file."""
-    if remote.is_url(repo):
-        return repo
-    roots = request.app.state.settings.serve.workspace_roots
-    path = Path(repo)
-    if path.suffix == ".bundle" and path.is_absolute():
-        parent = under_roots(str(path.parent), roots)
-        real = parent / path.name
-        if not real.is_file() or real.is_symlink():
-            raise APIError(400, f"bundle {repo} is not a regular file", param="repo")
-        return real
-    return under_roots(repo, roots)
-
-
 @router.post("", status_code=201)
 def create(request: Request, body: CreateBody) -> dict:
-    repo = repo_of(request, body.repo)
+    tenant = principal_of(request).tenant
+    repo = Roots.of(request.app.state.settings.serve, tenant).repo(body.repo)
     try:
-        box = _fleet(request).acquire(principal_of(request).tenant, repo, body.ref)
+        box = _fleet(request).acquire(tenant, repo, body.ref)
     except FleetError as exc:
         raise exc.to_api() from None
     return _fleet(request).view(box)
@@ -93,9 +78,17 @@ def show(request: Request, sandbox_id: str) -> dict:
 
 
 @router.post("/{sandbox_id}/exec")
-def exec_(request: Request, sandbox_id: str, body: ExecBody) -> dict:
-    box = _box(request, sandbox_id)
-    return _fleet(request).exec(box, body.command, body.timeout).to_dict()
+async def exec_(request: Request, sandbox_id: str, body: ExecBody) -> dict:
+    """Runs on the fleet's own workers (`Fleet.start_exec`): a command holds none of the
+    server's request threads while it runs, so one tenant's commands cannot starve the
+    routes of another; past the tenant's cap, 429."""
+    box = await asyncio.to_thread(_box, request, sandbox_id)
+    try:
+        result = await asyncio.wrap_future(
+            _fleet(request).start_exec(box, body.command, body.timeout))
+    except FleetError as exc:
+        raise exc.to_api() from None
+    return result.to_dict()
 
 
 @router.get("/{sandbox_id}/files")
@@ -103,6 +96,8 @@ def read(request: Request, sandbox_id: str,
          path: str = Query(..., min_length=1, max_length=4096)) -> Response:
     box = _box(request, sandbox_id)
     try:
+        if files.in_git_metadata(box.workspace, Path(path)):
+            raise files.Refused(f"{path} is git metadata (.git), which the API does not serve")
         data = files.read_bytes(box.workspace, Path(path), _fleet(request).settings.max_file_bytes)
     except files.TooLarge as exc:
         raise APIError(413, str(exc), code="file_too_large", param="path") from None

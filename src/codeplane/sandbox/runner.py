@@ -1,16 +1,20 @@
 """Command runners: `BwrapRunner` (the default) and `HostRunner` (only behind --no-sandbox).
 
 A bubblewrap sandbox mounts the workspace read-write (every `.git` in it read-only, see
-`gitguard.py`), the system read-only with a minimal /etc (no shadow, no ssh keys), a private
-/dev, a fresh /proc, and a private /tmp that is a size-limited tmpfs; every namespace is
-unshared. Network, when asked for, is a user-mode stack (slirp4netns) with the host's loopback
-disabled, so a sandboxed command cannot reach the server or any other service bound to
-127.0.0.1. Limits come from `prlimit` (CPU seconds, address space, file size, open files) plus
-a pids cgroup per command, because the kernel exempts uid 0 from RLIMIT_NPROC: as root only the
-pids controller contains a fork bomb. `--fsize` bounds each file, not the disk, so a watchdog
-kills a command once the workspace's filesystem has grown by more than `disk_bytes`. A
-wall-clock timeout SIGKILLs the process group, every pid in the cgroup, and (through
---die-with-parent and the pid namespace) everything the command started.
+`gitguard.py`), the system read-only with a minimal /etc (no shadow, no ssh keys, a passwd of
+its own), a private /dev, a fresh /proc with the host's kernel settings read-only and its
+keyrings and timers hidden, and a private /tmp that is a size-limited tmpfs; every namespace
+is unshared. Commands run as uid `SANDBOX_UID` of a user namespace of their own, mapped to the
+server's uid (the only uid there: files they write belong to the server's user), with no
+capabilities and no further user namespaces. Network, when asked for, is a user-mode stack
+(slirp4netns) with the host's loopback disabled, so a sandboxed command cannot reach the server
+or any other service bound to 127.0.0.1. Memory and processes are bounded per sandbox by a
+cgroup (`cgroups.py`; the kernel exempts root from RLIMIT_NPROC, so as root the sandbox is
+refused without a pids cgroup), CPU seconds, address space, file size and open files per
+process by `prlimit`. `--fsize` bounds each file, not the disk, so a watchdog kills a command
+once the workspace's filesystem has grown by more than `disk_bytes`. A wall-clock timeout
+SIGKILLs the process group, every pid in the command's cgroup, and (through --die-with-parent
+and the pid namespace) everything the command started.
 
 Output is merged stdout+stderr; the first and last halves of `output_bytes` are kept with a note
 of what was omitted, and a command printing more than `drain_bytes` is killed.
@@ -19,6 +23,7 @@ of what was omitted, and a command printing more than `drain_bytes` is killed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import selectors
@@ -29,11 +34,11 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from codeplane.sandbox import cgroups
 from codeplane.sandbox.gitguard import GitGuard
 
 _GRACE = 0.5  # seconds to keep reading after the command exits (descendants may hold the pipe)
@@ -48,6 +53,18 @@ _ETC = ("passwd", "group", "hosts", "hostname", "nsswitch.conf", "resolv.conf", 
         "services", "networks", "gitconfig", "fonts", "terminfo", "perl", "python3",
         "python3.11", "python3.12", "python3.13", "mtab", "inputrc", "bash.bashrc", "profile",
         "environment", "locale.alias")
+SANDBOX_UID = 1000  # the uid (and gid) commands run as, in a user namespace of their own
+# the sandbox's own passwd and group: the host's user names are none of its business
+_PASSWD = f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::/tmp:/bin/sh\n" \
+          "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+_GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:65534:\n"
+# /proc entries that act on or describe the host, not the sandbox (the lists container
+# runtimes use): kernel settings read-only (the sandbox's uid is the server's, and the kernel
+# lets a sysctl's owner write it without any capability), the rest hidden. bwrap covers only
+# irq and bus itself, and only when it can tell they are writable.
+_PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+_PROC_HIDDEN = ("kcore", "keys", "key-users", "timer_list", "timer_stats", "sched_debug",
+                "latency_stats", "acpi", "asound", "scsi")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -57,9 +74,9 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class Limits:
     timeout: float = 120.0
-    cpu_seconds: int = 300
-    memory_bytes: int = 4 << 30
-    processes: int = 256
+    cpu_seconds: int = 300  # per process
+    memory_bytes: int = 4 << 30  # the sandbox's (its cgroup), and each process's address space
+    processes: int = 256  # the sandbox's (its pids cgroup), and RLIMIT_NPROC
     file_bytes: int = 1 << 30
     open_files: int = 1024
     output_bytes: int = 32 << 10
@@ -113,18 +130,21 @@ class _Session:
 
 
 class BwrapRunner:
-    """Commands in a bubblewrap sandbox rooted at one workspace."""
+    """Commands in a bubblewrap sandbox rooted at one workspace. The runner is the sandbox
+    its commands share a cgroup in, unless it is given one: the runners of one fleet sandbox
+    (with network and without) share the sandbox's."""
 
     sandboxed = True
     probe_seconds = 20.0  # a sandbox that cannot start in this long is reported unavailable
 
-    def __init__(self, workspace: Path, bwrap: str | None = None,
-                 network: bool = False) -> None:
+    def __init__(self, workspace: Path, bwrap: str | None = None, network: bool = False,
+                 cgroup: cgroups.SandboxCgroup | None = None) -> None:
         self.workspace = workspace.resolve()
         self.bwrap = bwrap or shutil.which("bwrap")
         self.unshare = shutil.which("unshare")
         self.slirp = shutil.which("slirp4netns")
         self.scratch = _scratch_mountpoint()
+        self.cgroup = cgroup or cgroups.SandboxCgroup()
         self.check(network)
 
     def check(self, network: bool = False) -> None:
@@ -136,10 +156,11 @@ class BwrapRunner:
         if not shutil.which("prlimit") or not self.unshare or not shutil.which("mount"):
             raise SandboxUnavailable("prlimit, unshare or mount (util-linux) is missing, so "
                                      "resource limits cannot be enforced; install util-linux")
-        if os.geteuid() == 0 and _pids_cgroup_base() is None:
+        if os.geteuid() == 0 and "pids" not in self.cgroup.layout.controllers:
             raise SandboxUnavailable("running as root without a writable pids cgroup, so "
-                                     "process limits (fork bombs) cannot be enforced; run as "
-                                     "a normal user or pass --no-sandbox")
+                                     "process limits (fork bombs) cannot be enforced "
+                                     f"({self.cgroup.layout.note}); run as a normal user or "
+                                     "pass --no-sandbox")
         if network and not self.slirp:
             raise SandboxUnavailable("network access in the sandbox needs slirp4netns (a "
                                      "user-mode network stack that keeps the host's loopback "
@@ -169,7 +190,7 @@ class BwrapRunner:
         argv = self._argv(["/bin/sh", "-c", command], cwd, limits, writable=True,
                           guard=guard, fds=session.fds())
         return supervise(argv, command, self.workspace, _env(), limits, cancel,
-                         sandboxed=True, session=session)
+                         sandboxed=True, session=session, cgroup=self.cgroup)
 
     def exec(self, argv: list[str], cwd: Path, limits: Limits,
              stderr: bool = False) -> CommandResult:
@@ -177,15 +198,18 @@ class BwrapRunner:
         stderr if asked): whatever it reads, it runs inside the sandbox, never on the host."""
         limits = dataclasses.replace(limits, network=False)
         return supervise(self._argv(argv, cwd, limits, writable=False), " ".join(argv),
-                         self.workspace, _env(), limits, None, sandboxed=True, stderr=stderr)
+                         self.workspace, _env(), limits, None, sandboxed=True, stderr=stderr,
+                         cgroup=self.cgroup)
 
     def describe(self) -> dict[str, Any]:
-        return {"runner": "bwrap", "bwrap": self.bwrap, "workspace": str(self.workspace)}
+        return {"runner": "bwrap", "bwrap": self.bwrap, "workspace": str(self.workspace),
+                "uid": SANDBOX_UID, "cgroups": self.cgroup.layout.version}
 
     def _argv(self, argv: list[str], cwd: Path, limits: Limits, writable: bool,
               guard: GitGuard | None = None, fds: tuple[int, int] | None = None) -> list[str]:
         args = [str(self.bwrap), "--die-with-parent", "--new-session", "--unshare-all",
-                "--cap-drop", "ALL"]
+                "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+                *_no_nested_userns(str(self.bwrap), self.probe_seconds), "--cap-drop", "ALL"]
         if fds:  # network: bwrap reports the sandbox's pid, then waits until slirp is ready
             args += ["--info-fd", str(fds[0]), "--block-fd", str(fds[1])]
         for top in ("/usr", "/opt"):
@@ -197,12 +221,16 @@ class BwrapRunner:
             elif Path(top).is_dir():
                 args += ["--ro-bind", top, top]
         for name in _ETC:
-            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+            if name not in ("passwd", "group"):
+                args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        args += ["--ro-bind", f"{self.scratch}/etc/passwd", "/etc/passwd",
+                 "--ro-bind", f"{self.scratch}/etc/group", "/etc/group"]
         # /tmp first, then what may live under it (a virtualenv, the workspace): a mount
         # made later hides whatever an earlier one put at the same place. /tmp and /dev/shm
         # share the sized tmpfs; bwrap's own tmpfs for / and /dev (unbounded) become
         # read-only at the end.
-        args += ["--dev", "/dev", "--proc", "/proc", "--bind", f"{self.scratch}/tmp", "/tmp",
+        args += ["--dev", "/dev", "--proc", "/proc", *self._proc_masks(),
+                 "--bind", f"{self.scratch}/tmp", "/tmp",
                  "--bind", f"{self.scratch}/shm", "/dev/shm", "--remount-ro", "/dev"]
         for prefix in sorted({sys.base_prefix, sys.prefix}):  # the Python tests run with
             if not prefix.startswith("/usr"):
@@ -215,16 +243,53 @@ class BwrapRunner:
                  *argv]
         return self._private_tmp(limits) + args
 
+    def _proc_masks(self) -> list[str]:
+        """After `--proc`: the host's kernel settings read-only (bound from the host's /proc:
+        what a sysctl shows follows the reader's namespaces, not the mount), and what
+        describes the host hidden (files behind /dev/null, directories behind an empty one)."""
+        args = []
+        for name in _PROC_READ_ONLY:
+            if _exists(f"/proc/{name}"):
+                args += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+        for name in _PROC_HIDDEN:
+            if _exists(f"/proc/{name}"):
+                empty = f"{self.scratch}/empty" if Path(f"/proc/{name}").is_dir() else "/dev/null"
+                args += ["--ro-bind", empty, f"/proc/{name}"]
+        return args
+
     def _private_tmp(self, limits: Limits) -> list[str]:
-        """A mount namespace of our own holding a tmpfs of `tmp_bytes` over the scratch
-        directory, whose tmp/ and shm/ bwrap binds as /tmp and /dev/shm. bwrap 0.8 (Debian
-        12) has no --size for its own tmpfs; the namespace dies with the command, so nothing
-        needs unmounting."""
+        """A mount namespace of our own holding a tmpfs over the scratch directory: its tmp/
+        and shm/ are bound as /tmp and /dev/shm, etc/ holds the sandbox's passwd and group,
+        empty/ hides directories of /proc. Its size is `tmp_bytes`, at most the memory limit
+        (it is memory; the sandbox's memory cgroup is charged for what is written). bwrap 0.8
+        (Debian 12) has no --size for its own tmpfs; the namespace dies with the command, so
+        nothing needs unmounting."""
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
         mount = 'mount -t tmpfs -o "size=$1,mode=755" codeplane-tmp "$2" && ' \
-                'mkdir -m 1777 "$2/tmp" "$2/shm" && shift 2 && exec "$@"'
+                'mkdir -m 1777 "$2/tmp" "$2/shm" "$2/empty" "$2/etc" && ' \
+                'printf %s "$3" > "$2/etc/passwd" && printf %s "$4" > "$2/etc/group" && ' \
+                'shift 4 && exec "$@"'
+        size = min(limits.tmp_bytes, limits.memory_bytes)
         return [str(self.unshare), "--mount", "--propagation", "private", *user, "--",
-                "/bin/sh", "-c", mount, "sh", str(limits.tmp_bytes), str(self.scratch)]
+                "/bin/sh", "-c", mount, "sh", str(size), str(self.scratch), _PASSWD, _GROUP]
+
+
+@functools.cache
+def _no_nested_userns(bwrap: str, timeout: float) -> list[str]:
+    """`--disable-userns` where this bwrap has it (0.8; Ubuntu 22.04 ships 0.6, which still
+    runs sandboxes, whose commands can then make user namespaces of their own)."""
+    try:
+        usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True,
+                               timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):  # the start-up probe reports what is wrong
+        return []
+    return ["--disable-userns"] if "--disable-userns" in usage.stdout + usage.stderr else []
+
+
+@functools.cache
+def _exists(path: str) -> bool:
+    """Whether the host has this /proc entry (the kernel's build decides; it never changes)."""
+    return Path(path).exists()
 
 
 def _scratch_mountpoint() -> Path:
@@ -301,7 +366,7 @@ def _start_slirp(slirp: str, pid: int) -> subprocess.Popen | None:
     It starts once bwrap has set up the namespace's loopback: configuring both at once
     makes bwrap fail ("loopback: Failed RTM_NEWADDR")."""
     deadline = time.monotonic() + 10
-    while "127.0.0.1" not in _read(Path(f"/proc/{pid}/net/fib_trie")):
+    while "127.0.0.1" not in cgroups.read_or_empty(Path(f"/proc/{pid}/net/fib_trie")):
         if time.monotonic() > deadline or not Path(f"/proc/{pid}").exists():
             return None
         time.sleep(0.005)
@@ -361,38 +426,44 @@ class HostRunner:
 
 _KILL_NOTES = {"disk": "[killed: the command grew the workspace's disk usage past its disk "
                        "quota of {disk} bytes]"}
+_OOM_NOTE = ("[codeplane: the sandbox reached its memory limit of {memory} bytes (all its "
+             "processes and /tmp together); the kernel killed a process]")
 
 
 def supervise(argv: list[str], command: str, cwd: Path, env: dict[str, str], limits: Limits,
               cancel: threading.Event | None, sandboxed: bool,
-              session: _Session | None = None, stderr: bool = True) -> CommandResult:
-    """Run argv under limits; collect capped output; kill everything on timeout/cancel or
-    when the session's watchdog says so."""
+              session: _Session | None = None, stderr: bool = True,
+              cgroup: cgroups.SandboxCgroup | None = None) -> CommandResult:
+    """Run argv under limits, in `cgroup` (the sandbox's; by default one of its own); collect
+    capped output; kill everything on timeout/cancel or when the session's watchdog says so."""
     session = session or _Session()
-    cgroup = _PidsCgroup.create(limits.processes)
-    prefix = cgroup.wrapper() if cgroup else []
-    argv = prefix + _prlimit(limits) + argv
+    cgroup = cgroup or cgroups.SandboxCgroup()
     start = time.monotonic()
     capture = _Capture(limits.output_bytes)
     killed = None
-    proc = None
+    proc = leaf = None
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE,
+        leaf = _enter(cgroup, limits)
+        prefix = leaf.wrapper() if leaf else []
+        proc = subprocess.Popen(prefix + _prlimit(limits) + argv, cwd=cwd, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL,
                                 start_new_session=True, pass_fds=session.pass_fds)
         session.started(proc)
-        killed = _pump(proc, capture, limits, cancel, start, cgroup, session)
+        killed = _pump(proc, capture, limits, cancel, start, leaf, session)
     finally:
         if proc is not None:
-            _kill(proc, cgroup)
+            _kill(proc, leaf)
             proc.wait()
             proc.stdout.close()
-        if cgroup:
-            cgroup.remove()
-        note = session.close()
+        notes = [session.close()]
+        if leaf:
+            if leaf.out_of_memory():
+                notes.append(_OOM_NOTE.format(memory=cgroup.memory_limit))
+            cgroup.leave(leaf)
     if killed in _KILL_NOTES:
         capture.add(b"\n" + _KILL_NOTES[killed].format(disk=limits.disk_bytes).encode())
+    note = "\n".join(n for n in notes if n)
     if note:
         capture.add(f"\n{note}".encode())
     code = None if killed else proc.returncode
@@ -401,8 +472,17 @@ def supervise(argv: list[str], command: str, cwd: Path, env: dict[str, str], lim
                          truncated=capture.omitted > 0, sandboxed=sandboxed)
 
 
+def _enter(cgroup: cgroups.SandboxCgroup, limits: Limits) -> cgroups.CommandCgroup | None:
+    """The command's leaf in its sandbox's cgroup; a host whose cgroups cannot be made now
+    refuses the command (it would run unbounded) rather than run it."""
+    try:
+        return cgroup.enter(limits.memory_bytes, limits.processes)
+    except OSError as exc:
+        raise SandboxUnavailable(f"cannot make the sandbox's cgroup: {exc}") from None
+
+
 def _pump(proc: subprocess.Popen, capture: _Capture, limits: Limits,
-          cancel: threading.Event | None, start: float, cgroup: _PidsCgroup | None,
+          cancel: threading.Event | None, start: float, cgroup: cgroups.CommandCgroup | None,
           session: _Session) -> str | None:
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
@@ -438,7 +518,7 @@ def _pump(proc: subprocess.Popen, capture: _Capture, limits: Limits,
                 capture.add(chunk)
 
 
-def _kill(proc: subprocess.Popen, cgroup: _PidsCgroup | None) -> None:
+def _kill(proc: subprocess.Popen, cgroup: cgroups.CommandCgroup | None) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -488,69 +568,3 @@ class _Capture:
         note = f"\n[... {self.omitted} bytes of output omitted ...]\n"
         return self.head.decode(errors="replace") + note + self.tail.decode(errors="replace")
 
-
-def _pids_cgroup_base() -> Path | None:
-    """A writable pids-controller directory (cgroup v1 `pids` or v2 with pids delegated)."""
-    for base, v2 in ((Path("/sys/fs/cgroup/pids"), False), (Path("/sys/fs/cgroup"), True)):
-        if not (base / "cgroup.procs").exists():
-            continue
-        if v2 and "pids" not in _read(base / "cgroup.subtree_control").split():
-            continue
-        parent = base / "codeplane-sandbox"
-        try:
-            parent.mkdir(exist_ok=True)
-            if v2 and "pids" not in _read(parent / "cgroup.subtree_control").split():
-                (parent / "cgroup.subtree_control").write_text("+pids")
-        except OSError:
-            continue
-        return parent
-    return None
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-class _PidsCgroup:
-    """One pids cgroup per command; the wrapper joins it before exec, so no child escapes."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @classmethod
-    def create(cls, max_pids: int) -> _PidsCgroup | None:
-        base = _pids_cgroup_base()
-        if base is None:
-            return None
-        path = base / f"cmd-{uuid.uuid4().hex[:12]}"
-        try:
-            path.mkdir()
-            (path / "pids.max").write_text(str(max_pids))
-        except OSError:
-            return None
-        return cls(path)
-
-    def wrapper(self) -> list[str]:
-        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs")]
-
-    def kill(self) -> None:
-        for pid in _read(self.path / "cgroup.procs").split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, ValueError):
-                pass
-
-    def remove(self) -> None:
-        deadline = time.monotonic() + 2
-        while True:
-            self.kill()
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.02)

@@ -170,12 +170,18 @@ def _file_stat(st: os.stat_result, target: Callable[[], str]) -> FileStat:
 
 def take_snapshot(ws: Workspace) -> Snapshot:
     """Walk the workspace through its own `list`/`read` (so any backend can use this),
-    skipping `.git`: git keeps its own history, and a diff of its objects says nothing."""
+    iteratively, skipping `.git` (git keeps its own history, and a diff of its objects says
+    nothing) and, like a file that vanished, a folder that cannot be listed (one past
+    PATH_MAX, one swapped for a symlink leading out)."""
     snap = Snapshot()
     pending = [Path(".")]
     while pending:
         folder = pending.pop()
-        for entry in ws.list(ws.root / folder):
+        try:
+            entries = ws.list(ws.root / folder)
+        except (files.Refused, OSError):
+            continue
+        for entry in entries:
             rel = (folder / entry.name).as_posix().removeprefix("./")
             if entry.stat.kind == "dir" and entry.name != ".git":
                 pending.append(folder / entry.name)
