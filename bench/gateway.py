@@ -244,6 +244,9 @@ def start_all(args, work: Path, procs: dict) -> tuple[dict[str, int], dict[str, 
         home = work / "home"
         home.mkdir()
         (home / "codeplane.toml").write_text(
+            # one generator on 127.0.0.1 stands for many clients: no per-address cap, and
+            # the process cap left to the descriptor limit (server/edge.py)
+            '[serve]\nmax_connections_per_ip = 1000000\nmax_connections = 1000000\n\n'
             f'[gateway]\nauth = "on"\n\n[[models]]\nname = "bench"\nprovider = "openai"\n'
             f'base_url = "http://127.0.0.1:{up_port}/v1"\nmodel = "up-model"\n')
         env = {**os.environ, "CODEPLANE_HOME": str(home)}

@@ -19,6 +19,7 @@ from codeplane.config import Settings, load_settings
 from codeplane.models.engine import Engine, LocalModel
 from codeplane.models.registry import ModelRegistry
 from codeplane.sandbox.microvm import unavailable as microvm_unavailable
+from codeplane.server.edge import EdgeConfig
 
 WEIGHTS_HOME = Path(os.environ.get("CODEPLANE_TEST_WEIGHTS_HOME", "~/.codeplane")).expanduser()
 
@@ -91,9 +92,11 @@ class LiveServer:
     def __init__(self, app, port: int) -> None:
         self.app, self.port = app, port
         self.url = f"http://127.0.0.1:{port}"
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                     log_level="warning",
-                                                     proxy_headers=False))  # as `serve` runs
+        options = {"host": "127.0.0.1", "port": port, "log_level": "warning"}
+        settings = getattr(app.state, "settings", None)  # a codeplane app: as `serve` runs it
+        config = EdgeConfig(app, settings.serve, **options) if settings is not None \
+            else uvicorn.Config(app, **options)  # a stand-in for something off this machine
+        self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     def start(self) -> LiveServer:

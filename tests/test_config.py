@@ -58,11 +58,12 @@ def test_server_policy_settings_are_validated(tmp_path, monkeypatch):
     monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path))
     (tmp_path / "codeplane.toml").write_text(
         '[serve]\ntrusted_proxies = ["10.0.0.0/8", "::1"]\nmax_body_bytes = 65536\n'
-        'public_metrics = true\n')
+        'public_metrics = true\nproxy_header = "forwarded"\n')
     cfg = load_settings()
     assert cfg.serve.trusted_proxies == ["10.0.0.0/8", "::1"]
     assert (cfg.serve.max_body_bytes, cfg.serve.public_metrics) == (65536, True)
-    (tmp_path / "codeplane.toml").write_text('[serve]\ntrusted_proxies = ["proxy.lan"]\n')
+    (tmp_path / "codeplane.toml").write_text(
+        '[serve]\ntrusted_proxies = ["proxy.lan"]\nproxy_header = "x-real-ip"\n')
     with pytest.raises(ConfigError, match="proxy.lan"):
         load_settings()
     (tmp_path / "codeplane.toml").write_text('[serve]\nmax_body_bytes = 10\n')

@@ -49,7 +49,7 @@ def expire(db: Database, replica: Replica) -> None:
 def test_migrations_build_the_schema_the_code_uses_and_run_once_when_raced(url):
     dbs = [Database(url) for _ in range(4)]
     with ThreadPoolExecutor(4) as pool:  # replicas starting together
-        assert set(pool.map(lambda db: db.upgrade(), dbs)) == {"0005"}
+        assert set(pool.map(lambda db: db.upgrade(), dbs)) == {"0006"}
     with dbs[0].engine.connect() as conn:
         found = inspect(conn)
         for table in metadata.sorted_tables:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import test_background as shared
-from upstreams.scripted import caller, run_server
+from upstreams.scripted import caller, run_server, ui_session, ui_sign_in
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -39,8 +39,9 @@ def artifacts(tmp_path: Path) -> Path:
 
 
 def test_cookie_sign_in_rules(server):
-    """Unauthenticated pages redirect to sign-in; a cookie key counts, but on a POST only
-    with the UI header (a cross-site form cannot set it); a bad key is refused."""
+    """Unauthenticated pages redirect to sign-in; a session cookie counts, but on a POST
+    only with the UI header (a cross-site form cannot set it); a bad key is refused.
+    (Sessions themselves: tests/security/test_ui_sessions.py.)"""
     url = server.url
     key = caller(server)["authorization"][7:]
     assert httpx.get(url + "/ui").status_code == 303
@@ -49,18 +50,18 @@ def test_cookie_sign_in_rules(server):
     assert httpx.get(url + "/ui/login").status_code == 200
     assert "script-src 'self'" in httpx.get(url + "/ui/login").headers["content-security-policy"]
     assert httpx.get(url + "/ui/static/app.js").status_code == 200
-    wrong = httpx.post(url + "/ui/login", data={"key": "cp-wrong"})
-    assert "not valid" in wrong.text and "set-cookie" not in wrong.headers
-    login = httpx.post(url + "/ui/login", data={"key": key})
+    wrong = ui_sign_in(url, "cp-wrong")
+    assert "not valid" in wrong.text and "codeplane_session" not in wrong.cookies
+    login = ui_sign_in(url, key)
     assert login.status_code == 303 and "httponly" in login.headers["set-cookie"].lower()
     assert "samesite=strict" in login.headers["set-cookie"].lower()
-    jar = {"codeplane_key": key}
+    jar = {"codeplane_session": login.cookies["codeplane_session"]}
     assert httpx.get(url + "/ui", cookies=jar).status_code == 200
     assert httpx.get(url + "/v1/background-agents", cookies=jar).status_code == 200
     cancel = url + "/v1/background-agents/nope/cancel"
     assert httpx.post(cancel, cookies=jar).status_code == 401  # forged cross-site POST
     assert httpx.post(cancel, cookies=jar, headers={"x-codeplane-ui": "1"}).status_code == 404
-    assert httpx.get(url + "/ui", cookies={"codeplane_key": "cp-wrong"}).status_code == 303
+    assert httpx.get(url + "/ui", cookies={"codeplane_session": "cp-wrong"}).status_code == 303
 
 
 def test_fleet_page_is_tenant_scoped(server, provider, repo):
@@ -68,8 +69,7 @@ def test_fleet_page_is_tenant_scoped(server, provider, repo):
     shows neither those sandboxes nor the repo they came from."""
     provider.script = [shared.HANG]
     run = shared.launch(server, repo)
-    jar = {"codeplane_key": caller(server)["authorization"][7:]}
-    other = {"codeplane_key": caller(server, "t2")["authorization"][7:]}
+    jar, other = ui_session(server), ui_session(server, "t2")
     try:
         mine = httpx.get(server.url + "/ui/fleet", cookies=jar)
         assert mine.status_code == 200 and f"background {run['id']}" in mine.text

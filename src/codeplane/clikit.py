@@ -28,6 +28,10 @@ ServerOption = Annotated[
     str | None, typer.Option("--server", envvar="CODEPLANE_SERVER",
                              help="codeplane server URL (default http://127.0.0.1:8300).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+ApiKeyOption = Annotated[
+    str | None, typer.Option("--api-key", envvar="CODEPLANE_API_KEY",
+                             help="API key, for a server that requires one (default: "
+                                  "$CODEPLANE_API_KEY).")]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

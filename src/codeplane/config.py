@@ -15,9 +15,9 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -64,10 +64,27 @@ class ServeSettings(BaseModel):
                     "allow_unsandboxed)")
     max_runs_per_tenant: int = Field(4, ge=1, description="concurrent agent runs per tenant")
     max_body_bytes: int = Field(32 << 20, ge=1024, description="larger request bodies get 413")
+    # the HTTP edge (server/edge.py, docs/deployment.md): slow and greedy clients
+    header_timeout_s: float = Field(10.0, gt=0, description="a request's line and headers "
+                                    "must arrive within this many seconds, else 408")
+    max_header_bytes: int = Field(64 << 10, ge=1024, description="larger request headers "
+                                                                 "get 431")
+    max_connections: int = Field(4096, ge=1, description="open connections per server "
+                                 "process (lowered to fit the file-descriptor limit); past "
+                                 "it new ones get 503")
+    max_connections_per_ip: int = Field(256, ge=1, description="open connections per client "
+                                        "address (trusted proxies excepted); past it 503")
     trusted_proxies: list[str] = Field(
         default_factory=list,
-        description="addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For "
-                    "is believed; a request relayed by any other proxy counts as remote")
+        description="addresses or networks (CIDR) of reverse proxies believed about the "
+                    "client (through proxy_header); a request relayed by any other proxy "
+                    "counts as remote")
+    proxy_header: Literal["x-forwarded-for", "x-real-ip", "forwarded"] | None = Field(
+        None, description="the one header the trusted proxies set to the client's address: "
+                          "its right-most entry is believed, every other forwarded header "
+                          "ignored (docs/deployment.md); required with trusted_proxies")
+    ui_session_hours: float = Field(12.0, gt=0, description="how long a web-UI sign-in "
+                                    "lasts (sign-out and revoking the key end it sooner)")
     public_metrics: bool = Field(False, description="serve /metrics without an API key (for a "
                                                     "Prometheus scraper); otherwise it is gated")
 
@@ -80,6 +97,16 @@ class ServeSettings(BaseModel):
             except ValueError:
                 raise ValueError(f"{entry!r} is not an IP address or network") from None
         return value
+
+    @model_validator(mode="after")
+    def _proxy_header_named(self) -> ServeSettings:
+        """A proxy passes on the forwarded headers it does not set itself, as the client
+        wrote them: which one it sets cannot be guessed, so the operator names it."""
+        if self.trusted_proxies and self.proxy_header is None:
+            raise ValueError("trusted_proxies needs proxy_header: the header your proxy sets "
+                             "to the client's address (\"x-forwarded-for\", \"x-real-ip\" or "
+                             "\"forwarded\")")
+        return self
 
 
 class EngineSettings(BaseModel):

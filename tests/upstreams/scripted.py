@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -151,6 +152,23 @@ def caller(server: LiveServer, tenant: str = "t1", **key_options) -> dict[str, s
         wait_for(lambda: httpx.get(f"{server.url}/v1/models",  # the server has seen it
                                    headers=callers[tenant]).status_code == 200)
     return callers[tenant]
+
+
+def ui_sign_in(url: str, key: str, headers: dict | None = None) -> httpx.Response:
+    """Sign in to the web UI as a browser does: GET the form, then POST its token with the
+    key, the form's cookie alongside (passed by hand: a `Secure` one would not go back over
+    plain http, where a TLS proxy would carry it). 303 with the session cookie on success."""
+    form = httpx.get(f"{url}/ui/login", headers=headers)
+    token = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)
+    cookie = f"codeplane_login={form.cookies['codeplane_login']}"
+    return httpx.post(f"{url}/ui/login", data={"key": key, "csrf": token},
+                      headers={**(headers or {}), "cookie": cookie})
+
+
+def ui_session(server: LiveServer, tenant: str = "t1") -> dict[str, str]:
+    """Cookies of a browser signed in to the web UI as `tenant` (its `caller` key)."""
+    key = caller(server, tenant)["authorization"][7:]
+    return {"codeplane_session": ui_sign_in(server.url, key).cookies["codeplane_session"]}
 
 
 def wait_end(url: str, run_id: str, headers: dict[str, str] | None = None,

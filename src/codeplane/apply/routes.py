@@ -1,4 +1,9 @@
-"""`POST /v1/apply`: merge an edit into a file's text sent by the client (nothing is stored)."""
+"""`POST /v1/apply`: merge an edit into a file's text sent by the client (nothing is stored).
+
+A merge that needs no model is free; one that uses the model (`method` "model", or "auto"
+once the deterministic merge declined) counts against the key's requests per minute, tokens
+per minute and budget like a chat call (`gateway.routes.metered`), charged with the tokens
+the model used."""
 
 from __future__ import annotations
 
@@ -7,10 +12,12 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field
 
-from codeplane.apply.api import apply_edit
+from codeplane.apply.api import ApplyResult, apply_edit
 from codeplane.core.errors import not_found, unavailable
 from codeplane.core.principal import principal_of
 from codeplane.core.schemas import WireModel
+from codeplane.gateway.router import BYTES_PER_TOKEN
+from codeplane.gateway.routes import metered
 from codeplane.models.engine import EngineCrashed
 from codeplane.models.registry import UnknownModel
 
@@ -31,9 +38,17 @@ class ApplyRequest(WireModel):
 def apply(body: ApplyRequest, request: Request) -> dict:
     """Sync route: FastAPI runs it in its thread pool; model work waits on the model's own
     worker thread like every other request for that model."""
+    engine = request.app.state.engine
+    result = None
+    if body.method != "model":  # the free path first: no model, no key limits
+        result = apply_edit(body.original, body.edit, body.path, method="deterministic")
     try:
-        result = apply_edit(body.original, body.edit, body.path, request.app.state.engine,
-                            body.model, method=body.method)
+        if result is None or (not result.ok and body.method == "auto"):
+            engine.spec(body.model)  # an unknown model is a 404 before anything is counted
+            with metered(request, _estimate(body)) as meter:
+                result = apply_edit(body.original, body.edit, body.path, engine, body.model,
+                                    method=body.method)
+                meter.used = _tokens(result)
     except UnknownModel as exc:
         raise not_found(str(exc)) from exc
     except EngineCrashed as exc:
@@ -42,3 +57,16 @@ def apply(body: ApplyRequest, request: Request) -> dict:
         "model": body.model, "ok": result.ok, "method": result.method, "format": result.format,
         "seconds": result.seconds, "output_tokens": result.output_tokens})
     return result.to_json()
+
+
+def _estimate(body: ApplyRequest) -> int:
+    """An upper-bound guess: the file and the edit as prompt, the file again as output."""
+    return 1 + (2 * len(body.original) + len(body.edit)) // BYTES_PER_TOKEN
+
+
+def _tokens(result: ApplyResult) -> int:
+    """What the model read and wrote: rewritten windows' prompts and output, plus the
+    tokens scored to rank two readings."""
+    ranking = result.stats.get("ranking") or {}
+    return result.output_tokens + result.stats.get("prompt_tokens", 0) + \
+        ranking.get("tokens", 0)

@@ -12,13 +12,20 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from codeplane.clikit import ConfigOption, JsonOption, ServerOption, console, fail, print_json
+from codeplane.clikit import (
+    ApiKeyOption,
+    ConfigOption,
+    JsonOption,
+    ServerOption,
+    console,
+    fail,
+    print_json,
+)
 from codeplane.clikit import server_url as configured_url
+from codeplane.net import api_client
 
 agents_app = typer.Typer(help="Background agents on a codeplane server: launch, watch, pull.",
                          no_args_is_help=True)
-ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="CODEPLANE_API_KEY",
-                                            help="API key (default: $CODEPLANE_API_KEY).")]
 RunId = Annotated[str, typer.Argument(help="Run id (from `agents launch` or `agents list`).")]
 
 
@@ -26,9 +33,8 @@ class Api:
     """The server's background-agents API; any error becomes a one-line CLI failure."""
 
     def __init__(self, server: str | None, api_key: str | None, config: Path | None) -> None:
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.base = configured_url(server, config) + "/v1/background-agents"
-        self.http = httpx.Client(headers=headers, timeout=60)
+        self.http = api_client(api_key)
 
     def call(self, method: str, path: str = "", **kwargs: Any) -> httpx.Response:
         try:
@@ -74,7 +80,7 @@ def launch(
     ref: Annotated[str, typer.Option(help="Branch, tag or commit to start from.")] = "HEAD",
     model: Annotated[str, typer.Option(help="Model name.")] = "code-medium",
     max_steps: Annotated[int, typer.Option(help="Maximum model turns.", min=1)] = 25,
-    json_: JsonOption = False, server: ServerOption = None, api_key: ApiKey = None,
+    json_: JsonOption = False, server: ServerOption = None, api_key: ApiKeyOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Start a background agent; prints its id at once (the run goes on on the server)."""
@@ -89,7 +95,7 @@ def launch(
 
 
 @agents_app.command("list")
-def list_runs(json_: JsonOption = False, server: ServerOption = None, api_key: ApiKey = None,
+def list_runs(json_: JsonOption = False, server: ServerOption = None, api_key: ApiKeyOption = None,
               config: ConfigOption = None) -> None:
     """Your background agents, newest first."""
     runs = Api(server, api_key, config).call("GET").json()["data"]
@@ -102,7 +108,7 @@ def list_runs(json_: JsonOption = False, server: ServerOption = None, api_key: A
 
 @agents_app.command("show")
 def show(run_id: RunId, json_: JsonOption = False, server: ServerOption = None,
-         api_key: ApiKey = None, config: ConfigOption = None) -> None:
+         api_key: ApiKeyOption = None, config: ConfigOption = None) -> None:
     """One run: status, repo, branch, commit."""
     run = Api(server, api_key, config).call("GET", f"/{run_id}").json()
     if json_:
@@ -117,7 +123,7 @@ def show(run_id: RunId, json_: JsonOption = False, server: ServerOption = None,
 def logs(run_id: RunId,
          follow: Annotated[bool, typer.Option("--follow", "-f",
                                               help="Keep watching until the run ends.")] = False,
-         json_: JsonOption = False, server: ServerOption = None, api_key: ApiKey = None,
+         json_: JsonOption = False, server: ServerOption = None, api_key: ApiKeyOption = None,
          config: ConfigOption = None) -> None:
     """The run's events: tool calls, their output, diffs, the result."""
     for event in Api(server, api_key, config).events(run_id, follow):
@@ -146,7 +152,7 @@ def describe(event: dict[str, Any]) -> str:
 
 
 @agents_app.command("cancel")
-def cancel(run_id: RunId, server: ServerOption = None, api_key: ApiKey = None,
+def cancel(run_id: RunId, server: ServerOption = None, api_key: ApiKeyOption = None,
            config: ConfigOption = None) -> None:
     """Stop a running agent (what it changed so far is still committed)."""
     got = Api(server, api_key, config).call("POST", f"/{run_id}/cancel").json()
@@ -154,7 +160,7 @@ def cancel(run_id: RunId, server: ServerOption = None, api_key: ApiKey = None,
 
 
 @agents_app.command("delete")
-def delete(run_id: RunId, server: ServerOption = None, api_key: ApiKey = None,
+def delete(run_id: RunId, server: ServerOption = None, api_key: ApiKeyOption = None,
            config: ConfigOption = None) -> None:
     """Erase a finished run on the server: record, events, patch and checkout."""
     Api(server, api_key, config).call("DELETE", f"/{run_id}")
@@ -165,7 +171,7 @@ def delete(run_id: RunId, server: ServerOption = None, api_key: ApiKey = None,
 def pull(run_id: RunId,
          path: Annotated[Path, typer.Option("--path", help="Local checkout (default: .).")]
          = Path("."),
-         server: ServerOption = None, api_key: ApiKey = None,
+         server: ServerOption = None, api_key: ApiKeyOption = None,
          config: ConfigOption = None) -> None:
     """Apply the run's patch to a local checkout as commits (`git am --3way`). On a
     conflict the checkout is left as it was and the command exits 2."""

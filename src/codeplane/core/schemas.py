@@ -1,8 +1,9 @@
 """OpenAI request bodies. Unknown fields are ignored, as OpenAI-compatible servers do.
 
-Every field is bounded, and `WireModel` refuses lone UTF-16 surrogates anywhere in a body:
-JSON may carry them (`"\\ud800"`), but they have no UTF-8 form, so the first `.encode()`
-deep in a handler would turn a client's bad input into a 500.
+Every field is bounded, and `WireModel` refuses, anywhere in a body, lone UTF-16 surrogates
+(JSON may carry them, `"\\ud800"`, but they have no UTF-8 form, so the first `.encode()` deep
+in a handler would turn a client's bad input into a 500) and nesting deeper than `MAX_DEPTH`
+(which would reach a recursion limit somewhere downstream).
 """
 
 from __future__ import annotations
@@ -13,31 +14,42 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 MAX_TOKENS = 1 << 20  # more than any context window; bounds what a client can ask for
 INT64 = 2**63 - 1
+# Deeper than any request needs (a tool's JSON schema is a few levels), and far below what
+# downstream encoders take (orjson refuses past 255 levels).
+MAX_DEPTH = 64
 
 
-def _surrogate_free(value: Any) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return False
-        return True
-    if isinstance(value, dict):
-        return all(_surrogate_free(k) and _surrogate_free(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(map(_surrogate_free, value))
-    return True
+def _problem(value: Any) -> str | None:
+    """What makes a parsed body unusable, if anything: a lone surrogate, or nesting past
+    `MAX_DEPTH`. A loop over an explicit stack, not recursion: a 900-deep body reaches
+    Python's recursion limit in a recursive walk (a 500), while JSON's own parser takes it."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return ("text holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                        "escape), which is not valid Unicode")
+        elif isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                return f"the body is nested more than {MAX_DEPTH} levels deep"
+            children = [*item, *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
 
 
 class WireModel(BaseModel):
-    """Base of request bodies: a 400 for text that cannot be encoded, before any handler."""
+    """Base of request bodies: a 400 for text that cannot be encoded or nesting too deep,
+    before any handler."""
 
     @model_validator(mode="before")
     @classmethod
     def _encodable(cls, data: Any) -> Any:
-        if not _surrogate_free(data):
-            raise ValueError("text holds a lone UTF-16 surrogate (an unpaired \\ud800-"
-                             "\\udfff escape), which is not valid Unicode")
+        problem = _problem(data)
+        if problem:
+            raise ValueError(problem)
         return data
 
 

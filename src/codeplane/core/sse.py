@@ -26,11 +26,13 @@ MAX_EVENT_ID = 2**63 - 1  # the largest integer a database column of event numbe
 def resume_after(last_event_id: str | None) -> int:
     """The event number a reconnecting SSE client saw last, from its `Last-Event-ID` header
     (0: none, send from the first). Anything that is not an event number a store can hold is
-    a 400: past 64 bits the databases' drivers raise instead of comparing."""
+    a 400: past 64 bits the databases' drivers raise instead of comparing; and ASCII digits
+    only, since `str.isdigit()` also takes `²` (a header byte 0xB2) or `١`, which `int()`
+    refuses."""
     if last_event_id is None:
         return 0
     text = last_event_id.strip()
-    if not text.isdigit() or int(text) > MAX_EVENT_ID:
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_EVENT_ID:
         raise APIError(400, "Last-Event-ID must be an event id (a non-negative 64-bit integer)",
                        param="last-event-id")
     return int(text)

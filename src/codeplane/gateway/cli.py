@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from codeplane.clikit import (
+    ApiKeyOption,
     ConfigOption,
     JsonOption,
     ServerOption,
@@ -21,6 +22,7 @@ from codeplane.clikit import (
 )
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.keys import KeyStore
+from codeplane.net import api_headers
 
 keys_app = typer.Typer(help="Issue, list and revoke the server's API keys.",
                        no_args_is_help=True)
@@ -89,16 +91,14 @@ def revoke(name: Annotated[str, typer.Argument(help="Key name or id.")],
 @gateway_app.command("status")
 def status(
     server: ServerOption = None,
-    api_key: Annotated[str | None, typer.Option(envvar="CODEPLANE_API_KEY",
-                                                help="Key, if the server requires one.")] = None,
+    api_key: ApiKeyOption = None,
     json_: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Deployments' health: circuit state, cooldown, slow-start ramp, load, latency."""
     url = server_url(server, config)
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        reply = httpx.get(f"{url}/v1/gateway/status", headers=headers, timeout=10)
+        reply = httpx.get(f"{url}/v1/gateway/status", headers=api_headers(api_key), timeout=10)
     except httpx.HTTPError as exc:
         fail(f"cannot reach {url}: {exc} (is `codeplane serve` running?)")
     if reply.status_code != 200:

@@ -13,6 +13,10 @@ reservation is also a `key_holds` row naming its replica: the tokens a killed re
 given back by whichever replica notices its lease expired (`release_dead`). Keys without a
 budget need no such check: their usage is summed in memory and written every 10 seconds.
 
+The web UI signs in with a key and then holds a session (`open_session`): a random token
+for the browser's cookie, stored as its SHA-256 with the key's id and an expiry, so the cookie
+is never the key, a sign-out deletes it, and revoking the key ends every session it had.
+
 A `keys.json` (+ `key_usage.json`) from before the database is imported once and renamed.
 """
 
@@ -38,7 +42,7 @@ from codeplane.config import ConfigError, Settings
 from codeplane.gateway.admission import SharedBuckets
 from codeplane.gateway.config import PRIORITIES
 from codeplane.storage.database import Database, DatabaseError, Replica
-from codeplane.storage.tables import api_keys, key_holds, key_rate, key_usage
+from codeplane.storage.tables import api_keys, key_holds, key_rate, key_usage, ui_sessions
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Row
@@ -130,6 +134,7 @@ class KeyStore:
             if row is None:
                 raise KeyError(name_or_id)
             conn.execute(update(api_keys).where(api_keys.c.id == row.id).values(revoked=True))
+            conn.execute(delete(ui_sessions).where(ui_sessions.c.key_id == row.id))
         key = ApiKey.from_row(row)
         key.revoked = True
         return key
@@ -173,6 +178,32 @@ class KeyStore:
         the database itself, so one created on another replica works at once. An unreadable
         database refuses every key (fail closed), never a 500."""
         return self._find(api_keys.c.hash, digest(secret))
+
+    def open_session(self, key: ApiKey, ttl_s: float) -> str:
+        """A new web-UI session for `key`, valid for `ttl_s` seconds: its token, which only
+        the browser's cookie holds. Expired sessions are dropped on the way."""
+        token, now = secrets.token_urlsafe(32), time.time()
+        with self.db.write() as conn:
+            conn.execute(delete(ui_sessions).where(ui_sessions.c.expires <= now))
+            conn.execute(ui_sessions.insert().values(id=digest(token), key_id=key.id,
+                                                     created=now, expires=now + ttl_s))
+        return token
+
+    def session_key(self, token: str) -> ApiKey | None:
+        """The active key a live session acts for; None for an unknown or expired session,
+        or one whose key was revoked (and, like `lookup`, when the database is unreadable)."""
+        try:
+            with self.db.read() as conn:
+                key_id = conn.scalar(select(ui_sessions.c.key_id).where(
+                    ui_sessions.c.id == digest(token), ui_sessions.c.expires > time.time()))
+        except DatabaseError as exc:
+            log.error("UI sessions unreadable, every session is refused: %s", exc)
+            return None
+        return self.by_id(key_id) if key_id else None
+
+    def close_session(self, token: str) -> None:
+        with self.db.write() as conn:
+            conn.execute(delete(ui_sessions).where(ui_sessions.c.id == digest(token)))
 
     def has_active(self) -> bool:
         """Any unrevoked key (from the snapshot: at most one query a second); True when the

@@ -192,12 +192,16 @@ class Gateway:
                        f"client {client.ip} is over {gw.ip_rpm} requests/min")
 
     def _reserve(self, call: Call, client: Client) -> None:
-        """Hold the call's most likely cost (prompt estimate + max_tokens) against the
-        client address's and the key's tokens per minute and the key's budget (all in the
-        database: they hold across replicas) before it starts; `_settle` swaps in the real
-        count. Each is one atomic step, and a later refusal gives back what earlier ones
-        took."""
-        tokens = estimate_tokens(call)
+        """Hold the call's most likely cost (prompt estimate + max_tokens); `_settle` swaps
+        in the real count."""
+        call.reserved = self.hold(client, estimate_tokens(call))
+
+    def hold(self, client: Client, tokens: int) -> int:
+        """Hold `tokens` against the client address's and the key's tokens per minute and
+        the key's budget (all in the database: they hold across replicas) before a call
+        starts; returns what is held, for `settle`. Each is one atomic step, and a later
+        refusal gives back what earlier ones took. Routes that run a model themselves (Tab,
+        apply) call this too, after `admit`: one set of limits for every model route."""
         key, gw = client.key, self.cfg.gateway
         if gw.ip_tpm:
             self._take(f"ip_tpm:{client.ip}", gw.ip_tpm, tokens, client,
@@ -216,13 +220,16 @@ class Gateway:
             if gw.ip_tpm:
                 self.limits.spend(f"ip_tpm:{client.ip}", gw.ip_tpm, -tokens)
             raise
-        call.reserved = tokens
+        return tokens
 
     def _settle(self, call: Call, client: Client, used: int) -> None:
         """Replace the call's reservation by the tokens it used; a second call is a no-op."""
         held, call.reserved = call.reserved, None
-        if held is None:
-            return
+        if held is not None:
+            self.settle(client, held, used)
+
+    def settle(self, client: Client, held: int, used: int) -> None:
+        """Replace what `hold` held by the tokens the call used (0: it ran nothing)."""
         if client.key is not None:
             self.keys.settle(client.key, held, used)
         if self.cfg.gateway.ip_tpm:

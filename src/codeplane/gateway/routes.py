@@ -1,5 +1,6 @@
 """HTTP face of the gateway: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
-`/v1/models` and `/v1/gateway/status`, mounted by `codeplane.server.app`.
+`/v1/models` and `/v1/gateway/status`, mounted by `codeplane.server.app`; and `metered`, with
+which routes that run a model themselves (Tab, apply) apply the same key limits.
 
 Handlers stay thin: the auth gate (`server/auth.py`) has already resolved the caller; they
 classify (priority, client address, request id), admit, then hand the body to the Gateway
@@ -11,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -98,16 +101,46 @@ async def _serve(request: Request, kind: str, body: Any, stream: bool, include_u
                             headers=headers)
         first, rest = await gateway.stream(call, client)
     except Shed as exc:
-        raise APIError(exc.status, exc.message, code=exc.code,
-                       type="rate_limit_error" if exc.status == 429 else "insufficient_quota",
-                       headers={**headers, **({"retry-after": str(exc.retry_after)}
-                                              if exc.status == 429 else {})}) from None
+        raise _refused(exc, headers) from None
     except UpstreamError as exc:
         retry = {"retry-after": str(int(exc.retry_after))} if exc.retry_after else {}
         raise APIError(exc.status, exc.message, type=exc.type, code=exc.code,
                        param=exc.param, headers={**headers, **retry}) from None
     return StreamingResponse(_sse(first, rest), media_type="text/event-stream",
                              headers=headers)
+
+
+@contextmanager
+def metered(request: Request, tokens: int) -> Iterator[Meter]:
+    """Model work a route runs itself (Tab, apply), under the caller's key limits as on
+    `/v1/chat/completions`: admitted by the key's and the address's requests per minute,
+    `tokens` (an upper-bound guess) held against tokens per minute and the budget, then
+    settled to what the block sets `meter.used` to (nothing, if it sets nothing). A refusal
+    is the same 429 (with Retry-After) or 403 `budget_exhausted`."""
+    gateway = gateway_of(request)
+    client = _client(request, gateway)
+    try:
+        gateway.admit(client)
+        held = gateway.hold(client, tokens)
+    except Shed as exc:
+        raise _refused(exc, {"x-request-id": client.request_id}) from None
+    meter = Meter()
+    try:
+        yield meter
+    finally:
+        gateway.settle(client, held, meter.used)
+
+
+@dataclass
+class Meter:
+    used: int = 0  # tokens the metered work used: prompt (cached or not) + completion
+
+
+def _refused(exc: Shed, headers: dict[str, str]) -> APIError:
+    return APIError(exc.status, exc.message, code=exc.code,
+                    type="rate_limit_error" if exc.status == 429 else "insufficient_quota",
+                    headers={**headers, **({"retry-after": str(exc.retry_after)}
+                                           if exc.status == 429 else {})})
 
 
 async def _sse(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[bytes]:

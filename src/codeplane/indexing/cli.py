@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from codeplane.clikit import (
+    ApiKeyOption,
     ConfigOption,
     JsonOption,
     ServerOption,
@@ -25,6 +26,7 @@ from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.state import workspace_dir
 from codeplane.indexing.sync import SyncReport, sync
 from codeplane.indexing.vectors import MODES, EmbedModeError
+from codeplane.net import api_client
 
 DEFAULT_INTERVAL = 180.0
 
@@ -46,6 +48,7 @@ def index_cmd(
              "vectors leave this machine). Default: indexing.embed, else server.")] = None,
     json_: JsonOption = False,
     server: ServerOption = None,
+    api_key: ApiKeyOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Index a workspace privately: only encrypted paths, line ranges and rotated vectors are
@@ -58,7 +61,7 @@ def index_cmd(
     if embed:
         cfg = cfg.model_copy(update={"indexing": {**cfg.indexing, "embed": embed}})
     root = directory.resolve()
-    _run_once(root, cfg, json_)
+    _run_once(root, cfg, json_, api_key)
     if not watch:
         return
     import watchfiles
@@ -69,17 +72,18 @@ def index_cmd(
         for _ in watchfiles.watch(root, rust_timeout=int(every * 1000), yield_on_timeout=True,
                                   watch_filter=lambda _, p: not Path(p).is_relative_to(state_dir)
                                   and "/.git/" not in p):
-            _run_once(root, cfg, json_)
+            _run_once(root, cfg, json_, api_key)
     except KeyboardInterrupt:
         return
 
 
-def _run_once(root: Path, cfg: Settings, as_json: bool) -> SyncReport:
+def _run_once(root: Path, cfg: Settings, as_json: bool, api_key: str | None) -> SyncReport:
+    http = api_client(api_key, timeout=300)  # closed by the sync
     try:
         if as_json:
-            report = sync(root, cfg)
+            report = sync(root, cfg, http=http)
         else:
-            report = _with_bar(root, cfg)
+            report = _with_bar(root, cfg, http)
     except (RemoteError, KeyFileError, EmbedModeError) as exc:
         fail(str(exc))
     if as_json:
@@ -89,13 +93,14 @@ def _run_once(root: Path, cfg: Settings, as_json: bool) -> SyncReport:
     return report
 
 
-def _with_bar(root: Path, cfg: Settings) -> SyncReport:
+def _with_bar(root: Path, cfg: Settings, http) -> SyncReport:
     columns = (TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("chunks"),
                TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("index", total=None)
         return sync(root, cfg, progress=lambda done, total: bar.update(task, completed=done,
-                                                                       total=total))
+                                                                       total=total),
+                    http=http)
 
 
 def _print_report(r: SyncReport) -> None:
@@ -125,6 +130,7 @@ def search_cmd(
              "current dir).", file_okay=False)] = None,
     json_: JsonOption = False,
     server: ServerOption = None,
+    api_key: ApiKeyOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Hybrid search (meaning and words) over an indexed workspace; snippets are read from
@@ -132,7 +138,8 @@ def search_cmd(
     cfg = _settings(config, server)
     workspace = (root or _find_root(_start_dir(path), cfg)).resolve()
     try:
-        outcome = search(workspace, query, limit, cfg, path, files=files, code=code)
+        outcome = search(workspace, query, limit, cfg, path, http=api_client(api_key),
+                         files=files, code=code)
     except IndexUnavailable as exc:
         fail(str(exc))
     if json_:

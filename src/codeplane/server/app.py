@@ -29,7 +29,9 @@ from codeplane.models.engine import Engine
 from codeplane.sandbox import routes as sandbox_routes
 from codeplane.search import routes as search_routes
 from codeplane.server.auth import AuthGate, BodyLimit, check_exposure
+from codeplane.server.edge import EdgeConfig, raise_fd_limit
 from codeplane.server.services import build_services
+from codeplane.storage.modes import tighten
 from codeplane.tab import routes as tab_routes
 
 # Open without a key: liveness only. /docs and /openapi.json stay behind the gate (deny by
@@ -42,7 +44,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        settings.server_dir.mkdir(parents=True, exist_ok=True)
+        tighten(settings.server_dir)  # 0700/0600, whatever an older version left
         freeze_startup_objects()
         yield
         await services.aclose()
@@ -95,8 +97,9 @@ def open_paths(settings: Settings) -> frozenset[str]:
 def serve(settings: Settings, host: str, port: int, log_level: str = "info",
           workers: int = 1) -> None:
     """Build the app (a bad config fails here, before binding), refuse a non-loopback bind
-    that could not authenticate anyone, then run uvicorn: in this process, or in `workers`
-    processes sharing one listening socket, each building its own app."""
+    that could not authenticate anyone, then run uvicorn behind the edge's limits
+    (`server/edge.py`): in this process, or in `workers` processes sharing one listening
+    socket, each building its own app."""
     import functools
 
     import uvicorn
@@ -111,21 +114,25 @@ def serve(settings: Settings, host: str, port: int, log_level: str = "info",
     app = create_app(settings)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # proxy_headers=False: uvicorn would otherwise rewrite the peer address from
-    # X-Forwarded-For for any loopback peer; the gate alone decides whom to believe.
+    raise_fd_limit()
     options = {"host": host, "port": port, "log_level": log_level,
-               "timeout_graceful_shutdown": 5, "proxy_headers": False}
+               "timeout_graceful_shutdown": 5}
     if workers == 1:
-        uvicorn.run(app, **options)
+        config = EdgeConfig(app, settings.serve, **options)
+        logging.getLogger("codeplane.server").info(
+            "edge: %s connections at most (%s per client address), headers within %gs",
+            config.edge.max_connections, config.edge.max_connections_per_ip,
+            config.edge.header_timeout_s)
+        uvicorn.Server(config).run()
         return
     # this app only proved the config: each worker builds and owns its own services, so the
     # supervisor holds no lease, warm sandboxes or model of its own
     asyncio.run(app.state.services.aclose())
-    # uvicorn.run wants an import string for workers; a factory keeps these settings (the
-    # CLI's overrides included). Each worker process builds its own services.
+    # A factory keeps these settings (the CLI's overrides included) for the workers: each
+    # worker process builds its own services.
     # The supervisor kills a worker that does not answer its ping in time (uvicorn's
     # default: 5 s). Building the app takes longer than that on a loaded machine, so every
     # worker was killed while starting and the server never came up: allow 30 s.
-    config = uvicorn.Config(functools.partial(create_app, settings), factory=True,
-                            workers=workers, timeout_worker_healthcheck=30, **options)
+    config = EdgeConfig(functools.partial(create_app, settings), settings.serve, factory=True,
+                        workers=workers, timeout_worker_healthcheck=30, **options)
     Multiprocess(config, sockets=[config.bind_socket()]).run()

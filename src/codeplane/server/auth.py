@@ -11,18 +11,25 @@ Who needs a key (`[gateway] auth`):
 - `"auto"` (a laptop): requests from this machine to a loopback-bound server need none; any
   other request does. A request carrying `X-Forwarded-For`, `Forwarded` or `X-Real-IP` was
   relayed by a proxy and counts as remote, unless the peer is in `serve.trusted_proxies`;
-  then the address the proxy reports decides.
+  then the address the proxy reports decides, read from the one header it sets
+  (`serve.proxy_header`), right-most entry: a proxy appends its hop after whatever the client
+  sent, and passes the headers it does not set on untouched, so nothing else in them can be
+  believed. Behind a trusted proxy that address is also the client's for per-IP limits and
+  logs, and the scheme it reports (`X-Forwarded-Proto`, or `proto=` of `Forwarded`) is the
+  request's (the UI's cookie is `Secure` behind a TLS proxy).
 - `"off"`: none (loopback binds only: `check_exposure` refuses it on any other address).
 A key that is sent is always checked: unknown and revoked keys get 401 in every mode. The one
 exception is a server that has no active key at all, on a request it would serve without one:
 OpenAI SDKs insist on sending some placeholder key, and refusing it on a keyless laptop would
 protect nothing.
 
-The web UI (`/ui`) signs in by storing the key in an HttpOnly, SameSite=Strict cookie
-(`UI_COOKIE`), read only when no header carries a key. A cookie is sent by the browser on its
-own, so for any method other than GET/HEAD it counts only with the `X-Codeplane-UI` header,
-which a cross-site form or image cannot set (cross-site request forgery). A browser asking
-for a `/ui` page without a key is sent to the sign-in page instead of a JSON 401.
+The web UI (`/ui`) signs in to a server-side session (`background/web.py`): its token is in an
+HttpOnly, SameSite=Strict cookie (`UI_COOKIE`), read only when no header carries a key, and
+stands for the session's key while the session lives (`KeyStore.session_key`). A cookie is
+sent by the browser on its own, so for any method other than GET/HEAD it counts only with the
+`X-Codeplane-UI` header, which a cross-site form or image cannot set (cross-site request
+forgery). A browser asking for a `/ui` page without a key is sent to the sign-in page instead
+of a JSON 401.
 """
 
 from __future__ import annotations
@@ -77,13 +84,18 @@ class AuthGate:
         self.app, self.keys, self.mode, self.open_paths = app, keys, mode, open_paths
         self.bind_loopback = is_loopback(serve.host)
         self.trusted = trusted_networks(serve)
+        self.proxy_header = serve.proxy_header
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        principal = self.principal(scope)
+        opened = scope["path"] in self.open_paths
+        principal = None if opened else self.principal(scope)  # by the real peer, then
         self._believe_proxy(scope)
+        if opened:
+            await self.app(scope, receive, send)
+            return
         if principal is None:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
@@ -97,12 +109,14 @@ class AuthGate:
 
     def principal(self, scope: Scope) -> Principal | None:
         headers = Headers(scope=scope)
-        secret = _secret(headers) or _cookie_secret(scope, headers)
-        key = self.keys.lookup(secret) if secret else None
+        secret = _secret(headers)
+        session = "" if secret else _session_token(scope, headers)
+        key = self.keys.lookup(secret) if secret else \
+            self.keys.session_key(session) if session else None
         if key is not None:
             return Principal(key.tenant, key.id, key.name)
         anonymous = self.mode == "off" or (self.mode == "auto" and self._local(scope, headers))
-        if secret and not (anonymous and not self.keys.has_active()):
+        if (secret or session) and not (anonymous and not self.keys.has_active()):
             return None  # a wrong or revoked key is refused, not downgraded to anonymous
         return Principal(LOCAL_TENANT) if anonymous else None
 
@@ -118,18 +132,23 @@ class AuthGate:
             return True
         if not self._trusted(peer):
             return False  # relayed by a proxy we were not told to believe: remote
-        return is_loopback(_forwarded_client(headers))
+        return is_loopback(_forwarded_client(headers, self.proxy_header))
 
     def _believe_proxy(self, scope: Scope) -> None:
-        """Behind a trusted proxy, the client is who the proxy says (per-IP limits, logs)."""
+        """Behind a trusted proxy, the client and the scheme are what the proxy says."""
         peer = (scope.get("client") or ("",))[0]
+        if not self._trusted(peer):
+            return
         headers = Headers(scope=scope)
-        if self._trusted(peer) and any(name in headers for name in FORWARDED):
-            client = _forwarded_client(headers)
-            if client:
-                scope["client"] = (client, 0)
+        client = _forwarded_client(headers, self.proxy_header)
+        if client:
+            scope["client"] = (client, 0)
+        if scope["type"] == "http" and _forwarded_proto(headers, self.proxy_header) == "https":
+            scope["scheme"] = "https"
 
     def _trusted(self, peer: str) -> bool:
+        if not self.trusted:
+            return False
         try:
             address = ipaddress.ip_address(peer)
         except ValueError:
@@ -144,8 +163,9 @@ def _secret(headers: Headers) -> str:
     return (headers.get("x-api-key") or bearer).strip()
 
 
-def _cookie_secret(scope: Scope, headers: Headers) -> str:
-    """The web UI's key from its cookie; on unsafe methods only with the UI header."""
+def _session_token(scope: Scope, headers: Headers) -> str:
+    """The web UI's session token from its cookie; on unsafe methods only with the UI
+    header."""
     if scope["type"] == "http" and scope["method"] not in SAFE_METHODS \
             and headers.get(UI_HEADER) != "1":
         return ""
@@ -158,20 +178,40 @@ async def _redirect(send: Send, location: str) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-def _forwarded_client(headers: Headers) -> str:
-    """The address a trusted proxy says it received the request from: the last hop it added
-    (earlier entries come from the client and prove nothing)."""
-    if "x-forwarded-for" in headers:
-        return headers["x-forwarded-for"].split(",")[-1].strip()
-    if "x-real-ip" in headers:
-        return headers["x-real-ip"].strip()
-    last = headers["forwarded"].split(",")[-1]
-    for part in last.split(";"):
-        name, _, value = part.strip().partition("=")
-        if name.lower() == "for":
-            value = value.strip('"')
-            return value[1:value.find("]")] if value.startswith("[") else value.split(":")[0]
+def _last_hop(headers: Headers, name: str) -> str:
+    """The right-most entry of a list-valued header, over all its lines: what the nearest
+    proxy added (entries to its left, and earlier lines, came from further away)."""
+    return ",".join(headers.getlist(name)).rsplit(",", 1)[-1].strip()
+
+
+def _forwarded_param(element: str, param: str) -> str:
+    """One parameter of a `Forwarded` element (RFC 7239), unquoted."""
+    for pair in element.split(";"):
+        name, _, value = pair.strip().partition("=")
+        if name.lower() == param:
+            return value.strip().strip('"')
     return ""
+
+
+def _forwarded_client(headers: Headers, proxy_header: str | None) -> str:
+    """The client address the trusted proxy wrote into `proxy_header`; "" when it wrote
+    none, or something that is not an address ("unknown", an obfuscated name)."""
+    if proxy_header is None:
+        return ""
+    value = _last_hop(headers, proxy_header)
+    if proxy_header == "forwarded":
+        value = _forwarded_param(value, "for")
+        value = value[1:value.find("]")] if value.startswith("[") else value.split(":")[0]
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        return ""
+
+
+def _forwarded_proto(headers: Headers, proxy_header: str | None) -> str:
+    if proxy_header == "forwarded":
+        return _forwarded_param(_last_hop(headers, "forwarded"), "proto").lower()
+    return _last_hop(headers, "x-forwarded-proto").lower()
 
 
 class BodyTooLarge(HTTPException):

@@ -41,6 +41,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError, ProgrammingError, SQ
 from codeplane.config import ConfigError, Settings
 from codeplane.core.procs import started_at
 from codeplane.storage import tables
+from codeplane.storage.modes import private_dir, private_file, private_sqlite
 
 log = logging.getLogger("codeplane.storage")
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -71,7 +72,7 @@ class Database:
         schema brought to the newest revision unless `upgrade` is False."""
         url = settings.storage.database
         if not url:
-            settings.server_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(settings.server_dir)
             url = f"sqlite:///{settings.server_dir / DEFAULT_NAME}"
         db = cls(url)
         if upgrade:
@@ -167,7 +168,7 @@ class Database:
         if self.shared or not path or path == ":memory:":
             yield
             return
-        with open(f"{path}.migrate.lock", "a") as fh:
+        with private_file(Path(f"{path}.migrate.lock")).open("a") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             yield
 
@@ -274,6 +275,7 @@ def _engine(url: str, dialect: str) -> Engine:
     path = make_url(url).database
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        private_sqlite(Path(path))
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
     @event.listens_for(engine, "connect")

@@ -187,3 +187,15 @@ rate_buckets = Table(
     Column("updated", Float, nullable=False),
     Index("rate_buckets_by_updated", "updated"),
 )
+
+# The web UI's sessions: the SHA-256 of the token in the browser's cookie (never the token),
+# the key it acts for (revoking the key ends them) and when it expires (`gateway/keys.py`).
+ui_sessions = Table(
+    "ui_sessions", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("key_id", String(16), nullable=False),
+    Column("created", Float, nullable=False),
+    Column("expires", Float, nullable=False),
+    Index("ui_sessions_by_key", "key_id"),
+    Index("ui_sessions_by_expiry", "expires"),
+)

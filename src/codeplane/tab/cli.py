@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from codeplane.clikit import (
+    ApiKeyOption,
     ConfigOption,
     JsonOption,
     ServerOption,
@@ -23,9 +24,6 @@ from codeplane.tab.client import TabClientError, check_transport
 from codeplane.tab.client import complete as request_completion
 from codeplane.tab.client import feedback as send_feedback
 from codeplane.tab.context import Budget, build_request, offset_of
-
-ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="CODEPLANE_API_KEY",
-                                            help="API key (default: $CODEPLANE_API_KEY).")]
 
 
 class Outcome(StrEnum):
@@ -43,7 +41,7 @@ def complete(
     min_confidence: Annotated[float | None, typer.Option(
         min=0.0, max=1.0, help="Hide suggestions less likely than this (0 shows all).")] = None,
     json_: JsonOption = False,
-    api_key: ApiKey = None,
+    api_key: ApiKeyOption = None,
     server: ServerOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -81,7 +79,7 @@ def tab_feedback(
     shown_ms: Annotated[float, typer.Option(min=0, max=86_400_000,
                                             help="How long it was on screen.")] = 0.0,
     json_: JsonOption = False,
-    api_key: ApiKey = None,
+    api_key: ApiKeyOption = None,
     server: ServerOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -110,7 +108,7 @@ def lsp(
         help="Send definitions of names near the cursor, found in the workspace's files, "
              "as context (off by default: no accuracy gain measured yet, docs/tab.md).")
     ] = False,
-    api_key: ApiKey = None,
+    api_key: ApiKeyOption = None,
     server: ServerOption = None,
     config: ConfigOption = None,
 ) -> None:

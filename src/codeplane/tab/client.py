@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from codeplane.net import is_loopback
+from codeplane.net import api_headers, is_loopback
 
 
 class TabClientError(Exception):
@@ -37,11 +37,6 @@ def _error(response: httpx.Response) -> TabClientError:
     return TabClientError(f"server answered {response.status_code}: {message}")
 
 
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """A server with keys (`[gateway] auth`) wants `Authorization: Bearer <key>`."""
-    return {"authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def complete(server: str, body: dict, api_key: str | None = None, timeout: float = 60.0
              ) -> dict:
     return _post(server, "/v1/tab", body, api_key, timeout)
@@ -61,7 +56,7 @@ def _verdict(suggestion_id: str, outcome: str, shown_ms: float) -> dict:
 def _post(server: str, route: str, body: dict, api_key: str | None, timeout: float) -> dict:
     url = check_transport(server)
     try:
-        response = httpx.post(f"{url}{route}", json=body, headers=auth_headers(api_key),
+        response = httpx.post(f"{url}{route}", json=body, headers=api_headers(api_key),
                               timeout=timeout)
     except httpx.HTTPError as exc:
         raise TabClientError(f"cannot reach {url}: {exc!r}") from None
@@ -75,7 +70,7 @@ class AsyncTabClient:
 
     def __init__(self, server: str, api_key: str | None = None, timeout: float = 30.0) -> None:
         self.url = check_transport(server)
-        self._http = httpx.AsyncClient(timeout=timeout, headers=auth_headers(api_key))
+        self._http = httpx.AsyncClient(timeout=timeout, headers=api_headers(api_key))
 
     async def complete(self, body: dict) -> dict:
         return await self._post("/v1/tab", body)

@@ -3,6 +3,8 @@
 Client guidance (also in docs/tab.md): call on every keystroke with the same `cursor_id`; do
 not wait for the previous answer (the server cancels it) and debounce only the model path -
 cache and typed-ahead answers come back in a few milliseconds, so checking them first is free.
+Free for the key too: only a model call counts against its requests per minute, tokens per
+minute and budget (`gateway.routes.metered`), charged with the tokens it used.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from fastapi import APIRouter, Request
 
 from codeplane.core.errors import APIError, not_found, unavailable
 from codeplane.core.principal import principal_of
+from codeplane.gateway.router import BYTES_PER_TOKEN
+from codeplane.gateway.routes import metered
 from codeplane.models.engine import ContextOverflow, Engine, EngineCrashed, Unsupported
 from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
 from codeplane.tab.backend import UpstreamError
 from codeplane.tab.feedback import Feedback
-from codeplane.tab.service import TabRequest, TabService
+from codeplane.tab.service import TabRequest, TabResult, TabService
 
 router = APIRouter()
 
@@ -33,7 +37,7 @@ async def tab(body: TabRequest, request: Request) -> dict:
         _require_fim(svc.engine, body.model or svc.settings.model)
     tenant = principal_of(request).tenant
     try:
-        result = await svc.complete(body, tenant)
+        result = await _complete(svc, body, tenant, request)
     except ContextOverflow as exc:
         raise APIError(400, str(exc), code="context_length_exceeded") from None
     except Unsupported as exc:
@@ -52,6 +56,29 @@ async def tab(body: TabRequest, request: Request) -> dict:
         request.app.state.services.events.record("tab_shown", tenant, fields)
         svc.shown.remember(tenant, result.id, fields)
     return result.to_json()
+
+
+async def _complete(svc: TabService, body: TabRequest, tenant: str,
+                    request: Request) -> TabResult:
+    """The fast paths first (cache, typed-ahead, mid-line skip: no model, no charge), then,
+    if the model is needed, the model call under the key's limits."""
+    if body.fast_only:
+        return await svc.complete(body, tenant)
+    fast = await svc.complete(body.model_copy(update={"fast_only": True}), tenant)
+    if fast.source != "miss":
+        return fast
+    with metered(request, _estimate(svc, body)) as meter:
+        result = await svc.complete(body, tenant)
+        meter.used = result.prompt_tokens + result.completion_tokens
+    return result
+
+
+def _estimate(svc: TabService, body: TabRequest) -> int:
+    """At most the prompt the service builds (capped at `max_prompt_tokens`) plus the
+    longest suggestion it may decode."""
+    text = len(body.prefix) + len(body.suffix) + sum(len(s.text) for s in body.context)
+    prompt = min(1 + text // BYTES_PER_TOKEN, svc.settings.max_prompt_tokens)
+    return prompt + (body.max_tokens or svc.settings.max_tokens_multiline)
 
 
 @router.post("/v1/tab/feedback")
