@@ -124,17 +124,16 @@ def test_warm_start_imitates_the_solvers_solved_episodes(settings, tmp_path: Pat
     sys.path.insert(0, str(Path(__file__).parent))
     from helpers import make_repo
 
-    from codeplane.rl.env import EnvConfig, EnvServer
-    from codeplane.rl.rollout import RolloutConfig, run_episode
+    from codeplane.rl.env import EnvServer
+    from codeplane.rl.rollout import RolloutConfig, play
     from codeplane.rl.tasks import locate_tasks
     from codeplane.rl.warmstart import GrepSolver, demonstrations
 
     trainer = PolicyTrainer(CONFIG, settings)
     tasks = locate_tasks("shapes", make_repo(tmp_path / "shapes"), instruction="grep")
-    env = EnvServer(EnvConfig(tools=("grep",), prompt="task"), scratch=str(tmp_path))
-    config = RolloutConfig(max_turns=2, answer_turn=True, temperature=0.0)
-    episodes = [run_episode(GrepSolver(trainer.policy), env, env.tools(), t, "g", config)
-                for t in tasks]
+    env = EnvServer(scratch=str(tmp_path))
+    config = RolloutConfig(max_turns=2, answer_turn=True, temperature=0.0, toolset="core")
+    episodes = [play(GrepSolver(trainer.policy), env, t, "g", config) for t in tasks]
     env.close()
     assert [e.reward for e in episodes] == [1.0] * len(tasks)
     demos = demonstrations(episodes)
