@@ -14,7 +14,8 @@ import pytest
 from upstreams.scripted import ScriptedModel, run_server, wait_end
 
 from codeplane.agent.env import local_environment
-from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel, Transcript
+from codeplane.agent.loop import Agent, AgentConfig, StepOutcome, Transcript
+from codeplane.core.chat import HttpChatModel
 
 
 @pytest.fixture
@@ -114,6 +115,69 @@ def test_code_or_fake_results_instead_of_calls_get_hints(scripted, repo) -> None
     assert "Do not write <tool_call> or <tool_response>" in hints[1]
     assert "You showed code, but no file has changed" in hints[2]
     assert [r["tool_choice"] for r in scripted.requests] == ["required", "auto", "required"]
+
+
+FAKE_RESULT = "<tool_response>\na.py (lines 1-1 of 1):\nA = 1\n</tool_response>"
+INVENTED = '{"name": "fix_bug", "arguments": {"path": "a.py"}}'
+
+
+@pytest.mark.parametrize("hooks", [(), None], ids=["no hooks", "product hooks"])
+@pytest.mark.parametrize(("reply", "hint"), [(FAKE_RESULT, "Do not write <tool_call>"),
+                                             (INVENTED, "error: fix_bug is not a tool")],
+                         ids=["fake result", "call as text"])
+def test_markup_is_never_the_answer(scripted, repo, hooks, reply, hint) -> None:
+    """A reply that imitates a tool result, or is a call of no tool written as text, gets a
+    hint with or without the hooks; one that keeps doing so once the hints are used up ends
+    the run `malformed`, never `completed` with the markup as its answer."""
+    scripted.script = [{"content": reply}] * 4
+    kwargs = {} if hooks is None else {"hooks": hooks}
+    agent = Agent(HttpChatModel(scripted.url, "scripted"), local_environment(repo),
+                  AgentConfig(required_steps=0), **kwargs)
+    result = agent.run("what is A?")
+    assert result.status == "malformed" and result.answer == "" and result.steps == 4
+    hints = [m["content"] for m in scripted.requests[-1]["messages"] if m["role"] == "user"]
+    assert len(hints) == 4 and all(h.startswith(hint) for h in hints[1:])
+
+
+def test_a_call_written_as_text_runs_without_hooks(scripted, repo) -> None:
+    """A provider that does not parse the Hermes format sends the call as text: the
+    product's tool-call parser finds it, it runs, and the history shows it as a call."""
+    tagged = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+    scripted.script = [{"content": tagged}, {"content": "A is 1."}]
+    agent = Agent(HttpChatModel(scripted.url, "scripted"), local_environment(repo), hooks=())
+    events: list[dict] = []
+    agent.listeners.append(events.append)
+    result = agent.run("what is A?")
+    assert result.status == "completed" and result.answer == "A is 1." and result.tool_calls == 1
+    assert next(e for e in events if e["type"] == "call_repair")["hook"] == "parser"
+    second = scripted.requests[1]["messages"]
+    assert second[-2]["content"] == "" and second[-2]["tool_calls"][0]["function"] == {
+        "name": "read_file", "arguments": '{"path": "a.py"}'}
+    assert second[-1]["content"] == "a.py (lines 1-1 of 1):\nA = 1"
+
+
+def test_the_answer_turn_is_asked_without_tools_and_runs_no_call(scripted, repo) -> None:
+    scripted.script = [{"calls": [("list_dir", {})]}, {"content": "a.py and b.py"}]
+    result = agent_for(scripted, repo, max_steps=2, answer_turn=True).run("list the files")
+    assert [r["tool_choice"] for r in scripted.requests] == ["required", "none"]
+    assert result.status == "completed" and result.answer == "a.py and b.py"
+    scripted.reset().script = [{"calls": [("list_dir", {})]}] * 2
+    result = agent_for(scripted, repo, max_steps=2, answer_turn=True).run("list the files")
+    assert result.status == "malformed" and result.tool_calls == 1  # its call did not run
+
+
+def test_the_loop_is_steppable(scripted, repo) -> None:
+    """What `run` does, a turn at a time (how an RL rollout drives the product's loop)."""
+    scripted.script = [{"calls": [("list_dir", {})]}, {"content": "Two files."}]
+    agent = agent_for(scripted, repo, max_steps=3)
+    agent.start("how many files are there?")
+    assert [m["role"] for m in agent.messages] == ["system", "user"]
+    assert agent.step() == StepOutcome() and agent.messages[-1]["role"] == "tool"
+    assert agent.step() == StepOutcome("completed", "Two files.")
+    agent.close()
+    result = agent.finish("completed", "Two files.")
+    assert result.steps == 2 and result.tool_calls == 1
+    assert agent.messages[-1] == {"role": "assistant", "content": "Two files."}
 
 
 def test_invented_tool_name_with_fitting_arguments_is_repaired(scripted, repo) -> None:

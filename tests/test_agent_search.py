@@ -15,8 +15,9 @@ from upstreams.scripted import ScriptedModel
 
 from codeplane.agent import tools as T
 from codeplane.agent.env import local_environment
-from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel
+from codeplane.agent.loop import Agent, AgentConfig
 from codeplane.agent.prompts import SEARCH_STEP
+from codeplane.core.chat import HttpChatModel
 from codeplane.indexing.sync import sync
 from codeplane.server.app import create_app
 

@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from codeplane.agent import tools as T
 from codeplane.agent.env import Environment, local_environment
-from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel
+from codeplane.agent.loop import Agent, AgentConfig
 from codeplane.cli import app
+from codeplane.core.chat import HttpChatModel
 from codeplane.sandbox import BACKENDS, Limits
 
 CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"

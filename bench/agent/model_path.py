@@ -23,9 +23,8 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from codeplane.agent.loop import HttpChatModel
 from codeplane.config import load_settings
-from codeplane.core.chat import ChatModel, Sampling
+from codeplane.core.chat import ChatModel, HttpChatModel, Sampling
 from codeplane.core.metrics import Metrics
 from codeplane.gateway.client import GatewayChatModel
 from codeplane.gateway.router import Client, Gateway

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from codeplane.agent.env import local_environment
-from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel
+from codeplane.agent.loop import Agent, AgentConfig
+from codeplane.core.chat import HttpChatModel
 
 REPO = Path(__file__).resolve().parents[2]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

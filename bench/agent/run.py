@@ -44,8 +44,9 @@ import time
 from pathlib import Path
 
 from codeplane.agent.env import local_environment
-from codeplane.agent.loop import Agent, AgentConfig, HttpChatModel, Transcript
+from codeplane.agent.loop import Agent, AgentConfig, Transcript
 from codeplane.agent.tools import Toolset, default_toolset
+from codeplane.core.chat import HttpChatModel
 from codeplane.sandbox import BwrapRunner, Limits
 
 HERE = Path(__file__).resolve().parent

@@ -4,10 +4,10 @@ toolz sdist): how many faults of each kind, how many episodes were retried or ma
 whether the trainer ever saw an exception (the goal: zero trainer crashes).
 
 Faults take their real paths (`rl/env.py`): the environment actor's process exits (sandbox
-killed), a tool call or the verifier raises. Each episode makes two fault-checked calls (one
-tool turn, one verify), so a per-call rate of 2.53 % faults 5 % of episode attempts. The policy
-is scripted (one grep, then the answer) and the trainer a stand-in: this measures the rollout
-side, not learning.
+killed), a command or the verifier raises. Each episode makes three fault-checked calls (the
+agent lists the workspace with ripgrep, its one grep, the verify), so a per-call rate of 1.70 %
+faults 5 % of episode attempts. The policy is scripted (one grep, then the answer) and the
+trainer a stand-in: this measures the rollout side, not learning.
 
     flock /tmp/codeplane-cpu.lock python bench/rl/faults.py
 """
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--episode-fault-rate", type=float, default=0.05)
     parser.add_argument("--in-flight", type=int, default=4)
     args = parser.parse_args()
-    per_call = 1 - (1 - args.episode_fault_rate) ** 0.5
+    per_call = 1 - (1 - args.episode_fault_rate) ** (1 / 3)
     group, groups = 4, 2
     with tempfile.TemporaryDirectory(prefix="rl-faults-") as tmp:
         config = RunConfig.model_validate({

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from helpers import make_repo, require_ray
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "rl"
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -84,8 +85,11 @@ num_cpus = 2
      "rollout.group_sise: Extra inputs are not permitted"),
     ("[tasks]\ntrain = ['x==1']\nheldout = ['x==1']\n", "the split is by repository"),
     ("steps = [", "not valid TOML"),
-    ("[tasks]\ntrain_dirs = ['a']\nfamily = 'testfix'\n[env]\nprompt = 'task'\n",
-     "the locate family's short prompt"),
+    # a training-only prompt or toolset is gone: episodes see what the product shows
+    ("[tasks]\ntrain_dirs = ['a']\n[env]\nprompt = 'task'\n",
+     "env.prompt: Extra inputs are not permitted"),
+    ("[tasks]\ntrain_dirs = ['a']\n[env]\ntools = ['grep']\n",
+     "env.tools: Extra inputs are not permitted"),
     ("trainer_kind = 'none'\n[tasks]\ntrain_dirs = ['nowhere']\n",
      "not directories"),
     ("[tasks]\ntrain_dirs = ['a']\n[warm_start]\nsteps = 2\n", "instruction = \"grep\""),
@@ -150,9 +154,17 @@ def test_a_killed_run_resumes_with_the_same_data_and_a_failing_trainer_restarts(
     assert first.seen + resumed.seen == whole.seen
 
 
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_the_example_configs_are_valid(example) -> None:
+    from codeplane.rl.config import load_config
+
+    assert load_config(example).steps >= 1
+
+
 def test_a_run_trains_through_the_loop_its_config_names_and_records_it(tmp_path) -> None:
-    """`[rollout] hooks` reaches the episodes in the Ray environment servers and is
-    recorded per step and in the final object."""
+    """`[rollout] hooks` reaches the episodes, whose agents talk to the Ray environment
+    servers, and is recorded per step and in the final object; `transcripts` keeps each
+    episode's events in the product's transcript format."""
     require_ray()
     from helpers import GrepPolicy
 
@@ -165,8 +177,16 @@ def test_a_run_trains_through_the_loop_its_config_names_and_records_it(tmp_path)
         "steps": 1, "out": str(tmp_path / "out"), "trainer_kind": "none",
         "tasks": {"train_dirs": [str(tmp_path / "repo")]},
         "rollout": {"in_flight": 2, "group_size": 2, "groups_per_step": 1,
-                    "hooks": "product"}})
+                    "hooks": "product", "transcripts": True}})
     summary = Run(config).train(GrepPolicy(), None)
     assert summary["hooks"] == list(PRODUCT_HOOKS) and summary["reward_last"] == 1.0
     line = json.loads((tmp_path / "out" / "steps.jsonl").read_text().splitlines()[0])
     assert line["hooks"] == list(PRODUCT_HOOKS) and line["repairs"] == {}
+    assert line["statuses"] == {"completed": 2}
+    # step 0's two episodes (workers may have started step 1's: staleness 1)
+    transcripts = sorted((tmp_path / "out" / "transcripts").glob("*.jsonl"))
+    assert [t.name for t in transcripts][:2] == ["000000-0.jsonl", "000001-0.jsonl"]
+    for transcript in transcripts[:2]:
+        events = [json.loads(x) for x in transcript.read_text().splitlines()]
+        assert events[0]["hooks"] == list(PRODUCT_HOOKS)
+        assert events[-1]["type"] == "run_end" and events[-1]["status"] == "completed"

@@ -145,9 +145,9 @@ def test_a_broken_adapter_is_refused(engine, tmp_path: Path):
 
 
 def test_required_tool_choice_is_a_grammar_constrained_call(engine, tmp_path: Path):
-    """`[rollout] first_call`: tool_choice "required" makes llama.cpp decode through the
-    product's tool-call grammar, so a turn code-small answers in prose (arithmetic) becomes
-    a parsed call of one of the tools."""
+    """`[rollout] required_steps` (the agent's first turns): tool_choice "required" makes
+    llama.cpp decode through the product's tool-call grammar, so a turn code-small answers
+    in prose (arithmetic) becomes a parsed call of one of the tools."""
     sampler = LlamaSampler(engine, "code-small", tmp_path / "adapters", LORA.alpha, seed=5)
     ask = [{"role": "user", "content": "What is 2 + 2? Answer with the number only."}]
     free = sampler.complete(ask, TOOLS, Sampling(48, 0.0, "auto"))

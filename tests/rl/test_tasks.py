@@ -1,7 +1,7 @@
-"""The locate task family as the learning-curve run uses it (examples/rl/curve.toml): the
-family's own short prompt, two tools, and an instruction whose recipe (grep a few words of
-the quoted docstring, answer with the hit's path:line) earns the full reward through the real
-sandbox, the product's grep and the verifier."""
+"""The locate task family as the learning-curve run uses it (examples/rl/curve.toml): an
+instruction whose recipe (grep a few words of the quoted docstring, answer with the hit's
+path:line) earns the full reward through the real sandbox, the product's grep and the
+verifier."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import make_repo
 
-from codeplane.rl.env import EnvConfig, EnvServer
-from codeplane.rl.tasks import SYSTEM, grep_pattern, locate_tasks, score
+from codeplane.agent.env import Environment
+from codeplane.agent.tools import default_toolset
+from codeplane.rl.env import EnvServer
+from codeplane.rl.tasks import grep_pattern, locate_tasks, score
 
 
 @pytest.fixture
@@ -24,40 +26,23 @@ def tasks(tmp_path: Path):
     return locate_tasks("shapes", make_repo(tmp_path / "shapes"))
 
 
-def _grep(server: EnvServer, pattern: str) -> str:
-    call = {"id": "c1", "type": "function",
-            "function": {"name": "grep", "arguments": json.dumps({"pattern": pattern})}}
-    return server.step([call])[0]["content"]
+def _grep(env: Environment, pattern: str) -> str:
+    return default_toolset().execute(env, "grep", {"pattern": pattern}).output
 
 
-def test_task_prompt_is_the_family_prompt_and_the_bare_instruction(tasks, tmp_path) -> None:
-    server = EnvServer(EnvConfig(tools=("grep", "read_file"), prompt="task"), scratch=str(tmp_path))
-    task = tasks[0]
-    messages = server.reset(task)
-    assert messages == [{"role": "system", "content": SYSTEM},
-                        {"role": "user", "content": task.instruction}]
-    assert [t["function"]["name"] for t in server.tools()] == ["grep", "read_file"]
-    # the instruction names the tool and the format, and gives no example path to copy
-    # (code-small answered with the example's path instead of searching)
-    assert "grep" in task.instruction and "path:line" in task.instruction
-    assert "pkg/mod.py" not in task.instruction
-    server.close()
-
-
-def test_agent_prompt_is_unchanged_by_default(tasks, tmp_path) -> None:
-    server = EnvServer(scratch=str(tmp_path))
-    messages = server.reset(tasks[0])
-    assert messages[0]["content"] != SYSTEM and "pkg/shapes.py" in messages[1]["content"]
-    assert len(server.tools()) == 7
-    server.close()
+def test_the_instruction_names_the_tool_and_the_answer_format(tasks) -> None:
+    """...and gives no example path to copy (code-small answered with the example's path
+    instead of searching)."""
+    assert all("grep" in t.instruction and "path:line" in t.instruction for t in tasks)
+    assert not any("pkg/mod.py" in t.instruction for t in tasks)
 
 
 def test_the_instructions_recipe_earns_full_reward_on_every_task(tasks, tmp_path) -> None:
-    server = EnvServer(EnvConfig(tools=("grep", "read_file"), prompt="task"), scratch=str(tmp_path))
+    server = EnvServer(scratch=str(tmp_path))
     for task in tasks:
-        server.reset(task)
+        env = server.open(task)
         summary = task.instruction.split('"')[1]
-        hits = _grep(server, " ".join(summary.split()[:3])).splitlines()
+        hits = _grep(env, " ".join(summary.split()[:3])).splitlines()
         hit = next(h for h in hits if h.startswith(task.path + ":"))
         assert server.verify(hit) == 1.0  # grep's own path:line:text line is an answer
         assert server.verify(":".join(hit.split(":")[:2])) == 1.0  # and path:line alone
@@ -74,11 +59,11 @@ def test_grep_instruction_names_a_pattern_that_finds_the_definition(tmp_path) ->
     """The "grep" wording names the call; its pattern, run by the product's grep in the
     sandbox, prints a line inside the definition, so `path:line` of that hit scores 1."""
     tasks = locate_tasks("shapes", make_repo(tmp_path / "shapes"), instruction="grep")
-    server = EnvServer(EnvConfig(tools=("grep",), prompt="task"), scratch=str(tmp_path))
+    server = EnvServer(scratch=str(tmp_path))
     for task in tasks:
         named = json.loads(re.search(r"Call grep with (\{.*?\})", task.instruction).group(1))
-        server.reset(task)
-        hit = re.match(r"([^:\n]+):(\d+):", _grep(server, named["pattern"]))
+        env = server.open(task)
+        hit = re.match(r"([^:\n]+):(\d+):", _grep(env, named["pattern"]))
         assert score(task, f"{hit.group(1)}:{hit.group(2)}") == 1.0, task.instruction
     server.close()
 

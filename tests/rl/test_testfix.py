@@ -13,10 +13,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from codeplane.agent.loop import HttpChatModel
+from codeplane.core.chat import HttpChatModel
 from codeplane.rl.config import RunConfig
 from codeplane.rl.env import EnvConfig, EnvServer
-from codeplane.rl.rollout import RolloutConfig, run_episode
+from codeplane.rl.rollout import RolloutConfig, play
 from codeplane.rl.testfix import FixTask, fix_tasks, mutations
 
 OPS = '''"""Small arithmetic helpers."""
@@ -109,8 +109,7 @@ def episode(provider, task: FixTask, tmp_path: Path, script: list[dict]) -> floa
     model = HttpChatModel(provider.url, "scripted")
     env = EnvServer(EnvConfig(), scratch=str(tmp_path))
     try:
-        ep = run_episode(model, env, env.tools(), task, "g0",
-                         RolloutConfig(max_turns=len(script) + 1))
+        ep = play(model, env, task, "g0", RolloutConfig(max_turns=len(script) + 1))
     finally:
         env.close()
         model.close()

@@ -12,7 +12,7 @@ import typer
 from rich.syntax import Syntax
 
 from codeplane.agent.env import Environment, ToolError, local_environment
-from codeplane.agent.loop import Agent, AgentConfig, Event, HttpChatModel, Transcript
+from codeplane.agent.loop import Agent, AgentConfig, Event, Transcript
 from codeplane.agent.tools import ToolContext, default_toolset
 from codeplane.clikit import (
     ConfigOption,
@@ -24,6 +24,7 @@ from codeplane.clikit import (
     server_url,
     settings,
 )
+from codeplane.core.chat import HttpChatModel
 from codeplane.sandbox import BACKENDS, SandboxUnavailable
 
 PathOption = Annotated[Path, typer.Option("--path", help="Workspace directory (default: .).")]

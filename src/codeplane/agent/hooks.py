@@ -24,7 +24,6 @@ from codeplane.agent.prompts import (
     BROKEN,
     CODE_NOT_APPLIED,
     EMPTY,
-    FAKE_RESULT,
     NOTHING_CHANGED,
     NUDGE,
     VERIFY,
@@ -57,6 +56,16 @@ class Hook:
 
 def tool_names(agent: Agent) -> set[str]:
     return {t["function"]["name"] for t in agent.tools}
+
+
+def invented_tools_note(content: str, names: set[str]) -> str | None:
+    """The hint for a reply whose calls (written as text) name tools that do not exist,
+    listing the ones that do; None when it names none."""
+    bogus = {c.name for c in parse_tool_calls(content, AnyName(names))[1]} - names
+    if not bogus:
+        return None
+    return (f"error: {', '.join(sorted(bogus))} is not a tool. Available tools: "
+            f"{', '.join(sorted(names))}. Call one of them.")
 
 
 def arguments(raw: Any) -> dict | str:
@@ -142,11 +151,12 @@ class Corrections(Hook):
     """A hint instead of ending the run, when a reply is not really a final answer.
 
     Before the answer: it names a tool that does not exist (small models invent them),
-    imitates a tool result, shows code instead of editing, or nothing was done at all.
-    At the answer, what a reviewer would check first: the task asks for a change (or the
-    answer claims one) but no file changed (code-medium said "I changed ..." after failed
-    edits in 5 of 17 tasks, or restated the task), the changed files no longer parse, or
-    tests exist and were never run after the last change."""
+    shows code instead of editing, or nothing was done at all. (A reply that is nothing but
+    markup - a call written as text, a made-up tool result - gets its hint from the loop
+    itself, hooks or not.) At the answer, what a reviewer would check first: the task asks
+    for a change (or the answer claims one) but no file changed (code-medium said "I changed
+    ..." after failed edits in 5 of 17 tasks, or restated the task), the changed files no
+    longer parse, or tests exist and were never run after the last change."""
 
     name = "corrections"
 
@@ -159,13 +169,9 @@ class Corrections(Hook):
         return ""
 
     def correct(self, agent: Agent, content: str) -> tuple[str | None, bool]:
-        names = tool_names(agent)
-        bogus = {c.name for c in parse_tool_calls(content, AnyName(names))[1]} - names
-        if bogus:
-            return (f"error: {', '.join(sorted(bogus))} is not a tool. Available tools: "
-                    f"{', '.join(sorted(names))}. Call one of them."), False
-        if "<tool_response>" in content or "<tool_call>" in content:
-            return FAKE_RESULT, False
+        invented = invented_tools_note(content, tool_names(agent))
+        if invented:
+            return invented, False
         if "```" in content and not agent.ctx.written:
             return CODE_NOT_APPLIED, True
         if agent.calls_made == 0:

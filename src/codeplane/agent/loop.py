@@ -1,15 +1,23 @@
 """The agent loop: Model -> tool calls -> Environment, until the model answers without tools.
 
 Three small parts, in the spirit of mini-swe-agent: a `ChatModel` (`core/chat.py`: the HTTP
-client below, the server's in-process gateway client, or a training policy), an `Environment`
+client, the server's in-process gateway client, or a training policy), an `Environment`
 (env.py) and `Agent`. The small-model repairs are switchable hooks (hooks.py): the product runs
-them all, a training run may run none, and `run_start` records which were on. Every step emits events; the same events feed the Rich CLI, the server's SSE stream
-and the JSONL transcript, so what a user sees, what an RL trainer replays and what the API
-returns cannot drift apart.
+them all, a training run may run none, and `run_start` records which were on. Every step emits
+events; the same events feed the Rich CLI, the server's SSE stream and the JSONL transcript, so
+what a user sees, what an RL trainer replays and what the API returns cannot drift apart.
+
+The loop is steppable - `start(task)`, then `step()` until it returns a status, then
+`finish(...)` - so an RL rollout drives this very loop with its policy as the `ChatModel`
+(rl/rollout.py) instead of keeping a second one; `run(task)` is that sequence for the product.
 
 Several tool calls in one model turn run concurrently on a thread pool; a call waits only for
 earlier calls it conflicts with (same file written, or a command), and results go back to the
 model in call order.
+
+A reply is never taken as the answer while it carries tool-call or tool-response markup (a call
+written as text, or a made-up tool result): calls the product's parser finds in it run; anything
+else gets a hint; when the hints are used up the run ends `malformed`, not `completed`.
 """
 
 from __future__ import annotations
@@ -19,17 +27,23 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from codeplane.agent.env import Environment
-from codeplane.agent.hooks import PRODUCT_HOOKS, arguments, make_hooks
-from codeplane.agent.prompts import system_prompt, task_message
+from codeplane.agent.hooks import (
+    PRODUCT_HOOKS,
+    AnyName,
+    arguments,
+    invented_tools_note,
+    make_hooks,
+    tool_names,
+)
+from codeplane.agent.prompts import FAKE_RESULT, system_prompt, task_message
 from codeplane.agent.tools import (
     CORE,
     ToolContext,
@@ -38,78 +52,23 @@ from codeplane.agent.tools import (
     default_toolset,
     list_files,
 )
-from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling, Turn, TurnBuilder
-from codeplane.core.sse import ChunkReader, StreamError
+from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling
+from codeplane.models.toolcalls import parse_tool_calls
 
 Event = dict[str, Any]
 log = logging.getLogger("codeplane.agent")
+# Text only a tool call or a tool result carries (the Hermes format of the chat template).
+MARKUP_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 
-def _http_error(resp: httpx.Response) -> ModelError:
-    try:
-        err = resp.json()["error"]
-        message, code = err.get("message"), err.get("code")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        message, code = resp.text[:500], None
-    return ModelError(f"model server returned {resp.status_code}: {message}", code)
-
-
-def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> Turn:
-    """Fold an OpenAI chat-completion SSE stream into one Turn, checking `cancel` before
-    each line (keep-alive comments included). A malformed, erroring or cut stream raises
-    ModelError: a cut reply is not an answer (the rules live in `core/sse`, shared with the
-    gateway)."""
-    reader, turn = ChunkReader(), TurnBuilder()
-    try:
-        for line in lines:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled
-            chunk = reader.feed(line)
-            if reader.done:
-                break
-            if chunk is not None:
-                turn.add(chunk)
-        reader.end()
-    except StreamError as exc:
-        raise ModelError(f"model stream {exc.message}", exc.code) from None
-    return turn.turn()
-
-
-class HttpChatModel:
-    """A `ChatModel` over any OpenAI-compatible endpoint (`codeplane serve`, a provider):
-    what the CLI uses. Server runs use the in-process gateway client instead."""
-
-    def __init__(self, base_url: str, model: str, api_key: str | None = None,
-                 timeout: float = 900.0) -> None:
-        self.base_url, self.name = base_url.rstrip("/"), model
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "via": "http", "base_url": self.base_url}
-
-    def complete(self, messages: list[dict], tools: list[dict], sampling: Sampling,
-                 cancel: threading.Event | None = None) -> Turn:
-        """One chat completion, streamed so that `cancel` can end it between chunks: leaving
-        the stream closes the connection, and the server stops generating (a run cancelled
-        mid-reply no longer keeps the CPU busy until the reply is complete)."""
-        body = {"model": self.name, "messages": messages, "tools": tools,
-                "tool_choice": sampling.tool_choice, "max_tokens": sampling.max_tokens,
-                "temperature": sampling.temperature, "stream": True,
-                "stream_options": {"include_usage": True}}
-        try:
-            with self.http.stream("POST", "/chat/completions", json=body) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    raise _http_error(resp)
-                return _assemble(resp.iter_lines(), cancel)
-        except httpx.TransportError as exc:
-            raise ModelError(f"cannot reach the model server at {self.base_url} ({exc}); "
-                             "start it with `codeplane serve` or pass --base-url",
-                             "unreachable") from None
-
-    def close(self) -> None:
-        self.http.close()
+def is_markup(content: str) -> bool:
+    """Does a reply carry tool-call or tool-response markup instead of an answer: either tag,
+    or nothing but calls in a form the product's parser reads (tagged, fenced or bare JSON),
+    whatever their names. JSON inside prose ("the file holds {"name": ...}") is an answer."""
+    if any(tag in content for tag in MARKUP_TAGS):
+        return True
+    rest, calls = parse_tool_calls(content, AnyName())
+    return bool(calls) and not rest
 
 
 @dataclass
@@ -131,12 +90,16 @@ class AgentConfig:
     read_before_edit: bool = True  # edit_file refuses files not read in this run
     preread: int = 4  # files named in the task the harness reads before the first turn
     toolset: str = "full"  # "full" (all tools) or "core" (7 tools, simpler schemas)
+    # The last of max_steps turns is asked without tools (tool_choice "none"): a run at its
+    # step limit ends with the model's answer (or `malformed`) instead of `max_steps`. Off in
+    # the product's defaults; an RL run may turn it on to score episodes the limit would cut.
+    answer_turn: bool = False
 
 
 @dataclass
 class RunResult:
     run_id: str
-    status: str  # completed | max_steps | budget | cancelled | error
+    status: str  # completed | malformed | max_steps | budget | cancelled | error
     answer: str
     steps: int
     tool_calls: int
@@ -150,6 +113,15 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one `Agent.step` ended with: `status` None while the run goes on, else its
+    terminal status, with the answer when it is `completed`."""
+
+    status: str | None = None
+    answer: str = ""
 
 
 class Agent:
@@ -178,6 +150,11 @@ class Agent:
         self._start = time.monotonic()
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
         self.steps = self.calls_made = 0
+        self.messages: list[dict] = []  # the conversation as the model is next shown it
+        self.hints = 0  # hints given instead of ending the run (at most config.corrections)
+        self.repairs: Counter = Counter()  # hook (or "parser") -> replies turned into calls
+        self._seen: dict[str, str] = {}  # call -> its last output: repeats get a note
+        self._force_next = False  # a hint asked for a tool call next turn
 
     def emit(self, event: Event) -> None:
         event = {"type": event.pop("type"), "run_id": self.run_id,
@@ -190,74 +167,109 @@ class Agent:
         """Run the task to a terminal status. Whatever fails - listing the workspace, a
         tool's scheduling, the model, a bug - the run ends with a `run_end` event and a
         status; a run that silently stops would look "running" forever to its watchers."""
-        self._start = time.monotonic()
-        messages: list[dict] = []
         status, answer, error = "error", "", None
         try:
-            messages += self._setup(task)
-            status, answer = self._loop(messages)
+            self.start(task)
+            while (outcome := self.step()).status is None:
+                pass
+            status, answer = outcome.status, outcome.answer
         except ModelError as exc:
             status, error = "error", str(exc)
-        except Cancelled:
-            status = "cancelled"
         except Exception as exc:  # any failure must still end the run
             log.exception("agent run %s failed", self.run_id)
             status, error = "error", f"internal error: {type(exc).__name__}: {exc}"
         finally:
-            if self._pool is not None:
-                self._pool.shutdown()
-                self._pool = None
+            self.close()
+        return self.finish(status, answer, error)
+
+    def start(self, task: str) -> None:
+        """The first two messages, announced by `run_start`."""
+        self._start = time.monotonic()
+        files = list(list_files(self.env, self.env.root))
+        user = task_message(task, files) + "".join(h.start(self, task, files)
+                                                   for h in self.hooks)
+        system = system_prompt(s["function"]["name"] for s in self.tools)
+        self.messages = [{"role": "system", "content": system},
+                         {"role": "user", "content": user}]
+        self.emit({"type": "run_start", "time": time.time(), "task": task,
+                   "model": self.model.name, "model_info": self.model.describe(),
+                   "environment": self.env.metadata(), "config": asdict(self.config),
+                   "hooks": [h.name for h in self.hooks], "tools": self.tools,
+                   "messages": list(self.messages)})
+
+    def step(self) -> StepOutcome:
+        """One model turn and the tool calls it made (or a hint instead of its reply), or
+        the run's end: its answer, or a limit reached before the turn. Progress is counted
+        in `steps` and `calls_made` as it happens, so a run that fails midway reports it.
+        Raises ModelError, and whatever else failed; a cancelled model reply is the
+        `cancelled` status."""
+        if self.steps >= self.config.max_steps:
+            return StepOutcome("max_steps")
+        self.steps += 1
+        if self.cancel.is_set():
+            return StepOutcome("cancelled")
+        if sum(self.usage.values()) >= self.config.token_budget:
+            return StepOutcome("budget")
+        try:
+            return self._step()
+        except Cancelled:
+            return StepOutcome("cancelled")
+
+    def finish(self, status: str, answer: str = "", error: str | None = None) -> RunResult:
+        """The result, announced by `run_end` (always the last event)."""
         if status != "error" and self.cancel.is_set():
             status = "cancelled"
         result = RunResult(self.run_id, status, answer, self.steps, self.calls_made,
                            self.usage["prompt_tokens"], self.usage["completion_tokens"],
                            round(time.monotonic() - self._start, 3), self.model.name,
                            error=error, todos=list(self.ctx.todos))
-        self.emit({"type": "run_end", **result.to_dict(), "messages": messages})
+        self.emit({"type": "run_end", **result.to_dict(), "messages": self.messages})
         return result
 
-    def _setup(self, task: str) -> list[dict]:
-        """The first two messages, announced by `run_start`."""
-        files = list(list_files(self.env, self.env.root))
-        user = task_message(task, files) + "".join(h.start(self, task, files)
-                                                   for h in self.hooks)
-        system = system_prompt(s["function"]["name"] for s in self.tools)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        self.emit({"type": "run_start", "time": time.time(), "task": task,
-                   "model": self.model.name, "model_info": self.model.describe(),
-                   "environment": self.env.metadata(), "config": asdict(self.config),
-                   "hooks": [h.name for h in self.hooks], "tools": self.tools,
-                   "messages": list(messages)})
-        return messages
+    def close(self) -> None:
+        """Stop the tool threads (they live as long as the run)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
-    def _loop(self, messages: list[dict]) -> tuple[str, str]:
-        """Turns until an answer or a limit: (status, answer). Progress is counted in
-        `steps` and `calls_made` as it happens, so a run that fails midway reports it."""
-        corrections, seen, force_next = 0, {}, False
-        for step in range(1, self.config.max_steps + 1):
-            self.steps = step
-            if self.cancel.is_set():
-                return "cancelled", ""
-            if sum(self.usage.values()) >= self.config.token_budget:
-                return "budget", ""
-            force = self.steps <= self.config.required_steps or force_next
-            message = self._turn(self.steps, messages, "required" if force else "auto")
-            calls = message.get("tool_calls") or self._repair(self.steps, message)
-            force_next = False
-            if not calls:
-                note, force_next = self._correction(message.get("content") or "")
-                if note and corrections < self.config.corrections:
-                    corrections += 1
-                    messages.append({"role": "user", "content": note})
-                    self.emit({"type": "user_message", "step": self.steps, "content": note})
-                    continue
-                return "completed", message.get("content") or ""
-            self.calls_made += len(calls)
-            outputs = self._outputs(self.steps, calls, seen)
-            for call, output in zip(calls, outputs, strict=True):
-                messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
-                                 "name": call["function"]["name"], "content": output})
-        return "max_steps", ""
+    def _step(self) -> StepOutcome:
+        last = self.config.answer_turn and self.steps == self.config.max_steps
+        force = self.steps <= self.config.required_steps or self._force_next
+        choice = "none" if last else "required" if force else "auto"
+        message = self._turn(self.steps, self.messages, choice)
+        if last:
+            return self._answer(message)
+        calls = message.get("tool_calls") or self._repair(self.steps, message)
+        self._force_next = False
+        if not calls:
+            return self._reply(message.get("content") or "")
+        self.calls_made += len(calls)
+        outputs = self._outputs(self.steps, calls, self._seen)
+        for call, output in zip(calls, outputs, strict=True):
+            self.messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
+                                  "name": call["function"]["name"], "content": output})
+        return StepOutcome()
+
+    def _reply(self, content: str) -> StepOutcome:
+        """A reply without tool calls: a hint instead of the end while hints are left (the
+        run goes on), else the answer - unless it is markup, which is never one."""
+        note, self._force_next = self._correction(content)
+        if note and self.hints < self.config.corrections:
+            self.hints += 1
+            self.messages.append({"role": "user", "content": note})
+            self.emit({"type": "user_message", "step": self.steps, "content": note})
+            return StepOutcome()
+        return StepOutcome("malformed") if is_markup(content) else StepOutcome("completed",
+                                                                                content)
+
+    @staticmethod
+    def _answer(message: dict) -> StepOutcome:
+        """The answer turn's reply is the answer: no call of it runs, no hint follows (no
+        turn is left), and calls or markup are no answer."""
+        content = message.get("content") or ""
+        if message.get("tool_calls") or is_markup(content):
+            return StepOutcome("malformed")
+        return StepOutcome("completed", content)
 
     def _turn(self, step: int, messages: list[dict], tool_choice: str = "auto") -> dict:
         """One model call; on context overflow compact harder and retry once."""
@@ -302,21 +314,30 @@ class Agent:
         return changed > 0
 
     def _repair(self, step: int, message: dict) -> list[dict]:
-        """The first hook's recovered tool calls for a reply that made none; the reply is
-        rewritten to carry them, so the history shows the calls that ran."""
+        """Tool calls recovered from a reply that made none: calls of offered tools that the
+        product's parser finds in its text (a model or provider that sent them as text),
+        else the first hook's. The reply is rewritten to carry them, so the history shows
+        the calls that ran."""
         content = message.get("content") or ""
-        for hook in self.hooks:
-            repaired = hook.repair(self, content)
+        found = parse_tool_calls(content, tool_names(self))[1]
+        repaired, source = [c.to_openai() for c in found], "parser"
+        for hook in [] if repaired else self.hooks:
+            repaired, source = hook.repair(self, content), hook.name
             if repaired:
-                message.update(content="", tool_calls=repaired)
-                self.emit({"type": "call_repair", "step": step, "hook": hook.name,
-                           "original": content, "tool_calls": repaired})
-                return repaired
-        return []
+                break
+        if repaired:
+            self.repairs[source] += 1
+            message.update(content="", tool_calls=repaired)
+            self.emit({"type": "call_repair", "step": step, "hook": source,
+                       "original": content, "tool_calls": repaired})
+        return repaired
 
     def _correction(self, content: str) -> tuple[str | None, bool]:
-        """The first hook's hint for a reply without tool calls, and whether the next turn
-        must call a tool; (None, False) when the reply is the answer."""
+        """The hint for a reply without tool calls, and whether the next turn must call a
+        tool; (None, False) when the reply is the answer. Markup always gets one (whatever
+        the hooks); otherwise the first hook's."""
+        if is_markup(content):
+            return invented_tools_note(content, tool_names(self)) or FAKE_RESULT, False
         for hook in self.hooks:
             note, force = hook.correct(self, content)
             if note:

@@ -1,17 +1,25 @@
 """The model seam: what the agent (or an RL trainer) needs from a chat model, and nothing more.
 
-`ChatModel.complete(messages, tools, sampling, cancel) -> Turn`. Implementations: the agent's
-HTTP client for any OpenAI-compatible endpoint (`agent/loop.py`, used by the CLI) and the
-in-process gateway client (`gateway/client.py`, used by server runs: the caller's key,
-admission and priority, no loopback call). Both fold the same OpenAI stream chunks with
-`TurnBuilder`, so a reply means the same thing whichever way it arrived.
+`ChatModel.complete(messages, tools, sampling, cancel) -> Turn`. Implementations: `HttpChatModel`
+below, for any OpenAI-compatible endpoint (the CLI, RL rollouts with `[sampler] kind = "http"`),
+the in-process gateway client (`gateway/client.py`, used by server runs: the caller's key,
+admission and priority, no loopback call) and the RL samplers (`rl/policy.py`, `rl/adapter.py`:
+token ids, logprobs and a policy version on every Turn). The HTTP client and the gateway
+client fold the same OpenAI stream chunks with `TurnBuilder`, so a reply means the same thing
+whichever way it arrived. The HTTP client lives here, not in a compartment: it is no gateway
+policy and no agent logic, only the wire.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import httpx
+
+from codeplane.core.sse import ChunkReader, StreamError
 
 
 class ModelError(RuntimeError):
@@ -106,3 +114,70 @@ class TurnBuilder:
             message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
         usage = {k: int(v) for k, v in self.usage.items() if isinstance(v, int)}
         return Turn(message, self.finish, usage, self.logprobs or None)
+
+
+def _http_error(resp: httpx.Response) -> ModelError:
+    try:
+        err = resp.json()["error"]
+        message, code = err.get("message"), err.get("code")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, code = resp.text[:500], None
+    return ModelError(f"model server returned {resp.status_code}: {message}", code)
+
+
+def _assemble(lines: Iterator[str], cancel: threading.Event | None) -> Turn:
+    """Fold an OpenAI chat-completion SSE stream into one Turn, checking `cancel` before
+    each line (keep-alive comments included). A malformed, erroring or cut stream raises
+    ModelError: a cut reply is not an answer (the rules live in `core/sse`, shared with the
+    gateway)."""
+    reader, turn = ChunkReader(), TurnBuilder()
+    try:
+        for line in lines:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled
+            chunk = reader.feed(line)
+            if reader.done:
+                break
+            if chunk is not None:
+                turn.add(chunk)
+        reader.end()
+    except StreamError as exc:
+        raise ModelError(f"model stream {exc.message}", exc.code) from None
+    return turn.turn()
+
+
+class HttpChatModel:
+    """A `ChatModel` over any OpenAI-compatible endpoint (`codeplane serve`, a provider):
+    what the CLI uses. Server runs use the in-process gateway client instead."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None,
+                 timeout: float = 900.0) -> None:
+        self.base_url, self.name = base_url.rstrip("/"), model
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "via": "http", "base_url": self.base_url}
+
+    def complete(self, messages: list[dict], tools: list[dict], sampling: Sampling,
+                 cancel: threading.Event | None = None) -> Turn:
+        """One chat completion, streamed so that `cancel` can end it between chunks: leaving
+        the stream closes the connection, and the server stops generating (a run cancelled
+        mid-reply no longer keeps the CPU busy until the reply is complete)."""
+        body = {"model": self.name, "messages": messages, "tools": tools,
+                "tool_choice": sampling.tool_choice, "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "stream": True,
+                "stream_options": {"include_usage": True}}
+        try:
+            with self.http.stream("POST", "/chat/completions", json=body) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _http_error(resp)
+                return _assemble(resp.iter_lines(), cancel)
+        except httpx.TransportError as exc:
+            raise ModelError(f"cannot reach the model server at {self.base_url} ({exc}); "
+                             "start it with `codeplane serve` or pass --base-url",
+                             "unreachable") from None
+
+    def close(self) -> None:
+        self.http.close()

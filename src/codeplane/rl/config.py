@@ -121,14 +121,6 @@ class RunConfig(BaseModel):
         return Path(self.out).expanduser()
 
     @model_validator(mode="after")
-    def _prompt_fits_the_family(self) -> RunConfig:
-        # the short prompt tells the model to answer with path:line: wrong for any other family
-        if self.env.prompt == "task" and self.tasks.family != "locate":
-            raise ValueError("env.prompt = 'task' is the locate family's short prompt; "
-                             f"family {self.tasks.family!r} needs prompt = 'agent'")
-        return self
-
-    @model_validator(mode="after")
     def _warm_start_fits_the_tasks(self) -> RunConfig:
         # the scripted solver runs the grep call the "grep" instruction names
         if self.warm_start.steps and (self.tasks.family, self.tasks.instruction) != (

@@ -1,16 +1,22 @@
-"""The environment server: one sandboxed workspace and the product's own tools, driven by tool
-calls in the product's format (OpenAI `tool_calls`).
+"""The environment server: one sandboxed workspace per episode, the workspace calls of the
+product's tools, and the verifier.
 
-`EnvServer` is plain Python (tests drive it directly); the rollout manager runs each one as a
-Ray actor (`ray.remote(EnvServer)`), so a crashed sandbox takes down one actor, never the
-trainer. The tools are `agent/tools.py`'s `Toolset` over `agent/env.py`'s `Environment`, on a
-workspace from `sandbox/workspace.py`'s backend table (bwrap by default) - no second copy of any
-tool: a policy trained here meets exactly the tools the product gives it.
+An episode is the product's own `Agent` (agent/loop.py), driven by the rollout worker
+(rl/rollout.py) with the policy as its `ChatModel`: the same prompt, tools, parsing, repairs,
+compaction and limits as `codeplane agent`. What lives here is what must stay with the sandbox:
+a fresh copy of the task's repository opened on a backend from `sandbox/workspace.py`'s table
+(bwrap by default), the `Workspace` calls the agent's tools make on it, and the verifier.
+
+`EnvServer` is plain Python. In-process (tests) `open(task)` hands the agent the workspace
+itself; the rollout manager runs each server as a Ray actor (rl/remote.py), and the agent
+reaches the workspace through a `RemoteWorkspace` whose calls land in `workspace` and `exec`
+here, so a crashed sandbox takes down one actor, never the trainer.
 
 Faults are typed so the rollout manager can count them: `EnvFault(kind)` with kind
 "sandbox_killed", "tool_timeout" or "verifier_crash". `fault_rate` injects them on purpose
-(bench/rl/faults.py): the injected fault is the real failure path (the actor process exits, a
-tool or the verifier raises), not a flag; never set it outside a Ray actor.
+(bench/rl/faults.py) on the calls that do a sandbox's work - a command or trusted program
+(`exec`) and the verifier: the injected fault is the real failure path (the actor process
+exits, the call raises), not a flag; never set it outside a Ray actor.
 """
 
 from __future__ import annotations
@@ -19,24 +25,23 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass
+import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from codeplane.agent.env import Environment
-from codeplane.agent.hooks import Hook, arguments, make_hooks
-from codeplane.agent.loop import AgentConfig
-from codeplane.agent.prompts import SYSTEM, task_message
-from codeplane.agent.tools import CORE, ToolContext, Toolset, default_toolset, list_files
-from codeplane.rl.tasks import SYSTEM as TASK_SYSTEM
 from codeplane.rl.tasks import Task, score
 from codeplane.rl.testfix import FixTask, run_fix_test
-from codeplane.sandbox import DEFAULT_BACKEND, Limits, open_workspace
+from codeplane.sandbox import DEFAULT_BACKEND, CommandResult, Limits, open_workspace
 from codeplane.sandbox.runner import SandboxUnavailable
 
 FAULTS = ("sandbox_killed", "tool_timeout", "verifier_crash")
+# The `Workspace` methods a remote agent may call through `EnvServer.workspace` (exec has its
+# own entry, to be cancellable; close belongs to the server).
+WORKSPACE_CALLS = frozenset({"real", "read", "write", "remove", "stat", "list", "snapshot",
+                             "diff", "describe"})
 
 
 class EnvFault(Exception):
@@ -48,85 +53,41 @@ class EnvFault(Exception):
 
 
 class EnvConfig(BaseModel):
-    """`[env]`: the workspace and tools each environment server runs."""
+    """`[env]`: the sandbox each environment server runs (what the policy is shown, the
+    agent's settings, is `[rollout]`)."""
 
     model_config = {"extra": "forbid", "frozen": True}
     backend: str = Field(DEFAULT_BACKEND, description="a workspace backend (sandbox.BACKENDS)")
     timeout: float = Field(30.0, gt=0, description="seconds per command")
-    max_result_chars: int = Field(4000, ge=200, description="per tool output, cut as the "
-                                                            "product cuts it")
-    toolset: Literal["core", "full"] = Field("core", description="core: 7 tools, simpler "
-                                                                 "schemas; full: all")
-    tools: tuple[str, ...] = Field((), description="only these of the product's tools, by "
-                                                   "name (empty: the whole toolset); their "
-                                                   "schemas are most of a short prompt")
-    prompt: Literal["agent", "task"] = Field(
-        "agent", description="agent: the product's system prompt and file list; task: the "
-                             "task family's short system prompt (rl/tasks.py) and the bare "
-                             "instruction (short contexts: the trainer's CPU time grows with "
-                             "them)")
     fault_rate: float = Field(0.0, ge=0, le=1, description="injected faults per call "
                                                            "(benchmarks only)")
     seed: int = 0
 
-    @field_validator("tools")
-    @classmethod
-    def _known(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        known = default_toolset().tools
-        unknown = sorted(set(names) - set(known))
-        if unknown:
-            raise ValueError(f"unknown tool(s) {', '.join(unknown)}; the product's tools: "
-                             f"{', '.join(known)}")
-        return names
-
-
-@dataclass
-class HookView:
-    """What a hook reads of a running agent (`agent/hooks.py`: `env`, `toolset`, `tools`,
-    `ctx`, `config`, `calls_made`, `failed_writes`), for an episode that the rollout loop
-    runs instead of `Agent`. It lives in the environment server because the hooks read and
-    run tools in the episode's workspace."""
-
-    env: Environment
-    toolset: Toolset
-    tools: list[dict[str, Any]]
-    ctx: ToolContext
-    config: AgentConfig
-    calls_made: int = 0
-    failed_writes: int = 0
-
 
 class EnvServer:
-    """One workspace at a time: `reset(task, hooks)` makes a fresh copy of the task's
-    snapshot, `step(tool_calls)` runs them with the product's tools, `verify(answer)` scores.
-    With hooks (`agent/hooks.py`, named by the rollout), `repair` and `correct` are the
-    product loop's small-model repairs over this episode's workspace."""
+    """One workspace at a time: `reset(task)` makes a fresh copy of the task's snapshot and
+    opens it, `verify(answer)` scores the episode. In-process there is nothing between the
+    agent and the workspace that could fail on its own, so `fault` stays None (a `RayEnv`
+    latches its transport's failures there)."""
+
+    fault: EnvFault | None = None
 
     def __init__(self, config: EnvConfig | None = None, scratch: str | None = None) -> None:
         self.config = config or EnvConfig()
-        self.toolset: Toolset = default_toolset()
-        if self.config.tools:  # a call to any other tool gets the product's unknown-tool error
-            self.toolset = Toolset([self.toolset.tools[n] for n in self.config.tools])
         self.scratch = Path(scratch or tempfile.gettempdir())
-        self.task: Task | None = None
+        self.task: Task | FixTask | None = None
         self.env: Environment | None = None
-        self.ctx = ToolContext()
         self.dir: Path | None = None
         self.faults = random.Random(self.config.seed)
-        self.hooks: list[Hook] = []
-        self.view: HookView | None = None
+        self._cancels: dict[str, threading.Event] = {}  # running commands, by caller's key
 
-    def tools(self) -> list[dict[str, Any]]:
-        """The tool schemas the policy is shown, as the agent shows them."""
-        core = self.config.toolset == "core"
-        return self.toolset.schemas(CORE if core and not self.config.tools else None,
-                                    core=core)
+    def limits(self) -> Limits:
+        """The limits every command of an episode runs under."""
+        return Limits(timeout=self.config.timeout)
 
-    def reset(self, task: Task | FixTask, hooks: tuple[str, ...] = ()
-              ) -> list[dict[str, Any]]:
-        """A fresh sandboxed copy of the task's repository; returns the first messages
-        (the product's system prompt and task message, plus what the hooks add to it, as
-        the product's loop builds it)."""
+    def reset(self, task: Task | FixTask) -> dict[str, Any]:
+        """A fresh sandboxed copy of the task's repository; returns what a remote agent
+        needs to know of its workspace (`root`, `sandboxed`, `describe()`)."""
         self.close()
         self.dir = Path(tempfile.mkdtemp(prefix="rl-", dir=self.scratch))
         shutil.copytree(task.snapshot, self.dir / "repo", symlinks=True)
@@ -134,56 +95,43 @@ class EnvServer:
             workspace = open_workspace(self.dir / "repo", self.config.backend)
         except SandboxUnavailable as exc:
             raise EnvFault("sandbox_killed", str(exc)) from None
-        self.env = Environment(workspace, Limits(timeout=self.config.timeout))
-        self.ctx, self.task = ToolContext(), task
-        self.hooks = make_hooks(hooks)
-        self.view = HookView(self.env, self.toolset, self.tools(), self.ctx, AgentConfig(
-            max_result_chars=self.config.max_result_chars, toolset=self.config.toolset))
-        if self.config.prompt == "task":
-            return [{"role": "system", "content": TASK_SYSTEM},
-                    {"role": "user", "content": task.instruction}]
-        files = list(list_files(self.env, self.env.root))
-        added = "".join(h.start(self.view, task.instruction, files) for h in self.hooks)
-        return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": task_message(task.instruction, files) + added}]
+        self.env = Environment(workspace, self.limits())
+        self.task = task
+        return {"root": str(workspace.root), "sandboxed": workspace.sandboxed,
+                "describe": workspace.describe()}
 
-    def step(self, tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Run one turn's calls in order; one `tool` message per call, in call order."""
-        env = self._env()
+    def open(self, task: Task | FixTask) -> Environment:
+        """In-process: `reset`, and the episode's environment itself."""
+        self.reset(task)
+        return self._env()
+
+    def workspace(self, method: str, *args: Any) -> Any:
+        """One `Workspace` call on the episode's workspace: how a `RemoteWorkspace` reaches
+        it. Whatever the workspace raises (a missing file, a refused path) goes back to the
+        caller, whose tool handles it as it would locally."""
+        if method not in WORKSPACE_CALLS:
+            raise ValueError(f"no workspace call {method!r}")
+        return getattr(self._env().workspace, method)(*args)
+
+    def exec(self, command: str | list[str], limits: Limits, stderr: bool,
+             key: str) -> CommandResult:
+        """`Workspace.exec`, which `cancel(key)` stops as the agent's cancel stops a local
+        command (the process group is killed)."""
+        workspace = self._env().workspace
         self._maybe_fault(("sandbox_killed", "tool_timeout"))
-        out = []
-        for call in tool_calls:
-            fn = call.get("function") or {}
-            name = str(fn.get("name") or "")
-            try:
-                result = self.toolset.execute(env, name, arguments(fn.get("arguments")),
-                                              self.ctx, self.config.max_result_chars)
-            except SandboxUnavailable as exc:  # the sandbox itself broke, not the call
-                raise EnvFault("sandbox_killed", str(exc)) from None
-            self._count(name, result.ok)
-            out.append({"role": "tool", "tool_call_id": call.get("id", ""), "name": name,
-                        "content": result.output})
-        return out
+        cancel = self._cancels[key] = threading.Event()
+        try:
+            return workspace.exec(command, limits, cancel, stderr)
+        except SandboxUnavailable as exc:  # the sandbox itself broke, not the command
+            raise EnvFault("sandbox_killed", str(exc)) from None
+        finally:
+            self._cancels.pop(key, None)
 
-    def repair(self, content: str) -> tuple[str, list[dict[str, Any]]] | None:
-        """The first hook's tool calls recovered from a reply that made none, and that
-        hook's name (None: nothing to recover, or no hooks)."""
-        view = self._view()
-        for hook in self.hooks:
-            calls = hook.repair(view, content)  # type: ignore[arg-type]  # Agent's view
-            if calls:
-                return hook.name, calls
-        return None
-
-    def correct(self, content: str) -> tuple[str | None, bool]:
-        """The first hook's hint for a reply without tool calls, and whether the next turn
-        must call a tool; (None, False) when the reply stands as the answer."""
-        view = self._view()
-        for hook in self.hooks:
-            note, force = hook.correct(view, content)  # type: ignore[arg-type]
-            if note:
-                return note, force
-        return None, False
+    def cancel(self, key: str) -> None:
+        """Stop the command `exec` runs under `key` (nothing if it has ended)."""
+        event = self._cancels.get(key)
+        if event is not None:
+            event.set()
 
     def verify(self, answer: str) -> float:
         """The reward for a final answer; a failing-test task runs its test in this
@@ -209,27 +157,13 @@ class EnvServer:
 
     def _env(self) -> Environment:
         if self.env is None:
-            raise EnvFault("sandbox_killed", "step before reset")
+            raise EnvFault("sandbox_killed", "workspace call before reset")
         return self.env
 
     def _repo(self) -> Path:
         if self.dir is None:
             raise EnvFault("sandbox_killed", "verify before reset")
         return self.dir / "repo"
-
-    def _view(self) -> HookView:
-        if self.view is None:
-            raise EnvFault("sandbox_killed", "hooks before reset")
-        return self.view
-
-    def _count(self, name: str, ok: bool) -> None:
-        """What the hooks read of the episode so far: calls made, failed writes."""
-        if self.view is None:
-            return
-        self.view.calls_made += 1
-        spec = self.toolset.get(name)
-        if not ok and spec is not None and spec.access == "write":
-            self.view.failed_writes += 1
 
     def _maybe_fault(self, kinds: tuple[str, ...]) -> None:
         """An injected fault, taking its real path: the actor process dies (the rollout

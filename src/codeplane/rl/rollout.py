@@ -1,6 +1,12 @@
 """The rollout manager: many episodes in flight over environment servers, grouped per task,
 with bounded staleness, straggler limits and environment faults that never reach the trainer.
 
+An episode is the product's `Agent` (agent/loop.py) on the environment server's workspace with
+the policy as its `ChatModel` (`play`): the product's system prompt, tool schemas, tool-call
+parsing and repairs, parallel tool execution, compaction and limits - nothing here is a second
+agent loop. `Recorder` keeps every `Turn` the policy sampled, so the trainer gets exactly the
+tokens, logprobs and policy version of each model turn, whatever the loop made of the reply.
+
 Continuous: `in_flight` workers each own an environment server; a worker takes the next
 episode slot the moment its last episode ends, so one long episode never idles the others.
 
@@ -16,11 +22,12 @@ their samples are at most k versions old. A sample that is older anyway (a sampl
 missed an update) is dropped and counted. Discarding slow episodes instead would bias the
 data towards short episodes (tinker-cookbook#822).
 
-Stragglers: an episode that exceeds `max_turns` or `max_seconds` ends and is masked
-("compact filtering", as DeepSWE does): truncated work is neither rewarded nor punished.
-Faults (`EnvFault`: sandbox killed, tool timeout, verifier crash; a dead Ray actor is a
-killed sandbox) get a fresh environment and a retry; after `retries` the episode is masked.
-Every fault is counted; none propagates to the trainer.
+Stragglers: `max_turns` is the agent's `max_steps`, and `max_seconds` sets the agent's cancel
+(which also kills a running command); an episode that ends at either is masked ("compact
+filtering", as DeepSWE does): truncated work is neither rewarded nor punished. Faults
+(`EnvFault`: sandbox killed, tool timeout, verifier crash; a dead Ray actor is a killed
+sandbox) get a fresh environment and a retry; after `retries` the episode is masked. Every
+fault is counted; none propagates to the trainer.
 """
 
 from __future__ import annotations
@@ -33,34 +40,40 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, field_validator
 
+from codeplane.agent.env import Environment
 from codeplane.agent.hooks import HOOKS, PRODUCT_HOOKS, UnknownHook
-from codeplane.agent.loop import AgentConfig
-from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling
-from codeplane.rl.env import EnvConfig, EnvFault, EnvServer
+from codeplane.agent.loop import Agent, AgentConfig, Event, StepOutcome, Transcript
+from codeplane.core.chat import ChatModel, ModelError, Sampling, Turn
+from codeplane.rl.env import EnvFault
 from codeplane.rl.tasks import Task
 from codeplane.rl.types import Episode, Sample
 
 log = logging.getLogger("codeplane.rl")
+# A run that ends at a limit, not at an answer: masked.
+TRUNCATED = ("max_steps", "budget", "cancelled")
 
 
 class Env(Protocol):
-    """What a worker needs from an environment server (an `EnvServer` or a Ray actor)."""
+    """What a worker needs from an environment server (an in-process `EnvServer`, or a
+    `RayEnv`): the episode's workspace as an `Environment`, the verifier, and `fault`, the
+    server's own failure latched while the agent's tools turned it into an error result."""
 
-    def tools(self) -> list[dict[str, Any]]: ...
-    def reset(self, task: Task, hooks: tuple[str, ...] = ()) -> list[dict[str, Any]]: ...
-    def step(self, tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
-    def repair(self, content: str) -> tuple[str, list[dict[str, Any]]] | None: ...
-    def correct(self, content: str) -> tuple[str | None, bool]: ...
+    fault: EnvFault | None
+
+    def open(self, task: Task) -> Environment: ...
     def verify(self, answer: str) -> float: ...
     def close(self) -> None: ...
 
 
 class RolloutConfig(BaseModel):
-    """`[rollout]`: how episodes are made and grouped."""
+    """`[rollout]`: how episodes are made and grouped, and the settings of the product's
+    agent that runs them (each an `AgentConfig` field, defaulting to the product's value
+    where the product has one)."""
 
     model_config = {"extra": "forbid", "frozen": True}
     in_flight: int = Field(4, ge=1, le=256, description="episodes running at once (one "
@@ -69,24 +82,31 @@ class RolloutConfig(BaseModel):
     groups_per_step: int = Field(2, ge=1, description="groups per trainer step")
     max_staleness: int = Field(1, ge=0, description="k: samples at most k policy versions "
                                                     "old; 0 = synchronous")
-    max_turns: int = Field(6, ge=1, description="straggler limit: model turns per episode")
+    max_turns: int = Field(6, ge=1, description="straggler limit: model turns per episode "
+                                                "(the agent's max_steps)")
     max_seconds: float = Field(300.0, gt=0, description="straggler limit: wall clock per "
-                                                        "episode")
+                                                        "episode (then the agent is cancelled)")
     retries: int = Field(2, ge=0, description="fresh environments for an episode whose "
                                               "environment failed")
-    first_call: bool = Field(False, description="the first turn must call a tool "
-                                                "(tool_choice required: the sampler constrains "
-                                                "decoding to a call of one of the tools)")
-    answer_turn: bool = Field(False, description="the last of `max_turns` is sampled without "
-                                                 "tools (tool_choice none): an episode ends "
-                                                 "with an answer, scored, instead of being "
-                                                 "cut off and masked")
+    required_steps: int = Field(AgentConfig.required_steps, ge=0, description=(
+        "the first N turns must call a tool (tool_choice required: codeplane serve and the "
+        "llama.cpp sampler constrain decoding to a call of one of the tools)"))
+    answer_turn: bool = Field(AgentConfig.answer_turn, description=(
+        "the last of `max_turns` is asked without tools (tool_choice none): an episode ends "
+        "with an answer, scored, instead of being cut off and masked"))
     max_tokens: int = Field(256, ge=1, description="per model turn")
     temperature: float = Field(1.0, ge=0)
+    toolset: Literal["core", "full"] = Field(AgentConfig.toolset, description=(
+        "the product's tools: full (all), or core (7 tools, simpler schemas)"))
+    max_result_chars: int = Field(AgentConfig.max_result_chars, ge=200, description=(
+        "per tool output, cut as the product cuts it"))
     hooks: tuple[str, ...] = Field((), description='the agent loop\'s small-model repairs '
                                    '(agent/hooks.py): "none" (the plain loop: the policy is '
                                    'rewarded for what it did), "product" (all of them, as '
                                    'the product runs), or a list of hook names')
+    transcripts: bool = Field(False, description="write each episode's events as the "
+                                                 "product's JSONL transcript, under "
+                                                 "out/transcripts/")
     seed: int = 0
 
     @field_validator("hooks", mode="before")
@@ -105,6 +125,13 @@ class RolloutConfig(BaseModel):
             raise UnknownHook(f"unknown agent hook(s) {', '.join(unknown)}; available: "
                               f"{', '.join(HOOKS)}")
         return value
+
+    def agent_config(self) -> AgentConfig:
+        """The product's agent settings for an episode; the rest are the product's own."""
+        return AgentConfig(max_steps=self.max_turns, max_tokens=self.max_tokens,
+                           temperature=self.temperature, required_steps=self.required_steps,
+                           answer_turn=self.answer_turn, toolset=self.toolset,
+                           max_result_chars=self.max_result_chars)
 
 
 @dataclass
@@ -136,66 +163,89 @@ class TaskOrder:
         return self._epochs[epoch][index]
 
 
-def run_episode(model: ChatModel, env: Env, tools: list[dict[str, Any]], task: Task,
-                group_id: str, config: RolloutConfig,
-                cancel: threading.Event | None = None) -> Episode:
-    """Model turn, the environment runs its tool calls, until an answer or a limit.
-    `config.hooks` empty is the plain loop (the policy is rewarded for what it did); with
-    hooks it is the product's loop: a reply without tool calls may be repaired into calls
-    (the history then shows the calls that ran, as `Agent` rewrites it) or answered with a
-    hint, at most `AgentConfig.corrections` times. The sample is always what the policy
-    sampled. `cancel` ends the episode early as a truncated (masked) one."""
-    start = time.monotonic()
-    messages = env.reset(task, config.hooks)
-    tool_choice, corrections = "required" if config.first_call else "auto", 0
-    samples: list[Sample] = []
-    info: dict[str, Any] = {"hooks": list(config.hooks), "model_seconds": 0.0,
-                            "repairs": {}, "corrections": 0}
-    for turn_no in range(1, config.max_turns + 1):
-        if time.monotonic() - start > config.max_seconds or (cancel and cancel.is_set()):
-            break
-        last = config.answer_turn and turn_no == config.max_turns
-        if last:
-            tool_choice = "none"
-        t0 = time.monotonic()
+class Recorder:
+    """The policy as the agent's `ChatModel`, keeping every `Turn` it sampled (the trainer's
+    samples: tokens, logprobs and version as sampled, also of a reply the loop then repaired
+    or answered with a hint) and the seconds spent sampling."""
+
+    def __init__(self, model: ChatModel) -> None:
+        self.model, self.name = model, model.name
+        self.turns: list[Turn] = []
+        self.seconds = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return self.model.describe()
+
+    def close(self) -> None:
+        """Nothing: the policy belongs to the run."""
+
+    def complete(self, messages: list[dict], tools: list[dict], sampling: Sampling,
+                 cancel: threading.Event | None = None) -> Turn:
+        start = time.monotonic()
         try:
-            turn = model.complete(messages, tools, Sampling(config.max_tokens,
-                                                            config.temperature, tool_choice),
-                                  cancel)
-        except Cancelled:
-            break
-        info["model_seconds"] += time.monotonic() - t0
-        samples.append(Sample(turn.prompt_ids or [], turn.token_ids or [], turn.logprobs or [],
-                              _version(turn.policy_version, model)))
-        message = {k: v for k, v in turn.message.items() if k in ("role", "content",
-                                                                  "tool_calls")}
-        messages.append(message)
-        tool_choice = "auto"
-        content = message.get("content") or ""
-        if last:  # the answer turn: whatever the policy wrote is its answer, never a call
-            message.pop("tool_calls", None)
-        elif not message.get("tool_calls") and config.hooks:
-            repaired = env.repair(content)
-            if repaired:
-                info["repairs"][repaired[0]] = info["repairs"].get(repaired[0], 0) + 1
-                message.update(content="", tool_calls=repaired[1])
-            elif corrections < AgentConfig.corrections:
-                note, force = env.correct(content)
-                if note:
-                    corrections += 1
-                    messages.append({"role": "user", "content": note})
-                    tool_choice = "required" if force else "auto"
-                    continue
-        if not message.get("tool_calls"):
-            reward = env.verify(content)
-            return Episode(task.id, group_id, samples, reward, steps=turn_no,
-                           seconds=time.monotonic() - start,
-                           info={**info, "corrections": corrections, "answer": content})
-        messages += env.step(message["tool_calls"])
-    info["corrections"] = corrections
-    info["truncated"] = True
-    return Episode(task.id, group_id, samples, 0.0, steps=len(samples),
+            turn = self.model.complete(messages, tools, sampling, cancel)
+        finally:
+            self.seconds += time.monotonic() - start
+        self.turns.append(turn)
+        return turn
+
+
+def play(model: ChatModel, env: Env, task: Task, group_id: str, config: RolloutConfig,
+         cancel: threading.Event | None = None,
+         on_event: Callable[[Event], None] | None = None) -> Episode:
+    """One episode: the product's agent on a fresh copy of the task's repository, `model`
+    as its ChatModel, driven a step at a time until an answer or a limit; then the
+    verifier's reward. `config.hooks` names the small-model repairs that run (none: the
+    policy is rewarded for what it did itself). An answer is verified; a `malformed` end
+    (markup instead of an answer) earns 0 unverified; a limit (`max_turns`, `max_seconds`,
+    `cancel`, the token budget) masks the episode. An environment fault or a sampler error
+    raises. `on_event` gets the agent's events (the product's transcript format)."""
+    start = time.monotonic()
+    cancel = cancel or threading.Event()
+    policy = Recorder(model)
+    agent = Agent(policy, env.open(task), config.agent_config(), on_event, cancel,
+                  hooks=config.hooks)
+    deadline = threading.Timer(config.max_seconds, cancel.set)
+    deadline.daemon = True
+    deadline.start()
+    try:
+        outcome = _drive(agent, task.instruction, env)
+    except Exception as exc:
+        agent.finish("error", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        deadline.cancel()
+        agent.close()
+    result = agent.finish(outcome.status or "error", outcome.answer)
+    samples = [Sample(t.prompt_ids or [], t.token_ids or [], t.logprobs or [],
+                      _version(t.policy_version, model)) for t in policy.turns]
+    info: dict[str, Any] = {"hooks": list(config.hooks), "status": result.status,
+                            "model_seconds": policy.seconds, "repairs": dict(agent.repairs),
+                            "corrections": agent.hints, "answer": result.answer}
+    reward = 0.0
+    if result.status == "completed":
+        reward = env.verify(result.answer)
+    elif result.status in TRUNCATED:
+        info["truncated"] = True
+    return Episode(task.id, group_id, samples, reward, steps=result.steps,
                    seconds=time.monotonic() - start, info=info)
+
+
+def _drive(agent: Agent, task: str, env: Env) -> StepOutcome:
+    """`start`, then `step` until a status. A failure of the environment server ends the
+    episode as that fault, whatever the agent made of it (the tools turn it into an error
+    result; listing the workspace at the start raises it)."""
+    outcome = StepOutcome()
+    try:
+        agent.start(task)
+        while env.fault is None and outcome.status is None:
+            outcome = agent.step()
+    except Exception:
+        if env.fault is None:
+            raise
+    if env.fault is not None:
+        raise env.fault
+    return outcome
 
 
 def _version(stamped: int | None, model: ChatModel) -> int:
@@ -209,11 +259,15 @@ def masked(episode: Episode) -> bool:
 
 
 class RolloutManager:
-    """Workers over environment servers filling the steps' groups in a fixed order."""
+    """Workers over environment servers filling the steps' groups in a fixed order. With
+    `transcripts`, each episode attempt's events go to `<transcripts>/<slot>-<attempt>.jsonl`
+    (slot s belongs to step s // (group_size * groups_per_step))."""
 
     def __init__(self, model: ChatModel, tasks: list[Task], config: RolloutConfig,
-                 make_env: Callable[[int], Env], first_step: int = 0) -> None:
+                 make_env: Callable[[int], Env], first_step: int = 0,
+                 transcripts: Path | None = None) -> None:
         self.model, self.config, self.make_env = model, config, make_env
+        self.transcripts = transcripts
         self.order = TaskOrder(tasks, config.seed)
         self.slot_count = config.group_size * config.groups_per_step  # episodes per step
         self.next_slot = first_step * self.slot_count  # global episode slot index
@@ -224,7 +278,7 @@ class RolloutManager:
         self.model_seconds = 0.0
         self._cond = threading.Condition()
         self._stopped = False
-        self._cancel = threading.Event()  # set by stop(): running episodes end early
+        self._live: set[threading.Event] = set()  # running episodes' cancels: stop() sets them
         self._workers = [threading.Thread(target=self._work, args=(i,), daemon=True,
                                           name=f"rollout-{i}")
                          for i in range(config.in_flight)]
@@ -270,9 +324,10 @@ class RolloutManager:
     def stop(self) -> None:
         """End the workers; episodes still running (for steps nobody will collect) are cut
         short rather than finished."""
-        self._cancel.set()
         with self._cond:
             self._stopped = True
+            for cancel in self._live:
+                cancel.set()
             self._cond.notify_all()
         for worker in self._workers:
             worker.join(timeout=self.config.max_seconds + 60)
@@ -289,7 +344,6 @@ class RolloutManager:
 
     def _work(self, index: int) -> None:
         env: Env | None = None
-        tools: list[dict[str, Any]] = []
         while (slot := self._take()) is not None:
             group = slot // self.config.group_size
             task = self.order.task(group)
@@ -298,9 +352,7 @@ class RolloutManager:
                 try:
                     if env is None:
                         env = self.make_env(index)
-                        tools = env.tools()
-                    episode = run_episode(self.model, env, tools, task, f"g{group}",
-                                          self.config, self._cancel)
+                    episode = self._play(env, task, f"g{group}", f"{slot:06d}-{attempt}")
                     break
                 except EnvFault as fault:
                     self._count(fault.kind, attempt < self.config.retries)
@@ -324,6 +376,22 @@ class RolloutManager:
                 self._cond.notify_all()
         _discard(env)
 
+    def _play(self, env: Env, task: Task, group_id: str, name: str) -> Episode:
+        """One attempt, cancelled with the others when the manager stops."""
+        cancel = threading.Event()
+        with self._cond:
+            if self._stopped:
+                cancel.set()
+            self._live.add(cancel)
+        transcript = Transcript(self.transcripts / f"{name}.jsonl") if self.transcripts else None
+        try:
+            return play(self.model, env, task, group_id, self.config, cancel, transcript)
+        finally:
+            if transcript is not None:
+                transcript.close()
+            with self._cond:
+                self._live.discard(cancel)
+
     def _count(self, kind: str, retry: bool) -> None:
         with self._cond:
             self.faults[kind] += 1
@@ -336,57 +404,3 @@ def _discard(env: Env | None) -> None:
     if env is not None:
         with contextlib.suppress(Exception):
             env.close()
-
-
-class RayEnv:
-    """An `EnvServer` in its own Ray actor process. A dead actor (the sandbox or its process
-    killed) or a call past `call_timeout` surfaces as `EnvFault`, so the manager treats it
-    like any environment fault; the actor is killed on close."""
-
-    def __init__(self, config: EnvConfig, call_timeout: float, scratch: str | None = None,
-                 num_cpus: float = 0.0) -> None:
-        import ray
-
-        self._ray = ray
-        self.call_timeout = call_timeout
-        self.actor = ray.remote(num_cpus=num_cpus, max_restarts=0)(EnvServer).remote(
-            config, scratch)
-
-    def _call(self, method: str, *args: Any) -> Any:
-        ray = self._ray
-        try:
-            return ray.get(getattr(self.actor, method).remote(*args), timeout=self.call_timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise EnvFault("tool_timeout", f"{method} took over {self.call_timeout}s") from None
-        except ray.exceptions.RayActorError as exc:
-            raise EnvFault("sandbox_killed", type(exc).__name__) from None
-        except ray.exceptions.RayTaskError as exc:
-            cause = exc.cause
-            if isinstance(cause, EnvFault):
-                raise EnvFault(cause.kind, str(cause)) from None
-            raise EnvFault("verifier_crash" if method == "verify" else "sandbox_killed",
-                           str(cause)[:200]) from None
-
-    def tools(self) -> list[dict[str, Any]]:
-        return self._call("tools")
-
-    def reset(self, task: Task, hooks: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-        return self._call("reset", task, hooks)
-
-    def step(self, tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return self._call("step", tool_calls)
-
-    def repair(self, content: str) -> tuple[str, list[dict[str, Any]]] | None:
-        return self._call("repair", content)
-
-    def correct(self, content: str) -> tuple[str | None, bool]:
-        return self._call("correct", content)
-
-    def verify(self, answer: str) -> float:
-        return self._call("verify", answer)
-
-    def close(self) -> None:
-        try:
-            self._call("close")
-        finally:
-            self._ray.kill(self.actor)

@@ -32,7 +32,8 @@ from typing import Any, Literal
 from codeplane.core.chat import ChatModel
 from codeplane.rl.config import ConfigError, RunConfig
 from codeplane.rl.env import EnvConfig
-from codeplane.rl.rollout import RayEnv, RolloutConfig, RolloutManager, StepData, masked
+from codeplane.rl.remote import RayEnv
+from codeplane.rl.rollout import RolloutConfig, RolloutManager, StepData, masked
 from codeplane.rl.tasks import Task, fetch_sdist, locate_tasks, sample_tasks
 from codeplane.rl.testfix import fix_tasks
 from codeplane.rl.types import Trainer
@@ -119,7 +120,7 @@ def make_parts(config: RunConfig, out: Path) -> Parts:
         trainer = PolicyTrainer(tcfg, load_settings())
     kind = config.sampler.kind
     if kind == "http":
-        from codeplane.agent.loop import HttpChatModel
+        from codeplane.core.chat import HttpChatModel
 
         http = HttpChatModel(config.sampler.base_url, config.sampler.model)
         return http, trainer, http.close
@@ -193,6 +194,8 @@ def step_record(data: StepData, metrics: dict[str, Any], wall: float, waited: fl
         repairs.update(e.info.get("repairs", {}))
     return {"step": data.step, "episodes": len(data.episodes), "groups": len(data.groups),
             "repairs": dict(repairs),
+            "statuses": dict(Counter(e.info["status"] for e in data.episodes
+                                     if "status" in e.info)),
             "corrections": sum(e.info.get("corrections", 0) for e in data.episodes),
             "masked": sum(masked(e) for e in data.episodes),
             "reward_mean": statistics.fmean(rewards) if rewards else None,
@@ -271,7 +274,9 @@ class Run:
             self._heldout(0, evaluate(sampler, heldout, cfg, make_env, version))
         if warm and first == 0 and not self.warm_started:
             self._warm_start(sampler, trainer, train_tasks, heldout, make_env)
-        manager = RolloutManager(sampler, train_tasks, cfg.rollout, make_env, first).start()
+        transcripts = self.out / "transcripts" if cfg.rollout.transcripts else None
+        manager = RolloutManager(sampler, train_tasks, cfg.rollout, make_env, first,
+                                 transcripts).start()
         start = time.monotonic()
         log = (self.out / "steps.jsonl").open("a", encoding="utf-8")
         try:

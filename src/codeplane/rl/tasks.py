@@ -27,13 +27,6 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-# The system prompt of `[env] prompt = "task"`: the family's own, a few lines instead of the
-# product's coding-agent prompt, so a two-core trainer sees short contexts. It names the tool
-# and the answer format, as a small model needs both spelled out.
-SYSTEM = ("You answer questions about the code in the current directory. Search it with the "
-          "grep tool, which returns path:line:text lines; read_file shows a file. When you "
-          "know the answer, reply with only its location, the path and line number as grep "
-          "printed them (path:line), and call no tool.")
 ANSWER = re.compile(r"([\w./-]+\.py)\s*:\s*(\d+)")
 MAX_SOURCE_BYTES = 256 << 10  # larger files are generated code, not something to search
 # How the question is asked (`[tasks] instruction`). "search" leaves the search to the model;
