@@ -105,6 +105,8 @@ def test_gguf_adapter_swaps_into_llama_cpp_and_matches_torch(policy, engine, tmp
     state = perturbed(policy, 1)
     sampler = LlamaSampler(engine, "code-small", tmp_path / "adapters", LORA.alpha, seed=5)
     base_turn = sampler.complete(ASK, [], Sampling(max_tokens=12, temperature=1.0))
+    scored = ("code-small", "score", base_turn.prompt_ids, base_turn.token_ids)
+    base_score = engine.run_sync(*scored)
     sampler.load_weights(state, version=3)
     turn = sampler.complete(ASK, [], Sampling(max_tokens=12, temperature=1.0))
     assert turn.policy_version == 3 and len(turn.token_ids) == len(turn.logprobs)
@@ -123,12 +125,12 @@ def test_gguf_adapter_swaps_into_llama_cpp_and_matches_torch(policy, engine, tmp
     with_gap = float((adapted - sampled).abs().mean())
     without_gap = float((reference - sampled).abs().mean())
     assert with_gap < 0.25 and with_gap < without_gap / 2, (with_gap, without_gap)
-    # swapping the base back restores the base model's numbers exactly
+    assert engine.run_sync(*scored) != pytest.approx(base_score, abs=1e-3)  # adapter on
+    # swapping the base back restores the base model's numbers exactly (scored the same way:
+    # with llama.cpp's extra buffer types off, one-token decode and batched prefill round
+    # differently, so sampled logprobs are compared to scores only loosely above)
     engine.run_sync("code-small", "set_lora", None)
-    again = engine.run_sync("code-small", "score", base_turn.prompt_ids,
-                            base_turn.token_ids[:-1])
-    assert again == pytest.approx(sum(base_turn.logprobs[:len(base_turn.token_ids) - 1]),
-                                  abs=0.05)
+    assert engine.run_sync(*scored) == pytest.approx(base_score, abs=1e-3)
 
 
 def test_a_broken_adapter_is_refused(engine, tmp_path: Path):
