@@ -13,8 +13,8 @@ import pytest
 
 from codeplane.agent import tools as T
 from codeplane.agent.env import ToolError, local_environment
+from codeplane.core.files import Refused, TooLarge
 from codeplane.sandbox import BACKENDS, Limits, UnknownBackend, open_workspace
-from codeplane.sandbox.files import Refused, TooLarge
 from codeplane.sandbox.runner import CommandResult, HostRunner
 from codeplane.sandbox.workspace import Entry, FileStat, LocalWorkspace, Snapshot
 

@@ -13,8 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from codeplane.core.files import Refused, is_git_name
 from codeplane.sandbox import CommandResult, Limits, Workspace, open_workspace
-from codeplane.sandbox.files import Refused, is_git_name
 from codeplane.sandbox.workspace import DEFAULT_BACKEND, UnknownBackend
 
 TOOL_OUTPUT_BYTES = 64 << 20  # what a trusted tool (rg, ruff) may print before it is killed

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from codeplane.agent.env import Environment, ToolError
-from codeplane.sandbox.files import Refused, TextFile, TooLarge, decode
+from codeplane.core.files import Refused, TextFile, TooLarge, decode
 from codeplane.sandbox.workspace import Entry, FileStat
 
 MAX_CHARS = 8000
@@ -884,7 +884,7 @@ def _kind(env: Environment, path: Path) -> str | None:
 
 def _text(env: Environment, path: Path) -> TextFile:
     """A workspace file through the workspace (local backends: the one resolver,
-    sandbox/files.py): a regular file inside it, not larger than MAX_FILE_BYTES, not
+    core/files.py): a regular file inside it, not larger than MAX_FILE_BYTES, not
     binary."""
     try:
         return decode(env.workspace.read(path, MAX_FILE_BYTES), path.name)

@@ -46,9 +46,10 @@ from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.runs import Run, RunManager
 from codeplane.background.store import Store
 from codeplane.config import ConfigError
+from codeplane.core import files
 from codeplane.core.chat import ChatModel
 from codeplane.core.wakeups import Wakeups
-from codeplane.sandbox import files, gitguard, treegit
+from codeplane.sandbox import gitguard, treegit
 from codeplane.sandbox.fleet import Fleet, PooledWorkspace, Sandbox
 from codeplane.sandbox.runner import Limits
 from codeplane.sandbox.treegit import TreeGitError

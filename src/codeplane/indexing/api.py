@@ -21,6 +21,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 
 from codeplane.config import Settings
+from codeplane.core.files import Refused, decode, read_bytes
 from codeplane.indexing.chunker import language_for
 from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.lexical import analyse
@@ -35,7 +36,6 @@ from codeplane.indexing.rank import (
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
 from codeplane.indexing.vectors import client_vectors
-from codeplane.sandbox.files import Refused, decode, read_bytes
 
 DENSE_K = 100  # dense hits asked of the server: the fusion needs more than the page shown
 LEXICAL_K = 100

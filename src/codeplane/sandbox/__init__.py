@@ -3,7 +3,7 @@
 Both runners share one process supervisor (`runner.py`): resource limits, a wall-clock timeout
 that kills everything the command started, and output capped to a predictable size.
 `gitguard.py` keeps git metadata read-only and sweeps away repositories a command created;
-`files.py` is the one resolver for host-side reads and writes of workspace files.
+`core/files.py` is the one resolver for host-side reads and writes of workspace files.
 `workspace.py` is the interface every agent tool uses (files, commands, snapshots), with its
 backends chosen by name.
 """

@@ -501,7 +501,7 @@ class GuestRunner:
 
 class MicroVMWorkspace(LocalWorkspace):
     """A directory on this machine whose commands run in a microVM of its own; file
-    operations stay host-side through `sandbox/files.py`, as for every local backend."""
+    operations stay host-side through `core/files.py`, as for every local backend."""
 
     def __init__(self, root: Path, accel: str = "kvm", limits: Limits | None = None,
                  cpus: int = 1, image: GuestImage | None = None) -> None:

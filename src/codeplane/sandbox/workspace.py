@@ -6,7 +6,7 @@ sandbox, a microVM) runs every tool unchanged. Backends are chosen by name from 
 as mini-swe-agent chooses its environments: adding one is one entry in that table.
 
 Paths are absolute paths under `root` or relative to it; `root` is where commands see the
-workspace. Local backends confine every host-side read and write through `sandbox/files.py`
+workspace. Local backends confine every host-side read and write through `core/files.py`
 (no symlink or `..` leads out, no FIFO or device is opened). `exec` takes a shell command
 (a string: runs with the workspace writable, its `.git` read-only) or a trusted program
 (a list: runs over a read-only workspace, as ripgrep and ruff do).
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from codeplane.sandbox import files
+from codeplane.core import files
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, HostRunner, Limits, Runner
 
 SNAPSHOT_FILE_BYTES = 64 << 20  # larger files are left out of a snapshot
