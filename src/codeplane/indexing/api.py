@@ -22,7 +22,7 @@ from cryptography.exceptions import InvalidTag
 
 from codeplane.config import Settings
 from codeplane.core.files import Refused, decode, read_bytes
-from codeplane.indexing.chunker import language_for
+from codeplane.core.languages import code_language
 from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.lexical import analyse
 from codeplane.indexing.rank import (
@@ -124,7 +124,7 @@ def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
     hybrid = settings.indexing.get("fusion", "hybrid") != "dense"
     ranked = _rank(state, query, dense, max(LEXICAL_K, limit * 2), rel_prefix, files, hybrid)
     if code:
-        ranked = [row for row in ranked if language_for(row[0])]
+        ranked = [row for row in ranked if code_language(row[0])]
     if not outcome.complete:
         done = outcome.indexed_chunks
         total = done + outcome.pending_chunks
