@@ -121,7 +121,8 @@ def live_server(session_settings: Settings, engine: Engine):
 def pool_fleet(tmp_path_factory):
     """One sandbox fleet for the session's `pool`-backend tests (no warm pool: every test's
     repo is new, so a pool would only make sandboxes nobody asks for)."""
-    from codeplane.sandbox.fleet import Fleet, FleetSettings
+    from codeplane.config import FleetSettings
+    from codeplane.sandbox.fleet import Fleet
 
     fleet = Fleet(tmp_path_factory.mktemp("pool-fleet"), FleetSettings(pool_size=0))
     yield fleet

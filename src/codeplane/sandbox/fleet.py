@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
+from codeplane.config import FleetSettings
 from codeplane.core.errors import APIError
 from codeplane.sandbox import clone, reaper, remote, treegit
 from codeplane.sandbox.cgroups import SandboxCgroup
@@ -43,41 +42,6 @@ from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspac
 from codeplane.storage import DatabaseError
 
 log = logging.getLogger("codeplane.fleet")
-
-
-class FleetSettings(BaseModel):
-    """`[fleet]` in codeplane.toml: how sandboxes are made, pooled and bounded."""
-
-    model_config = {"extra": "forbid"}
-    strategy: str = Field("auto", description="overlay | reflink | git-shared | copy | auto "
-                                              "(the first that works, in measured order)")
-    pool_size: int = Field(2, ge=0, le=64, description="warm sandboxes kept per (repo, commit) "
-                                                      "once it has been asked for")
-    max_sandboxes: int = Field(128, ge=1, description="sandboxes on this host, pools included")
-    max_per_tenant: int = Field(16, ge=1, description="sandboxes one tenant may hold")
-    disk_per_tenant: int = Field(4 << 30, ge=1 << 20,
-                                 description="bytes a tenant's sandboxes may add to the disk")
-    cpu_seconds: int = Field(300, ge=1, description="per process of a command")
-    memory_bytes: int = Field(4 << 30, ge=64 << 20,
-                              description="per sandbox: all its processes and its /tmp "
-                                          "together (a memory cgroup; where the host has "
-                                          "none, per process); also each process's "
-                                          "address space")
-    processes: int = Field(256, ge=16, description="processes and threads per sandbox (a "
-                                                   "pids cgroup)")
-    max_execs_per_tenant: int = Field(4, ge=1, description="commands one tenant may run at "
-                                                           "once through the API; more get 429")
-    exec_workers: int = Field(32, ge=1, description="commands running at once through the "
-                                                    "API on this host (every tenant); more "
-                                                    "wait for a free worker")
-    max_timeout: float = Field(600.0, gt=0, description="longest wall clock a command may ask")
-    max_file_bytes: int = Field(8 << 20, ge=1024, description="largest file read or written "
-                                                              "through the API")
-    fetch_bytes: int = Field(1 << 30, ge=1 << 16, description="largest repository fetched "
-                                                             "by URL (its pack file)")
-    fetch_timeout: float = Field(300.0, gt=0, description="longest a fetch by URL may take")
-    fetch_ttl: float = Field(60.0, ge=0, description="seconds a fetched repository is used "
-                                                     "as it is before it is fetched again")
 
 
 class FleetError(Exception):

@@ -25,7 +25,7 @@ from codeplane.events.log import EventLog
 from codeplane.gateway.keys import KeyStore
 from codeplane.gateway.router import Gateway
 from codeplane.models.engine import Engine
-from codeplane.sandbox.fleet import Fleet, FleetSettings
+from codeplane.sandbox.fleet import Fleet
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.storage import Database, ObjectStore, Replica, StorageError
 from codeplane.tab.service import TabService, TabSettings
@@ -101,10 +101,6 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
         store.sweep_staging()  # what a writer killed mid-put left behind
     except StorageError as exc:
         raise ConfigError(f"invalid [storage] settings: {exc}") from None
-    try:
-        fleet_settings = FleetSettings(**settings.fleet)
-    except ValidationError as exc:
-        raise ConfigError(f"invalid [fleet] settings: {exc}") from None
     db = Database.from_settings(settings)  # migrations run here, before any traffic
     replica = Replica(db, settings.storage.lease_seconds)
     keys = KeyStore.from_settings(settings, replica)
@@ -113,7 +109,7 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
                       lock=db.lock)
     records = RunRecords(db, replica)
     sandboxes = SandboxRecords(db, replica)
-    fleet = Fleet(settings.server_dir, fleet_settings, settings.serve.repo_urls, sandboxes)
+    fleet = Fleet(settings.server_dir, settings.fleet, settings.serve.repo_urls, sandboxes)
     runs = RunManager(settings.serve.max_runs_per_tenant, records=records)
     background_store = Store(db, replica)
     background_store.import_sqlite(settings.server_dir / "background" / "runs.db")
