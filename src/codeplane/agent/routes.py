@@ -143,10 +143,11 @@ async def create_run(body: RunRequest, request: Request):
 
 
 def _environment(request: Request, tenant: str, root: Path, body: RunRequest) -> Environment:
-    """The run's environment on the backend it asked for; the pool backend takes its
-    sandboxes from this server's fleet, for the caller's tenant."""
-    with request.app.state.services.fleet.serving(tenant):
-        return local_environment(root, body.sandbox, body.network, backend=body.backend)
+    """The run's environment on the backend it asked for, from this server's backends bound
+    to the caller (the pool backend takes its sandboxes from the fleet, for this tenant)."""
+    backends = request.app.state.services.backends.for_caller(tenant)
+    return local_environment(root, body.sandbox, body.network, backend=body.backend,
+                             backends=backends)
 
 
 def _stream(request: Request, run_id: str, after: int,

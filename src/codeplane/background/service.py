@@ -47,8 +47,8 @@ from codeplane.config import Settings
 from codeplane.core import files
 from codeplane.core.chat import ChatModel
 from codeplane.core.wakeups import Wakeups
-from codeplane.sandbox import gitguard, treegit
-from codeplane.sandbox.fleet import Fleet, PooledWorkspace, Sandbox
+from codeplane.sandbox import Backends, gitguard, treegit
+from codeplane.sandbox.fleet import Fleet, Sandbox
 from codeplane.sandbox.runner import Limits
 from codeplane.sandbox.treegit import TreeGitError
 
@@ -87,11 +87,11 @@ class BackgroundService:
     """Every background run of one server. Built once (`server/services.py`); on start-up
     any run a previous process left "running" is marked interrupted."""
 
-    def __init__(self, server_dir: Path, runs: RunManager, fleet: Fleet,
+    def __init__(self, server_dir: Path, runs: RunManager, fleet: Fleet, backends: Backends,
                  settings: Settings, store: Store | None = None) -> None:
         self.root = server_dir / "background"
         self.store = store or Store.open(self.root / "runs.db")
-        self.runs, self.fleet, self.settings = runs, fleet, settings
+        self.runs, self.fleet, self.backends, self.settings = runs, fleet, backends, settings
         self.quota = settings.background
         self.store.interrupt_unfinished()
         self._live: dict[str, Live] = {}
@@ -140,9 +140,9 @@ class BackgroundService:
         live.turns += 1
         agent_id = f"{run_id}-{live.turns}"
         model = live.model(agent_id)
-        box = self._sandbox(run_id, live)
-        env = Environment(PooledWorkspace(self.fleet, box, release=False),
-                          Limits(timeout=COMMAND_TIMEOUT_S))
+        box = self._sandbox(run_id, live)  # held across turns: its workspace releases nothing
+        workspace = self.backends.for_caller(live.tenant, box).open(box.workspace, "pool")
+        env = Environment(workspace, Limits(timeout=COMMAND_TIMEOUT_S))
         agent = Agent(model, env, live.config, settings=self.settings, run_id=agent_id)
         agent.listeners.append(lambda event: self._on_event(run_id, live, event))
         self.record(run_id, {"type": "turn_start", "turn": live.turns, "task": task})

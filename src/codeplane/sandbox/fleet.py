@@ -24,10 +24,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,9 +33,10 @@ from codeplane.config import FleetSettings
 from codeplane.core.errors import APIError
 from codeplane.sandbox import clone, reaper, remote, treegit
 from codeplane.sandbox.cgroups import SandboxCgroup
+from codeplane.sandbox.pool import PooledWorkspace
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits, SandboxUnavailable
-from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspace
+from codeplane.sandbox.workspace import Workspace
 from codeplane.storage import DatabaseError
 
 log = logging.getLogger("codeplane.fleet")
@@ -88,51 +86,6 @@ class Sandbox:
         return {"id": self.id, "repo": self.repo, "ref": self.ref, "commit": self.commit,
                 "strategy": self.strategy, "created": self.created, "holder": self.holder,
                 "workspace": str(self.workspace)}
-
-
-class PooledWorkspace(LocalWorkspace):
-    """A fleet sandbox behind the `Workspace` interface: reads, writes and commands go through
-    the sandbox's tree and bubblewrap runner; closing gives the sandbox back, unless the
-    caller keeps it (`release=False`: a background run holds one sandbox across several agent
-    turns, each of which closes its workspace, and releases it itself when the run ends)."""
-
-    def __init__(self, fleet: Fleet, box: Sandbox, release: bool = True,
-                 network: bool = False) -> None:
-        runner = BwrapRunner(box.workspace, network=True, cgroup=box.cgroup) if network \
-            else box.runner()
-        super().__init__(box.workspace, runner)
-        self.fleet, self.box, self.release = fleet, box, release
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "backend": "pool", "sandbox": self.box.id}
-
-    def close(self) -> None:
-        if self.release:
-            self.fleet.release(self.box.id)
-
-
-# The fleet and tenant the `pool` entry of `workspace.BACKENDS` serves, bound by
-# `Fleet.serving` for one block of one thread or task. That table builds a workspace from
-# (root, network) alone, and a pooled one also needs a server's fleet and a caller's tenant:
-# a context variable carries them to it without widening every backend's signature and
-# without a process-wide registry (unbound, the backend refuses).
-_SERVING: ContextVar[tuple[Fleet, str] | None] = ContextVar("codeplane_fleet", default=None)
-
-
-class PoolUnavailable(UnknownBackend):
-    """The `pool` backend was asked for outside `Fleet.serving` (no server's fleet here)."""
-
-
-def pool_workspace(root: Path, network: bool) -> Workspace:
-    """The `pool` backend: a sandbox of the git repository `root` at its HEAD, from the fleet
-    `Fleet.serving` bound (warm from its pool when one is ready). The workspace's root is the
-    sandbox's tree, not `root`: changes stay in the sandbox until it is released."""
-    bound = _SERVING.get()
-    if bound is None:
-        raise PoolUnavailable("the pool backend needs a server's sandbox fleet: use it "
-                              "through `codeplane serve` (agent runs with backend \"pool\")")
-    fleet, tenant = bound
-    return fleet.open(tenant, root, network=network)
 
 
 @dataclass
@@ -222,20 +175,9 @@ class Fleet:
     def open(self, tenant: str, repo: Path | str, ref: str = "HEAD",
              network: bool = False) -> Workspace:
         """`acquire` as a `Workspace` (the agent's tools run on it unchanged); its `close()`
-        releases the sandbox. The `pool` entry of `workspace.BACKENDS` calls this for the
-        fleet and tenant `serving` bound."""
+        releases the sandbox. What the `pool` backend (`pool.py`) opens."""
         return PooledWorkspace(self, self.acquire(tenant, repo, ref, "agent run"),
                                network=network)
-
-    @contextmanager
-    def serving(self, tenant: str) -> Iterator[None]:
-        """Within this block, `open_workspace(root, "pool")` opens sandboxes of this fleet
-        for `tenant` (how a server's agent run asks for the pool backend by name)."""
-        token = _SERVING.set((self, tenant))
-        try:
-            yield
-        finally:
-            _SERVING.reset(token)
 
     def release(self, sandbox_id: str) -> None:
         """Remove a sandbox: processes, mounts, directory, record. Unknown ids are a no-op."""

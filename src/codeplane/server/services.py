@@ -25,6 +25,7 @@ from codeplane.events.log import EventLog
 from codeplane.gateway.keys import KeyStore
 from codeplane.gateway.router import Gateway
 from codeplane.models.engine import Engine
+from codeplane.sandbox import Backends, BackendServices
 from codeplane.sandbox.fleet import Fleet
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.storage import Database, ObjectStore, Replica, StorageError
@@ -48,6 +49,7 @@ class Services:
     events: EventLog  # the event lake: usage, apply outcomes, agent steps (no source code)
     background: BackgroundService  # background agents: durable runs in pooled sandboxes
     fleet: Fleet  # sandboxes: copy-on-write workspaces, warm pools, reaped after a crash
+    backends: Backends  # the workspace backend table, the fleet injected (a route adds the caller)
     db: Database  # every durable row (keys, usage, search metadata, runs), shared by replicas
     replica: Replica  # this process's lease in `db`; sweeps take over what dead ones left
     store: ObjectStore  # the event lake and LanceDB tables
@@ -110,6 +112,7 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     records = RunRecords(db, replica)
     sandboxes = SandboxRecords(db, replica)
     fleet = Fleet(settings.server_dir, settings.fleet, settings.serve.repo_urls, sandboxes)
+    backends = Backends(BackendServices(fleet=fleet))
     runs = RunManager(settings.serve.max_runs_per_tenant, records=records)
     background_store = Store(db, replica)
     background_store.import_sqlite(settings.server_dir / "background" / "runs.db")
@@ -121,7 +124,7 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
                     gateway=gateway,
                     tab=tab, runs=runs, events=events,
-                    background=BackgroundService(settings.server_dir, runs, fleet, settings,
-                                                 store=background_store),
-                    fleet=fleet, db=db, replica=replica,
+                    background=BackgroundService(settings.server_dir, runs, fleet, backends,
+                                                 settings, store=background_store),
+                    fleet=fleet, backends=backends, db=db, replica=replica,
                     store=store, owns_engine=owns_engine)
