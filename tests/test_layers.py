@@ -100,7 +100,7 @@ def units() -> set[str]:
 
 
 def layer_index() -> dict[str, int]:
-    return {unit: n for n, layer in enumerate(LAYERS) for unit in layer}
+    return {unit: n for n, layer in enumerate(LAYERS, start=1) for unit in layer}
 
 
 def against_the_order(edges: list[Edge]) -> list[str]:
@@ -129,6 +129,14 @@ def test_every_package_has_one_layer() -> None:
     assert len(placed) == len(set(placed)), "a unit is in two layers"
     missing = units() - set(placed)
     assert not missing, f"not in any layer of LAYERS (tests/test_layers.py): {sorted(missing)}"
+
+
+def test_contributing_shows_this_order() -> None:
+    """CONTRIBUTING.md lists the layers for readers; this keeps its list the same as LAYERS."""
+    text = (SRC.parents[1] / "CONTRIBUTING.md").read_text()
+    for n, layer in enumerate(LAYERS, start=1):
+        line = f"{n}. " + ", ".join(f"`{unit}`" for unit in layer)
+        assert f"\n{line}\n" in text, f"CONTRIBUTING.md should list layer {n} as: {line}"
 
 
 def test_no_import_against_the_layer_order(edges: list[Edge]) -> None:
