@@ -210,3 +210,20 @@ def test_every_tool_goes_through_the_workspace(tmp_path: Path, monkeypatch, rg: 
     assert (real / "pkg/calc.py").read_text().endswith("a + b\n")
     assert not (real / "docs/n.md").exists()
     assert ws.calls >= {"read", "write", "remove", "stat", "list", "exec"}
+
+
+def test_backend_settings_are_validated_by_their_row() -> None:
+    from pydantic import ValidationError
+
+    from codeplane.sandbox import Backends
+    from codeplane.sandbox.microvm import MicroVMSettings
+
+    built = Backends(settings={"microvm": {"accel": "tcg", "cpus": 2}})
+    assert built.settings["microvm"] == MicroVMSettings(accel="tcg", cpus=2)
+    assert built.for_caller("t").settings == built.settings
+    with pytest.raises(ValidationError, match="accel"):
+        Backends(settings={"microvm": {"accel": "hvf"}})
+    with pytest.raises(ValidationError, match="extra"):
+        Backends(settings={"bwrap": {"cpus": 2}})  # bwrap has no settings
+    with pytest.raises(UnknownBackend, match="available: bwrap, host"):
+        Backends(settings={"nosuch": {}})
