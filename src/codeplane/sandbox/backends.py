@@ -11,6 +11,7 @@ Adding a backend is one module (its class and settings model) and one row here.
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ class NoSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
 
-class LocalBackend:
+class LocalBackend(ABC):
     """A directory on this machine, its commands through a runner: no settings, no services."""
 
     def __init__(self, settings: NoSettings, services: BackendServices) -> None:
@@ -48,8 +49,9 @@ class LocalBackend:
     def open(self, root: Path, network: bool) -> Workspace:
         return LocalWorkspace(root, self.runner(root, network))
 
+    @abstractmethod
     def runner(self, root: Path, network: bool) -> Runner:
-        raise NotImplementedError
+        """The runner of this backend's commands."""
 
 
 class BwrapBackend(LocalBackend):
