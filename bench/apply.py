@@ -35,7 +35,7 @@ from pathlib import Path
 
 from codeplane.apply.align import clear_cache
 from codeplane.apply.api import apply_edit
-from codeplane.apply.validate import first_error_line
+from codeplane.core.languages import first_error_line
 
 DATA = Path(__file__).parent / "data" / "apply" / "cases.jsonl.xz"
 BUCKETS = ((50, 200), (200, 1000), (1000, 3000), (3000, 10**9))

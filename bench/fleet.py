@@ -30,18 +30,19 @@ from pathlib import Path
 
 import httpx
 
-from codeplane.config import load_settings
+from codeplane.config import FleetSettings, load_settings
 from codeplane.gateway.keys import KeyStore
 from codeplane.sandbox import (
     BACKENDS,
+    Backends,
+    BackendServices,
     Limits,
     SandboxUnavailable,
     UnknownBackend,
     Workspace,
     clone,
-    open_workspace,
 )
-from codeplane.sandbox.fleet import Fleet, FleetError, FleetSettings
+from codeplane.sandbox.fleet import Fleet, FleetError
 from codeplane.sandbox.reaper import kill_inside
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the scripted model
@@ -140,8 +141,7 @@ def workspace_ops(repo: Path, scratch: Path, rounds: int) -> None:
     names = ["bwrap", "host", "pool", *(n for n in BACKENDS if n not in ("bwrap", "host", "pool"))]
     for name in names:
         try:
-            with fleet.serving("bench"):
-                ws = open_workspace(repo, name)
+            ws = Backends(BackendServices(fleet=fleet, tenant="bench")).open(repo, name)
         except (UnknownBackend, SandboxUnavailable, FleetError, OSError) as exc:
             print(f"  {name:6s} unavailable: {str(exc)[:90]}")  # measure the rest
             continue

@@ -1,6 +1,5 @@
-"""microVM backend benchmark, next to bubblewrap in the same run: cold boot to first exec,
-exec round trip (a shell command and a trusted program), and acquire from a warm pool of
-pre-booted VMs (the queue pop, and pop plus first exec).
+"""microVM backend benchmark, next to bubblewrap in the same run: cold boot to first exec and
+exec round trip (a shell command and a trusted program).
 
     flock /tmp/codeplane-cpu.lock python bench/microvm.py [--boots 5] [--execs 30] [--json]
 
@@ -21,7 +20,7 @@ from functools import partial
 from pathlib import Path
 
 from codeplane.sandbox import Limits, open_workspace
-from codeplane.sandbox.microvm import MicroVMPool, MicroVMWorkspace, guest_image, kvm_problem
+from codeplane.sandbox.microvm import MicroVMWorkspace, guest_image, kvm_problem
 
 LIMITS = Limits(memory_bytes=512 << 20, tmp_bytes=64 << 20, timeout=120)
 
@@ -70,31 +69,9 @@ def round_trips(ws, execs: int) -> dict[str, dict[str, float]]:
     return {"shell `true`": stats(shell), "program `rg --files`": stats(program)}
 
 
-def pool_acquire(scratch: Path, accel: str, image, rounds: int) -> dict[str, dict[str, float]]:
-    """Acquire from a full pool of 2, `rounds` times (waiting for the refill in between)."""
-    counter = iter(range(10_000))
-    pool = MicroVMPool(lambda: make_repo(scratch / f"pool-{next(counter)}"), size=2,
-                       accel=accel, limits=LIMITS, image=image)
-    pops, with_exec = [], []
-    try:
-        for _ in range(rounds):
-            if not pool.wait_ready(600):
-                raise SystemExit("the pool did not fill in 10 minutes")
-            start = time.perf_counter()
-            ws = pool.acquire()
-            pops.append(time.perf_counter() - start)
-            first_exec(ws)
-            with_exec.append(time.perf_counter() - start)
-            ws.close()
-    finally:
-        pool.close()
-    assert pool.misses == 0, "an acquire missed the pool"
-    return {"acquire (pop)": stats(pops), "acquire + first exec": stats(with_exec)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--boots", type=int, default=5, help="cold boots (and pool acquires)")
+    ap.add_argument("--boots", type=int, default=5, help="cold boots")
     ap.add_argument("--execs", type=int, default=30, help="round trips per kind")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -114,14 +91,13 @@ def main() -> None:
             ws = make(make_repo(scratch / f"rt-{name}"))
             report["exec round trip"][name] = round_trips(ws, args.execs)
             ws.close()
-        report["warm pool (microvm)"] = pool_acquire(scratch, accel, image, args.boots)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
         return
     print(f"accel: {accel}" + (f" ({report['kvm_problem']})" if report["kvm_problem"] else ""))
     print(f"guest image (cached after the first run): {report['guest_image_s']} s")
-    for section in ("cold create to first exec", "exec round trip", "warm pool (microvm)"):
+    for section in ("cold create to first exec", "exec round trip"):
         print(f"\n{section}")
         for name, value in report[section].items():
             rows = value.items() if "p50_ms" not in value else [("", value)]

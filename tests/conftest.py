@@ -135,7 +135,8 @@ def live_server(session_settings: Settings, engine: Engine):
 def pool_fleet(tmp_path_factory):
     """One sandbox fleet for the session's `pool`-backend tests (no warm pool: every test's
     repo is new, so a pool would only make sandboxes nobody asks for)."""
-    from codeplane.sandbox.fleet import Fleet, FleetSettings
+    from codeplane.config import FleetSettings
+    from codeplane.sandbox.fleet import Fleet
 
     fleet = Fleet(tmp_path_factory.mktemp("pool-fleet"), FleetSettings(pool_size=0))
     yield fleet
@@ -147,7 +148,7 @@ def open_backend(request):
     """`open(name, root)`: the workspace of `root` on the named backend, as a test parametrised
     over `BACKENDS` wants it; for `pool`, root's files are committed to a git repository and
     the sandbox comes from the session's fleet. Every workspace opened is closed after."""
-    from codeplane.sandbox import open_workspace
+    from codeplane.sandbox import Backends, BackendServices, open_workspace
 
     opened = []
 
@@ -158,8 +159,8 @@ def open_backend(request):
         git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-C", str(root)]
         for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "files"]):
             subprocess.run([*git, *argv], check=True, capture_output=True)
-        with request.getfixturevalue("pool_fleet").serving("tests"):
-            opened.append(open_workspace(root, name, network))
+        services = BackendServices(fleet=request.getfixturevalue("pool_fleet"), tenant="tests")
+        opened.append(Backends(services).open(root, name, network))
         return opened[-1]
 
     yield open_

@@ -78,3 +78,16 @@ def test_the_composition_root_rejects_bad_sections_before_serving(tmp_path):
         create_app(load_settings(home=tmp_path, tab={"max_tokens": 0}))
     with pytest.raises(ConfigError, match="gateway"):
         create_app(load_settings(home=tmp_path, gateway={"auth": "maybe"}))
+
+
+def test_fleet_and_background_sections_are_validated_at_load(tmp_path):
+    path = tmp_path / "c.toml"
+    for text, where in (("[fleet]\npool_size = 1\nmax_per_tenant = 0\n", "fleet.max_per_tenant"),
+                        ("[background]\npatch_bytes = 1\ndif_bytes = 1\n", "background.dif_bytes")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=rf"{where} \(line 3\)"):
+            load_settings(path, home=tmp_path)
+    path.write_text("[fleet]\npool_size = 0\n[background]\ndiff_bytes = 7\n")
+    cfg = load_settings(path, home=tmp_path)
+    assert (cfg.fleet.pool_size, cfg.fleet.max_per_tenant) == (0, 16)
+    assert (cfg.background.diff_bytes, cfg.background.patch_bytes) == (7, 16 << 20)

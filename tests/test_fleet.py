@@ -309,3 +309,29 @@ def test_pool_backend_needs_a_fleet(tmp_path):
 
     with pytest.raises(ToolError, match="needs a server's sandbox fleet"):
         local_environment(git_repo(tmp_path / "r", {"a": "a\n"}), backend="pool")
+
+
+def test_the_pool_backend_takes_its_fleet_and_tenant_by_injection(pool_fleet, tmp_path):
+    """The composition root gives the table the fleet; each caller binds its tenant (two
+    callers on two threads at once, each sandbox counted against its own tenant), and a
+    sandbox a caller holds opens as a workspace that closing does not release."""
+    from codeplane.sandbox import Backends, BackendServices
+
+    repo = git_repo(tmp_path / "r", {"a.txt": "a\n"})
+    server = Backends(BackendServices(fleet=pool_fleet))
+    with ThreadPoolExecutor(2) as pool:
+        opened = list(pool.map(lambda t: server.for_caller(t).open(repo, "pool"),
+                               ["inj-a", "inj-b"]))
+    assert [len(pool_fleet.list(t)) for t in ("inj-a", "inj-b")] == [1, 1]
+    assert {ws.box.tenant for ws in opened} == {"inj-a", "inj-b"}
+    for ws in opened:
+        ws.close()
+    assert pool_fleet.list("inj-a") == pool_fleet.list("inj-b") == []
+    box = pool_fleet.acquire("inj-a", repo)
+    held = server.for_caller("inj-a", box).open(box.workspace, "pool")
+    assert held.read(Path("a.txt"), 10) == b"a\n" and held.root == box.workspace
+    held.close()
+    assert [b.id for b in pool_fleet.list("inj-a")] == [box.id]
+    with pytest.raises(ValueError, match="not the tree of the held sandbox"):
+        server.for_caller("inj-a", box).open(repo, "pool")
+    pool_fleet.release(box.id)

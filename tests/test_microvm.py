@@ -21,10 +21,10 @@ import pytest
 
 from codeplane.agent import tools as T
 from codeplane.agent.env import Environment
-from codeplane.sandbox import BACKENDS, Limits, open_workspace
+from codeplane.sandbox import BACKENDS, Backends, Limits, open_workspace
 from codeplane.sandbox.microvm import (
     GuestImage,
-    MicroVMPool,
+    MicroVMSettings,
     MicroVMUnavailable,
     MicroVMWorkspace,
     Share,
@@ -54,7 +54,9 @@ def vm(image, tmp_path_factory) -> MicroVMWorkspace:
     (root / "pkg" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
     (root / ".git").mkdir()
     (root / ".git" / "config").write_text("[core]\n")
-    ws = MicroVMWorkspace(root, accel=ACCEL, limits=SMALL, image=image)
+    vms = Backends(settings={"microvm": MicroVMSettings(
+        accel=ACCEL, memory_bytes=SMALL.memory_bytes, tmp_bytes=SMALL.tmp_bytes)})
+    ws = vms.open(root, "microvm")  # through the table, built with its typed settings
     yield ws
     ws.close()
 
@@ -175,25 +177,6 @@ def test_close_kills_the_vm(image, tmp_path: Path) -> None:
     proc, run_dir = ws.vm.proc, ws.vm.run_dir
     ws.close()
     assert proc.poll() is not None and not run_dir.exists()
-
-
-def test_a_warm_pool_hands_out_booted_vms(image, tmp_path: Path) -> None:
-    made: list[Path] = []
-
-    def make_dir() -> Path:
-        made.append(tmp_path / f"box{len(made)}")
-        made[-1].mkdir()
-        return made[-1]
-
-    pool = MicroVMPool(make_dir, size=1, accel=ACCEL, limits=SMALL, image=image)
-    try:
-        assert pool.wait_ready(300)
-        ws = pool.acquire()
-        assert pool.hits == 1 and ws.root == made[0]
-        assert sh(ws, "echo ready").strip() == "ready"
-        ws.close()
-    finally:
-        pool.close()
 
 
 def test_the_backend_requires_kvm(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ from pgserver import pg_server, pg_url  # noqa: F401  (fixtures)
 from test_database import expire, pair, url  # noqa: F401  (fixtures)
 from test_fleet import git_repo
 
-from codeplane.sandbox.fleet import Fleet, FleetError, FleetSettings, replica_label
+from codeplane.config import FleetSettings
+from codeplane.sandbox.fleet import Fleet, FleetError, replica_label
 from codeplane.sandbox.records import SandboxRecords
 
 

@@ -13,8 +13,9 @@ import pytest
 
 from codeplane.agent import tools as T
 from codeplane.agent.env import ToolError, local_environment
+from codeplane.core.files import Refused, TooLarge
 from codeplane.sandbox import BACKENDS, Limits, UnknownBackend, open_workspace
-from codeplane.sandbox.files import Refused, TooLarge
+from codeplane.sandbox.backends import HostBackend, NoSettings, Row
 from codeplane.sandbox.runner import CommandResult, HostRunner
 from codeplane.sandbox.workspace import Entry, FileStat, LocalWorkspace, Snapshot
 
@@ -102,11 +103,12 @@ def test_backends_come_from_the_table(tmp_path: Path, monkeypatch) -> None:
     assert not open_workspace(tmp_path, "host").sandboxed
     made: list[Path] = []
 
-    def extra(root: Path, network: bool) -> LocalWorkspace:
-        made.append(root)
-        return LocalWorkspace(root, HostRunner(root))
+    class Extra(HostBackend):
+        def open(self, root: Path, network: bool) -> LocalWorkspace:
+            made.append(root)
+            return LocalWorkspace(root, HostRunner(root))
 
-    monkeypatch.setitem(BACKENDS, "extra", extra)  # one entry is all a new backend needs
+    monkeypatch.setitem(BACKENDS, "extra", Row(Extra, NoSettings))  # one row is all it needs
     env = local_environment(tmp_path, backend="extra")
     assert made == [tmp_path] and T.execute(env, "list_dir", {}).ok
 
@@ -171,6 +173,11 @@ class Elsewhere:
         self.inner.close()
 
 
+class ElsewhereBackend(HostBackend):
+    def open(self, root: Path, network: bool) -> Elsewhere:
+        return Elsewhere(root)
+
+
 @pytest.mark.parametrize("rg", [True, False])
 def test_every_tool_goes_through_the_workspace(tmp_path: Path, monkeypatch, rg: bool) -> None:
     real = tmp_path / "real"
@@ -180,7 +187,7 @@ def test_every_tool_goes_through_the_workspace(tmp_path: Path, monkeypatch, rg: 
     if not rg:  # the Python fallbacks of grep and list_files
         real_which = T.shutil.which
         monkeypatch.setattr(T.shutil, "which", lambda n: None if n == "rg" else real_which(n))
-    monkeypatch.setitem(BACKENDS, "elsewhere", lambda root, network: Elsewhere(root))
+    monkeypatch.setitem(BACKENDS, "elsewhere", Row(ElsewhereBackend, NoSettings))
     env = local_environment(real, backend="elsewhere")
     ws = env.workspace
     assert env.root == ws.root and not ws.root.exists()
@@ -203,3 +210,20 @@ def test_every_tool_goes_through_the_workspace(tmp_path: Path, monkeypatch, rg: 
     assert (real / "pkg/calc.py").read_text().endswith("a + b\n")
     assert not (real / "docs/n.md").exists()
     assert ws.calls >= {"read", "write", "remove", "stat", "list", "exec"}
+
+
+def test_backend_settings_are_validated_by_their_row() -> None:
+    from pydantic import ValidationError
+
+    from codeplane.sandbox import Backends
+    from codeplane.sandbox.microvm import MicroVMSettings
+
+    built = Backends(settings={"microvm": {"accel": "tcg", "cpus": 2}})
+    assert built.settings["microvm"] == MicroVMSettings(accel="tcg", cpus=2)
+    assert built.for_caller("t").settings == built.settings
+    with pytest.raises(ValidationError, match="accel"):
+        Backends(settings={"microvm": {"accel": "hvf"}})
+    with pytest.raises(ValidationError, match="extra"):
+        Backends(settings={"bwrap": {"cpus": 2}})  # bwrap has no settings
+    with pytest.raises(UnknownBackend, match="available: bwrap, host"):
+        Backends(settings={"nosuch": {}})

@@ -35,8 +35,8 @@ from conftest import make_settings
 from corpus import EmbeddingCache, IndexedChunk, Snapshots, blank_docstrings, mirror
 from layouts import LAYOUTS, spaced
 
+from codeplane.core.languages import code_language
 from codeplane.indexing import chunker, rank
-from codeplane.indexing.chunker import language_for
 from codeplane.indexing.lexical import Query, Shape, analyse
 from codeplane.indexing.state import WorkspaceState
 from codeplane.models.embed import DEFAULT_LOCAL, LOCAL_MODELS, OnnxEmbedder
@@ -140,7 +140,7 @@ def rankings(c: Candidates, level: str, weights: dict | None = None) -> dict[str
         # so the baselines get the same filter to compare like with like)
         for method in ("dense (best chunk per file)", "word count (>=4 letters)",
                        "hybrid (fitted)"):
-            out[f"{method}, --code"] = [p for p in out[method] if language_for(p)]
+            out[f"{method}, --code"] = [p for p in out[method] if code_language(p)]
     else:
         out["dense"] = [k for k, _ in c.dense]
         out["word count (>=4 letters)"] = [k for k, s in c.word_chunks if s]

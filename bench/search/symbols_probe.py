@@ -23,8 +23,8 @@ from corpus import EmbeddingCache, Snapshots
 from evaluate import collect, metrics
 from tree_sitter_language_pack import get_parser
 
+from codeplane.core.languages import DEF_TYPES, code_language
 from codeplane.indexing import rank
-from codeplane.indexing.chunker import DEF_TYPES, language_for
 from codeplane.models.embed import OnnxEmbedder
 
 NAME_TYPES = frozenset({"identifier", "type_identifier", "property_identifier", "constant",
@@ -34,7 +34,7 @@ WEIGHTS = [0.0, 0.1, 0.2, 0.4, 0.8]
 
 def definitions(rel: str, text: str) -> set[str]:
     """Lower-cased names a file defines outside function bodies."""
-    language = language_for(rel)
+    language = code_language(rel)
     if not language:
         return set()
     root = get_parser(language).parse(text.encode()).root_node

@@ -150,6 +150,55 @@ class StorageSettings(BaseModel):
                                  "(0: off; `codeplane events compact` does it on demand)")
 
 
+class FleetSettings(BaseModel):
+    """`[fleet]` in codeplane.toml: how the server's sandboxes (`sandbox/fleet.py`) are
+    made, pooled and bounded."""
+
+    model_config = {"extra": "forbid"}
+    strategy: str = Field("auto", description="overlay | reflink | git-shared | copy | auto "
+                                              "(the first that works, in measured order)")
+    pool_size: int = Field(2, ge=0, le=64, description="warm sandboxes kept per (repo, commit) "
+                                                      "once it has been asked for")
+    max_sandboxes: int = Field(128, ge=1, description="sandboxes on this host, pools included")
+    max_per_tenant: int = Field(16, ge=1, description="sandboxes one tenant may hold")
+    disk_per_tenant: int = Field(4 << 30, ge=1 << 20,
+                                 description="bytes a tenant's sandboxes may add to the disk")
+    cpu_seconds: int = Field(300, ge=1, description="per process of a command")
+    memory_bytes: int = Field(4 << 30, ge=64 << 20,
+                              description="per sandbox: all its processes and its /tmp "
+                                          "together (a memory cgroup; where the host has "
+                                          "none, per process); also each process's "
+                                          "address space")
+    processes: int = Field(256, ge=16, description="processes and threads per sandbox (a "
+                                                   "pids cgroup)")
+    max_execs_per_tenant: int = Field(4, ge=1, description="commands one tenant may run at "
+                                                           "once through the API; more get 429")
+    exec_workers: int = Field(32, ge=1, description="commands running at once through the "
+                                                    "API on this host (every tenant); more "
+                                                    "wait for a free worker")
+    max_timeout: float = Field(600.0, gt=0, description="longest wall clock a command may ask")
+    max_file_bytes: int = Field(8 << 20, ge=1024, description="largest file read or written "
+                                                              "through the API")
+    fetch_bytes: int = Field(1 << 30, ge=1 << 16, description="largest repository fetched "
+                                                             "by URL (its pack file)")
+    fetch_timeout: float = Field(300.0, gt=0, description="longest a fetch by URL may take")
+    fetch_ttl: float = Field(60.0, ge=0, description="seconds a fetched repository is used "
+                                                     "as it is before it is fetched again")
+
+
+class BackgroundSettings(BaseModel):
+    """`[background]` in codeplane.toml: what one background run (`background/service.py`)
+    may store in the server database."""
+
+    model_config = {"extra": "forbid"}
+    diff_bytes: int = Field(4 << 20, ge=0, description="bytes of `diff` events one run stores; "
+                                                       "past them, a summary (diffstat) per "
+                                                       "change")
+    patch_bytes: int = Field(16 << 20, ge=0, description="largest result patch stored; a "
+                                                         "larger result is kept as its branch "
+                                                         "bundle only")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CODEPLANE_", env_nested_delimiter="__", extra="forbid"
@@ -160,6 +209,8 @@ class Settings(BaseSettings):
     serve: ServeSettings = Field(default_factory=ServeSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)  # sandbox/fleet.py
+    background: BackgroundSettings = Field(default_factory=BackgroundSettings)
     # Sections owned by other compartments are validated by them; kept raw here so one file
     # configures everything without this module importing every compartment.
     models: list[dict[str, Any]] = Field(default_factory=list)
@@ -168,8 +219,6 @@ class Settings(BaseSettings):
     indexing: dict[str, Any] = Field(default_factory=dict)
     agent: dict[str, Any] = Field(default_factory=dict)
     tab: dict[str, Any] = Field(default_factory=dict)
-    fleet: dict[str, Any] = Field(default_factory=dict)  # [fleet]: sandbox/fleet.py
-    background: dict[str, Any] = Field(default_factory=dict)  # background/service.py
 
     config_file: Path | None = Field(None, exclude=True)
 

@@ -19,8 +19,9 @@ from upstreams.scripted import caller, run_server
 
 from codeplane.agent import tools as T
 from codeplane.agent.env import local_environment
+from codeplane.config import FleetSettings
 from codeplane.sandbox import BwrapRunner, Limits, gitguard
-from codeplane.sandbox.fleet import Fleet, FleetSettings
+from codeplane.sandbox.fleet import Fleet
 
 DEEP = "/".join(["q"] * 1000)
 # deeper than PATH_MAX (4096 bytes): made one relative step at a time, as a shell can

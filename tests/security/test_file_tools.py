@@ -12,19 +12,19 @@ from pathlib import Path
 import pytest
 
 from codeplane.agent import tools as T
-from codeplane.agent.env import LocalEnvironment, local_environment
+from codeplane.agent.env import Environment, local_environment
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> LocalEnvironment:
+def env(tmp_path: Path) -> Environment:
     root = tmp_path / "ws"
     root.mkdir()
     return local_environment(root)
 
 
-def _edit(env: LocalEnvironment, path: str, old: str, new: str) -> T.ToolResult:
+def _edit(env: Environment, path: str, old: str, new: str) -> T.ToolResult:
     return T.execute(env, "edit_file", {"path": path, "old_string": old, "new_string": new})
 
 

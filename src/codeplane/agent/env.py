@@ -13,9 +13,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from codeplane.sandbox import CommandResult, Limits, Workspace, open_workspace
-from codeplane.sandbox.files import Refused, is_git_name
-from codeplane.sandbox.workspace import DEFAULT_BACKEND, UnknownBackend
+from codeplane.core.files import Refused, is_git_name
+from codeplane.sandbox import (
+    DEFAULT_BACKEND,
+    Backends,
+    CommandResult,
+    Limits,
+    UnknownBackend,
+    Workspace,
+)
 
 TOOL_OUTPUT_BYTES = 64 << 20  # what a trusted tool (rg, ruff) may print before it is killed
 
@@ -83,19 +89,18 @@ class Environment:
                 "timeout": self.limits.timeout}
 
 
-LocalEnvironment = Environment  # the name callers before the Workspace interface import
-
-
 def local_environment(root: Path, sandbox: bool = True, network: bool = False,
-                      timeout: float = 120.0, backend: str | None = None) -> Environment:
+                      timeout: float = 120.0, backend: str | None = None,
+                      backends: Backends | None = None) -> Environment:
     """The environment for a directory on this machine, on `backend` (default bwrap;
-    `sandbox=False` means host, as --no-sandbox asks). Fails closed: raises
-    SandboxUnavailable if bubblewrap cannot run."""
+    `sandbox=False` means host, as --no-sandbox asks) of `backends` (a server's, for its
+    caller; default: the table without services). Fails closed: raises SandboxUnavailable
+    if bubblewrap cannot run."""
     if not root.is_dir():
         raise ToolError(f"workspace {root} is not a directory")
     name = backend or (DEFAULT_BACKEND if sandbox else "host")
     try:
-        workspace = open_workspace(root, name, network)
+        workspace = (backends or Backends()).open(root, name, network)
     except UnknownBackend as exc:
         raise ToolError(str(exc)) from None
     return Environment(workspace, Limits(network=network, timeout=timeout))

@@ -29,11 +29,10 @@ from codeplane.agent.loop import Agent, AgentConfig
 from codeplane.agent.runs import ENDS, RunLimit, RunManager, Tail, result_of, status_of
 from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError, not_found
-from codeplane.core.principal import Principal, principal_of
+from codeplane.core.principal import principal_of
 from codeplane.core.sse import resume_after
 from codeplane.events.adapters import agent_listener
-from codeplane.gateway.client import GatewayChatModel
-from codeplane.gateway.router import Client, Gateway
+from codeplane.gateway.client import run_models
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox import SandboxUnavailable
 from codeplane.sandbox.fleet import FleetError
@@ -104,21 +103,6 @@ def check_policy(body: RunRequest, serve: ServeSettings, tenant: str) -> Path:
     return roots.directory(body.path)
 
 
-def gateway_client(request: Request, gateway: Gateway, principal: Principal,
-                   run_id: str) -> Client:
-    """The run's identity at the gateway: the caller's key (its limits and budget), its
-    priority class and address; the run id names every model request in the logs."""
-    key = None
-    if principal.key_id is not None:
-        key = next((k for k in gateway.keys.all()
-                    if k.id == principal.key_id and not k.revoked), None)
-        if key is None:  # revoked since the gate let the request in: not a keyless run
-            raise APIError(401, "the API key was revoked", code="invalid_api_key")
-    priority = key.priority if key else gateway.cfg.gateway.default_priority
-    ip = request.client.host if request.client else "unknown"
-    return Client(priority=priority, ip=ip, key=key, request_id=f"run-{run_id}")
-
-
 @router.post("/v1/agent/runs")
 async def create_run(body: RunRequest, request: Request):
     principal = principal_of(request)
@@ -143,9 +127,7 @@ async def create_run(body: RunRequest, request: Request):
         raise APIError(503, f"refusing to run: {exc}", type="server_error",
                        code="sandbox_unavailable") from None
     run_id = uuid.uuid4().hex[:16]
-    model = GatewayChatModel(gateway, body.model,
-                             gateway_client(request, gateway, principal, run_id),
-                             asyncio.get_running_loop())
+    model = run_models(request, gateway, body.model)(run_id)
     agent = Agent(model, env, AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens),
                   settings=settings, run_id=run_id)
     agent.listeners.append(agent_listener(request.app.state.services.events, principal.tenant,
@@ -161,10 +143,11 @@ async def create_run(body: RunRequest, request: Request):
 
 
 def _environment(request: Request, tenant: str, root: Path, body: RunRequest) -> Environment:
-    """The run's environment on the backend it asked for; the pool backend takes its
-    sandboxes from this server's fleet, for the caller's tenant."""
-    with request.app.state.services.fleet.serving(tenant):
-        return local_environment(root, body.sandbox, body.network, backend=body.backend)
+    """The run's environment on the backend it asked for, from this server's backends bound
+    to the caller (the pool backend takes its sandboxes from the fleet, for this tenant)."""
+    backends = request.app.state.services.backends.for_caller(tenant)
+    return local_environment(root, body.sandbox, body.network, backend=body.backend,
+                             backends=backends)
 
 
 def _stream(request: Request, run_id: str, after: int,

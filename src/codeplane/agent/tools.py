@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from codeplane.agent.env import Environment, ToolError
-from codeplane.sandbox.files import Refused, TextFile, TooLarge, decode
+from codeplane.core import languages
+from codeplane.core.files import Refused, TextFile, TooLarge, decode
 from codeplane.sandbox.workspace import Entry, FileStat
 
 MAX_CHARS = 8000
@@ -39,11 +40,6 @@ MAX_READ_LINES = 400
 MAX_HITS = 100
 _SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache",
               ".pytest_cache", ".ruff_cache"}
-_TS_LANGS = {".js": "javascript", ".jsx": "javascript", ".ts": "typescript", ".tsx": "tsx",
-             ".go": "go", ".rs": "rust", ".java": "java", ".c": "c", ".h": "c", ".cpp": "cpp",
-             ".cc": "cpp", ".hpp": "cpp", ".rb": "ruby", ".sh": "bash", ".json": "json",
-             ".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".css": "css", ".html": "html",
-             ".php": "php", ".cs": "csharp", ".kt": "kotlin", ".swift": "swift", ".lua": "lua"}
 
 
 @dataclass
@@ -755,7 +751,8 @@ def read_lints(env: Environment, args: dict, ctx: ToolContext) -> tuple[str, dic
     py = [f for f in files if f.endswith(".py")]
     problems = _ruff(env, py) if py else []
     for rel in files:
-        if Path(rel).suffix in _TS_LANGS and (source := shown_text(env, env.root / rel)):
+        if not rel.endswith(".py") and languages.language_for(rel) \
+                and (source := shown_text(env, env.root / rel)):
             problems += syntax_errors(env.root / rel, source, rel)
     if not problems:
         return f"no lint errors in {len(files)} file(s)", {"count": 0, "files": len(files)}
@@ -805,25 +802,12 @@ def syntax_errors(path: Path, source: str, rel: str | None = None) -> list[str]:
             return []
         except SyntaxError as exc:
             return [f"{rel}:{exc.lineno}:{exc.offset}: syntax error: {exc.msg}"]
-    lang = _TS_LANGS.get(path.suffix)
-    if lang is None:
+    language = languages.language_for(path.name)
+    if language is None:
         return []
-    from tree_sitter_language_pack import get_parser
-
-    tree = get_parser(lang).parse(source.encode())
-    found: list[str] = []
-    stack = [tree.root_node]
-    while stack and len(found) < 20:
-        node = stack.pop()
-        if node.is_missing:
-            found.append(f"{rel}:{node.start_point[0] + 1}:{node.start_point[1] + 1}: "
-                         f"syntax error: missing {node.type}")
-        elif node.type == "ERROR":
-            found.append(f"{rel}:{node.start_point[0] + 1}:{node.start_point[1] + 1}: "
-                         "syntax error")
-        elif node.has_error:
-            stack.extend(reversed(node.children))
-    return found
+    return [f"{rel}:{e.line}:{e.column}: syntax error" + (f": missing {e.missing}" if e.missing
+                                                          else "")
+            for e in languages.syntax_errors(source, language)]
 
 
 @tool("run_terminal_cmd", "Run a shell command in the workspace (sandboxed: no network, "
@@ -884,7 +868,7 @@ def _kind(env: Environment, path: Path) -> str | None:
 
 def _text(env: Environment, path: Path) -> TextFile:
     """A workspace file through the workspace (local backends: the one resolver,
-    sandbox/files.py): a regular file inside it, not larger than MAX_FILE_BYTES, not
+    core/files.py): a regular file inside it, not larger than MAX_FILE_BYTES, not
     binary."""
     try:
         return decode(env.workspace.read(path, MAX_FILE_BYTES), path.name)

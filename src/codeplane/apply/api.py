@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Literal
 
 from codeplane.apply.formats import join_lines, parse_edit, split_lines
 from codeplane.apply.merge import merge
-from codeplane.apply.validate import first_error_line, language_for, validate
+from codeplane.apply.validate import validate
+from codeplane.core.languages import first_error_line, language_for
 from codeplane.models.engine import ContextOverflow
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from difflib import SequenceMatcher
 from codeplane.apply.align import norm, trivial
 from codeplane.apply.formats import ParsedEdit, is_marker
 from codeplane.apply.speculative import Decoded, decode
-from codeplane.apply.validate import language_for
+from codeplane.core.languages import language_for
 from codeplane.models.engine import LocalModel
 from codeplane.models.jobs import JobContext
 

@@ -10,7 +10,6 @@ tenant's run is missing (404).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,13 +19,12 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from codeplane.agent.loop import AgentConfig
-from codeplane.agent.routes import gateway_client
 from codeplane.agent.runs import RunLimit
 from codeplane.background.service import BackgroundService
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
 from codeplane.core.sse import resume_after
-from codeplane.gateway.client import GatewayChatModel
+from codeplane.gateway.client import run_models
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox.fleet import FleetError
 from codeplane.sandbox.roots import Roots
@@ -83,17 +81,11 @@ async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
     if gateway.group(body.model) is None:
         raise not_found(f"model {body.model!r} does not exist; available: "
                         f"{', '.join(sorted(gateway.groups))}", param="model")
-    client = gateway_client(request, gateway, principal, "background")
-    loop = asyncio.get_running_loop()
-
-    def model_for(run_id: str) -> GatewayChatModel:
-        return GatewayChatModel(gateway, body.model,
-                                dataclasses.replace(client, request_id=f"run-{run_id}"), loop)
-
+    models = run_models(request, gateway, body.model)
     config = AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens)
     try:
         return await asyncio.to_thread(service_of(request).launch, principal.tenant, repo,
-                                       body.ref, body.task, body.model, model_for, config)
+                                       body.ref, body.task, body.model, models, config)
     except RunLimit as exc:
         raise _limit(exc) from None
     except FleetError as exc:  # a quota, an unknown ref, a repo git cannot clone

@@ -39,17 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
-
 from codeplane.agent.env import Environment
 from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.runs import Run, RunManager
 from codeplane.background.store import Store
-from codeplane.config import ConfigError
+from codeplane.config import Settings
+from codeplane.core import files
 from codeplane.core.chat import ChatModel
 from codeplane.core.wakeups import Wakeups
-from codeplane.sandbox import files, gitguard, treegit
-from codeplane.sandbox.fleet import Fleet, PooledWorkspace, Sandbox
+from codeplane.sandbox import Backends, gitguard, treegit
+from codeplane.sandbox.fleet import Fleet, Sandbox
 from codeplane.sandbox.runner import Limits
 from codeplane.sandbox.treegit import TreeGitError
 
@@ -57,26 +56,6 @@ log = logging.getLogger("codeplane.background")
 CLOSE_WAIT_S = 15.0  # how long shutdown waits for cancelled runs to record their end
 COMMAND_TIMEOUT_S = 120.0  # per agent command, as for agent runs
 ModelFactory = Callable[[str], ChatModel]  # agent run id -> the model client for that turn
-
-
-class BackgroundSettings(BaseModel):
-    """`[background]` in codeplane.toml: what one run may store in the server database."""
-
-    model_config = {"extra": "forbid"}
-    diff_bytes: int = Field(4 << 20, ge=0, description="bytes of `diff` events one run stores; "
-                                                       "past them, a summary (diffstat) per "
-                                                       "change")
-    patch_bytes: int = Field(16 << 20, ge=0, description="largest result patch stored; a "
-                                                         "larger result is kept as its branch "
-                                                         "bundle only")
-
-    @classmethod
-    def of(cls, settings: Any) -> BackgroundSettings:
-        """From the server's settings (their raw `background` section); ConfigError."""
-        try:
-            return cls(**(getattr(settings, "background", None) or {}))
-        except ValidationError as exc:
-            raise ConfigError(f"invalid [background] settings: {exc}") from None
 
 
 class ResultRefused(Exception):
@@ -99,7 +78,7 @@ class Live:
     turns: int = 0
     head: str | None = None  # the result committed so far (kept as the run's bundle)
     last_digest: str = ""  # of the last diff recorded: an unchanged tree records nothing
-    diff_stored: int = 0  # bytes of diff events stored, against BackgroundSettings.diff_bytes
+    diff_stored: int = 0  # bytes of diff events stored, against [background] diff_bytes
     running: bool = True
     thread: threading.Thread | None = None
 
@@ -108,12 +87,12 @@ class BackgroundService:
     """Every background run of one server. Built once (`server/services.py`); on start-up
     any run a previous process left "running" is marked interrupted."""
 
-    def __init__(self, server_dir: Path, runs: RunManager, fleet: Fleet,
-                 settings: Any = None, store: Store | None = None) -> None:
+    def __init__(self, server_dir: Path, runs: RunManager, fleet: Fleet, backends: Backends,
+                 settings: Settings, store: Store | None = None) -> None:
         self.root = server_dir / "background"
         self.store = store or Store.open(self.root / "runs.db")
-        self.runs, self.fleet, self.settings = runs, fleet, settings
-        self.quota = BackgroundSettings.of(settings)
+        self.runs, self.fleet, self.backends, self.settings = runs, fleet, backends, settings
+        self.quota = settings.background
         self.store.interrupt_unfinished()
         self._live: dict[str, Live] = {}
         self._wakeups = Wakeups()
@@ -161,9 +140,9 @@ class BackgroundService:
         live.turns += 1
         agent_id = f"{run_id}-{live.turns}"
         model = live.model(agent_id)
-        box = self._sandbox(run_id, live)
-        env = Environment(PooledWorkspace(self.fleet, box, release=False),
-                          Limits(timeout=COMMAND_TIMEOUT_S))
+        box = self._sandbox(run_id, live)  # held across turns: its workspace releases nothing
+        workspace = self.backends.for_caller(live.tenant, box).open(box.workspace, "pool")
+        env = Environment(workspace, Limits(timeout=COMMAND_TIMEOUT_S))
         agent = Agent(model, env, live.config, settings=self.settings, run_id=agent_id)
         agent.listeners.append(lambda event: self._on_event(run_id, live, event))
         self.record(run_id, {"type": "turn_start", "turn": live.turns, "task": task})

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from pydantic import ValidationError
+from starlette.requests import Request
 
 from codeplane.core.chat import Cancelled, ModelError, Sampling, Turn, TurnBuilder
+from codeplane.core.errors import APIError
+from codeplane.core.principal import principal_of
 from codeplane.core.schemas import ChatCompletionRequest
 from codeplane.core.sse import chunk_error
 from codeplane.gateway.admission import Shed
@@ -84,6 +88,31 @@ class GatewayChatModel:
 
     def close(self) -> None:
         """Nothing to release: the gateway and its connections belong to the server."""
+
+
+def run_models(request: Request, gateway: Gateway,
+               model: str) -> Callable[[str], GatewayChatModel]:
+    """Model clients for the runs a request starts (agent runs, background turns), reaching
+    `model` as the caller: its key (its limits and budget), its priority class and address.
+    The key is looked up now: one revoked since the gate let the request in is a 401, not a
+    keyless run. Returns run id -> that run's client; the id names its model requests in the
+    logs. Called on the server's event loop, which the clients run their replies on."""
+    key = None
+    principal = principal_of(request)
+    if principal.key_id is not None:
+        key = next((k for k in gateway.keys.all()
+                    if k.id == principal.key_id and not k.revoked), None)
+        if key is None:
+            raise APIError(401, "the API key was revoked", code="invalid_api_key")
+    priority = key.priority if key else gateway.cfg.gateway.default_priority
+    ip = request.client.host if request.client else "unknown"
+    loop = asyncio.get_running_loop()
+
+    def for_run(run_id: str) -> GatewayChatModel:
+        return GatewayChatModel(gateway, model, Client(priority=priority, ip=ip, key=key,
+                                                       request_id=f"run-{run_id}"), loop)
+
+    return for_run
 
 
 def _fold(turn: TurnBuilder, chunk: dict[str, Any]) -> None:

@@ -21,7 +21,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 
 from codeplane.config import Settings
-from codeplane.indexing.chunker import language_for
+from codeplane.core.files import Refused, decode, read_bytes
+from codeplane.core.languages import code_language
 from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.lexical import analyse
 from codeplane.indexing.rank import (
@@ -35,7 +36,6 @@ from codeplane.indexing.rank import (
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
 from codeplane.indexing.vectors import client_vectors
-from codeplane.sandbox.files import Refused, decode, read_bytes
 
 DENSE_K = 100  # dense hits asked of the server: the fusion needs more than the page shown
 LEXICAL_K = 100
@@ -124,7 +124,7 @@ def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
     hybrid = settings.indexing.get("fusion", "hybrid") != "dense"
     ranked = _rank(state, query, dense, max(LEXICAL_K, limit * 2), rel_prefix, files, hybrid)
     if code:
-        ranked = [row for row in ranked if language_for(row[0])]
+        ranked = [row for row in ranked if code_language(row[0])]
     if not outcome.complete:
         done = outcome.indexed_chunks
         total = done + outcome.pending_chunks

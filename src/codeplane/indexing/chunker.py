@@ -11,9 +11,9 @@ text. Budget is in characters (~4 per token): 1,600 chars stays under bge-small'
 from __future__ import annotations
 
 import hashlib
-import threading
 from dataclasses import dataclass
-from functools import lru_cache
+
+from codeplane.core.languages import DEF_TYPES, code_language, parser
 
 MAX_CHARS = 1600
 GLUE_MERGE = 160  # smaller non-definition code joins following non-definition code
@@ -23,23 +23,6 @@ WINDOW_LINES = 60
 # hashes the file, so an unchanged file would otherwise keep its old vector). 1 is the layout
 # below, measured against variants in bench/search/layouts.py (docs/search.md).
 EMBED_FORMAT = 1
-
-LANGUAGES = {
-    "py": "python", "pyi": "python", "js": "javascript", "jsx": "javascript",
-    "mjs": "javascript", "cjs": "javascript", "ts": "typescript", "tsx": "tsx", "go": "go",
-    "rs": "rust", "java": "java", "c": "c", "h": "c", "cc": "cpp", "cpp": "cpp", "cxx": "cpp",
-    "hpp": "cpp", "hh": "cpp", "cs": "csharp", "rb": "ruby", "php": "php", "kt": "kotlin",
-    "swift": "swift", "scala": "scala", "sh": "bash", "bash": "bash", "lua": "lua",
-}
-DEF_TYPES = frozenset({
-    "function_definition", "class_definition", "decorated_definition", "function_declaration",
-    "generator_function_declaration", "method_definition", "method_declaration",
-    "class_declaration", "interface_declaration", "constructor_declaration", "enum_declaration",
-    "record_declaration", "function_item", "impl_item", "struct_item", "enum_item", "trait_item",
-    "mod_item", "type_declaration", "method", "singleton_method", "class", "module",
-    "function_signature", "abstract_class_declaration", "object_declaration",
-    "namespace_definition", "struct_specifier", "class_specifier", "export_statement",
-})
 
 
 @dataclass(frozen=True)
@@ -66,31 +49,15 @@ class _Span:
     is_def: bool
 
 
-_local = threading.local()  # tree-sitter parsers are not thread-safe
-
-
-def _parser(language: str):
-    cache = _local.__dict__.setdefault("parsers", {})
-    if language not in cache:
-        from tree_sitter_language_pack import get_parser
-        cache[language] = get_parser(language)
-    return cache[language]
-
-
-@lru_cache(maxsize=256)
-def language_for(rel: str) -> str | None:
-    return LANGUAGES.get(rel.rsplit(".", 1)[-1].lower()) if "." in rel else None
-
-
 def chunk_text(rel: str, text: str) -> list[Chunk]:
     lines = text.splitlines()
     if not lines:
         return []
-    language = language_for(rel)
+    language = code_language(rel)
     spans = None
     if language:
         try:
-            tree = _parser(language).parse(text.encode())
+            tree = parser(language).parse(text.encode())
             spans = _merge(_spans(tree.root_node, ()), lines)
         except (LookupError, ValueError, RuntimeError):
             spans = None  # grammar missing from this build: fall back to line windows

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from codeplane.indexing.chunker import language_for
+from codeplane.core.languages import code_language
 from codeplane.indexing.lexical import Query, Shape, defines, path_match
 
 DOC_SUFFIXES = (".md", ".markdown", ".rst", ".adoc", ".txt")
@@ -76,7 +76,7 @@ def is_documentation(path: str) -> bool:
     name = path.rsplit("/", 1)[-1].lower()
     if name.endswith(DOC_SUFFIXES):
         return not name.startswith("requirements")
-    return name.split(".", 1)[0] in DOC_NAMES and language_for(name) is None
+    return name.split(".", 1)[0] in DOC_NAMES and code_language(name) is None
 
 
 def is_test(path: str) -> bool:
@@ -86,7 +86,7 @@ def is_test(path: str) -> bool:
     *dirs, name = path.split("/")
     if TEST_DIRS.intersection(dirs):
         return True
-    return language_for(name) is not None and bool(TEST_STEM.fullmatch(name.rsplit(".", 1)[0]))
+    return code_language(name) is not None and bool(TEST_STEM.fullmatch(name.rsplit(".", 1)[0]))
 
 
 def _normalised(hits: list[tuple[Key, float]]) -> dict[Key, float]:

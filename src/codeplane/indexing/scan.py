@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pathspec
 
-from codeplane.sandbox.files import Refused, read_bytes
+from codeplane.core.files import Refused, read_bytes
 
 IGNORE_FILES = (".gitignore", ".cursorignore", ".codeplaneignore")
 # Files whose purpose is to hold secrets: never read for indexing, whatever they contain. A

@@ -24,60 +24,22 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
+from codeplane.config import FleetSettings
 from codeplane.core.errors import APIError
 from codeplane.sandbox import clone, reaper, remote, treegit
 from codeplane.sandbox.cgroups import SandboxCgroup
+from codeplane.sandbox.pool import PooledWorkspace
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits, SandboxUnavailable
-from codeplane.sandbox.workspace import LocalWorkspace, UnknownBackend, Workspace
+from codeplane.sandbox.workspace import Workspace
 from codeplane.storage import DatabaseError
 
 log = logging.getLogger("codeplane.fleet")
-
-
-class FleetSettings(BaseModel):
-    """`[fleet]` in codeplane.toml: how sandboxes are made, pooled and bounded."""
-
-    model_config = {"extra": "forbid"}
-    strategy: str = Field("auto", description="overlay | reflink | git-shared | copy | auto "
-                                              "(the first that works, in measured order)")
-    pool_size: int = Field(2, ge=0, le=64, description="warm sandboxes kept per (repo, commit) "
-                                                      "once it has been asked for")
-    max_sandboxes: int = Field(128, ge=1, description="sandboxes on this host, pools included")
-    max_per_tenant: int = Field(16, ge=1, description="sandboxes one tenant may hold")
-    disk_per_tenant: int = Field(4 << 30, ge=1 << 20,
-                                 description="bytes a tenant's sandboxes may add to the disk")
-    cpu_seconds: int = Field(300, ge=1, description="per process of a command")
-    memory_bytes: int = Field(4 << 30, ge=64 << 20,
-                              description="per sandbox: all its processes and its /tmp "
-                                          "together (a memory cgroup; where the host has "
-                                          "none, per process); also each process's "
-                                          "address space")
-    processes: int = Field(256, ge=16, description="processes and threads per sandbox (a "
-                                                   "pids cgroup)")
-    max_execs_per_tenant: int = Field(4, ge=1, description="commands one tenant may run at "
-                                                           "once through the API; more get 429")
-    exec_workers: int = Field(32, ge=1, description="commands running at once through the "
-                                                    "API on this host (every tenant); more "
-                                                    "wait for a free worker")
-    max_timeout: float = Field(600.0, gt=0, description="longest wall clock a command may ask")
-    max_file_bytes: int = Field(8 << 20, ge=1024, description="largest file read or written "
-                                                              "through the API")
-    fetch_bytes: int = Field(1 << 30, ge=1 << 16, description="largest repository fetched "
-                                                             "by URL (its pack file)")
-    fetch_timeout: float = Field(300.0, gt=0, description="longest a fetch by URL may take")
-    fetch_ttl: float = Field(60.0, ge=0, description="seconds a fetched repository is used "
-                                                     "as it is before it is fetched again")
 
 
 class FleetError(Exception):
@@ -124,51 +86,6 @@ class Sandbox:
         return {"id": self.id, "repo": self.repo, "ref": self.ref, "commit": self.commit,
                 "strategy": self.strategy, "created": self.created, "holder": self.holder,
                 "workspace": str(self.workspace)}
-
-
-class PooledWorkspace(LocalWorkspace):
-    """A fleet sandbox behind the `Workspace` interface: reads, writes and commands go through
-    the sandbox's tree and bubblewrap runner; closing gives the sandbox back, unless the
-    caller keeps it (`release=False`: a background run holds one sandbox across several agent
-    turns, each of which closes its workspace, and releases it itself when the run ends)."""
-
-    def __init__(self, fleet: Fleet, box: Sandbox, release: bool = True,
-                 network: bool = False) -> None:
-        runner = BwrapRunner(box.workspace, network=True, cgroup=box.cgroup) if network \
-            else box.runner()
-        super().__init__(box.workspace, runner)
-        self.fleet, self.box, self.release = fleet, box, release
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "backend": "pool", "sandbox": self.box.id}
-
-    def close(self) -> None:
-        if self.release:
-            self.fleet.release(self.box.id)
-
-
-# The fleet and tenant the `pool` entry of `workspace.BACKENDS` serves, bound by
-# `Fleet.serving` for one block of one thread or task. That table builds a workspace from
-# (root, network) alone, and a pooled one also needs a server's fleet and a caller's tenant:
-# a context variable carries them to it without widening every backend's signature and
-# without a process-wide registry (unbound, the backend refuses).
-_SERVING: ContextVar[tuple[Fleet, str] | None] = ContextVar("codeplane_fleet", default=None)
-
-
-class PoolUnavailable(UnknownBackend):
-    """The `pool` backend was asked for outside `Fleet.serving` (no server's fleet here)."""
-
-
-def pool_workspace(root: Path, network: bool) -> Workspace:
-    """The `pool` backend: a sandbox of the git repository `root` at its HEAD, from the fleet
-    `Fleet.serving` bound (warm from its pool when one is ready). The workspace's root is the
-    sandbox's tree, not `root`: changes stay in the sandbox until it is released."""
-    bound = _SERVING.get()
-    if bound is None:
-        raise PoolUnavailable("the pool backend needs a server's sandbox fleet: use it "
-                              "through `codeplane serve` (agent runs with backend \"pool\")")
-    fleet, tenant = bound
-    return fleet.open(tenant, root, network=network)
 
 
 @dataclass
@@ -258,20 +175,9 @@ class Fleet:
     def open(self, tenant: str, repo: Path | str, ref: str = "HEAD",
              network: bool = False) -> Workspace:
         """`acquire` as a `Workspace` (the agent's tools run on it unchanged); its `close()`
-        releases the sandbox. The `pool` entry of `workspace.BACKENDS` calls this for the
-        fleet and tenant `serving` bound."""
+        releases the sandbox. What the `pool` backend (`pool.py`) opens."""
         return PooledWorkspace(self, self.acquire(tenant, repo, ref, "agent run"),
                                network=network)
-
-    @contextmanager
-    def serving(self, tenant: str) -> Iterator[None]:
-        """Within this block, `open_workspace(root, "pool")` opens sandboxes of this fleet
-        for `tenant` (how a server's agent run asks for the pool backend by name)."""
-        token = _SERVING.set((self, tenant))
-        try:
-            yield
-        finally:
-            _SERVING.reset(token)
 
     def release(self, sandbox_id: str) -> None:
         """Remove a sandbox: processes, mounts, directory, record. Unknown ids are a no-op."""

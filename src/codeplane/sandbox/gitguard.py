@@ -35,7 +35,7 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from codeplane.sandbox.files import Refused, read_bytes
+from codeplane.core.files import Refused, read_bytes
 
 MAX_ENTRIES = 2_000_000  # a tree larger than this is not swept: the workspace is tainted
 TAINT = "codeplane-tainted"  # the mark's name inside the workspace's git directory

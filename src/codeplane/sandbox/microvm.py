@@ -52,7 +52,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
 
 from codeplane.sandbox.gitguard import GitGuard
 from codeplane.sandbox.runner import (
@@ -66,7 +68,7 @@ from codeplane.sandbox.runner import (
     _Session,
     supervise,
 )
-from codeplane.sandbox.workspace import LocalWorkspace
+from codeplane.sandbox.workspace import BackendServices, LocalWorkspace
 
 log = logging.getLogger("codeplane.microvm")
 GUEST = Path(__file__).parent / "guest"
@@ -501,7 +503,7 @@ class GuestRunner:
 
 class MicroVMWorkspace(LocalWorkspace):
     """A directory on this machine whose commands run in a microVM of its own; file
-    operations stay host-side through `sandbox/files.py`, as for every local backend."""
+    operations stay host-side through `core/files.py`, as for every local backend."""
 
     def __init__(self, root: Path, accel: str = "kvm", limits: Limits | None = None,
                  cpus: int = 1, image: GuestImage | None = None) -> None:
@@ -521,62 +523,27 @@ class MicroVMWorkspace(LocalWorkspace):
         self.vm.close()
 
 
-def open_microvm(root: Path, network: bool) -> MicroVMWorkspace:
-    """The `BACKENDS` entry: KVM only (MicroVMUnavailable says why not)."""
-    return MicroVMWorkspace(root, limits=Limits(network=network))
+class MicroVMSettings(BaseModel):
+    """The `microvm` backend's settings (its row of `backends.BACKENDS`)."""
+
+    model_config = {"extra": "forbid"}
+    accel: Literal["kvm", "tcg"] = Field(
+        "kvm", description="tcg: QEMU's emulator, for hosts whose KVM cannot run a stock "
+                           "kernel (slow, and QEMU does not treat it as a security boundary)")
+    cpus: int = Field(1, ge=1, le=64, description="virtual CPUs per VM")
+    memory_bytes: int = Field(4 << 30, ge=128 << 20, description="the guest's memory")
+    tmp_bytes: int = Field(1 << 30, ge=1 << 20, description="the guest's /tmp (memory)")
 
 
-# ---------------------------------------------------------------- a warm pool
+class MicroVMBackend:
+    """A VM of its own per workspace, booted when the workspace is opened; the VMs a killed
+    process left running are reaped first."""
 
-class MicroVMPool:
-    """VMs booted ahead of time over directories made ahead of time (`make_dir`: a fresh
-    checkout, e.g. a fleet sandbox's tree), so `acquire` costs a queue pop, not a boot.
-    A background thread keeps `size` of them ready."""
+    def __init__(self, settings: MicroVMSettings, services: BackendServices) -> None:
+        self.settings = settings
 
-    def __init__(self, make_dir: Callable[[], Path], size: int = 2, **options: Any) -> None:
-        self.make_dir, self.size, self.options = make_dir, size, options
-        self.ready: queue.Queue[MicroVMWorkspace] = queue.Queue()
-        self.hits = self.misses = 0
-        self.closed = threading.Event()
-        self.wanted = threading.Semaphore(size)  # one token per VM still to boot
-        reap_orphans()  # a pool is long-lived: the VMs of a crashed predecessor go first
-        self.filler = threading.Thread(target=self._fill, daemon=True)
-        self.filler.start()
-
-    def acquire(self) -> MicroVMWorkspace:
-        try:
-            ws = self.ready.get_nowait()
-            self.hits += 1
-        except queue.Empty:
-            self.misses += 1
-            return MicroVMWorkspace(self.make_dir(), **self.options)
-        self.wanted.release()
-        return ws
-
-    def wait_ready(self, timeout: float) -> bool:
-        """True once the pool is full (the benchmark waits for this between rounds)."""
-        deadline = time.monotonic() + timeout
-        while self.ready.qsize() < self.size:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def _fill(self) -> None:
-        while True:
-            self.wanted.acquire()
-            if self.closed.is_set():
-                return
-            try:
-                self.ready.put(MicroVMWorkspace(self.make_dir(), **self.options))
-            except (MicroVMUnavailable, OSError) as exc:  # acquire boots on demand meanwhile
-                log.warning("microvm pool: a boot failed: %s", exc)
-                self.wanted.release()
-                self.closed.wait(5)
-
-    def close(self) -> None:
-        self.closed.set()
-        self.wanted.release()
-        self.filler.join()
-        while not self.ready.empty():
-            self.ready.get_nowait().close()
+    def open(self, root: Path, network: bool) -> MicroVMWorkspace:
+        reap_orphans()
+        s = self.settings
+        return MicroVMWorkspace(root, s.accel, Limits(network=network, memory_bytes=s.memory_bytes,
+                                                      tmp_bytes=s.tmp_bytes), s.cpus)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError
+from codeplane.core.files import Refused, read_bytes
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.sandbox import remote
-from codeplane.sandbox.files import Refused, read_bytes
 from codeplane.sandbox.gitguard import first_line, git_dir_of, tainted
 
 _ALTERNATES_DEPTH = 5  # git follows alternates of alternates this deep

@@ -3,7 +3,7 @@ tenant (another tenant's sandbox is a 404, indistinguishable from one that never
 
 A repo must lie under the caller's workspace roots (`sandbox/roots.py`, the same policy as
 agent runs) or be a URL under `serve.repo_urls` (`sandbox/remote.py`); file paths are
-resolved by `sandbox/files.py`, so nothing outside the sandbox's tree is read or written, and
+resolved by `core/files.py`, so nothing outside the sandbox's tree is read or written, and
 git metadata (`.git` at any depth) is neither read nor written through the API.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 
+from codeplane.core import files
 from codeplane.core.errors import APIError
 from codeplane.core.principal import principal_of
-from codeplane.sandbox import files
 from codeplane.sandbox.fleet import Fleet, FleetError, Sandbox
 from codeplane.sandbox.roots import Roots
 

@@ -2,11 +2,12 @@
 
 The agent, `codeplane tool`, the server's runs and RL environments see a workspace only
 through this protocol, so a backend that keeps its files elsewhere (a pooled copy-on-write
-sandbox, a microVM) runs every tool unchanged. Backends are chosen by name from `BACKENDS`,
-as mini-swe-agent chooses its environments: adding one is one entry in that table.
+sandbox, a microVM) runs every tool unchanged. Backends are chosen by name from the table in
+`backends.py`, as mini-swe-agent chooses its environments; each is a class built with its
+settings and the services it needs (`BackendServices`) by the caller's composition root.
 
 Paths are absolute paths under `root` or relative to it; `root` is where commands see the
-workspace. Local backends confine every host-side read and write through `sandbox/files.py`
+workspace. Local backends confine every host-side read and write through `core/files.py`
 (no symlink or `..` leads out, no FIFO or device is opened). `exec` takes a shell command
 (a string: runs with the workspace writable, its `.git` read-only) or a trusted program
 (a list: runs over a read-only workspace, as ripgrep and ruff do).
@@ -22,10 +23,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from codeplane.sandbox import files
-from codeplane.sandbox.runner import BwrapRunner, CommandResult, HostRunner, Limits, Runner
+from codeplane.core import files
+from codeplane.sandbox.runner import CommandResult, Limits, Runner
+
+if TYPE_CHECKING:
+    from codeplane.sandbox.fleet import Fleet, Sandbox
 
 SNAPSHOT_FILE_BYTES = 64 << 20  # larger files are left out of a snapshot
 DIFF_FILE_BYTES = 1 << 20  # a snapshot keeps the contents of files up to this size for diffs
@@ -236,45 +240,22 @@ def _text_of(snap: Snapshot, digest: str | None) -> str | None:
     return data.decode("utf-8", "replace")
 
 
-# ---------------------------------------------------------------- the backend table
+# ---------------------------------------------------------------- backends
 
-Backend = Callable[[Path, bool], Workspace]  # (root, network) -> a workspace
+@dataclass(frozen=True)
+class BackendServices:
+    """What a backend may need from the program it runs in, given by that program's
+    composition root (`server/services.py` for a server; nothing for `codeplane agent`, the
+    tools or RL): a backend takes its services from here, never from ambient state."""
 
-
-def _bwrap(root: Path, network: bool) -> Workspace:
-    return LocalWorkspace(root, BwrapRunner(root, network=network))
-
-
-def _host(root: Path, network: bool) -> Workspace:
-    return LocalWorkspace(root, HostRunner(root))
-
-
-def _pool(root: Path, network: bool) -> Workspace:
-    from codeplane.sandbox.fleet import pool_workspace  # fleet builds on this module
-
-    return pool_workspace(root, network)
+    fleet: Fleet | None = None  # the server's sandbox fleet (the pool backend)
+    tenant: str | None = None  # the caller, whose quotas a pooled sandbox counts against
+    sandbox: Sandbox | None = None  # one the caller holds: opened, never released, by the pool
 
 
-def _microvm(root: Path, network: bool) -> Workspace:
-    from codeplane.sandbox.microvm import open_microvm  # it builds on LocalWorkspace
+class Backend(Protocol):
+    """A workspace backend, built from its row of `backends.BACKENDS` as
+    `cls(settings, services)` (settings: the row's pydantic model)."""
 
-    return open_microvm(root, network)
-
-
-DEFAULT_BACKEND = "bwrap"
-# name -> constructor. `host` runs commands unsandboxed: callers offer it only when asked
-# explicitly (--no-sandbox, a server with allow_unsandboxed).
-BACKENDS: dict[str, Backend] = {"bwrap": _bwrap, "host": _host,
-                                "pool": _pool,  # a server's fleet: see fleet.Fleet.serving
-                                "microvm": _microvm}
-
-
-def open_workspace(root: Path, backend: str = DEFAULT_BACKEND,
-                   network: bool = False) -> Workspace:
-    """The workspace for `root` on the named backend. Fails closed: the bwrap backend
-    raises SandboxUnavailable if it cannot create a sandbox here."""
-    make = BACKENDS.get(backend)
-    if make is None:
-        raise UnknownBackend(f"unknown workspace backend {backend!r}; available: "
-                             f"{', '.join(BACKENDS)}")
-    return make(root, network)
+    def open(self, root: Path, network: bool) -> Workspace:
+        """The workspace for `root`; `network`: whether its commands may reach the network."""

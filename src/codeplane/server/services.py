@@ -26,7 +26,8 @@ from codeplane.gateway.keys import KeyStore
 from codeplane.gateway.router import Gateway
 from codeplane.models.engine import Engine
 from codeplane.models.metrics import EngineCollector
-from codeplane.sandbox.fleet import Fleet, FleetSettings
+from codeplane.sandbox import Backends, BackendServices
+from codeplane.sandbox.fleet import Fleet
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.storage import Database, ObjectStore, Replica, StorageError
 from codeplane.tab.service import TabService, TabSettings
@@ -49,6 +50,7 @@ class Services:
     events: EventLog  # the event lake: usage, apply outcomes, agent steps (no source code)
     background: BackgroundService  # background agents: durable runs in pooled sandboxes
     fleet: Fleet  # sandboxes: copy-on-write workspaces, warm pools, reaped after a crash
+    backends: Backends  # the workspace backend table, the fleet injected (a route adds the caller)
     db: Database  # every durable row (keys, usage, search metadata, runs), shared by replicas
     replica: Replica  # this process's lease in `db`; sweeps take over what dead ones left
     store: ObjectStore  # the event lake and LanceDB tables
@@ -102,10 +104,6 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
         store.sweep_staging()  # what a writer killed mid-put left behind
     except StorageError as exc:
         raise ConfigError(f"invalid [storage] settings: {exc}") from None
-    try:
-        fleet_settings = FleetSettings(**settings.fleet)
-    except ValidationError as exc:
-        raise ConfigError(f"invalid [fleet] settings: {exc}") from None
     db = Database.from_settings(settings)  # migrations run here, before any traffic
     replica = Replica(db, settings.storage.lease_seconds)
     keys = KeyStore.from_settings(settings, replica)
@@ -115,7 +113,8 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
                       lock=db.lock)
     records = RunRecords(db, replica)
     sandboxes = SandboxRecords(db, replica)
-    fleet = Fleet(settings.server_dir, fleet_settings, settings.serve.repo_urls, sandboxes)
+    fleet = Fleet(settings.server_dir, settings.fleet, settings.serve.repo_urls, sandboxes)
+    backends = Backends(BackendServices(fleet=fleet))
     runs = RunManager(settings.serve.max_runs_per_tenant, records=records)
     background_store = Store(db, replica)
     background_store.import_sqlite(settings.server_dir / "background" / "runs.db")
@@ -127,7 +126,7 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
                     gateway=gateway,
                     tab=tab, runs=runs, events=events,
-                    background=BackgroundService(settings.server_dir, runs, fleet, settings,
-                                                 store=background_store),
-                    fleet=fleet, db=db, replica=replica,
+                    background=BackgroundService(settings.server_dir, runs, fleet, backends,
+                                                 settings, store=background_store),
+                    fleet=fleet, backends=backends, db=db, replica=replica,
                     store=store, owns_engine=owns_engine)

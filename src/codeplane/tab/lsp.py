@@ -20,7 +20,7 @@ from pygls import uris
 from pygls.lsp.server import LanguageServer
 
 from codeplane import __version__
-from codeplane.indexing.chunker import language_for
+from codeplane.core.languages import code_language
 from codeplane.tab.client import AsyncTabClient, TabClientError
 from codeplane.tab.context import Budget, Ring, build_request
 from codeplane.tab.related import Related, WorkspaceDefs
@@ -102,7 +102,7 @@ class TabLanguageServer(LanguageServer):
     def _related(self, path: str) -> Related | None:
         """Definitions context over the workspace: its files of this language are read once
         (client side, bounded), open documents are re-read as they are left or edited."""
-        language = language_for(path)
+        language = code_language(path)
         if self.related is None or language is None:
             return None
         root = self.workspace.root_path

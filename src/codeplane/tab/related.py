@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tree_sitter_language_pack import get_parser
 
-from codeplane.indexing.chunker import DEF_TYPES, language_for
+from codeplane.core.languages import DEF_TYPES, code_language
 from codeplane.tab.context import CHARS_PER_TOKEN, QUANTUM, Chunk
 
 DEF_LINES = 6  # a definition is sent as its first lines: the signature and docstring start
@@ -65,13 +65,13 @@ class WorkspaceDefs:
     def scan(self, root: Path, like: str, limit: int = 500) -> int:
         """Add up to `limit` workspace files in the language of `like` (skipping vendored and
         build directories); returns how many were read."""
-        language = language_for(like)
+        language = code_language(like)
         count = 0
         for top, dirs, names in os.walk(root):  # not rglob: skipped trees are never walked
             dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
             for name in sorted(names):
                 path = Path(top, name)
-                if count >= limit or language is None or language_for(name) != language:
+                if count >= limit or language is None or code_language(name) != language:
                     continue
                 try:
                     if path.is_symlink() or path.stat().st_size > MAX_FILE_BYTES:
@@ -91,7 +91,7 @@ class WorkspaceDefs:
         return self._by_name.get(name, [])
 
     def _parse(self, path: str, text: str) -> list[Definition]:
-        language = language_for(path)
+        language = code_language(path)
         if language is None:
             return []
         try:

@@ -1,7 +1,8 @@
 """Host-side file access to a workspace a sandboxed command may have rigged: the one resolver
 every read and write by the harness goes through (file tools, the grep fallback, search
-snippets), and the text codec that lets an edit change some lines without touching the
-bytes of the others.
+snippets, the client-side indexer), and the text codec that lets an edit change some lines
+without touching the bytes of the others. It lives in `core/` because the sandbox and the
+indexer both read files and neither may depend on the other.
 
 Reading: the path's real location must lie in the workspace; it is then opened one
 component at a time from the workspace's directory fd with O_NOFOLLOW, so a directory
