@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway",),  # routing, keys, limits, providers; in-process model clients
     ("apply", "tab"),
     ("agent",),  # the agent loop and its tools, over a workspace and the gateway
-    ("background", "rl", "quickstart"),  # what drives agents
+    ("background", "rl", "quickstart", "doctor"),  # what drives agents; first-run checks
     ("server",),  # the composition root: builds every service, mounts every router
     ("cli",),  # the `codeplane` command
     ("__main__",),

@@ -24,9 +24,10 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 
 from codeplane.agent.env import ToolError, local_environment
-from codeplane.agent.loop import Agent, AgentConfig, Event, HttpChatModel
+from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.clikit import console, fail
 from codeplane.config import Settings
+from codeplane.core.chat import HttpChatModel
 from codeplane.indexing.api import IndexUnavailable, search_workspace
 from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import RemoteError
