@@ -24,6 +24,19 @@ from codeplane.server.edge import EdgeConfig
 WEIGHTS_HOME = Path(os.environ.get("CODEPLANE_TEST_WEIGHTS_HOME", "~/.codeplane")).expanduser()
 
 
+# A tool whose call every chat model gets right: the OpenAI-compatible server's and the
+# grammar's tests ask for the weather in Paris.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}
+
+
 def make_settings(home: Path, **overrides) -> Settings:
     """Settings for a fresh home whose models/ points at the shared pulled weights."""
     home.mkdir(parents=True, exist_ok=True)

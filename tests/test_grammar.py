@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+from conftest import WEATHER_TOOL
 from llama_cpp import LlamaGrammar
 
 from codeplane.models.engine import Sampling
 from codeplane.models.local_openai import tool_call_grammar
 from codeplane.models.toolcalls import parse_tool_calls
-from codeplane.quickstart import WEATHER_TOOL
 
 TOOLS = [WEATHER_TOOL, {"type": "function", "function": {
     "name": "read_file", "description": "Read a file",

@@ -9,9 +9,9 @@ import time
 import httpx
 import openai
 import pytest
+from conftest import WEATHER_TOOL as WEATHER
 from conftest import LiveServer, free_port, make_settings
 
-from codeplane.quickstart import WEATHER_TOOL as WEATHER
 from codeplane.server.app import create_app
 
 
