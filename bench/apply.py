@@ -1,8 +1,9 @@
 """Apply benchmark: exact-match rate and speed of merging sketched edits into real files.
 
-Data set (bench/data/apply/cases.jsonl.xz): real commits of public Python projects. Each case
-is (original file, expected file) = (parent, commit) versions of one modified file; the edits
-given to `apply_edit` are derived from the real diff in several styles a model would write:
+Data set (the `tune` set of bench/apply/sets.py, built from the projects' git histories into a
+cache on first use): real commits of public Python projects. Each case is (original file,
+expected file) = (parent, commit) versions of one modified file; the edits given to
+`apply_edit` are derived from the real diff in several styles a model would write:
 
   markers    changed hunks with 3 context lines, `# ... existing code ...` between them
   tight      the same with only 1 context line (less to anchor on)
@@ -11,7 +12,7 @@ given to `apply_edit` are derived from the real diff in several styles a model w
   udiff      unified diff whose line numbers are off by 7 (models miscount)
 
 Usage:
-  python bench/apply.py build REPO_DIR... [--per-bucket 6]   # (re)build the data set
+  python bench/apply/sets.py build tune                      # build the data set (cached)
   python bench/apply.py                                      # deterministic path, all cases
   python bench/apply.py --model code-small --model-cases 8   # + model path, spec vs plain
 
@@ -22,11 +23,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import json
-import lzma
-import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -35,76 +34,23 @@ from pathlib import Path
 
 from codeplane.apply.align import clear_cache
 from codeplane.apply.api import apply_edit
-from codeplane.apply.validate import first_error_line
 
-DATA = Path(__file__).parent / "data" / "apply" / "cases.jsonl.xz"
-BUCKETS = ((50, 200), (200, 1000), (1000, 3000), (3000, 10**9))
+
+def _sets():
+    """bench/apply/sets.py (the case sets, built from git histories), imported by path: the
+    `bench/apply/` folder and this file share a name."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_apply_sets", Path(__file__).with_name("apply") / "sets.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SETS = _sets()
+BUCKETS, bucket_of = SETS.BUCKETS, SETS.bucket_of
 STYLES = ("markers", "tight", "dedented", "search", "udiff")
 MARKER = "# ... existing code ..."
-
-
-# -- building the data set -------------------------------------------------------------------
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True, errors="strict").stdout
-
-
-def candidates(repo: Path) -> list[tuple[str, str]]:
-    log = git(repo, "log", "--no-merges", "--diff-filter=M", "--format=@%H", "--name-only",
-              "--", "*.py")
-    out, commit = [], ""
-    for line in log.splitlines():
-        if line.startswith("@"):
-            commit = line[1:]
-        elif line.strip():
-            out.append((commit, line.strip()))
-    return out
-
-
-def bucket_of(n: int) -> int | None:
-    return next((b for b, (lo, hi) in enumerate(BUCKETS) if lo <= n < hi), None)
-
-
-def usable(old: str, new: str) -> bool:
-    """A real, moderate edit of a file that parses before and after."""
-    a, b = old.splitlines(), new.splitlines()
-    changed = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in
-                  difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-                  if tag != "equal")
-    hunks = list(difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(3))
-    return (0 < changed <= 120 and len(hunks) <= 8 and "\r" not in old
-            and first_error_line(old, "python") is None
-            and first_error_line(new, "python") is None)
-
-
-def build(repos: list[Path], per_bucket: int, seed: int = 7) -> list[dict]:
-    rng = random.Random(seed)
-    cases = []
-    for repo in repos:
-        found: dict[int, int] = defaultdict(int)
-        pool = candidates(repo)
-        rng.shuffle(pool)
-        per_file: dict[str, int] = defaultdict(int)
-        for commit, path in pool:
-            if all(found[b] >= per_bucket for b in range(len(BUCKETS))):
-                break
-            try:
-                old = git(repo, "show", f"{commit}^:{path}")
-                new = git(repo, "show", f"{commit}:{path}")
-            except (subprocess.CalledProcessError, UnicodeDecodeError):
-                continue
-            bucket = bucket_of(len(old.splitlines()))
-            if bucket is None or found[bucket] >= per_bucket or per_file[path] >= (
-                    per_bucket if bucket == len(BUCKETS) - 1 else 3) \
-                    or not usable(old, new):
-                continue
-            per_file[path] += 1
-            found[bucket] += 1
-            cases.append({"repo": repo.name if repo.name != "repo" else repo.parent.name,
-                          "commit": commit, "path": path, "original": old, "expected": new})
-        print(f"{repo}: {dict(found)}", file=sys.stderr)
-    return cases
 
 
 # -- deriving edits from the real diff -------------------------------------------------------
@@ -209,8 +155,7 @@ def well_posed(case: dict, style: str) -> bool:
 # -- running ---------------------------------------------------------------------------------
 
 def load() -> list[dict]:
-    with lzma.open(DATA, "rt") as fh:
-        return [json.loads(line) for line in fh]
+    return SETS.load("tune")
 
 
 HALVES = ({"pallets+click", "psf+requests", "pallets+flask"},
@@ -443,7 +388,7 @@ def deterministic_outcomes(cases: list[dict]) -> dict[tuple[int, str], str]:
     import hashlib
 
     source = Path(__file__).parents[1] / "src" / "codeplane" / "apply"
-    key = hashlib.sha256(DATA.read_bytes())
+    key = hashlib.sha256((SETS.MANIFESTS / "tune.txt").read_bytes())
     for name in ("align.py", "merge.py", "formats.py", "validate.py", "api.py"):
         key.update((source / name).read_bytes())
     cache = Path(f"/tmp/codeplane-apply-det-{key.hexdigest()[:16]}.json")
@@ -608,10 +553,6 @@ def run_ties(cases: list[dict], model: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    builder = sub.add_parser("build", help="build the data set from git repositories")
-    builder.add_argument("repos", nargs="+", type=Path)
-    builder.add_argument("--per-bucket", type=int, default=6)
     parser.add_argument("--model", help="also run the model path with this local model")
     parser.add_argument("--model-cases", type=int, default=8)
     parser.add_argument("--max-window", type=int, default=80)
@@ -627,15 +568,10 @@ def main() -> None:
                         help="with --model: the pipeline on every deterministic decline that "
                              "is a two-place tie (the model ranks the two readings)")
     args = parser.parse_args()
-    if args.command == "build":
-        cases = build(args.repos, args.per_bucket)
-        DATA.parent.mkdir(parents=True, exist_ok=True)
-        with lzma.open(DATA, "wt", preset=9 | lzma.PRESET_EXTREME) as fh:
-            for case in cases:
-                fh.write(json.dumps(case) + "\n")
-        print(f"{len(cases)} cases -> {DATA} ({DATA.stat().st_size / 1e6:.2f} MB)")
-        return
-    cases = load()
+    try:
+        cases = load()
+    except SETS.SetError as exc:
+        parser.exit(2, f"error: {exc}\n")
     if not (args.model and args.model_only):
         start = time.perf_counter()
         run_deterministic(cases, args.verbose)
