@@ -136,13 +136,53 @@ def final_newline_changes(case: dict) -> bool:
     return case["original"].endswith("\n") != case["expected"].endswith("\n")
 
 
+def layout_changes(case: dict) -> bool:
+    """The commit changes only the layout of some lines besides its real changes: blank
+    lines added or removed where the code above and below them is unchanged, whitespace
+    changed within lines (trailing whitespace stripped, a statement re-wrapped). A sketch
+    shows such lines as context, and context keeps the file's layout (docs/apply.md: a
+    model redraws the blank lines and whitespace of context at will), so it cannot say
+    that. Blank lines added or removed next to a changed line are the change's."""
+    old, new = lines_of(case["original"]), lines_of(case["expected"])
+    ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    layout = [op for op in ops
+              if op[0] != "equal" and _squash(old[op[1]:op[2]]) == _squash(new[op[3]:op[4]])]
+    real = [op for op in ops if op[0] != "equal" and op not in layout]
+    if not real:
+        return False  # a commit that only changes layout: the sketch's layout is the edit
+    changed_old = {i for op in real for i in range(op[1], op[2])}
+    changed_new = {j for op in real for j in range(op[3], op[4])}
+    for _, i1, i2, j1, j2 in layout:
+        if any(line.strip() for line in old[i1:i2] + new[j1:j2]):
+            return True  # whitespace changed within a line of code
+        near = [_nearest_code(old, i1 - 1, -1) in changed_old,
+                _nearest_code(old, i2, 1) in changed_old,
+                _nearest_code(new, j1 - 1, -1) in changed_new,
+                _nearest_code(new, j2, 1) in changed_new]
+        if not any(near):
+            return True
+    return False
+
+
+def _squash(lines: list[str]) -> str:
+    return "".join("".join(lines).split())
+
+
+def _nearest_code(lines: list[str], at: int, step: int) -> int | None:
+    while 0 <= at < len(lines) and not lines[at].strip():
+        at += step
+    return at if 0 <= at < len(lines) else None
+
+
 def well_posed(case: dict, style: str) -> bool:
     """Whether the style can say what the commit did (one right answer). A sketch cannot
-    remove or add the file's final newline (the merge keeps the file's), and `dedented`
-    strips trailing whitespace, so a commit whose new lines carry some (a whitespace-only
-    line in a docstring) has no right answer there. Such (case, style) pairs are dropped
-    and counted, not scored as misses."""
-    if style in ("markers", "tight", "dedented") and final_newline_changes(case):
+    remove or add the file's final newline (the merge keeps the file's), nor change only
+    the layout of lines it shows as context (`layout_changes`), and `dedented` strips
+    trailing whitespace, so a commit whose new lines carry some (a whitespace-only line in
+    a docstring) has no right answer there. Such (case, style) pairs are dropped and
+    counted, not scored as misses."""
+    if style in ("markers", "tight", "dedented") and (final_newline_changes(case)
+                                                     or layout_changes(case)):
         return False
     if style == "dedented":
         old, new = lines_of(case["original"]), lines_of(case["expected"])

@@ -320,10 +320,12 @@ class Maker:
 def well_posed(case: dict, sketch: str, maker: Maker) -> bool:
     """One right answer: each segment's first and last context lines (whitespace ignored,
     blank lines aside) occur once in the original; no marker wording occurs in either file;
-    no whitespace-only change in the commit where the style drifts whitespace."""
+    no change of layout only in the commit (`BA.layout_changes`), and none at all where the
+    style drifts whitespace."""
     old, new = maker.old, maker.new
-    if BA.final_newline_changes(case):
+    if BA.final_newline_changes(case) or BA.layout_changes(case):
         return False  # a sketch cannot say it: the merge keeps the file's final newline
+        # and the layout of lines the sketch shows as context
     texts = {line.strip() for line in old + new}
     if any(w in texts or w.strip("# ") in texts for w in maker.used_wordings):
         return False
