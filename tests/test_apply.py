@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -335,9 +336,12 @@ def test_code_and_prose_are_not_markers(line: str) -> None:
 # -- CLI ---------------------------------------------------------------------------------------
 
 def cli(*args: str, env_home: Path) -> subprocess.CompletedProcess:
+    """The CLI in a bare environment; PYTHONPATH is passed on so that a checkout other than
+    the installed one tests its own code."""
+    path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
     return subprocess.run([sys.executable, "-m", "codeplane", "apply", *args],
                           capture_output=True, text=True, timeout=60, check=False,
-                          env={"CODEPLANE_HOME": str(env_home), "PATH": "/usr/bin:/bin"})
+                          env={"CODEPLANE_HOME": str(env_home), "PATH": "/usr/bin:/bin", **path})
 
 
 def test_cli_prints_writes_and_reports(tmp_path: Path) -> None:
@@ -358,6 +362,29 @@ def test_cli_prints_writes_and_reports(tmp_path: Path) -> None:
     assert written.returncode == 0 and written.stdout == ""
     assert target.read_text() == EXPECTED
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".apply")] == []
+
+
+def test_cli_write_through_a_symlink_edits_the_target_and_keeps_link_and_mode(
+        tmp_path: Path) -> None:
+    """Security review 2026-11-28 L5: `apply --write` on a symlink replaced the link with a
+    regular file (the target kept its old text). The target is edited in place of itself,
+    in its own directory; the link, and the target's permission bits, stay."""
+    real = tmp_path / "src" / "gen.py"
+    real.parent.mkdir()
+    real.write_text(ORIGINAL)
+    real.chmod(0o640)
+    link = tmp_path / "link" / "gen.py"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    edit = tmp_path / "edit.txt"
+    edit.write_text("".join(difflib.unified_diff(ORIGINAL.splitlines(True),
+                                                 EXPECTED.splitlines(True))))
+    written = cli(str(link), "--edit", str(edit), "--no-model", "--write", env_home=tmp_path)
+    assert written.returncode == 0, written.stderr
+    assert link.is_symlink() and link.resolve() == real
+    assert real.read_text() == EXPECTED
+    assert real.stat().st_mode & 0o7777 == 0o640
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.name.endswith(".apply")) == []
 
 
 def test_cli_broken_edit_leaves_file_untouched(tmp_path: Path) -> None:
