@@ -142,11 +142,13 @@ def layout_changes(case: dict) -> bool:
     changed within lines (trailing whitespace stripped, a statement re-wrapped). A sketch
     shows such lines as context, and context keeps the file's layout (docs/apply.md: a
     model redraws the blank lines and whitespace of context at will), so it cannot say
-    that. Blank lines added or removed next to a changed line are the change's."""
+    that. Blank lines added or removed next to a changed line are the change's. (The
+    product's rule, `guard.restore_layout`, restated here so that the benchmark's cases do
+    not depend on the code it measures.)"""
     old, new = lines_of(case["original"]), lines_of(case["expected"])
     ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
-    layout = [op for op in ops
-              if op[0] != "equal" and _squash(old[op[1]:op[2]]) == _squash(new[op[3]:op[4]])]
+    layout = [op for op in ops if op[0] != "equal" and _layout_only(old[op[1]:op[2]],
+                                                                    new[op[3]:op[4]])]
     real = [op for op in ops if op[0] != "equal" and op not in layout]
     if not real:
         return False  # a commit that only changes layout: the sketch's layout is the edit
@@ -154,7 +156,7 @@ def layout_changes(case: dict) -> bool:
     changed_new = {j for op in real for j in range(op[3], op[4])}
     for _, i1, i2, j1, j2 in layout:
         if any(line.strip() for line in old[i1:i2] + new[j1:j2]):
-            return True  # whitespace changed within a line of code
+            return True  # whitespace changed within lines of code
         near = [_nearest_code(old, i1 - 1, -1) in changed_old,
                 _nearest_code(old, i2, 1) in changed_old,
                 _nearest_code(new, j1 - 1, -1) in changed_new,
@@ -164,8 +166,14 @@ def layout_changes(case: dict) -> bool:
     return False
 
 
-def _squash(lines: list[str]) -> str:
-    return "".join("".join(lines).split())
+def _layout_only(old: list[str], new: list[str]) -> bool:
+    """Only whitespace differs, and no line of code is re-indented (a block wrapped in a
+    new one, or unwrapped: the sketch shows that, and the merge writes it)."""
+    if "".join("".join(old).split()) != "".join("".join(new).split()):
+        return False
+    return len(old) != len(new) or all(
+        len(a) - len(a.lstrip()) == len(b) - len(b.lstrip())
+        for a, b in zip(old, new) if a.strip() and b.strip())
 
 
 def _nearest_code(lines: list[str], at: int, step: int) -> int | None:
