@@ -702,3 +702,29 @@ def test_new_lines_that_exist_further_down_do_not_pull_a_long_deletion() -> None
     fixed = apply_edit(original, with_context, "c.py")
     assert fixed.ok and fixed.merged == original.replace(
         '    """Short doc."""\n', f'    """Column doc.\n\n{args}    """\n')
+
+
+def test_a_definition_shown_once_is_not_added_as_a_second_copy() -> None:
+    """pyjwt 0bf1a35ac1 (fourth held-out slice, reduced): two tests are deleted between the
+    end of the test above them and the test below, whose first lines are the context. The
+    tests deleted start like the one below, so the cheapest reading took its `def` line as
+    a new copy and kept the deleted tests after it: the class then defines that test twice.
+    Declined (the model path gets it), never merged so."""
+    def test(name: str, body: str) -> str:
+        return (f"    def {name}(self, jwt):\n        example_payload = {{\"hello\": \"world\"}}\n"
+                f"        example_secret = \"secret\"\n{body}\n")
+    decoded = "        decoded = jwt.decode(token, example_secret)\n        assert decoded\n"
+    first = decoded.replace("assert decoded\n", "assert decoded == example_payload\n")
+    original = ("class TestJWT:\n" + test("test_decodes_valid_jwt", first)
+                + test("test_decodes_compressed", decoded.replace("decode(", "decode_complete("))
+                + test("test_decodes_invalid_compressed", "        with pytest.raises(DecodeError):\n"
+                       "            jwt.decode(token, example_secret)\n")
+                + test("test_load_verify_valid_jwt", decoded))
+    sketch = ("    # ... existing code ...\n        decoded = jwt.decode(token, example_secret)\n"
+              "        assert decoded == example_payload\n\n"
+              "    def test_load_verify_valid_jwt(self, jwt):\n"
+              "        example_payload = {\"hello\": \"world\"}\n    # ... existing code ...\n")
+    result = apply_edit(original, sketch, "tests/test_jwt.py")
+    assert not result.ok, result.merged
+    assert any("define" in d and "2 times in one scope" in d for d in result.diagnostics), \
+        result.diagnostics

@@ -122,7 +122,7 @@ def _signature_table(texts: frozenset[str]) -> tuple[dict[str, int], np.ndarray]
     return {text: row for row, text in enumerate(unique)}, packed
 
 
-_DEFINES = re.compile(r"^(?:export\s+|pub\s+|async\s+)*(?:def|class|function|fn|func|struct|"
+DEFINES = re.compile(r"^(?:export\s+|pub\s+|async\s+)*(?:def|class|function|fn|func|struct|"
                       r"interface|enum|trait|impl|type|module)\s+(\w+)")
 
 
@@ -132,7 +132,7 @@ def token_similarity(a: str, b: str) -> float:
     breaks several trigrams and pairs, so the signature alone underrates their likeness.
     Lines that define different names are different definitions (a new test next to a
     similar old one), not an edit of one another: 0."""
-    defines_a, defines_b = _DEFINES.match(a), _DEFINES.match(b)
+    defines_a, defines_b = DEFINES.match(a), DEFINES.match(b)
     if defines_a and defines_b and defines_a.group(1) != defines_b.group(1):
         return 0.0
     return difflib.SequenceMatcher(None, _TOKEN.findall(a), _TOKEN.findall(b),

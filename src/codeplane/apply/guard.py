@@ -18,8 +18,15 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 
-from codeplane.apply.align import SUB_MIN_SIMILARITY, indent_width, norm, token_similarity
+from codeplane.apply.align import (
+    DEFINES,
+    SUB_MIN_SIMILARITY,
+    indent_width,
+    norm,
+    token_similarity,
+)
 from codeplane.apply.formats import Sketch
 
 MAX_JOINED = 8  # lines of one bracketed statement a model may join onto one line
@@ -100,6 +107,9 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
     """Why the merge is not safe to call ok, or None: every original line with code on it
     that the merge removes or rewrites must be shown so by the sketch (see the module)."""
     shown = [[norm(line) for line in segment if line.strip()] for segment in sketch.segments]
+    twice = _defined_twice(original, merged, shown)
+    if twice:
+        return twice
     old = [norm(line) for line in original]
     new = [norm(line) for line in merged]
     matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
@@ -123,6 +133,43 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
             return (f"it removes or rewrites line {i1 + 1} ({removed[0][:60]!r}), which the "
                     f"sketch does not show as deleted or changed")
     return None
+
+
+def _defined_twice(original: list[str], merged: list[str], shown: list[list[str]]
+                   ) -> str | None:
+    """A definition line (`def name(...)`, `class Name`) that the merge has twice in one
+    scope where the file has it once, while the sketch shows it once: the sketch's copy is
+    the file's line as context, and the alignment took it as new (keeping the code it
+    meant to delete: pyjwt 0bf1a35ac1, two tests deleted between context lines, read as
+    a new copy of the test after them)."""
+    before = _definitions(original)
+    shown_count = Counter(line for segment in shown for line in segment)
+    for key, times in _definitions(merged).items():
+        had = before.get(key, 0)
+        # Adding a copy next to the file's, the sketch would show both: the context and
+        # the new one.
+        if had and times > had and shown_count[key[1]] <= times - had:
+            return (f"it would define {key[1][:60]!r} {times} times in one scope, where the "
+                    f"file has it {had} time(s) and the sketch shows it "
+                    f"{shown_count[key[1]]} time(s): context or a new copy? ambiguous")
+    return None
+
+
+def _definitions(lines: list[str]) -> dict[tuple[str, str], int]:
+    """(enclosing definition line, definition line) -> how often, whitespace collapsed."""
+    out: dict[tuple[str, str], int] = {}
+    stack: list[tuple[int, str]] = []  # open definitions: (indentation, line)
+    for line in lines:
+        if not line.strip():
+            continue
+        width = indent_width(line)
+        while stack and stack[-1][0] >= width:
+            stack.pop()
+        if DEFINES.match(line.strip()):
+            key = (stack[-1][1] if stack else "", norm(line))
+            out[key] = out.get(key, 0) + 1
+            stack.append((width, norm(line)))
+    return out
 
 
 def _rewritten(removed: list[str], added: list[str]) -> bool:
