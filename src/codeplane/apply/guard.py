@@ -155,9 +155,11 @@ def _defined_twice(original: list[str], merged: list[str], shown: list[list[str]
     return None
 
 
-def _definitions(lines: list[str]) -> dict[tuple[str, str], int]:
-    """(enclosing definition line, definition line) -> how often, whitespace collapsed."""
-    out: dict[tuple[str, str], int] = {}
+def _definitions(lines: list[str]) -> dict[tuple[tuple[str, ...], str], int]:
+    """(enclosing definition lines, outermost first; definition line) -> how often,
+    whitespace collapsed. The whole chain: a method of a class of the same name in another
+    function is in another scope."""
+    out: dict[tuple[tuple[str, ...], str], int] = {}
     stack: list[tuple[int, str]] = []  # open definitions: (indentation, line)
     for line in lines:
         if not line.strip():
@@ -166,7 +168,7 @@ def _definitions(lines: list[str]) -> dict[tuple[str, str], int]:
         while stack and stack[-1][0] >= width:
             stack.pop()
         if DEFINES.match(line.strip()):
-            key = (stack[-1][1] if stack else "", norm(line))
+            key = (tuple(text for _, text in stack), norm(line))
             out[key] = out.get(key, 0) + 1
             stack.append((width, norm(line)))
     return out
