@@ -1,8 +1,9 @@
 """Apply benchmark: exact-match rate and speed of merging sketched edits into real files.
 
-Data set (bench/data/apply/cases.jsonl.xz): real commits of public Python projects. Each case
-is (original file, expected file) = (parent, commit) versions of one modified file; the edits
-given to `apply_edit` are derived from the real diff in several styles a model would write:
+Data set (the `tune` set of bench/apply/sets.py, built from the projects' git histories into a
+cache on first use): real commits of public Python projects. Each case is (original file,
+expected file) = (parent, commit) versions of one modified file; the edits given to
+`apply_edit` are derived from the real diff in several styles a model would write:
 
   markers    changed hunks with 3 context lines, `# ... existing code ...` between them
   tight      the same with only 1 context line (less to anchor on)
@@ -11,7 +12,7 @@ given to `apply_edit` are derived from the real diff in several styles a model w
   udiff      unified diff whose line numbers are off by 7 (models miscount)
 
 Usage:
-  python bench/apply.py build REPO_DIR... [--per-bucket 6]   # (re)build the data set
+  python bench/apply/sets.py build tune                      # build the data set (cached)
   python bench/apply.py                                      # deterministic path, all cases
   python bench/apply.py --model code-small --model-cases 8   # + model path, spec vs plain
 
@@ -22,11 +23,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import json
-import lzma
-import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -35,76 +34,23 @@ from pathlib import Path
 
 from codeplane.apply.align import clear_cache
 from codeplane.apply.api import apply_edit
-from codeplane.core.languages import first_error_line
 
-DATA = Path(__file__).parent / "data" / "apply" / "cases.jsonl.xz"
-BUCKETS = ((50, 200), (200, 1000), (1000, 3000), (3000, 10**9))
+
+def _sets():
+    """bench/apply/sets.py (the case sets, built from git histories), imported by path: the
+    `bench/apply/` folder and this file share a name."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_apply_sets", Path(__file__).with_name("apply") / "sets.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SETS = _sets()
+BUCKETS, bucket_of = SETS.BUCKETS, SETS.bucket_of
 STYLES = ("markers", "tight", "dedented", "search", "udiff")
 MARKER = "# ... existing code ..."
-
-
-# -- building the data set -------------------------------------------------------------------
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True, errors="strict").stdout
-
-
-def candidates(repo: Path) -> list[tuple[str, str]]:
-    log = git(repo, "log", "--no-merges", "--diff-filter=M", "--format=@%H", "--name-only",
-              "--", "*.py")
-    out, commit = [], ""
-    for line in log.splitlines():
-        if line.startswith("@"):
-            commit = line[1:]
-        elif line.strip():
-            out.append((commit, line.strip()))
-    return out
-
-
-def bucket_of(n: int) -> int | None:
-    return next((b for b, (lo, hi) in enumerate(BUCKETS) if lo <= n < hi), None)
-
-
-def usable(old: str, new: str) -> bool:
-    """A real, moderate edit of a file that parses before and after."""
-    a, b = old.splitlines(), new.splitlines()
-    changed = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in
-                  difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-                  if tag != "equal")
-    hunks = list(difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(3))
-    return (0 < changed <= 120 and len(hunks) <= 8 and "\r" not in old
-            and first_error_line(old, "python") is None
-            and first_error_line(new, "python") is None)
-
-
-def build(repos: list[Path], per_bucket: int, seed: int = 7) -> list[dict]:
-    rng = random.Random(seed)
-    cases = []
-    for repo in repos:
-        found: dict[int, int] = defaultdict(int)
-        pool = candidates(repo)
-        rng.shuffle(pool)
-        per_file: dict[str, int] = defaultdict(int)
-        for commit, path in pool:
-            if all(found[b] >= per_bucket for b in range(len(BUCKETS))):
-                break
-            try:
-                old = git(repo, "show", f"{commit}^:{path}")
-                new = git(repo, "show", f"{commit}:{path}")
-            except (subprocess.CalledProcessError, UnicodeDecodeError):
-                continue
-            bucket = bucket_of(len(old.splitlines()))
-            if bucket is None or found[bucket] >= per_bucket or per_file[path] >= (
-                    per_bucket if bucket == len(BUCKETS) - 1 else 3) \
-                    or not usable(old, new):
-                continue
-            per_file[path] += 1
-            found[bucket] += 1
-            cases.append({"repo": repo.name if repo.name != "repo" else repo.parent.name,
-                          "commit": commit, "path": path, "original": old, "expected": new})
-        print(f"{repo}: {dict(found)}", file=sys.stderr)
-    return cases
 
 
 # -- deriving edits from the real diff -------------------------------------------------------
@@ -190,13 +136,61 @@ def final_newline_changes(case: dict) -> bool:
     return case["original"].endswith("\n") != case["expected"].endswith("\n")
 
 
+def layout_changes(case: dict) -> bool:
+    """The commit changes only the layout of some lines besides its real changes: blank
+    lines added or removed where the code above and below them is unchanged, whitespace
+    changed within lines (trailing whitespace stripped, a statement re-wrapped). A sketch
+    shows such lines as context, and context keeps the file's layout (docs/apply.md: a
+    model redraws the blank lines and whitespace of context at will), so it cannot say
+    that. Blank lines added or removed next to a changed line are the change's. (The
+    product's rule, `guard.restore_layout`, restated here so that the benchmark's cases do
+    not depend on the code it measures.)"""
+    old, new = lines_of(case["original"]), lines_of(case["expected"])
+    ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    layout = [op for op in ops if op[0] != "equal" and _layout_only(old[op[1]:op[2]],
+                                                                    new[op[3]:op[4]])]
+    real = [op for op in ops if op[0] != "equal" and op not in layout]
+    if not real:
+        return False  # a commit that only changes layout: the sketch's layout is the edit
+    changed_old = {i for op in real for i in range(op[1], op[2])}
+    changed_new = {j for op in real for j in range(op[3], op[4])}
+    for _, i1, i2, j1, j2 in layout:
+        if any(line.strip() for line in old[i1:i2] + new[j1:j2]):
+            return True  # whitespace changed within lines of code
+        near = [_nearest_code(old, i1 - 1, -1) in changed_old,
+                _nearest_code(old, i2, 1) in changed_old,
+                _nearest_code(new, j1 - 1, -1) in changed_new,
+                _nearest_code(new, j2, 1) in changed_new]
+        if not any(near):
+            return True
+    return False
+
+
+def _layout_only(old: list[str], new: list[str]) -> bool:
+    """Only whitespace differs, and no line of code is re-indented (a block wrapped in a
+    new one, or unwrapped: the sketch shows that, and the merge writes it)."""
+    if "".join("".join(old).split()) != "".join("".join(new).split()):
+        return False
+    return len(old) != len(new) or all(
+        len(a) - len(a.lstrip()) == len(b) - len(b.lstrip())
+        for a, b in zip(old, new) if a.strip() and b.strip())
+
+
+def _nearest_code(lines: list[str], at: int, step: int) -> int | None:
+    while 0 <= at < len(lines) and not lines[at].strip():
+        at += step
+    return at if 0 <= at < len(lines) else None
+
+
 def well_posed(case: dict, style: str) -> bool:
     """Whether the style can say what the commit did (one right answer). A sketch cannot
-    remove or add the file's final newline (the merge keeps the file's), and `dedented`
-    strips trailing whitespace, so a commit whose new lines carry some (a whitespace-only
-    line in a docstring) has no right answer there. Such (case, style) pairs are dropped
-    and counted, not scored as misses."""
-    if style in ("markers", "tight", "dedented") and final_newline_changes(case):
+    remove or add the file's final newline (the merge keeps the file's), nor change only
+    the layout of lines it shows as context (`layout_changes`), and `dedented` strips
+    trailing whitespace, so a commit whose new lines carry some (a whitespace-only line in
+    a docstring) has no right answer there. Such (case, style) pairs are dropped and
+    counted, not scored as misses."""
+    if style in ("markers", "tight", "dedented") and (final_newline_changes(case)
+                                                     or layout_changes(case)):
         return False
     if style == "dedented":
         old, new = lines_of(case["original"]), lines_of(case["expected"])
@@ -209,8 +203,7 @@ def well_posed(case: dict, style: str) -> bool:
 # -- running ---------------------------------------------------------------------------------
 
 def load() -> list[dict]:
-    with lzma.open(DATA, "rt") as fh:
-        return [json.loads(line) for line in fh]
+    return SETS.load("tune")
 
 
 HALVES = ({"pallets+click", "psf+requests", "pallets+flask"},
@@ -327,31 +320,25 @@ class ModelRun:
     accepted: int
     same: bool  # all three produced the same tokens
     verify_seconds: float  # speculative: time inside forward passes
-    product_seconds: float  # the product's rewrite (guided), wall time of the engine call
-    product_inside: float  # ... of which its prefill and decode in the model's worker
 
 
 def decode_rate(runs: list[ModelRun], method: str) -> float:
     return sum(r.tokens - 1 for r in runs) / max(1e-9, sum(r.seconds[method] for r in runs))
 
 
-def run_case(engine, local, model: str, case: dict, window: int, repeats: int) -> ModelRun:
-    """Exactness from the product's model path (guided decoding, as `apply_edit` runs it, in
-    the engine's worker for `model`); speed from unguided greedy decoding of the same
-    windows on `local` (the same model loaded in this process: the three ways need its
-    internals), `repeats` times each way, interleaved, keeping each way's fastest decode
-    (other jobs on a shared 2-core box only ever add time). Unguided, so all three ways must
-    give the very same tokens."""
+def run_case(engine, model: str, case: dict, window: int, repeats: int) -> ModelRun:
+    """Exactness from the product's model path (guided decoding, as `apply_edit` runs it);
+    speed from unguided greedy decoding of the same windows, `repeats` times each way,
+    interleaved, keeping each way's fastest decode (other jobs on a shared 2-core box only
+    ever add time). Unguided, so all three ways must give the very same tokens."""
     from codeplane.apply.formats import join_lines, parse_edit, split_lines
-    from codeplane.apply.rewrite import jobs
+    from codeplane.apply.rewrite import jobs, rewrite
     from codeplane.apply.speculative import decode
     from codeplane.models.engine import Sampling
 
     lines, newline, final = split_lines(case["original"])
     parsed = parse_edit(edit_for(case, "markers"), lines)
-    started = time.perf_counter()
-    product = engine.run_sync(model, "apply.rewrite", lines, parsed, case["path"])
-    product_seconds = time.perf_counter() - started
+    product = engine.run_sync(model, lambda m: rewrite(m, lines, parsed, case["path"]))
     prefill = sum(r.prompt_seconds for r in product.runs)  # the uncached prefill
 
     def ways(m):
@@ -366,7 +353,7 @@ def run_case(engine, local, model: str, case: dict, window: int, repeats: int) -
 
     best: dict[str, float] = {}
     for _ in range(repeats):
-        spec, plain, gens = ways(local)
+        spec, plain, gens = engine.run_sync(model, ways)
         for method, seconds in (("spec", sum(r.decode_seconds for r in spec)),
                                 ("loop", sum(r.decode_seconds for r in plain)),
                                 ("engine", sum(g.decode_seconds for g in gens))):
@@ -381,23 +368,19 @@ def run_case(engine, local, model: str, case: dict, window: int, repeats: int) -
         sum(r.forward_passes for r in spec), sum(r.drafted for r in spec),
         sum(r.accepted for r in spec),
         all(s.text == p.text and g.text.startswith(s.text)
-            for s, p, g in zip(spec, plain, gens)), verify, product_seconds,
-        prefill + sum(r.decode_seconds for r in product.runs))
+            for s, p, g in zip(spec, plain, gens)), verify)
 
 
 def run_model(cases: list[dict], model: str, count: int, max_window: int,
               repeats: int) -> None:
     from codeplane.config import load_settings
-    from codeplane.models.engine import Engine, LocalModel
-    from codeplane.models.registry import ModelRegistry
+    from codeplane.models.engine import Engine
 
-    settings = load_settings()
-    engine = Engine(settings)
-    engine.info(model)  # load outside the timings
-    local = LocalModel(ModelRegistry(settings).get(model), settings)
+    engine = Engine(load_settings())
+    engine.run_sync(model, lambda m: None)  # load outside the timings
     runs: list[ModelRun] = []
     for case, window in model_cases(cases, count, max_window):
-        run = run_case(engine, local, model, case, window, repeats)
+        run = run_case(engine, model, case, window, repeats)
         runs.append(run)
         rate = {k: (run.tokens - 1) / max(v, 1e-9) for k, v in run.seconds.items()}
         print(f"  {run.path:34s} window {run.window:3d} lines  exact={run.exact!s:5s} "
@@ -407,7 +390,6 @@ def run_model(cases: list[dict], model: str, count: int, max_window: int,
               f"{'' if run.same else '  OUTPUTS DIFFER'}"
               f"{'' if run.ok else '  ' + run.why}", flush=True)
     engine.close()
-    local.llama.close()
     print_model_summary(runs, model)
 
 
@@ -443,11 +425,6 @@ def print_model_summary(runs: list[ModelRun], model: str) -> None:
           f"accepted, {100 * verify / max(total, 1e-9):.0f}% of decode time in forward passes")
     print(f"  prefill (identical for all three): {sum(r.prompt_seconds for r in runs):.1f}s "
           f"for the {len(runs)} prompts")
-    wall = sum(r.product_seconds for r in runs)
-    outside = sorted(r.product_seconds - r.product_inside for r in runs)
-    print(f"  product path (guided, in the engine's worker): {wall / len(runs):.2f} s/case; "
-          f"outside its prefill and decode (planning, checks, the worker round trip) median "
-          f"{statistics.median(outside) * 1000:.0f} ms, max {outside[-1] * 1000:.0f} ms")
 
 
 RESCUE_STYLES = ("markers", "tight", "dedented", "search", "udiff")
@@ -459,7 +436,7 @@ def deterministic_outcomes(cases: list[dict]) -> dict[tuple[int, str], str]:
     import hashlib
 
     source = Path(__file__).parents[1] / "src" / "codeplane" / "apply"
-    key = hashlib.sha256(DATA.read_bytes())
+    key = hashlib.sha256((SETS.MANIFESTS / "tune.txt").read_bytes())
     for name in ("align.py", "merge.py", "formats.py", "validate.py", "api.py"):
         key.update((source / name).read_bytes())
     cache = Path(f"/tmp/codeplane-apply-det-{key.hexdigest()[:16]}.json")
@@ -524,7 +501,7 @@ def run_rescue(cases: list[dict], model: str, count: int, max_window: int) -> No
     print(f"rescue ({model}): deterministic outcomes in {time.perf_counter() - start:.0f} s; "
           f"{len(picked)} declined cases whose windows total <= {max_window} lines", flush=True)
     engine = Engine(load_settings())
-    engine.info(model)  # load outside the timings
+    engine.run_sync(model, lambda m: None)  # load outside the timings
     kinds: dict[str, list[str]] = defaultdict(list)
     seconds: dict[str, list[float]] = defaultdict(list)
     for index, style, size in picked:
@@ -590,7 +567,7 @@ def run_ties(cases: list[dict], model: str) -> None:
     print(f"ties ({model}): {len(ties)} of {list(outcomes.values()).count('declined')} "
           f"deterministic declines are two-place ties", flush=True)
     engine = Engine(load_settings())
-    engine.info(model)  # load outside the timings
+    engine.run_sync(model, lambda m: None)  # load outside the timings
     gained: dict[str, list[str]] = defaultdict(list)
     for index, style in ties:
         case = cases[index]
@@ -624,10 +601,6 @@ def run_ties(cases: list[dict], model: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    builder = sub.add_parser("build", help="build the data set from git repositories")
-    builder.add_argument("repos", nargs="+", type=Path)
-    builder.add_argument("--per-bucket", type=int, default=6)
     parser.add_argument("--model", help="also run the model path with this local model")
     parser.add_argument("--model-cases", type=int, default=8)
     parser.add_argument("--max-window", type=int, default=80)
@@ -643,15 +616,10 @@ def main() -> None:
                         help="with --model: the pipeline on every deterministic decline that "
                              "is a two-place tie (the model ranks the two readings)")
     args = parser.parse_args()
-    if args.command == "build":
-        cases = build(args.repos, args.per_bucket)
-        DATA.parent.mkdir(parents=True, exist_ok=True)
-        with lzma.open(DATA, "wt", preset=9 | lzma.PRESET_EXTREME) as fh:
-            for case in cases:
-                fh.write(json.dumps(case) + "\n")
-        print(f"{len(cases)} cases -> {DATA} ({DATA.stat().st_size / 1e6:.2f} MB)")
-        return
-    cases = load()
+    try:
+        cases = load()
+    except SETS.SetError as exc:
+        parser.exit(2, f"error: {exc}\n")
     if not (args.model and args.model_only):
         start = time.perf_counter()
         run_deterministic(cases, args.verbose)

@@ -1,8 +1,9 @@
 """Apply benchmark, wild styles: sketches written the way chat models write them.
 
-The same real commits as `bench/apply.py` (tune part: its data set) plus a held-out part of
-other repositories (`bench/apply/cases.jsonl.xz`: pallets/itsdangerous, pallets/markupsafe,
-python-poetry/tomlkit), each edit derived from the real diff in styles seen from chat models:
+The same real commits as `bench/apply.py` (tune part: its `tune` set) plus a held-out part of
+other repositories (the `held-out` set: pallets/itsdangerous, pallets/markupsafe,
+python-poetry/tomlkit), each edit derived from the real diff in styles seen from chat models;
+every set is built from the projects' histories on first use (`bench/apply/sets.py`):
 
   wordings  markers in many wordings (`# ... rest of the function unchanged ...`,
             `# (unchanged)`, `# [previous implementation]`, a bare `...`, ...)
@@ -14,6 +15,10 @@ python-poetry/tomlkit), each edit derived from the real diff in styles seen from
             299 commits make, so such a case has no one right answer)
   joined    a bracketed multi-line statement in the context joined onto one line
   mixed     all of the above, chosen per hunk
+  layout    context whose layout drifted as chat models write it (issue #33): blank lines
+            collapsed, removed or inserted between two context lines (between statements,
+            never inside a string or brackets, never next to a changed line) and next to
+            markers, trailing whitespace stripped, bracketed statements joined
 
 A style that changes nothing in a case (no header to show, nothing to join) skips it. A
 well-posedness check keeps only cases with one right answer (`well_posed`): every segment's
@@ -26,10 +31,11 @@ whitespace styles the commit itself changes no blank
 line next to context only (a drifted blank line and a real one look alike).
 
 Usage:
-  python bench/apply/wild.py build REPO_DIR... [--out PATH]  # (re)build a held-out part
   python bench/apply/wild.py [--verbose]         # exact / wrong / declined per style
   python bench/apply/wild.py --set fresh         # the second held-out slice alone
   python bench/apply/wild.py --set third         # the third (session 7) held-out slice
+  python bench/apply/wild.py --set fourth        # the fourth (issue #33) held-out slice
+  python bench/apply/sets.py select OWNER/NAME... --name NAME   # a new held-out slice
   python bench/apply/wild.py --model code-small  # declines also end to end (model path)
 """
 
@@ -38,8 +44,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
-import json
-import lzma
 import random
 import re
 import sys
@@ -49,15 +53,12 @@ from pathlib import Path
 
 from codeplane.apply.api import apply_edit
 
-HELD_OUT = Path(__file__).with_name("cases.jsonl.xz")
-# A second held-out slice, built after the rules were tuned on the sets above and never
-# tuned on (pytest-dev/pluggy, hynek/structlog, more-itertools): `--set fresh`.
-FRESH = Path(__file__).with_name("fresh.jsonl.xz")
-# A third held-out slice, built from repositories no earlier set used (jd/tenacity,
-# tkem/cachetools, marshmallow-code/marshmallow) before session 7 changed any code, and
-# never tuned on: `--set third`.
-THIRD = Path(__file__).with_name("third.jsonl.xz")
-STYLES = ("wordings", "body", "header", "drift", "joined", "mixed")
+# Held-out slices (bench/apply/sets/NAME.txt), each built from repositories no earlier set
+# used, before the session that measured on it changed any code, and never tuned on:
+# fresh (pluggy, structlog, more-itertools), third (session 7: tenacity, cachetools,
+# marshmallow), fourth (issue #33: pyjwt, tinydb, loguru, funcy).
+SLICES = ("fresh", "third", "fourth")
+STYLES = ("wordings", "body", "header", "drift", "joined", "mixed", "layout")
 WORDINGS = (
     "# ... existing code ...", "# ... rest of the function unchanged ...", "# (unchanged)",
     "# existing code here", "# [previous implementation]", "...", "# ...",
@@ -83,16 +84,12 @@ BA = bench_apply()
 
 
 def load_all(which: str = "main") -> list[dict]:
-    """The tune part and the first held-out part ("main"), or the second or third held-out
-    slice alone ("fresh", "third")."""
-    if which in ("fresh", "third"):
-        return _read(FRESH if which == "fresh" else THIRD, "held-out")
-    return [dict(c, part="tune") for c in BA.load()] + _read(HELD_OUT, "held-out")
-
-
-def _read(path: Path, part: str) -> list[dict]:
-    with lzma.open(path, "rt") as fh:
-        return [dict(json.loads(line), part=part) for line in fh]
+    """The tune part and the first held-out part ("main"), or one later held-out slice
+    alone (`SLICES`)."""
+    if which in SLICES:
+        return [dict(c, part="held-out") for c in BA.SETS.load(which)]
+    return [dict(c, part="tune") for c in BA.load()] + \
+        [dict(c, part="held-out") for c in BA.SETS.load("held-out")]
 
 
 # -- deriving wild sketches ------------------------------------------------------------------
@@ -132,6 +129,30 @@ def joinable(old: list[str]) -> dict[int, int]:
     return spans
 
 
+def statements(old: list[str]) -> tuple[set[int], set[int]]:
+    """Rows where a statement starts (outside brackets and strings), and blank rows outside
+    strings: where a model may add or remove a blank line without changing the code."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO("\n".join(old) + "\n").readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return set(), set()
+    starts: set[int] = set()
+    inside: set[int] = set()  # rows within a multi-line string
+    fresh = True
+    for tok in tokens:
+        if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+            inside.update(range(tok.start[0], tok.end[0] - 1))
+        if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
+                        tokenize.DEDENT, tokenize.ENDMARKER):
+            fresh = fresh or tok.type == tokenize.NEWLINE
+            continue
+        if fresh:
+            starts.add(tok.start[0] - 1)
+            fresh = False
+    loose = {i for i, line in enumerate(old) if not line.strip() and i not in inside}
+    return starts, loose
+
+
 def join(lines: list[str]) -> str:
     out = lines[0].rstrip()
     for line in lines[1:]:
@@ -164,17 +185,21 @@ class Maker:
         self.rng = random.Random(seed)
         self.changed = False  # the style did something beyond the plain markers style
         self.groups = BA.hunks(self.old, self.new, 3 if style in ("wordings", "drift",
-                                                                   "joined") else 2)
-        self.spans = joinable(self.old) if style in ("joined", "mixed") else {}
+                                                                   "joined", "layout") else 2)
+        self.spans = joinable(self.old) if style in ("joined", "mixed", "layout") else {}
+        self.starts, self.loose = statements(self.old) if style == "layout" else (set(), set())
         self.enclosing = headers(self.old) if style in ("header", "mixed") else []
         self.used_wordings: set[str] = set()
         self.segments: list[tuple[int, int]] = []  # (old start, old end) each segment shows
 
     def wants(self, trait: str) -> bool:
+        if self.style == "layout":  # whitespace drift everywhere, some statements joined
+            return trait == "drift" or trait == "joined" and self.rng.random() < 0.5
         return self.style == trait or self.style == "mixed" and self.rng.random() < 0.5
 
     def marker(self, indent: str) -> str:
-        wording = self.rng.choice(WORDINGS) if self.style != "drift" else WORDINGS[0]
+        wording = self.rng.choice(WORDINGS) if self.style not in ("drift", "layout") \
+            else WORDINGS[0]
         self.used_wordings.add(wording)
         return indent + wording
 
@@ -229,18 +254,55 @@ class Maker:
         """The new file's lines of one hunk, with drift and joins applied to context only
         (equal lines whose neighbours are equal too)."""
         lines: list[str] = []
-        for tag, a1, a2, b1, b2 in group:
+        for number, (tag, a1, a2, b1, b2) in enumerate(group):
             if tag != "equal":
                 lines.extend(self.new[b1:b2])
                 continue
-            lines.extend(self.context(a1, a2))
+            gone, extra = self.blank_drift(a1, a2, number > 0, number < len(group) - 1) \
+                if self.style == "layout" else (set(), set())
+            lines.extend(self.context(a1, a2, gone, extra))
         return lines
 
-    def context(self, a1: int, a2: int) -> list[str]:
-        out: list[str] = []
-        drift, joins = self.wants("drift"), self.wants("joined")
+    def blank_drift(self, a1: int, a2: int, change_above: bool, change_below: bool
+                    ) -> tuple[set[int], set[int]]:
+        """How a chat model redraws the blank lines of context old[a1:a2]: which blank
+        lines it leaves out (a run collapsed to one, a single one removed, the run next to
+        a marker dropped) and before which lines it adds one (between two statements).
+        Never inside a string, never next to a changed line (whether such a blank line is
+        the edit's or layout, a sketch cannot say)."""
+        gone: set[int] = set()
         i = a1
         while i < a2:
+            if self.old[i].strip():
+                i += 1
+                continue
+            end = next((j for j in range(i, a2) if self.old[j].strip()), a2)
+            run = range(i, end)
+            at_marker = i == a1 and not change_above or end == a2 and not change_below
+            touches_change = i == a1 and change_above or end == a2 and change_below
+            if touches_change or not all(j in self.loose for j in run):
+                pass
+            elif at_marker and self.rng.random() < 0.5:
+                gone.update(run)
+            elif len(run) > 1 and self.rng.random() < 0.6:
+                gone.update(run[1:])
+            elif len(run) == 1 and not at_marker and self.rng.random() < 0.3:
+                gone.add(i)
+            i = end
+        extra = {j for j in range(a1 + 1, a2) if j in self.starts and self.old[j - 1].strip()
+                 and self.old[j].strip() and self.rng.random() < 0.12}
+        return gone, extra
+
+    def context(self, a1: int, a2: int, gone: set[int], extra: set[int]) -> list[str]:
+        """Context lines old[a1:a2] as the style redraws them: `gone` blank lines left out,
+        a blank line added before each line in `extra`, trailing whitespace stripped,
+        statements joined."""
+        out: list[str] = []
+        drift, joins = self.wants("drift"), self.wants("joined")
+        self.changed |= bool(gone or extra)
+        i = a1
+        while i < a2:
+            out += [""] if i in extra else []
             end = self.spans.get(i)
             if joins and end is not None and end <= a2:
                 out.append(join(self.old[i:end]))
@@ -249,7 +311,8 @@ class Maker:
             line = self.old[i]
             if drift and line != line.rstrip():
                 line, self.changed = line.rstrip(), True
-            out.append(line)
+            if i not in gone:
+                out.append(line)
             i += 1
         return out
 
@@ -257,10 +320,12 @@ class Maker:
 def well_posed(case: dict, sketch: str, maker: Maker) -> bool:
     """One right answer: each segment's first and last context lines (whitespace ignored,
     blank lines aside) occur once in the original; no marker wording occurs in either file;
-    no whitespace-only change in the commit where the style drifts whitespace."""
+    no change of layout only in the commit (`BA.layout_changes`), and none at all where the
+    style drifts whitespace."""
     old, new = maker.old, maker.new
-    if BA.final_newline_changes(case):
+    if BA.final_newline_changes(case) or BA.layout_changes(case):
         return False  # a sketch cannot say it: the merge keeps the file's final newline
+        # and the layout of lines the sketch shows as context
     texts = {line.strip() for line in old + new}
     if any(w in texts or w.strip("# ") in texts for w in maker.used_wordings):
         return False
@@ -281,7 +346,7 @@ def well_posed(case: dict, sketch: str, maker: Maker) -> bool:
         for run in (shown[:2], shown[-2:]):
             if run and sum(flat[j:j + len(run)] == run for j in range(len(flat))) != 1:
                 return False
-    if maker.style in ("drift", "mixed"):
+    if maker.style in ("drift", "mixed", "layout"):
         for group in BA.hunks(old, new, 0):
             for tag, i1, i2, j1, j2 in group:
                 if tag == "equal":
@@ -417,28 +482,19 @@ def end_to_end(declined: list[tuple[str, dict, str]], kinds: dict[tuple[str, str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    builder = sub.add_parser("build", help="build the held-out part from git repositories")
-    builder.add_argument("repos", nargs="+", type=Path)
-    builder.add_argument("--per-bucket", type=int, default=8)
-    builder.add_argument("--out", type=Path, default=HELD_OUT)
     parser.add_argument("--verbose", action="store_true", help="also list every decline")
-    parser.add_argument("--set", choices=("main", "fresh", "third"), default="main",
-                        help="main: tune + first held-out part; fresh, third: the second or "
-                             "third held-out slice alone")
+    parser.add_argument("--set", choices=("main", *SLICES), default="main",
+                        help="main: tune + first held-out part; fresh, third, fourth: one "
+                             "later held-out slice alone")
     parser.add_argument("--style", choices=STYLES, help="print one case's sketch in a style")
     parser.add_argument("--case", type=int, default=0)
     parser.add_argument("--model", help="also run the declines end to end with this model "
                         "(the product's model path, e.g. code-small)")
     args = parser.parse_args()
-    if args.command == "build":
-        cases = BA.build(args.repos, args.per_bucket)
-        with lzma.open(args.out, "wt", preset=9 | lzma.PRESET_EXTREME) as fh:
-            for case in cases:
-                fh.write(json.dumps(case) + "\n")
-        print(f"{len(cases)} cases -> {args.out}")
-        return
-    cases = load_all(args.set)
+    try:
+        cases = load_all(args.set)
+    except BA.SETS.SetError as exc:
+        parser.exit(2, f"error: {exc}\n")
     if args.style:
         print(sketches(cases[args.case], args.case).get(args.style, "(not well posed)"))
         return

@@ -8,6 +8,9 @@ Costs, in integer units so ties are exact:
   new must cost more than deleting the lines an edit replaces (else an elision marker would
   silently keep the old version next to the new one);
 - deleting original lines inside a segment costs DELETE_OPEN plus DELETE_EXTEND per line;
+  deleting only blank lines costs DELETE_BLANK per line: models collapse and drop the blank
+  lines of the context they copy, which is layout, not an edit (issue #33; the merge keeps
+  the file's blank lines there, `guard.restore_layout`);
 - a sketch line that is an edited version of an original line (token-signature similarity
   at least SUB_MIN_SIMILARITY) may replace it for SUB_BASE plus up to SUB_SCALE, much less
   than delete + insert; this is the fuzzy part that tolerates small drift;
@@ -45,6 +48,10 @@ DROP = 100
 # lines (INSERT_EDGE), which cost far more than any run. Benchmark: +2 exact in the
 # realistic styles, the one 113-line wrong merge gone (docs/apply.md).
 DELETE_OPEN, DELETE_EXTEND = 100, 40
+# A run of blank lines only: nearly free (a blank line the model left out between two context
+# lines would otherwise cost more than taking the next context line as a new copy), but not
+# free, so that a blank line is matched rather than deleted when it can be.
+DELETE_BLANK = 1
 EDGE_TRIVIAL = DELETE_OPEN + DELETE_EXTEND + 1  # a common line at a segment's edge, taken as new
 SUB_BASE, SUB_SCALE, SUB_MIN_SIMILARITY = 20, 120, 0.5  # an original line edited in place
 SIG_WORDS = 8  # 512-bit token signature per line: a cheap filter for edited lines
@@ -115,7 +122,7 @@ def _signature_table(texts: frozenset[str]) -> tuple[dict[str, int], np.ndarray]
     return {text: row for row, text in enumerate(unique)}, packed
 
 
-_DEFINES = re.compile(r"^(?:export\s+|pub\s+|async\s+)*(?:def|class|function|fn|func|struct|"
+DEFINES = re.compile(r"^(?:export\s+|pub\s+|async\s+)*(?:def|class|function|fn|func|struct|"
                       r"interface|enum|trait|impl|type|module)\s+(\w+)")
 
 
@@ -125,7 +132,7 @@ def token_similarity(a: str, b: str) -> float:
     breaks several trigrams and pairs, so the signature alone underrates their likeness.
     Lines that define different names are different definitions (a new test next to a
     similar old one), not an edit of one another: 0."""
-    defines_a, defines_b = _DEFINES.match(a), _DEFINES.match(b)
+    defines_a, defines_b = DEFINES.match(a), DEFINES.match(b)
     if defines_a and defines_b and defines_a.group(1) != defines_b.group(1):
         return 0.0
     return difflib.SequenceMatcher(None, _TOKEN.findall(a), _TOKEN.findall(b),
@@ -194,6 +201,11 @@ class Aligner:
         self.otrivial = np.array([trivial(t) for t in onorm], dtype=bool)
         self.subcost = [self._sub_cost(it, code) for it, code in zip(items, self.icode)]
         self.width = np.array([indent_width(line) for line in original], dtype=np.int64)
+        # Columns (lines consumed) -> code lines among them: equal at two columns when only
+        # blank lines lie between. Offsets that fall by more than any cost from one
+        # stretch of blank lines to the next make a running minimum restart at each.
+        self.code_count = np.concatenate(([0], np.cumsum([bool(x.strip()) for x in original])))
+        self.stretch_offset = (int(self.code_count[-1]) - self.code_count) * (4 * INF)
         runs = self._runs_with_shift()
         self.shift_forbid = self._shift_forbid(runs)
         # Where each marker may start and end (columns 0..n; None: anywhere). Cleared by
@@ -412,7 +424,7 @@ class Aligner:
                 shifted = np.minimum.accumulate(best - DELETE_EXTEND * cols)
                 run = np.full(n + 1, INF, dtype=np.int64)
                 run[1:] = shifted[:-1] + DELETE_OPEN + DELETE_EXTEND * cols[1:]
-                row = np.minimum(best, run)
+                row = np.minimum(np.minimum(best, run), self._blank_run(best, cols))
             row = np.minimum(row, INF)
             rows.append(row)
             bests.append(best)
@@ -421,6 +433,16 @@ class Aligner:
         if cost >= INF:
             return None
         return Alignment(cost, *self._trace(rows, bests, forbid))
+
+    def _blank_run(self, best: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Cost of a deletion of blank lines only ending at each column o:
+        min over j < o with only blank lines between of best[j] + DELETE_BLANK * (o - j)
+        (a running minimum restarted at every line with code, `stretch_offset`)."""
+        keyed = np.minimum(best, INF) - DELETE_BLANK * cols + self.stretch_offset
+        shifted = np.minimum.accumulate(keyed)
+        run = np.full(len(best), INF, dtype=np.int64)
+        run[1:] = shifted[:-1] - self.stretch_offset[1:] + DELETE_BLANK * cols[1:]
+        return np.minimum(run, INF)
 
     def _trace(self, rows, bests, forbid) -> tuple[list[tuple], set[int]]:
         ops: list[tuple] = [()] * len(self.items)
@@ -437,8 +459,10 @@ class Aligner:
                 continue
             if row[o] != best[o]:  # a deletion run ends here
                 cols = np.arange(o)
-                j = int(np.flatnonzero(best[:o] + DELETE_OPEN + DELETE_EXTEND * (o - cols)
-                                       == row[o])[-1])
+                blank = self.code_count[:o] == self.code_count[o]
+                cost = np.where(blank, np.minimum(best[:o] + DELETE_BLANK * (o - cols), INF),
+                                best[:o] + DELETE_OPEN + DELETE_EXTEND * (o - cols))
+                j = int(np.flatnonzero(cost == row[o])[-1])
                 deleted.update(range(j, o))
                 o = j
             matchable = (o > 0 and self.icode[k - 1] == self.ocode[o - 1]

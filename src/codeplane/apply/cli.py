@@ -35,7 +35,10 @@ def apply_command(
     from codeplane.models.engine import Engine
     from codeplane.models.registry import UnknownModel
 
-    original = _read(file, "file")
+    # Through a symlink, the file is its target: read and written there, the link kept.
+    # Resolved once, so the text merged is the text of the file replaced.
+    target = file.resolve()
+    original = _read(target, "file")
     sketch = sys.stdin.read() if str(edit) == "-" else _read(edit, "edit")
     engine = None if no_model else Engine(settings(config))
     try:
@@ -46,7 +49,10 @@ def apply_command(
         if engine is not None:
             engine.close()
     if result.ok and write:
-        _write_atomic(file, result.merged or "")
+        try:
+            _write_atomic(target, result.merged or "")
+        except OSError as exc:
+            fail(f"cannot write {file}: {exc}")
     if json_:
         print_json({**result.to_json(include_merged=not write), "written": result.ok and write})
     elif result.ok and not write:
@@ -72,7 +78,8 @@ def _read(path: Path, what: str) -> str:
 
 def _write_atomic(path: Path, text: str) -> None:
     """Write a sibling temp file, fsync, rename over: readers see the old or the new file,
-    never a half-written one. The file's permission bits are kept."""
+    never a half-written one. The file's permission bits are kept. `path` is no symlink
+    (the caller resolved it): renaming over a link would replace the link."""
     mode = path.stat().st_mode & 0o7777
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".apply", dir=path.parent)
     try:

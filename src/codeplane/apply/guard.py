@@ -9,15 +9,24 @@ before it may be called ok: any original line the merge removes or rewrites must
 removed or rewritten by the sketch itself, i.e. sit between two lines the sketch shows next
 to each other in one segment, with only new lines between them. Anything else (an elision
 marker read as code, a segment reaching over code it does not show) declines with the
-reason.
+reason. `restore_layout` runs after it: a difference from the file that is only layout
+(blank lines, whitespace within lines) and touches no line the edit changes goes back to
+the file's bytes.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 
-from codeplane.apply.align import SUB_MIN_SIMILARITY, norm, token_similarity
+from codeplane.apply.align import (
+    DEFINES,
+    SUB_MIN_SIMILARITY,
+    indent_width,
+    norm,
+    token_similarity,
+)
 from codeplane.apply.formats import Sketch
 
 MAX_JOINED = 8  # lines of one bracketed statement a model may join onto one line
@@ -98,6 +107,9 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
     """Why the merge is not safe to call ok, or None: every original line with code on it
     that the merge removes or rewrites must be shown so by the sketch (see the module)."""
     shown = [[norm(line) for line in segment if line.strip()] for segment in sketch.segments]
+    twice = _defined_twice(original, merged, shown)
+    if twice:
+        return twice
     old = [norm(line) for line in original]
     new = [norm(line) for line in merged]
     matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
@@ -121,6 +133,45 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
             return (f"it removes or rewrites line {i1 + 1} ({removed[0][:60]!r}), which the "
                     f"sketch does not show as deleted or changed")
     return None
+
+
+def _defined_twice(original: list[str], merged: list[str], shown: list[list[str]]
+                   ) -> str | None:
+    """A definition line (`def name(...)`, `class Name`) that the merge has twice in one
+    scope where the file has it once, while the sketch shows it once: the sketch's copy is
+    the file's line as context, and the alignment took it as new (keeping the code it
+    meant to delete: pyjwt 0bf1a35ac1, two tests deleted between context lines, read as
+    a new copy of the test after them)."""
+    before = _definitions(original)
+    shown_count = Counter(line for segment in shown for line in segment)
+    for key, times in _definitions(merged).items():
+        had = before.get(key, 0)
+        # Adding a copy next to the file's, the sketch would show both: the context and
+        # the new one.
+        if had and times > had and shown_count[key[1]] <= times - had:
+            return (f"it would define {key[1][:60]!r} {times} times in one scope, where the "
+                    f"file has it {had} time(s) and the sketch shows it "
+                    f"{shown_count[key[1]]} time(s): context or a new copy? ambiguous")
+    return None
+
+
+def _definitions(lines: list[str]) -> dict[tuple[tuple[str, ...], str], int]:
+    """(enclosing definition lines, outermost first; definition line) -> how often,
+    whitespace collapsed. The whole chain: a method of a class of the same name in another
+    function is in another scope."""
+    out: dict[tuple[tuple[str, ...], str], int] = {}
+    stack: list[tuple[int, str]] = []  # open definitions: (indentation, line)
+    for line in lines:
+        if not line.strip():
+            continue
+        width = indent_width(line)
+        while stack and stack[-1][0] >= width:
+            stack.pop()
+        if DEFINES.match(line.strip()):
+            key = (tuple(text for _, text in stack), norm(line))
+            out[key] = out.get(key, 0) + 1
+            stack.append((width, norm(line)))
+    return out
 
 
 def _rewritten(removed: list[str], added: list[str]) -> bool:
@@ -149,3 +200,73 @@ def _shows(segment: list[str], before: str | None, added: list[str], after: str 
         return False
     size = len(want)
     return any(segment[k:k + size] == want for k in range(len(segment) - size + 1))
+
+
+def restore_layout(original: list[str], merged: list[str]) -> tuple[list[str], int]:
+    """`merged` with its layout-only differences from the file put back to the file's
+    lines, where they touch no line the edit changes, and how many stretches were: blank
+    lines between two unchanged lines of code that are neighbours in the file, whitespace
+    within an unchanged line, a statement joined or split. Blank lines next to a changed
+    line are the change's; a re-indented line is a change (a block wrapped or unwrapped).
+    When the merge changes nothing but layout, that layout is the edit (a commit that
+    strips trailing whitespace) and nothing is restored. Lines with code are compared
+    first, without their whitespace, and blank lines after, between them: compared as
+    lines, a blank line the sketch moved pairs with the wrong one."""
+    code_o = [i for i, line in enumerate(original) if line.strip()]
+    code_m = [j for j, line in enumerate(merged) if line.strip()]
+    keys_o = ["".join(original[i].split()) for i in code_o]
+    keys_m = ["".join(merged[j].split()) for j in code_m]
+    pairs: dict[int, int] = {}  # merged line -> original line, unchanged but for layout
+    spans: list[tuple[int, int, int, int]] = []  # joined or split: merged -> original lines
+    real = False
+    for tag, a1, a2, b1, b2 in difflib.SequenceMatcher(None, keys_o, keys_m,
+                                                       autojunk=False).get_opcodes():
+        if tag == "equal":
+            for a, b in zip(range(a1, a2), range(b1, b2)):
+                if indent_width(original[code_o[a]]) == indent_width(merged[code_m[b]]):
+                    pairs[code_m[b]] = code_o[a]
+                else:
+                    real = True  # re-indented
+        elif tag == "replace" and squash("".join(keys_o[a1:a2])) == \
+                squash("".join(keys_m[b1:b2])):  # joined or split (a trailing comma aside)
+            spans.append((code_m[b1], code_m[b2 - 1] + 1, code_o[a1], code_o[a2 - 1] + 1))
+        else:
+            real = True
+    if not real:
+        return merged, 0
+    return _relaid(original, merged, pairs, spans)
+
+
+def _relaid(original: list[str], merged: list[str], pairs: dict[int, int],
+            spans: list[tuple[int, int, int, int]]) -> tuple[list[str], int]:
+    """The merge rebuilt with the file's bytes for `pairs` and `spans` (see
+    `restore_layout`), and the file's blank lines between two paired lines that are
+    neighbours in the file."""
+    out: list[str] = []
+    count = 0
+    starts = {span[0]: span for span in spans}
+    held: list[str] = []  # blank lines since the last line with code
+    last: int | None = -1  # the original line the last code line pairs with (-1: the start)
+    j = 0
+    while j < len(merged):
+        line = merged[j]
+        if not line.strip():
+            held.append(line)
+            j += 1
+            continue
+        o = pairs.get(j)
+        if last is not None and o is not None and o > last \
+                and not any(x.strip() for x in original[last + 1:o]) \
+                and held != original[last + 1:o]:
+            held, count = original[last + 1:o], count + 1
+        if j in starts:
+            _, end, o1, o2 = starts[j]
+            out += held + original[o1:o2]
+            count += 1
+            held, last, j = [], o2 - 1, end
+            continue
+        if o is not None and line != original[o]:
+            line, count = original[o], count + 1
+        out += held + [line]
+        held, last, j = [], o, j + 1
+    return out + held, count

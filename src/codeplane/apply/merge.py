@@ -13,7 +13,6 @@ import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 import numpy as np
 
@@ -30,7 +29,7 @@ from codeplane.apply.align import (
     trivial,
 )
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
-from codeplane.apply.guard import check, unjoin
+from codeplane.apply.guard import check, restore_layout, unjoin
 
 # A line a segment rewrites right before its new lines, with no context after them, must be
 # at least this similar to the file's (token_similarity; the aligner itself takes 0.5).
@@ -83,6 +82,11 @@ def merge(original: list[str], parsed: ParsedEdit, breaks: Breaks | None = None
         problem = check(original, sketch, outcome.merged)
         if problem:
             return MergeOutcome(None, reasons=[f"wrong-merge guard: {problem}"])
+        outcome.merged, restored = restore_layout(original, outcome.merged)
+        if restored:
+            outcome.notes.append(f"layout guard: {restored} layout-only change(s) outside "
+                                 f"the edit's changes (blank lines, whitespace) were given "
+                                 f"the file's layout back")
     return outcome
 
 
@@ -179,14 +183,14 @@ def _merge_both_ways(original: list[str], sketch: Sketch, trivial_edges: bool
                   f"results{where}: ambiguous")
         return MergeOutcome(None, reasons=[reason], readings=[outcome.merged, other[::-1]])
     if outcome.merged == original:
-        # Read with the file's trailing whitespace kept (models drop it), the edit changes
-        # nothing; an edit is meant to change something, so its whitespace is the change
-        # (a commit that strips trailing whitespace).
-        literal = _align_and_build(original, sketch, keep_whitespace=False,
+        # Read with its context in the file's layout (models redraw it), the edit changes
+        # nothing; an edit is meant to change something, so its layout is the change (a
+        # commit that strips trailing whitespace, or adds blank lines between functions).
+        literal = _align_and_build(original, sketch, keep_layout=False,
                                    trivial_edges=trivial_edges)
         if literal.merged is not None and literal.merged != original:
-            literal.notes.append("the edit differs from the file only in trailing "
-                                 "whitespace: taken as written")
+            literal.notes.append("the edit differs from the file only in layout "
+                                 "(whitespace, blank lines): taken as written")
             return literal
     return outcome
 
@@ -206,11 +210,11 @@ def _unmirror(reason: str, lines: int, segments: int) -> str:
 
 def _align_and_build(original: list[str], sketch: Sketch,
                      shown: list[list[str]] | None = None,
-                     keep_whitespace: bool = True, trivial_edges: bool = False,
+                     keep_layout: bool = True, trivial_edges: bool = False,
                      checked: bool = True, mirrored: bool = False) -> MergeOutcome:
     """Align, check and build; `shown` are the segments as the user wrote them, for the
-    reasons (the mirrored sketch's segments are reversed). `keep_whitespace`: a matched
-    line the sketch shows without trailing whitespace keeps the file's."""
+    reasons (the mirrored sketch's segments are reversed). `keep_layout`: context keeps
+    the file's layout (`_context_layout`); else it is taken as written."""
     shown = shown or sketch.segments
     items: list[str | None] = [None]
     owner: list[int] = [-1]  # segment number of each item, -1 for markers
@@ -256,10 +260,10 @@ def _align_and_build(original: list[str], sketch: Sketch,
         else {}
     if isinstance(regions, _Tie):
         return MergeOutcome(None, reasons=[regions.reason], readings=_readings(
-            original, sketch, aligner, items, owner, shown, best, regions, keep_whitespace))
+            original, sketch, aligner, items, owner, shown, best, regions, keep_layout))
     if isinstance(regions, str):
         return MergeOutcome(None, reasons=[regions])
-    return _finish(original, sketch, items, owner, best, regions, keep_whitespace)
+    return _finish(original, sketch, items, owner, best, regions, keep_layout)
 
 
 def _keep_what_markers_stand_for(aligner: Aligner, best: Alignment, owner: list[int]
@@ -326,17 +330,17 @@ def _moved_only(original: list[str], sketch: Sketch, lines: set[int]) -> bool:
 
 
 def _finish(original: list[str], sketch: Sketch, items: list[str | None], owner: list[int],
-            best: Alignment, regions: dict[int, tuple[int, int]], keep_whitespace: bool
+            best: Alignment, regions: dict[int, tuple[int, int]], keep_layout: bool
             ) -> MergeOutcome:
     for number in range(len(sketch.segments)):
         for step in (-1, 1):
             _new_lines_before_blank_run(original, items, owner, best, number, step)
-    return _build(original, sketch, items, owner, best, regions, keep_whitespace)
+    return _build(original, sketch, items, owner, best, regions, keep_layout)
 
 
 def _readings(original: list[str], sketch: Sketch, aligner: Aligner, items: list[str | None],
               owner: list[int], shown: list[list[str]], best: Alignment, tie: _Tie,
-              keep_whitespace: bool) -> list[list[str]]:
+              keep_layout: bool) -> list[list[str]]:
     """The tie's two files, when they differ only in where the tied segment goes (every
     other segment is placed alike), each passes every other check and builds, and no third
     place ties too (a model would then choose between two of three or more)."""
@@ -353,7 +357,7 @@ def _readings(original: list[str], sketch: Sketch, aligner: Aligner, items: list
                              tie_ok=tie.number)
         if not isinstance(regions, dict):
             return []
-        built = _finish(original, sketch, items, owner, alignment, regions, keep_whitespace)
+        built = _finish(original, sketch, items, owner, alignment, regions, keep_layout)
         if built.merged is None:
             return []
         out.append(built.merged)
@@ -517,32 +521,32 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
                 default=None)
     if blank is None:
         return None  # no blank line it could be: the model's layout, nothing deleted
-    if _anchored_start(original, best, content, 3) or _closing_context(best, rows) >= 2:
+    if _context_run(original, items, best, rows, 1) >= 3 \
+            or _context_run(original, items, best, rows, -1) >= 2:
         return None  # the segment's context is wider than one line: the blank is layout
     return _blank_before(items, content[0], original, first)
 
 
-def _anchored_start(original: list[str], best: Alignment, content: list[int],
-                    lines: int) -> bool:
-    """The segment's first `lines` non-blank lines are context, in a row in the file (blank
-    lines aside)."""
-    ops = [best.ops[k] for k in content[:lines]]
-    if len(ops) < lines or any(op[0] != "match" for op in ops):
-        return False
-    return all(not any(line.strip() for line in original[a[1] + 1:b[1]]) and b[1] > a[1]
-               for a, b in pairwise(ops))
-
-
-def _closing_context(best: Alignment, rows: list[int]) -> int:
-    """How many lines of context, blank ones counted (as a diff counts them), the segment
-    ends on: its last rows that match consecutive file lines (optional blank lines left out
-    at the marker aside)."""
-    ops = [best.ops[k] for k in rows if best.ops[k][0] != "drop"][::-1]
-    count = 0
-    while count < len(ops) and ops[count][0] == "match" and (
-            count == 0 or ops[count][1] == ops[count - 1][1] - 1):
-        count += 1
-    return count
+def _context_run(original: list[str], items: list[str | None], best: Alignment,
+                 rows: list[int], step: int) -> int:
+    """How many lines of context the segment opens (`step` 1) or closes (-1) on, counted in
+    the file, its blank lines included (as a diff counts them): its first (last) rows that
+    match file lines that are neighbours there, blank lines aside. Blank lines the sketch
+    adds or leaves out between them are layout (optional blank lines left out at the marker
+    aside)."""
+    edge: int | None = None  # the file line of the run's row next to the marker
+    inner: int | None = None  # and of its innermost row so far
+    for k in rows[::step]:
+        op = best.ops[k]
+        if op[0] == "drop" or op[0] == "insert" and not (items[k] or "").strip():
+            continue
+        if op[0] != "match" or inner is not None and (
+                (op[1] - inner) * step <= 0 or any(line.strip() for line in original[
+                    min(op[1], inner) + 1:max(op[1], inner)])):
+            break
+        edge = op[1] if edge is None else edge
+        inner = op[1]
+    return 0 if edge is None or inner is None else abs(inner - edge) + 1
 
 
 def _blank_before(items: list[str | None], k: int, original: list[str], first: tuple) -> str:
@@ -758,7 +762,7 @@ def _rival(aligner: Aligner, best: Alignment, rows: list[int], taken: list[int]
 
 def _build(original: list[str], sketch: Sketch, items: list[str | None], owner: list[int],
            best: Alignment, regions: dict[int, tuple[int, int]],
-           keep_whitespace: bool = True) -> MergeOutcome:
+           keep_layout: bool = True) -> MergeOutcome:
     """Kept original ranges between the segments; `regions` narrows what a segment replaces."""
     out: list[str] = []
     notes: list[str] = []
@@ -782,7 +786,7 @@ def _build(original: list[str], sketch: Sketch, items: list[str | None], owner: 
         out.extend(kept)
         if k < last:
             out.extend(_segment_lines(original, items, owner, best, owner[k + 1],
-                                      keep_whitespace))
+                                      keep_layout))
     return MergeOutcome(out, notes=notes)
 
 
@@ -802,16 +806,27 @@ def _edge_problem(kept: list[str], edge: str) -> str | None:
 
 
 def _segment_lines(original: list[str], items: list[str | None], owner: list[int],
-                   best: Alignment, number: int, keep_whitespace: bool = True) -> list[str]:
+                   best: Alignment, number: int, keep_layout: bool = True) -> list[str]:
+    """The segment's lines as merged: shifted back to the file's indentation, and with
+    `keep_layout` its context in the file's bytes (`_context_layout`)."""
     rows = [k for k, seg in enumerate(owner) if seg == number and best.ops[k][0] != "drop"]
     lines = [items[k] or "" for k in rows]
     matched = [(i, best.ops[k][1]) for i, k in enumerate(rows) if best.ops[k][0] == "match"]
     pairs = [(i, o) for i, o in matched if lines[i].strip()]
     lines = _shift(lines, _indent_delta(pairs, lines, original))
-    for i, o in matched if keep_whitespace else []:
-        if lines[i] == lines[i].rstrip() and lines[i] == original[o].rstrip():
-            lines[i] = original[o]  # sketches often drop trailing whitespace: keep the file's
-    return lines
+    return _context_layout(original, lines, dict(matched)) if keep_layout else lines
+
+
+def _context_layout(original: list[str], lines: list[str], matched: dict[int, int]
+                    ) -> list[str]:
+    """Context keeps the file's bytes: models redraw its whitespace at will (trailing
+    whitespace dropped or added, spaces doubled). A matched line as indented as the file's
+    copy is that copy; indentation changed on purpose is the edit's. (Blank lines redrawn
+    between context lines are put back by `guard.restore_layout`, which sees the whole
+    merge.)"""
+    return [original[matched[i]] if i in matched and (
+        not line.strip() or _indent(line) == _indent(original[matched[i]])) else line
+        for i, line in enumerate(lines)]
 
 
 def _indent(line: str) -> str:

@@ -1,0 +1,139 @@
+"""Issue #33: lines a sketch shows as unchanged context keep the file's exact bytes (blank
+lines, whitespace within lines, line breaks of a statement); only what the sketch changes is
+written. Models redraw the layout of the context they copy back: blank lines collapsed,
+removed or added, trailing whitespace stripped or added, a call joined onto one line.
+Deterministic path only (no model)."""
+
+from __future__ import annotations
+
+from codeplane.apply.api import apply_edit
+from codeplane.apply.guard import restore_layout
+
+MODULE = '''"""Files under a root directory."""
+
+import os
+import sys
+
+from store.base import Base
+
+
+def load(root):
+    items = {}
+    for name in os.listdir(root):
+        items[name] = read(name)
+    return items
+
+
+def save(root, items):
+    for name, text in items.items():
+        write(os.path.join(root, name), text)
+
+
+def main():
+    print(load(sys.argv[1]))
+'''
+FIXED = MODULE.replace("read(name)", "read(os.path.join(root, name))")
+
+
+def merged(original: str, sketch: str, path: str = "store.py") -> str:
+    result = apply_edit(original, sketch, path)
+    assert result.ok, result.diagnostics
+    return result.merged or ""
+
+
+def test_blank_lines_redrawn_in_context_keep_the_files() -> None:
+    """The blank line under the module docstring removed, one added between the imports,
+    two collapsed to one between functions: the file's blank lines stay, only the changed
+    line is written."""
+    sketch = '''"""Files under a root directory."""
+import os
+
+import sys
+
+from store.base import Base
+
+def load(root):
+    items = {}
+    for name in os.listdir(root):
+        items[name] = read(os.path.join(root, name))
+    return items
+# ... existing code ...
+'''
+    result = apply_edit(MODULE, sketch, "store.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == FIXED
+    assert any("layout guard" in note for note in result.diagnostics)
+
+
+def test_blank_lines_shown_next_to_new_code_are_the_edits() -> None:
+    """A new function with blank lines around it: those are part of the change and written
+    as shown (one line less below it than the file has between functions), while the blank
+    lines collapsed between two context lines in the same segment keep the file's."""
+    sketch = '''# ... existing code ...
+    return items
+
+
+def check(root):
+    return os.path.isdir(root)
+
+def save(root, items):
+    for name, text in items.items():
+        write(os.path.join(root, name), text)
+
+def main():
+# ... existing code ...
+'''
+    assert merged(MODULE, sketch) == MODULE.replace(
+        "\n\ndef save", "\n\ndef check(root):\n    return os.path.isdir(root)\n\ndef save")
+
+
+def test_whitespace_within_context_lines_keeps_the_files_bytes() -> None:
+    """Trailing whitespace stripped (the file keeps it), added (the file's line has none),
+    and a blank line indented as the block around it where the file's is empty."""
+    original = MODULE.replace("    items = {}\n", "    items = {}  \n")
+    sketch = ("# ... existing code ...\ndef load(root):   \n    items = {}\n    \n"
+              "    for name in os.listdir(root):\n        items[name] = read(os.path.join(root, name))\n"
+              "    return items\n# ... existing code ...\n")
+    expected = original.replace("read(name)", "read(os.path.join(root, name))")
+    assert merged(original.replace("    for name in os", "\n    for name in os", 1),
+                  sketch) == expected.replace("    for name in os", "\n    for name in os", 1)
+
+
+def test_joined_statement_in_context_maps_back_to_the_files_lines() -> None:
+    """The same call is wrapped two ways in the file, so the joined copy in the sketch's
+    context cannot be put back before the alignment (it matches two texts): the merge
+    still gives the file's lines back for it."""
+    call = "    store = Store(\n        root,\n        cache=True,\n    )\n"
+    other = "    store = Store(root,\n                  cache=True)\n"
+    original = (f"def build(root):\n{call}    store.load()\n    return store\n\n\n"
+                f"def rebuild(root):\n{other}    store.clear()\n    return store\n")
+    sketch = ("def build(root):\n    store = Store(root, cache=True)\n    store.load()\n"
+              "    store.check()\n    return store\n# ... existing code ...\n")
+    assert merged(original, sketch, "b.py") == original.replace(
+        "    store.load()\n", "    store.load()\n    store.check()\n")
+
+
+def test_layout_guard_restores_layout_changes_outside_the_edit() -> None:
+    """The guard on its own, whatever the alignment did: layout-only differences that touch
+    no changed line go back to the file's lines; blank lines next to a changed line, a
+    re-indented block and an edit that changes nothing but layout are left as they are."""
+    original = MODULE.splitlines()
+    change = original.index("        items[name] = read(name)")
+    drifted = [line for k, line in enumerate(original) if k != 1]  # under the docstring
+    drifted.insert(drifted.index("import sys"), "")  # between the imports
+    drifted[drifted.index("        items[name] = read(name)")] = \
+        "        items[name] = read(os.path.join(root, name))"
+    drifted[drifted.index("    items = {}")] = "    items = {}   "
+    repaired, count = restore_layout(original, drifted)
+    assert repaired == FIXED.splitlines() and count == 3
+    # A blank line added right after the changed line belongs to the change.
+    spaced = FIXED.splitlines()
+    spaced.insert(change + 1, "")
+    assert restore_layout(original, spaced) == (spaced, 0)
+    # Re-indented lines are the edit (a loop unwrapped), not layout.
+    unwrapped = original[:change - 1] + ["    name = root", "    items[name] = read(name)"] + \
+        original[change + 1:]
+    assert restore_layout(original, unwrapped) == (unwrapped, 0)
+    # Layout alone is the edit: nothing to restore.
+    only_layout = [line for k, line in enumerate(original) if k != 1]
+    assert restore_layout(original, only_layout) == (only_layout, 0)
