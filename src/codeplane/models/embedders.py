@@ -24,6 +24,7 @@ from codeplane.models.embed import (
     LocalEmbedderSettings,
     OnnxEmbedder,
 )
+from codeplane.models.embed_openai import OpenAIEmbedder, OpenAIEmbedderSettings
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Row:
 DEFAULT_KIND = "local"
 EMBEDDERS: dict[str, Row] = {
     "local": Row(OnnxEmbedder.from_settings, LocalEmbedderSettings),
+    "openai": Row(OpenAIEmbedder, OpenAIEmbedderSettings),
 }
 
 
