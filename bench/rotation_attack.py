@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from codeplane.indexing.chunker import chunk_text
-from codeplane.models.embed import embedder_from_config, rotation
+from codeplane.models.embed import rotation
+from codeplane.models.embedders import Embedders
 
 
 def chunks(root: Path, limit: int) -> list[str]:
@@ -46,7 +47,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=800)
     args = parser.parse_args()
     texts = chunks(args.source, args.chunks)
-    plain = embedder_from_config({}).embed(texts)
+    plain = Embedders().index().embed(texts)
     dim = plain.shape[1]
     stored = plain @ rotation(secrets.token_urlsafe(32), dim).T
     print(f"{len(texts)} chunks of {args.source.name}, {dim} dims")

@@ -19,9 +19,8 @@ from codeplane.models.embed import (
     EmbedderUnavailable,
     OnnxEmbedder,
     bge_files,
-    embedder_from_config,
-    local_model,
 )
+from codeplane.models.embedders import Embedders
 from codeplane.models.onnx_delta import adapted_bytes, build_adapted
 
 TEXTS = ["Convert strings such as '1h30m' into a number of seconds.",
@@ -55,8 +54,8 @@ def test_the_product_model_is_still_checked(monkeypatch, tmp_path) -> None:
 def test_the_default_is_bge_small_with_the_code_delta_merged(tmp_path) -> None:
     """The default model is the wheel's with the shipped delta: the same vectors as the build
     bench/search/finetune.py writes to disk, and not the wheel's vectors."""
-    assert DEFAULT_LOCAL == "bge-small-code" == local_model({})
-    code = embedder_from_config({})
+    assert DEFAULT_LOCAL == "bge-small-code" == Embedders().local_name
+    code = Embedders().index()
     assert code.name == "bge-small-code"
     delta = LOCAL_MODELS["bge-small-code"][0]
     build_adapted(bge_files() / "model.onnx", delta, tmp_path / "code.onnx")
@@ -65,7 +64,7 @@ def test_the_default_is_bge_small_with_the_code_delta_merged(tmp_path) -> None:
     assert np.allclose(vectors, OnnxEmbedder(model=tmp_path / "code.onnx").embed(TEXTS),
                        atol=1e-6)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
-    plain = embedder_from_config({"embedder": {"model": "bge-small"}})
+    plain = Embedders({"model": "bge-small"}).index()
     assert plain.name == "bge-small"
     cosines = (vectors * plain.embed(TEXTS)).sum(axis=1)
     assert (cosines < 0.999).all() and (cosines > 0.5).all()  # adapted, not replaced
@@ -87,7 +86,8 @@ def test_a_tampered_or_missing_delta_is_refused(monkeypatch, tmp_path) -> None:
 
 def test_an_unknown_local_model_names_the_known_ones() -> None:
     with pytest.raises(EmbedderUnavailable, match="bge-small, bge-small-code"):
-        local_model({"embedder": {"model": "bge-large"}})
+        Embedders({"model": "bge-large"})
     with pytest.raises(EmbedderUnavailable, match="bge-small, bge-small-code"):
         OnnxEmbedder(name="bge-large")
-    assert local_model({"embedder": {"kind": "openai", "model": "anything"}}) is None
+    assert Embedders({"kind": "openai", "base_url": "http://gpu:8000/v1",
+                      "model": "anything"}).local_name is None

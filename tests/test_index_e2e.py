@@ -25,7 +25,8 @@ from codeplane.indexing.chunker import EMBED_FORMAT
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState, workspace_dir
 from codeplane.indexing.sync import sync
-from codeplane.models.embed import OpenAIEmbedder, embedder_from_config
+from codeplane.models.embed_openai import OpenAIEmbedder, OpenAIEmbedderSettings
+from codeplane.models.embedders import Embedders
 
 AWS_KEY = "AKIA" + "QYLPMN5HHHFPZAM2"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYzQ8mLpR4tUvW"
@@ -298,10 +299,11 @@ def test_openai_embeddings_endpoint_and_backend(server) -> None:
     vec = np.asarray(resp.json()["data"][0]["embedding"])
     assert vec.shape == (384,) and abs(np.linalg.norm(vec) - 1) < 1e-3
     texts = ["sum two numbers", "parse a date"]
-    for name, config in (("bge-small-code", {}), ("default", {}),
-                         ("bge-small", {"embedder": {"model": "bge-small"}})):
-        remote = OpenAIEmbedder(f"{live.url}/v1", name, 384)
-        assert np.allclose(remote.embed(texts), embedder_from_config(config).embed(texts),
+    local = Embedders()
+    for name, model in (("bge-small-code", "bge-small-code"), ("default", "bge-small-code"),
+                        ("bge-small", "bge-small")):
+        remote = OpenAIEmbedder(OpenAIEmbedderSettings(base_url=f"{live.url}/v1", model=name))
+        assert np.allclose(remote.embed(texts), local.local(model).embed(texts),
                            atol=1e-3), name
     bad = httpx.post(f"{live.url}/v1/embeddings", json={"model": "nope", "input": "x"})
     assert bad.status_code == 404 and "bge-small-code" in bad.json()["error"]["message"]

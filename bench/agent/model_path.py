@@ -27,6 +27,7 @@ from codeplane.config import load_settings
 from codeplane.core.chat import ChatModel, HttpChatModel, Sampling
 from codeplane.core.metrics import Metrics
 from codeplane.gateway.client import GatewayChatModel
+from codeplane.gateway.providers.base import ProviderServices
 from codeplane.gateway.router import Client, Gateway
 from codeplane.server.app import create_app
 
@@ -82,10 +83,11 @@ def main() -> None:
         wait_up(f"http://127.0.0.1:{port}/healthz")
         loop = asyncio.new_event_loop()  # a gateway of its own, on a loop of its own
         threading.Thread(target=loop.run_forever, daemon=True).start()
+        metrics = Metrics()
         models = {"http via the server (before)": HttpChatModel(f"http://127.0.0.1:{port}/v1",
                                                                   "fake"),
                   "gateway in-process (now)": GatewayChatModel(
-                      Gateway(settings, app.state.engine, Metrics()), "fake",
+                      Gateway(settings, ProviderServices(app.state.engine, metrics), metrics), "fake",
                       Client("agent", "127.0.0.1"), loop)}
         for name, model in models.items():
             ms = timed(model, args.replies)

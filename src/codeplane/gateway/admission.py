@@ -5,7 +5,7 @@ Written by hand rather than with a rate-limit library because the gate must shar
 capacity figure with the router (slow start and cooldowns shrink it) and shed by class.
 A key's and a client address's buckets are `SharedBuckets` rows in the server database, so
 they hold across workers and replicas; a deployment's stay in memory (`TokenBucket`), since
-each process already gets its share of the upstream's limits (`router.per_worker`).
+each process already gets its share of the upstream's limits (`RemoteDeployment.share`).
 """
 
 from __future__ import annotations

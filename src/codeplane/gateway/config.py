@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from codeplane.config import ConfigError, Settings, _line_of
+from codeplane.gateway.providers.table import PROVIDERS
 
 PRIORITIES = ("interactive", "agent", "background", "batch")
 Priority = Literal["interactive", "agent", "background", "batch"]
@@ -23,44 +32,18 @@ class _Strict(BaseModel):
     model_config = {"extra": "forbid"}
 
 
-class DeploymentConfig(_Strict):
-    """One `[[models]]` entry: a place one logical model (`name`) can be served from."""
+# One `[[models]]` entry, validated by the settings model of the provider it names (its row
+# in `providers/table.py`): an unknown provider is refused with the known ones, and so is a key
+# that provider does not take.
+def _provider(entry: Any) -> Any:
+    return entry.get("provider") if isinstance(entry, dict) else getattr(entry, "provider", None)
 
-    name: str = Field(min_length=1)
-    provider: Literal["openai", "anthropic", "local"]
-    base_url: str | None = None
-    model: str | None = None
-    api_key_env: str | None = None
-    id: str | None = None
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    timeout_s: float = Field(60.0, gt=0)
-    first_token_timeout_s: float | None = Field(None, gt=0)
-    max_parallel: int | None = Field(None, ge=1)
-    weight: float = Field(1.0, gt=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_inline_key(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "api_key" in data:
-            raise ValueError("api_key: put the key in an environment variable and name it "
-                             "with api_key_env; keys never belong in the file")
-        return data
-
-    @model_validator(mode="after")
-    def _needs_url(self) -> DeploymentConfig:
-        if self.provider == "openai" and not self.base_url:
-            raise ValueError("base_url is required for provider 'openai'")
-        if self.provider == "anthropic" and not self.base_url:
-            self.base_url = "https://api.anthropic.com"
-        if self.base_url and not re.match(r"^https?://", self.base_url):
-            raise ValueError(f"base_url must start with http:// or https://: {self.base_url}")
-        self.base_url = self.base_url.rstrip("/") if self.base_url else None
-        return self
-
-    @property
-    def upstream_model(self) -> str:
-        return self.model or self.name
+AnyDeploymentConfig = Annotated[
+    Union[tuple(Annotated[row.settings, Tag(kind)]  # noqa: UP007 (a union built from the table)
+                for kind, row in PROVIDERS.items())],
+    Discriminator(_provider, custom_error_type="unknown_provider",
+                  custom_error_message=f"provider must be one of {', '.join(PROVIDERS)}")]
 
 
 class RouterConfig(_Strict):
@@ -109,7 +92,7 @@ class GatewayConfig(_Strict):
 
 
 class Config(_Strict):
-    models: list[DeploymentConfig] = Field(default_factory=list)
+    models: list[AnyDeploymentConfig] = Field(default_factory=list)
     router: RouterConfig = Field(default_factory=RouterConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
@@ -135,6 +118,8 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
     lines = [f"invalid gateway settings in {path or 'CODEPLANE_* environment'}:"]
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
+        if loc[:1] == ["models"] and len(loc) > 2 and loc[2] in PROVIDERS:
+            del loc[2]  # the union's tag: the entry's own `provider` already says it
         key = ".".join(loc)
         msg = err["msg"].removeprefix("Value error, ")
         where = _locate(text, loc)

@@ -17,8 +17,8 @@ import time
 from collections import deque
 
 from codeplane.gateway.admission import TokenBucket
-from codeplane.gateway.config import DeploymentConfig, RouterConfig
-from codeplane.gateway.providers.base import Provider, UpstreamError
+from codeplane.gateway.config import RouterConfig
+from codeplane.gateway.providers.base import DeploymentConfig, Provider, UpstreamError
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 MIN_RAMP = 0.05
@@ -145,7 +145,7 @@ class Deployment:
         if state == OPEN and now >= self.open_until:
             state = HALF_OPEN
         return {"id": self.id, "model": self.cfg.name, "provider": self.cfg.provider,
-                "upstream": self.cfg.base_url or f"local:{self.cfg.upstream_model}",
+                "upstream": self.cfg.address,
                 "state": state, "cooldown_s": round(max(0.0, self.open_until - now), 2)
                 if state == OPEN else 0.0,
                 "ramp": round(self.ramp(now), 3), "outstanding": self.outstanding,

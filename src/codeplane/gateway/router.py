@@ -25,16 +25,20 @@ from codeplane.core.principal import LOCAL_TENANT
 from codeplane.events.log import EventLog
 from codeplane.gateway import config as gwconfig
 from codeplane.gateway.admission import PriorityGate, SharedBuckets, Shed
-from codeplane.gateway.config import Config, DeploymentConfig
+from codeplane.gateway.config import Config
 from codeplane.gateway.deployment import Deployment
 from codeplane.gateway.keys import ApiKey, KeyStore
 from codeplane.gateway.metrics import GatewayMetrics
-from codeplane.gateway.providers.anthropic import AnthropicProvider
-from codeplane.gateway.providers.base import Call, UpstreamError, json_bytes
-from codeplane.gateway.providers.local import EmbedderProvider, LocalProvider
-from codeplane.gateway.providers.openai import OpenAIProvider
-from codeplane.models.embed import LOCAL_MODELS, EmbedderUnavailable, local_model
-from codeplane.models.engine import Engine
+from codeplane.gateway.providers import table
+from codeplane.gateway.providers.base import (
+    Call,
+    DeploymentConfig,
+    ProviderServices,
+    UpstreamError,
+    Usage,
+    json_bytes,
+)
+from codeplane.models.embed import LOCAL_MODELS
 from codeplane.models.registry import UnknownModel
 from codeplane.storage.tables import rate_buckets
 
@@ -93,24 +97,23 @@ class Group:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, engine: Engine, metrics: Metrics,
+    """Built by the composition root with the services its providers need (`services`: the
+    engine, whose models it serves by name, its metrics, and the program's embedders)."""
+
+    def __init__(self, settings: Settings, services: ProviderServices, metrics: Metrics,
                  cfg: Config | None = None, keys: KeyStore | None = None,
                  events: EventLog | None = None) -> None:
-        self.settings, self.engine = settings, engine
+        self.settings, self.services, self.engine = settings, services, services.engine
         self.events = events  # usage per request goes to the event lake when there is one
         self.cfg = cfg or gwconfig.load(settings)
-        self.local_metrics = metrics
         self.groups: dict[str, Group] = {}
         for index, dep in enumerate(self.cfg.models):
             self._add(dep, dep.id or f"{dep.name}#{index}")
-        for spec in engine.registry.all():
+        for spec in self.engine.registry.all():
             self._add_local(spec.name)
         # Every local embedding model serves its own name; "default" (what private search's
         # embeddings endpoint accepted) is the one the index uses.
-        try:
-            embedder = local_model(settings.indexing)
-        except EmbedderUnavailable as exc:
-            raise ConfigError(str(exc)) from None
+        embedder = services.embedders.local_name if services.embedders else None
         self.aliases = {"default": embedder} if embedder else {}
         if embedder:
             for name in LOCAL_MODELS:
@@ -123,32 +126,19 @@ class Gateway:
 
     # -- set-up --------------------------------------------------------------------------
 
-    def _add(self, dep: DeploymentConfig, dep_id: str, timeouts: bool = True) -> None:
-        if dep.provider in ("openai", "anthropic"):
-            dep = per_worker(dep, self.settings.serve.workers)
-        if dep.provider == "openai":
-            provider = OpenAIProvider(dep)
-        elif dep.provider == "anthropic":
-            provider = AnthropicProvider(dep)
-        elif dep.upstream_model in LOCAL_MODELS:
-            spec = {**(self.settings.indexing.get("embedder") or {}), "model": dep.upstream_model}
-            provider = EmbedderProvider({**self.settings.indexing, "embedder": spec})
-            timeouts = False
-            dep.max_parallel = dep.max_parallel or 1  # one ONNX run at a time uses every core
-        else:
-            provider = LocalProvider(self.engine, dep.upstream_model, self.local_metrics)
-            # A local generation's length is the client's choice (max_tokens), and the
-            # engine is on this machine: no upstream timeouts unless the file sets them.
-            timeouts = bool({"timeout_s", "first_token_timeout_s"} & dep.model_fields_set)
-            dep.max_parallel = dep.max_parallel or 1  # one llama.cpp context per model
+    def _add(self, dep: DeploymentConfig, dep_id: str) -> None:
+        dep = dep.share(self.settings.serve.workers)
+        provider = table.build(dep, self.services)
         group = self.groups.setdefault(dep.name, Group(dep.name, self.cfg))
-        group.deployments.append(Deployment(dep, provider, self.cfg.router, dep_id, timeouts))
+        group.deployments.append(Deployment(dep, provider, self.cfg.router, dep_id,
+                                            dep.timeouts()))
 
     def _add_local(self, name: str) -> None:
         """Built-in and registered local models serve their own name unless the file
         configures deployments for that name (then it lists `provider = "local"` itself)."""
         if name not in self.groups:
-            self._add(DeploymentConfig(name=name, provider="local"), f"local:{name}")
+            self._add(table.PROVIDERS["local"].settings(name=name, provider="local"),
+                      f"local:{name}")
 
     def _check_fallbacks(self) -> None:
         for model, chain in self.cfg.router.fallbacks.items():
@@ -307,7 +297,7 @@ class Gateway:
                         first, it = await _first_chunk(dep, call)
                     else:
                         async with asyncio.timeout(dep.timeout_s):
-                            body = await dep.provider.request(call)
+                            reply = await dep.provider.request(call)
                 except (UpstreamError, TimeoutError) as exc:
                     err = exc if isinstance(exc, UpstreamError) else _timed_out(dep, call)
                     dep.end()
@@ -329,10 +319,9 @@ class Gateway:
                     # Started now, so its cleanup (slot release, upstream close) runs even if
                     # the response is never iterated: asyncio finalizes started generators.
                     return await anext(relay), relay
-                usage = body.get("usage")
-                dep.end(int((usage or {}).get("total_tokens") or 0))
-                self._done(dep, client, usage, call, latency)
-                return body
+                dep.end(reply.usage.total_tokens if reply.usage else 0)
+                self._done(dep, client, reply.usage, call, latency)
+                return reply.body
             if not tried:
                 errors.append(UpstreamError(
                     429, f"no deployment of {group.name!r} can take a request now (rpm/tpm "
@@ -354,16 +343,16 @@ class Gateway:
         log.warning("request_id=%s deployment=%s status=%s retryable=%s error=%s",
                     client.request_id, dep.id, err.status, err.retryable, err.message[:200])
 
-    def _done(self, dep: Deployment, client: Client, usage: dict | None, call: Call,
+    def _done(self, dep: Deployment, client: Client, usage: Usage | None, call: Call,
               seconds: float) -> None:
-        usage = usage or {}
-        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        usage = usage or Usage()
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
         if prompt:
             self.metrics.tokens.labels(dep.id, "in").inc(prompt)
         if completion:
             self.metrics.tokens.labels(dep.id, "out").inc(completion)
         # An upstream that reports no usage is charged what was held (an upper bound).
-        self._settle(call, client, _total(usage) or prompt + completion or call.reserved or 0)
+        self._settle(call, client, usage.total_tokens or prompt + completion or call.reserved or 0)
         if self.events is not None:
             key = client.key
             self.events.record("gateway_usage", key.tenant if key else LOCAL_TENANT, {
@@ -374,10 +363,11 @@ class Gateway:
                  "tokens=%s seconds=%.4f", client.request_id, call.raw.get("model"), dep.id,
                  call.kind, call.stream, client.priority, prompt + completion, seconds)
 
-    async def _relay(self, first: dict, it: AsyncIterator[dict], dep: Deployment,
+    async def _relay(self, first: dict, it: AsyncIterator[dict | Usage], dep: Deployment,
                      group: Group, call: Call, client: Client,
                      held: float) -> AsyncIterator[dict[str, Any]]:
         ok = False
+        usage: Usage | None = None
         try:
             yield first
             while True:
@@ -398,18 +388,20 @@ class Gateway:
                                      "type": "server_error", "param": None,
                                      "code": "stream_interrupted"}}
                     return
+                if isinstance(chunk, Usage):
+                    usage = chunk  # for the limits, not the client
+                    continue
                 yield chunk
             ok = True
         finally:
             await it.aclose()
-            usage = call.extra.get("usage")
-            dep.end(int((usage or {}).get("total_tokens") or 0))
+            dep.end(usage.total_tokens if usage else 0)
             group.gate.release(client.priority, time.monotonic() - held)
             if ok:
                 self._done(dep, client, usage, call, time.monotonic() - held)
             else:  # cut short after tokens reached the client: keep what was held, unless
                 # the upstream said what it used
-                self._settle(call, client, _total(usage) or call.reserved or 0)
+                self._settle(call, client, (usage and usage.total_tokens) or call.reserved or 0)
 
     # -- status --------------------------------------------------------------------------
 
@@ -419,21 +411,6 @@ class Gateway:
                             "deployments": [d.status(now) for d in g.deployments]}
                            for g in self.groups.values()],
                 "fallbacks": self.cfg.router.fallbacks}
-
-
-def per_worker(dep: DeploymentConfig, workers: int) -> DeploymentConfig:
-    """A remote deployment's share of its limits in one of `workers` server processes: the
-    upstream sees all of them at once, so its max_parallel, rpm and tpm are split (rounded
-    up: a limit never drops to zero). Local models need no split: each process has its own."""
-    if workers == 1:
-        return dep
-    split = {f: -(-value // workers) for f in ("max_parallel", "rpm", "tpm")
-             if (value := getattr(dep, f))}
-    return dep.model_copy(update=split)
-
-
-def _total(usage: dict | None) -> int:
-    return int((usage or {}).get("total_tokens") or 0)
 
 
 DEFAULT_RESERVE = 1024  # completion tokens held for a chat request that names no max_tokens
@@ -463,11 +440,16 @@ def _size(value: Any) -> int:
     return len(json_bytes(value))
 
 
-async def _first_chunk(dep: Deployment, call: Call) -> tuple[dict, AsyncIterator[dict]]:
+async def _first_chunk(dep: Deployment,
+                       call: Call) -> tuple[dict, AsyncIterator[dict | Usage]]:
+    """The stream's first chunk for the client (a usage report before it counts for nothing:
+    the stream has not started)."""
     it = aiter(dep.provider.stream(call))
     try:
         async with asyncio.timeout(dep.first_token_s):
-            return await anext(it), it
+            while isinstance(first := await anext(it), Usage):
+                pass
+            return first, it
     except StopAsyncIteration:
         raise UpstreamError(502, "upstream stream ended before any chunk",
                             retryable=True) from None

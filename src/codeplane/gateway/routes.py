@@ -53,11 +53,8 @@ def list_models(request: Request) -> dict:
     gateway = gateway_of(request)
     local = {s.name: list(s.capabilities) for s in request.app.state.engine.registry.all()}
     local.update((name, ["embeddings"]) for name in LOCAL_MODELS)
-    by_provider = {"anthropic": ["chat", "tools"],
-                   "openai": ["chat", "tools", "completion", "embeddings"]}
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "codeplane",
-             "capabilities": local.get(name) or by_provider.get(
-                 group.deployments[0].cfg.provider, []),
+             "capabilities": local.get(name) or list(group.deployments[0].cfg.capabilities),
              "deployments": len(group.deployments)}
             for name, group in gateway.groups.items()]
     return {"object": "list", "data": data}

@@ -36,6 +36,7 @@ from codeplane.indexing.rank import (
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
 from codeplane.indexing.vectors import client_vectors
+from codeplane.models.embedders import Embedders
 
 DENSE_K = 100  # dense hits asked of the server: the fusion needs more than the page shown
 LEXICAL_K = 100
@@ -60,18 +61,20 @@ class SearchOutcome:
 
 
 def search_workspace(root: Path, query: str, limit: int, settings: Settings,
-                     files: bool = False) -> list[dict]:
+                     files: bool = False, embedders: Embedders | None = None) -> list[dict]:
     """[{path, start_line, end_line, score, snippet}] best first; paths are workspace-relative,
     lines 1-based. With `files`, one row per file (its best chunk as the snippet). Raises
     IndexUnavailable with a message a user can act on."""
-    return search(root, query, limit, settings, files=files).results
+    return search(root, query, limit, settings, files=files, embedders=embedders).results
 
 
 def search(root: Path, query: str, limit: int, settings: Settings, path: str | None = None,
-           http=None, files: bool = False, code: bool = False) -> SearchOutcome:
+           http=None, files: bool = False, code: bool = False,
+           embedders: Embedders | None = None) -> SearchOutcome:
     """`code` keeps only source files (those with a tree-sitter grammar): "where in the code
     would this change go" without the changelog, README or config that mention the same words
-    (measured in bench/search: held-out localisation R@5 0.89 -> 0.91; docs/indexing.md)."""
+    (measured in bench/search: held-out localisation R@5 0.89 -> 0.91; docs/indexing.md).
+    `embedders`: the program's, for client-side embedding (`client_vectors`)."""
     root = Path(root).resolve()
     try:
         state = WorkspaceState(root, settings, create=False)
@@ -80,7 +83,8 @@ def search(root: Path, query: str, limit: int, settings: Settings, path: str | N
     except KeyFileError as exc:
         raise IndexUnavailable(str(exc)) from None
     try:
-        return _search(state, query, limit, settings, _relative(root, path), http, files, code)
+        return _search(state, query, limit, settings, _relative(root, path), http, files, code,
+                       embedders)
     finally:
         state.close()
 
@@ -98,9 +102,11 @@ def _relative(root: Path, path: str | None) -> str | None:
 
 
 def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
-            rel_prefix: str | None, http, files: bool, code: bool) -> SearchOutcome:
+            rel_prefix: str | None, http, files: bool, code: bool,
+            embedders: Embedders | None) -> SearchOutcome:
     remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http, timeout=60,
-                    vectors=client_vectors(settings.indexing, state.keys.rotation_key))
+                    vectors=client_vectors(settings.indexing, state.keys.rotation_key,
+                                           embedders))
     prefix = state.cipher.encrypt(rel_prefix) if rel_prefix else None
     try:
         answer = remote.search(query, max(DENSE_K, limit * 2), prefix)

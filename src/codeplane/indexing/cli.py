@@ -26,6 +26,8 @@ from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.state import workspace_dir
 from codeplane.indexing.sync import SyncReport, sync
 from codeplane.indexing.vectors import MODES, EmbedModeError
+from codeplane.models.embed import EmbedderUnavailable
+from codeplane.models.embedders import Embedders
 from codeplane.net import api_client
 
 DEFAULT_INTERVAL = 180.0
@@ -61,7 +63,8 @@ def index_cmd(
     if embed:
         cfg = cfg.model_copy(update={"indexing": {**cfg.indexing, "embed": embed}})
     root = directory.resolve()
-    _run_once(root, cfg, json_, api_key)
+    embedders = _embedders(cfg)
+    _run_once(root, cfg, json_, api_key, embedders)
     if not watch:
         return
     import watchfiles
@@ -72,19 +75,28 @@ def index_cmd(
         for _ in watchfiles.watch(root, rust_timeout=int(every * 1000), yield_on_timeout=True,
                                   watch_filter=lambda _, p: not Path(p).is_relative_to(state_dir)
                                   and "/.git/" not in p):
-            _run_once(root, cfg, json_, api_key)
+            _run_once(root, cfg, json_, api_key, embedders)
     except KeyboardInterrupt:
         return
 
 
-def _run_once(root: Path, cfg: Settings, as_json: bool, api_key: str | None) -> SyncReport:
+def _embedders(cfg: Settings) -> Embedders:
+    """This process's embedders (loaded only if it embeds: `embed = "client"`)."""
+    try:
+        return Embedders(cfg.indexing.get("embedder"))
+    except EmbedderUnavailable as exc:
+        fail(str(exc))
+
+
+def _run_once(root: Path, cfg: Settings, as_json: bool, api_key: str | None,
+              embedders: Embedders) -> SyncReport:
     http = api_client(api_key, timeout=300)  # closed by the sync
     try:
         if as_json:
-            report = sync(root, cfg, http=http)
+            report = sync(root, cfg, http=http, embedders=embedders)
         else:
-            report = _with_bar(root, cfg, http)
-    except (RemoteError, KeyFileError, EmbedModeError) as exc:
+            report = _with_bar(root, cfg, http, embedders)
+    except (RemoteError, KeyFileError, EmbedModeError, EmbedderUnavailable) as exc:
         fail(str(exc))
     if as_json:
         print_json(report.as_dict())
@@ -93,14 +105,14 @@ def _run_once(root: Path, cfg: Settings, as_json: bool, api_key: str | None) -> 
     return report
 
 
-def _with_bar(root: Path, cfg: Settings, http) -> SyncReport:
+def _with_bar(root: Path, cfg: Settings, http, embedders: Embedders) -> SyncReport:
     columns = (TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("chunks"),
                TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("index", total=None)
         return sync(root, cfg, progress=lambda done, total: bar.update(task, completed=done,
                                                                        total=total),
-                    http=http)
+                    http=http, embedders=embedders)
 
 
 def _print_report(r: SyncReport) -> None:
@@ -139,8 +151,8 @@ def search_cmd(
     workspace = (root or _find_root(_start_dir(path), cfg)).resolve()
     try:
         outcome = search(workspace, query, limit, cfg, path, http=api_client(api_key),
-                         files=files, code=code)
-    except IndexUnavailable as exc:
+                         files=files, code=code, embedders=_embedders(cfg))
+    except (IndexUnavailable, EmbedderUnavailable) as exc:
         fail(str(exc))
     if json_:
         print_json([{k: r[k] for k in ("path", "start_line", "end_line", "score")}

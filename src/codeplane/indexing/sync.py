@@ -29,6 +29,7 @@ from codeplane.indexing.secretscan import find_secret
 from codeplane.indexing.state import WorkspaceState
 from codeplane.indexing.vectors import client_vectors, embed_mode
 from codeplane.models.embed import MAX_TEXT_CHARS
+from codeplane.models.embedders import Embedders
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks to send)
 # Chunks per upload request: the server length-sorts each request's texts into ONNX batches, so
@@ -203,12 +204,13 @@ class SyncLock:
 
 
 def sync(root: Path, settings: Settings, progress: Progress | None = None,
-         http=None) -> SyncReport:
+         http=None, embedders: Embedders | None = None) -> SyncReport:
+    """`embedders`: the program's, for client-side embedding (`client_vectors`)."""
     started = time.perf_counter()
     state = WorkspaceState(root, settings)
     cfg = settings.indexing
     remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http,
-                    vectors=client_vectors(settings.indexing, state.keys.rotation_key))
+                    vectors=client_vectors(cfg, state.keys.rotation_key, embedders))
     try:
         with SyncLock(state.dir / "sync.lock"):
             report = _sync(state, remote, cfg, progress)

@@ -11,7 +11,8 @@ import base64
 
 import numpy as np
 
-from codeplane.models.embed import embedder_from_config, rotation
+from codeplane.models.embed import Embedder, rotation
+from codeplane.models.embedders import Embedders
 
 MODES = ("server", "client")
 
@@ -21,8 +22,8 @@ class EmbedModeError(Exception):
 
 
 class ClientVectors:
-    def __init__(self, config: dict, rotation_key: str) -> None:
-        self.embedder = embedder_from_config(config)
+    def __init__(self, embedder: Embedder, rotation_key: str) -> None:
+        self.embedder = embedder
         self._rotation = rotation(rotation_key, self.embedder.dim)
 
     def check(self, status: dict) -> None:
@@ -46,6 +47,12 @@ def embed_mode(config: dict) -> str:
     return mode
 
 
-def client_vectors(config: dict, rotation_key: str) -> ClientVectors | None:
-    """The client-side embedder when `indexing.embed` is "client", else None (server mode)."""
-    return ClientVectors(config, rotation_key) if embed_mode(config) == "client" else None
+def client_vectors(config: dict, rotation_key: str,
+                   embedders: Embedders | None = None) -> ClientVectors | None:
+    """The client-side embedder when `indexing.embed` is "client", else None (server mode).
+    `embedders`: the program's (`codeplane index --watch` syncs many times with one); without,
+    the embedder `config` names is loaded for this call."""
+    if embed_mode(config) != "client":
+        return None
+    embedders = embedders or Embedders(config.get("embedder"))
+    return ClientVectors(embedders.index(), rotation_key)

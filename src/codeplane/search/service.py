@@ -42,7 +42,8 @@ from sqlalchemy import Executable, delete, func, select
 
 from codeplane.config import Settings
 from codeplane.core.principal import LOCAL_TENANT
-from codeplane.models.embed import Embedder, embedder_from_config, rotation
+from codeplane.models.embed import Embedder, rotation
+from codeplane.models.embedders import Embedders
 from codeplane.search.schemas import UploadChunk, UploadFile
 from codeplane.storage import Database, ObjectStore
 from codeplane.storage.tables import search_cache as CACHE
@@ -130,13 +131,14 @@ class SearchService:
     Every method takes the caller's tenant first: a workspace is found only inside its tenant,
     so another tenant's workspace is "not found" (404) whatever key is presented."""
 
-    def __init__(self, settings: Settings, embedder: Embedder | None = None,
+    def __init__(self, settings: Settings, embedders: Embedders | None = None,
                  sql: Database | None = None, store: ObjectStore | None = None) -> None:
+        """`embedders`: the program's (the server's composition root passes its own, which
+        the gateway shares); without, one of this service's own from `[indexing] embedder`."""
         import lancedb
 
         cfg = settings.indexing
-        self.config = cfg
-        self._embedder = embedder
+        self.embedders = embedders or Embedders(cfg.get("embedder"))
         self.ann_min_rows = int(cfg.get("ann_min_rows", DEFAULT_ANN_MIN_ROWS))
         self.max_workspaces = int(cfg.get("max_workspaces_per_tenant", DEFAULT_MAX_WORKSPACES))
         self._embed_slots = threading.BoundedSemaphore(
@@ -159,9 +161,7 @@ class SearchService:
 
     @property
     def embedder(self) -> Embedder:
-        if self._embedder is None:
-            self._embedder = embedder_from_config(self.config)
-        return self._embedder
+        return self.embedders.index()
 
     # -- workspaces --------------------------------------------------------------------------
     def open_workspace(self, tenant: str, ws: str, server_key: str) -> dict:

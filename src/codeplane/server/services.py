@@ -23,7 +23,10 @@ from codeplane.config import ConfigError, Settings
 from codeplane.core.metrics import Metrics
 from codeplane.events.log import EventLog
 from codeplane.gateway.keys import KeyStore
+from codeplane.gateway.providers.base import ProviderServices
 from codeplane.gateway.router import Gateway
+from codeplane.models.embed import EmbedderUnavailable
+from codeplane.models.embedders import Embedders
 from codeplane.models.engine import Engine
 from codeplane.models.metrics import EngineCollector
 from codeplane.sandbox import Backends, BackendServices
@@ -54,6 +57,7 @@ class Services:
     db: Database  # every durable row (keys, usage, search metadata, runs), shared by replicas
     replica: Replica  # this process's lease in `db`; sweeps take over what dead ones left
     store: ObjectStore  # the event lake and LanceDB tables
+    embedders: Embedders  # each embedding model loaded once: search and the gateway share it
     owns_engine: bool = True  # a shared engine (tests, embedding callers) outlives the app
     _search: SearchService | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -67,7 +71,8 @@ class Services:
             if self._search is None:
                 from codeplane.search.service import SearchService
 
-                self._search = SearchService(self.settings, sql=self.db, store=self.store)
+                self._search = SearchService(self.settings, self.embedders, sql=self.db,
+                                             store=self.store)
             return self._search
 
     async def aclose(self) -> None:
@@ -91,10 +96,14 @@ class Services:
 
 
 def build_services(settings: Settings, engine: Engine | None = None) -> Services:
-    """Everything a server needs; a bad `[[models]]`, `[router]`, `[gateway]` or `[tab]`
-    section raises ConfigError here, before the server takes traffic."""
+    """Everything a server needs; a bad `[[models]]`, `[router]`, `[gateway]`, `[tab]` or
+    `[indexing] embedder` section raises ConfigError here, before the server takes traffic."""
     owns_engine = engine is None
     engine = engine or Engine(settings)
+    try:
+        embedders = Embedders(settings.indexing.get("embedder"))
+    except EmbedderUnavailable as exc:
+        raise ConfigError(str(exc)) from None
     try:
         tab = TabService(engine, TabSettings(**settings.tab))
     except ValidationError as exc:
@@ -118,7 +127,8 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     runs = RunManager(settings.serve.max_runs_per_tenant, records=records)
     background_store = Store(db, replica)
     background_store.import_sqlite(settings.server_dir / "background" / "runs.db")
-    gateway = Gateway(settings, engine, metrics, keys=keys, events=events)
+    gateway = Gateway(settings, ProviderServices(engine, metrics, embedders), metrics,
+                      keys=keys, events=events)
     replica.sweeps += [keys.release_dead, background_store.interrupt_unfinished,
                        records.interrupt_orphans, sandboxes.mark_gone, gateway.limits.prune]
     replica.beat()  # the first sweep: what replicas that died before this start left
@@ -129,4 +139,4 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
                     background=BackgroundService(settings.server_dir, runs, fleet, backends,
                                                  settings, store=background_store),
                     fleet=fleet, backends=backends, db=db, replica=replica,
-                    store=store, owns_engine=owns_engine)
+                    store=store, embedders=embedders, owns_engine=owns_engine)

@@ -9,15 +9,13 @@ back to OpenAI messages and chunks, tool calls included.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-from codeplane.gateway.config import DeploymentConfig
-from codeplane.gateway.providers.base import Call, UpstreamError
-from codeplane.gateway.providers.http import Upstream
+from codeplane.gateway.providers.base import Call, ProviderServices, Reply, UpstreamError, Usage
+from codeplane.gateway.providers.http import RemoteDeployment, Upstream
 
 VERSION = "2023-06-01"
 PATH = "/v1/messages"
@@ -25,22 +23,31 @@ STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
         "tool_use": "tool_calls", "pause_turn": "stop", "refusal": "content_filter"}
 
 
+class AnthropicDeployment(RemoteDeployment):
+    """`provider = "anthropic"`: the Messages API, at Anthropic unless `base_url` says."""
+
+    provider: Literal["anthropic"]
+    base_url: str = "https://api.anthropic.com"
+    capabilities: ClassVar[tuple[str, ...]] = ("chat", "tools")
+
+
 class AnthropicProvider:
-    def __init__(self, dep: DeploymentConfig) -> None:
+    def __init__(self, dep: AnthropicDeployment, services: ProviderServices) -> None:
         self.dep = dep
-        key = os.environ.get(dep.api_key_env, "") if dep.api_key_env else ""
+        key = dep.api_key()
         self.upstream = Upstream(dep, {"anthropic-version": VERSION,
                                        **({"x-api-key": key} if key else {})})
 
-    async def request(self, call: Call) -> dict[str, Any]:
+    async def request(self, call: Call) -> Reply:
         reply = await self.upstream.post_json(PATH, to_anthropic(call, self.dep.upstream_model))
         try:
-            return from_anthropic(reply, call.raw["model"])
+            body = from_anthropic(reply, call.raw["model"])
         except (ValueError, KeyError, TypeError) as exc:
             raise UpstreamError(502, f"malformed Anthropic response: {exc}",
                                 retryable=True) from None
+        return Reply(body, Usage.of(body["usage"]))
 
-    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any] | Usage]:
         body = {**to_anthropic(call, self.dep.upstream_model), "stream": True}
         async with self.upstream.stream(PATH, body) as lines:
             translator = _StreamTranslator(call)
@@ -171,7 +178,7 @@ class _StreamTranslator:
         return {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                           "finish_reason": finish}]}
 
-    def feed(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, event: dict[str, Any]) -> list[dict[str, Any] | Usage]:
         kind = event["type"]
         if kind == "message_start":
             usage = event.get("message", {}).get("usage", {})
@@ -196,9 +203,8 @@ class _StreamTranslator:
             completion = event.get("usage", {}).get("output_tokens", 0)
             usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                      "total_tokens": self.prompt_tokens + completion}
-            self.call.extra["usage"] = usage
             finish = STOP.get(event.get("delta", {}).get("stop_reason"), "stop")
-            out = [self._chunk({}, finish)]
+            out: list[dict[str, Any] | Usage] = [Usage(**usage), self._chunk({}, finish)]
             if self.call.include_usage:
                 out.append({**self.base, "choices": [], "usage": usage})
             return out

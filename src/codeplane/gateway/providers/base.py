@@ -1,15 +1,108 @@
-"""What every provider implements, and the one error type the router reasons about."""
+"""What every provider implements: the deployment fields it is configured with, the services
+it may be given, the usage it reports, and the one error type the router reasons about."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import orjson
+from pydantic import BaseModel, Field, model_validator
+
+if TYPE_CHECKING:
+    from codeplane.core.metrics import Metrics
+    from codeplane.models.embedders import Embedders
+    from codeplane.models.engine import Engine
 
 Kind = str  # "chat" | "completions" | "embeddings"
+
+
+class DeploymentConfig(BaseModel):
+    """The fields of a `[[models]]` entry every provider has: which logical model it serves
+    (`name`), under which upstream name (`model`), and the router's limits for it. A provider's
+    settings model (its row in `providers/table.py`) subclasses this with `provider` fixed to
+    its kind and the fields only it knows; any other key is refused."""
+
+    model_config = {"extra": "forbid"}
+    name: str = Field(min_length=1)
+    provider: str
+    model: str | None = None
+    id: str | None = None
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    timeout_s: float = Field(60.0, gt=0)
+    first_token_timeout_s: float | None = Field(None, gt=0)
+    max_parallel: int | None = Field(None, ge=1)
+    weight: float = Field(1.0, gt=0)
+    # what `/v1/models` lists for this provider's models (local ones: the engine's registry)
+    capabilities: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_key(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "api_key" in data:
+            raise ValueError("api_key: put the key in an environment variable and name it "
+                             "with api_key_env; keys never belong in the file")
+        return data
+
+    @property
+    def upstream_model(self) -> str:
+        return self.model or self.name
+
+    @property
+    def address(self) -> str:
+        """Where the deployment's model runs, for status pages."""
+        return f"local:{self.upstream_model}"
+
+    def timeouts(self) -> bool:
+        """Whether the router puts its deadlines on this deployment's calls."""
+        return True
+
+    def share(self, workers: int) -> DeploymentConfig:
+        """This deployment as one of `workers` server processes runs it (its own copy)."""
+        return self
+
+
+@dataclass(frozen=True)
+class ProviderServices:
+    """What the composition root injects into providers: the local engine and its metrics,
+    and the program's embedders. A provider takes what it needs and ignores the rest."""
+
+    engine: Engine | None = None
+    metrics: Metrics | None = None
+    embedders: Embedders | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens one call used, as its provider reported them."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    @classmethod
+    def of(cls, usage: Any) -> Usage | None:
+        """An OpenAI `usage` object as a value (None: the upstream reported none)."""
+        if not usage or not isinstance(usage, dict):
+            return None
+        prompt = int(usage.get("prompt_tokens") or 0)
+        completion = int(usage.get("completion_tokens") or 0)
+        return cls(prompt, completion, int(usage.get("total_tokens") or 0))
+
+    def as_dict(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A non-streaming call's answer: the OpenAI response body and the usage it reports."""
+
+    body: dict[str, Any]
+    usage: Usage | None
 
 
 class UpstreamError(Exception):
@@ -43,16 +136,19 @@ class Call:
     stream: bool
     include_usage: bool = False
     request_id: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
     reserved: int | None = None  # tokens the gateway holds for this call until it settles
 
 
 class Provider(Protocol):
-    async def request(self, call: Call) -> dict[str, Any]:
-        """Non-streaming: the whole OpenAI response body."""
+    """Built as `cls(settings, services)` from its row of `providers/table.py`."""
 
-    def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
-        """Streaming: OpenAI chunk dicts. Raises UpstreamError on failure, at any point."""
+    async def request(self, call: Call) -> Reply:
+        """Non-streaming: the whole OpenAI response body, and its usage."""
+
+    def stream(self, call: Call) -> AsyncIterator[dict[str, Any] | Usage]:
+        """Streaming: OpenAI chunk dicts, and a `Usage` when the upstream reports what the
+        call used (never sent to the client: a chunk carries usage only when it asked).
+        Raises UpstreamError on failure, at any point."""
 
     async def aclose(self) -> None:
         """Release connections."""

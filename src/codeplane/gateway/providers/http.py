@@ -13,25 +13,63 @@ another address.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import orjson
+from pydantic import field_validator
 
-from codeplane.gateway.config import DeploymentConfig
-from codeplane.gateway.providers.base import UpstreamError, json_bytes, status_error
+from codeplane.gateway.providers.base import (
+    DeploymentConfig,
+    UpstreamError,
+    json_bytes,
+    status_error,
+)
 
 TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, ValueError)  # ValueError: an SSE line
 # longer than aiohttp's read buffer ("Chunk too big")
+
+
+class RemoteDeployment(DeploymentConfig):
+    """A deployment on another machine: its address, and the environment variable that holds
+    its API key (never the key: the file may be read by more people than the key)."""
+
+    base_url: str
+    api_key_env: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        if not re.match(r"^https?://", value):
+            raise ValueError(f"base_url must start with http:// or https://: {value}")
+        return value.rstrip("/")
+
+    @property
+    def address(self) -> str:
+        return self.base_url
+
+    def api_key(self) -> str:
+        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+    def share(self, workers: int) -> RemoteDeployment:
+        """The upstream sees every server process at once, so its max_parallel, rpm and tpm
+        are split between them (rounded up: a limit never drops to zero)."""
+        if workers == 1:
+            return self
+        split = {f: -(-value // workers) for f in ("max_parallel", "rpm", "tpm")
+                 if (value := getattr(self, f))}
+        return self.model_copy(update=split)
 
 
 class Upstream:
     """A connection pool to one deployment. The session is made on first use, inside the
     event loop that will run it (aiohttp requires one; the Gateway is built before it)."""
 
-    def __init__(self, dep: DeploymentConfig, headers: dict[str, str]) -> None:
+    def __init__(self, dep: RemoteDeployment, headers: dict[str, str]) -> None:
         self.base_url, self.headers = dep.base_url, headers
         # The router owns retries and per-attempt deadlines; the pool only bounds
         # connections and the time to open one.

@@ -14,10 +14,22 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from codeplane.core.metrics import Metrics
-from codeplane.gateway.providers.base import Call, UpstreamError
+from codeplane.gateway.providers.base import (
+    Call,
+    DeploymentConfig,
+    Provider,
+    ProviderServices,
+    Reply,
+    UpstreamError,
+    Usage,
+)
+from codeplane.gateway.providers.embedder import EmbedderProvider
+from codeplane.models.embed import LOCAL_MODELS
 from codeplane.models.engine import (
     ContextOverflow,
     Engine,
@@ -31,11 +43,31 @@ CAPABILITY = {"chat": "chat", "completions": "completion", "embeddings": "embedd
 JOBS = {"chat": "openai.chat", "completions": "openai.completions"}
 
 
+class LocalDeployment(DeploymentConfig):
+    """`provider = "local"`: a model of this machine, one request at a time unless
+    `max_parallel` says (one llama.cpp context, or one ONNX run that uses every core)."""
+
+    provider: Literal["local"] = "local"
+    max_parallel: int | None = Field(1, ge=1)
+
+    def timeouts(self) -> bool:
+        """A local generation's length is the client's choice (max_tokens) and the engine is
+        on this machine: no deadlines unless the file sets them."""
+        return bool({"timeout_s", "first_token_timeout_s"} & self.model_fields_set)
+
+
+def local_provider(dep: LocalDeployment, services: ProviderServices) -> Provider:
+    """The provider of a local model: a local embedding model by its name, else the engine's."""
+    if dep.upstream_model in LOCAL_MODELS:
+        return EmbedderProvider(dep, services)
+    return LocalProvider(services.engine, dep.upstream_model, services.metrics)
+
+
 class LocalProvider:
     def __init__(self, engine: Engine, model: str, metrics: Metrics) -> None:
         self.engine, self.model, self.metrics = engine, model, metrics
 
-    async def request(self, call: Call) -> dict[str, Any]:
+    async def request(self, call: Call) -> Reply:
         self._require(call)
         cancel = threading.Event()
         try:
@@ -45,9 +77,9 @@ class LocalProvider:
             raise
         self._record(gen, waited)
         body["model"] = call.raw.get("model", body["model"])
-        return body
+        return Reply(body, Usage.of(body["usage"]))
 
-    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any] | Usage]:
         self._require(call)
         cancel = threading.Event()
         queue: asyncio.Queue[dict | None] = asyncio.Queue()
@@ -63,7 +95,7 @@ class LocalProvider:
                 yield chunk
             body, gen, waited = await task
             self._record(gen, waited)
-            call.extra["usage"] = body["usage"]
+            yield Usage.of(body["usage"])
             if call.include_usage:
                 yield {**{k: body[k] for k in ("id", "created", "model")},
                        "object": f"{body['object']}.chunk" if body["object"] ==
@@ -118,38 +150,3 @@ class LocalProvider:
 
     async def aclose(self) -> None:
         """The engine belongs to the app; nothing to release here."""
-
-
-class EmbedderProvider:
-    """The server's local embedding model (`codeplane.models.embed`, shared with private
-    search) as the deployment behind `/v1/embeddings`."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
-
-    async def request(self, call: Call) -> dict[str, Any]:
-        from codeplane.models.embed import EmbedderUnavailable, embedder_from_config
-
-        texts = call.raw.get("input")
-        texts = [texts] if isinstance(texts, str) else texts
-        if not texts or len(texts) > 2048 or not all(isinstance(t, str) for t in texts):
-            raise UpstreamError(400, "input must hold 1-2048 strings", retryable=False,
-                                param="input")
-        try:
-            embedder = await asyncio.to_thread(embedder_from_config, self.config)
-            vectors = await asyncio.to_thread(embedder.embed, texts)
-        except EmbedderUnavailable as exc:
-            raise UpstreamError(503, str(exc), retryable=True,
-                                code="model_unavailable") from None
-        tokens = sum(len(t.split()) for t in texts)
-        return {"object": "list", "model": call.raw["model"],
-                "data": [{"object": "embedding", "index": i, "embedding": v.tolist()}
-                         for i, v in enumerate(vectors)],
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
-        raise UpstreamError(400, "embeddings do not stream", retryable=False)
-        yield {}  # pragma: no cover - makes this an async generator
-
-    async def aclose(self) -> None:
-        """The embedder is shared per process; nothing to release."""

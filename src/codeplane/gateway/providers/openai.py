@@ -10,14 +10,12 @@ router turns into an explicit error event instead of a silent truncation.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from codeplane.core.sse import StreamError, aiter_chunks
-from codeplane.gateway.config import DeploymentConfig
-from codeplane.gateway.providers.base import Call, UpstreamError
-from codeplane.gateway.providers.http import Upstream
+from codeplane.gateway.providers.base import Call, ProviderServices, Reply, UpstreamError, Usage
+from codeplane.gateway.providers.http import RemoteDeployment, Upstream
 
 PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 _SAMPLING = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "stop",
@@ -30,10 +28,17 @@ FORWARDED = {
 }
 
 
+class OpenAIDeployment(RemoteDeployment):
+    """`provider = "openai"`: any OpenAI-compatible server at `base_url`."""
+
+    provider: Literal["openai"]
+    capabilities: ClassVar[tuple[str, ...]] = ("chat", "tools", "completion", "embeddings")
+
+
 class OpenAIProvider:
-    def __init__(self, dep: DeploymentConfig) -> None:
+    def __init__(self, dep: OpenAIDeployment, services: ProviderServices) -> None:
         self.dep = dep
-        key = os.environ.get(dep.api_key_env, "") if dep.api_key_env else ""
+        key = dep.api_key()
         self.upstream = Upstream(dep, {"authorization": f"Bearer {key}"} if key else {})
 
     def _body(self, call: Call) -> dict[str, Any]:
@@ -45,22 +50,21 @@ class OpenAIProvider:
                                       "include_usage": True}
         return body
 
-    async def request(self, call: Call) -> dict[str, Any]:
+    async def request(self, call: Call) -> Reply:
         body = await self.upstream.post_json(PATHS[call.kind], self._body(call))
         if not isinstance(body, dict) or "error" in body:
             raise UpstreamError(502, f"upstream error: {str(body)[:300]}", retryable=True)
         body["model"] = call.raw.get("model", body.get("model"))
-        return body
+        return Reply(body, Usage.of(body.get("usage")))
 
-    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, call: Call) -> AsyncIterator[dict[str, Any] | Usage]:
         async with self.upstream.stream(PATHS[call.kind], self._body(call)) as lines:
             async for chunk in _sse_chunks(lines):
                 chunk["model"] = call.raw.get("model", chunk.get("model"))
+                if usage := Usage.of(chunk.get("usage")):
+                    yield usage
                 if not call.include_usage and not chunk.get("choices") and "usage" in chunk:
-                    call.extra["usage"] = chunk["usage"]  # we asked for it; client did not
-                    continue
-                if chunk.get("usage"):
-                    call.extra["usage"] = chunk["usage"]
+                    continue  # we asked for it; the client did not
                 yield chunk
 
     async def aclose(self) -> None:

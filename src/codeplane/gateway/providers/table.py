@@ -1,0 +1,37 @@
+"""Model providers by kind: the table `[[models]]` entries name with `provider = "..."`.
+
+A row is a provider class (or a function that picks one) and the settings model a deployment
+of that kind is validated with: a subclass of `DeploymentConfig` whose `provider` is the kind.
+The gateway builds a row's class as `cls(settings, services)`, with the services the
+composition root injected (`ProviderServices`: the engine, its metrics, the embedders).
+Adding a provider is one module (its class and settings model) and one row here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from codeplane.gateway.providers.anthropic import AnthropicDeployment, AnthropicProvider
+from codeplane.gateway.providers.base import DeploymentConfig, Provider, ProviderServices
+from codeplane.gateway.providers.local import LocalDeployment, local_provider
+from codeplane.gateway.providers.openai import OpenAIDeployment, OpenAIProvider
+
+
+@dataclass(frozen=True)
+class Row:
+    cls: Callable[[Any, ProviderServices], Provider]  # built as cls(settings, services)
+    settings: type[DeploymentConfig]  # validates a `[[models]]` entry of this kind
+
+
+PROVIDERS: dict[str, Row] = {
+    "openai": Row(OpenAIProvider, OpenAIDeployment),
+    "anthropic": Row(AnthropicProvider, AnthropicDeployment),
+    "local": Row(local_provider, LocalDeployment),
+}
+
+
+def build(dep: DeploymentConfig, services: ProviderServices) -> Provider:
+    """The provider of a validated deployment, built by its row."""
+    return PROVIDERS[dep.provider].cls(dep, services)
