@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from codeplane.config import ConfigError, Settings
 
@@ -43,6 +44,13 @@ class ModelSpec:
 
     def file_path(self, settings: Settings) -> Path:
         return self.path if self.path is not None else settings.models_dir / self.filename
+
+    def load(self, settings: Settings) -> tuple[Any, Any]:
+        """In a worker process (`worker.WorkerTarget`): the loaded model and its `ModelInfo`."""
+        from codeplane.models.engine import LocalModel  # imports llama_cpp
+
+        model = LocalModel(self, settings)
+        return model, model.info()
 
     def to_json(self, settings: Settings) -> dict:
         data = asdict(self)

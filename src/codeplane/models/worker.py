@@ -1,4 +1,5 @@
-"""A model's worker process: llama.cpp runs here, never in the server.
+"""A model's worker process: llama.cpp (and the local ONNX embedder) run here, never in the
+server.
 
 Native code that crashes (llama.cpp's AMX kernels segfault on the first decode on some
 Xeons, issue #30; an out-of-memory kill) takes down this process only: the server answers the
@@ -13,8 +14,12 @@ log), and nothing of the server's `__main__` is imported again. Messages are pic
 end of a socketpair, framed by `multiprocessing.connection.Connection`: length-prefixed,
 and a dead peer reads as EOF.
 
-Protocol. Server -> worker: `(spec, settings)` once, then `("job", id, name, args)` and
-`("cancel", id)`. Worker -> server: `("ready", ModelInfo)` or `("failed", exception)` once,
+What a worker loads is a `WorkerTarget`: a registry `ModelSpec` (a GGUF model) or an
+`embed_worker.EmbedderTarget`; its `load` runs in the worker and returns the object jobs run on
+and the facts the server gets back.
+
+Protocol. Server -> worker: `(target, settings)` once, then `("job", id, name, args)` and
+`("cancel", id)`. Worker -> server: `("ready", info)` or `("failed", exception)` once,
 then per job `("event", id, payload)`* and `("done", id, result)` or `("error", id,
 exception)`. The server sends a job only after the previous one's reply.
 
@@ -41,15 +46,13 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import codeplane
 from codeplane.models.jobs import JobContext, resolve
 
 if TYPE_CHECKING:
     from codeplane.config import Settings
-    from codeplane.models.engine import ModelInfo
-    from codeplane.models.registry import ModelSpec
 
 log = logging.getLogger("codeplane.engine")
 TAIL_LINES = 20  # lines of the worker's output kept for the crash log
@@ -65,6 +68,16 @@ class WorkerDied(Exception):
         self.pid, self.cause, self.tail = pid, cause, tail
 
 
+class WorkerTarget(Protocol):
+    """What one worker process loads (picklable: it crosses to the worker)."""
+
+    name: str
+
+    def load(self, settings: Settings) -> tuple[Any, Any]:
+        """In the worker: (what the jobs run on, the facts the server gets as `info`)."""
+        ...
+
+
 class JobFailed(RuntimeError):
     """A job raised an exception that cannot be sent to the server as it is."""
 
@@ -73,10 +86,10 @@ class Worker:
     """One model's worker process, seen from the server. Not thread-safe: the engine calls
     it from the model's queue thread only (`stop` excepted)."""
 
-    def __init__(self, spec: ModelSpec, settings: Settings) -> None:
+    def __init__(self, target: WorkerTarget, settings: Settings) -> None:
         """Start the process and wait until it has loaded the model. Raises WorkerDied if it
         dies while loading, or the exception loading raised (missing weights, ...)."""
-        self.name = spec.name
+        self.name = target.name
         mine, theirs = _socketpair()
         with theirs:
             self.proc = subprocess.Popen(
@@ -92,12 +105,12 @@ class Worker:
         self._reader.start()
         self._ids = itertools.count()
         self.job: str | None = None  # the job in flight
-        self._send((spec, settings))
+        self._send((target, settings))
         kind, payload = self._recv()
         if kind == "failed":
             self.close()
             raise payload
-        self.info: ModelInfo = payload
+        self.info = payload
 
     def call(self, job: str, args: tuple, on_event: Callable[[Any], None] | None,
              cancel: threading.Event | None) -> Any:
@@ -229,21 +242,19 @@ def main(fd: int) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     conn = Connection(fd)
-    spec, settings = conn.recv()
+    target, settings = conn.recv()
     inbox: queue.SimpleQueue[tuple[int, str, tuple]] = queue.SimpleQueue()
     cancels: dict[int, threading.Event] = {}
     # Listening starts before the load: a server that dies meanwhile must still end us.
     threading.Thread(target=_listen, args=(conn, inbox, cancels), daemon=True,
                      name="listen").start()
-    from codeplane.models.engine import LocalModel
-
-    log.info("worker %d: loading model %s", os.getpid(), spec.name)
+    log.info("worker %d: loading model %s", os.getpid(), target.name)
     try:
-        model = LocalModel(spec, settings)
+        model, info = target.load(settings)
     except Exception as exc:  # noqa: BLE001 - sent to the server, raised for the request
         _send(conn, ("failed", _portable(exc)), ("failed", JobFailed(str(exc))))
         return
-    _send(conn, ("ready", model.info()), None)
+    _send(conn, ("ready", info), None)
     state: dict[str, Any] = {}
     while True:
         job_id, name, args = inbox.get()
