@@ -21,10 +21,11 @@ from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field
 
 from codeplane.agent.env import Environment, ToolError, local_environment
 from codeplane.agent.loop import Agent, AgentConfig
+from codeplane.agent.requests import RunSpec, Text, too_many_runs
 from codeplane.agent.runs import ENDS, RunLimit, RunManager, Tail, result_of, status_of
 from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError, not_found
@@ -49,24 +50,10 @@ def runs_of(request: Request) -> RunManager:
     return request.app.state.services.runs
 
 
-def _text(value: str) -> str:
-    """Refuse a NUL character, which no path or prompt holds and which the OS calls reject
-    deep inside a run (a 400 here, not a 500 there). Lone surrogates are refused by the
-    JSON parser already."""
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
-    return value
-
-
-class RunRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    task: str = Field(min_length=1, max_length=100_000)
-    path: str = Field(min_length=1, max_length=4096,
-                      description="absolute workspace directory under one of the caller's "
-                                  "workspace roots on the server machine")
-    model: str = Field("code-medium", min_length=1, max_length=200)
-    max_steps: int = Field(25, ge=1, le=200)
-    max_tokens: int = Field(1024, ge=16, le=8192)
+class RunRequest(RunSpec):
+    path: Text = Field(min_length=1, max_length=4096,
+                       description="absolute workspace directory under one of the caller's "
+                                   "workspace roots on the server machine")
     sandbox: bool = Field(True, description="false is refused unless serve.allow_unsandboxed")
     network: bool = Field(False, description="true is refused unless serve.allow_network")
     backend: str | None = Field(None, max_length=64,
@@ -74,8 +61,6 @@ class RunRequest(BaseModel):
                                             "serve.backends. pool: a copy-on-write sandbox of "
                                             "the repo at HEAD, removed when the run ends")
     stream: bool = True
-
-    _checked = field_validator("task", "path", "model")(_text)
 
 
 def check_policy(body: RunRequest, serve: ServeSettings, tenant: str) -> Path:
@@ -114,7 +99,7 @@ async def create_run(body: RunRequest, request: Request):
     try:
         manager.admit(principal.tenant)  # before the sandbox probe; again at start
     except RunLimit as exc:
-        raise _limit(exc) from None
+        raise too_many_runs(exc) from None
     try:
         env = await asyncio.to_thread(_environment, request, principal.tenant, root,
                                       body)  # the sandbox probe spawns bwrap
@@ -135,7 +120,7 @@ async def create_run(body: RunRequest, request: Request):
         run = manager.start(principal.tenant, agent, body.task, model)
     except RunLimit as exc:
         await asyncio.to_thread(env.close)  # a pooled sandbox goes back, not held unused
-        raise _limit(exc) from None
+        raise too_many_runs(exc) from None
     if not body.stream:
         return {"id": run.id, "status": "running"}
     return _stream(request, run.id, 0, cancel_on_hangup=True)
@@ -155,11 +140,6 @@ def _stream(request: Request, run_id: str, after: int,
     return StreamingResponse(_sse(manager, tenant, run_id, after, cancel_on_hangup),
                              media_type="text/event-stream",
                              headers={"X-Agent-Run-Id": run_id, "cache-control": "no-store"})
-
-
-def _limit(exc: RunLimit) -> APIError:
-    return APIError(429, str(exc), type="rate_limit_error", code="too_many_runs",
-                    headers={"retry-after": "10"})
 
 
 async def _sse(manager: RunManager, tenant: str, run_id: str, after: int,

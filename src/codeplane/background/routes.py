@@ -15,9 +15,10 @@ from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from codeplane.agent.loop import AgentConfig
+from codeplane.agent.requests import RunSpec, Text, too_many_runs
 from codeplane.agent.runs import RunLimit
 from codeplane.background.service import BackgroundService
 from codeplane.core.errors import APIError, not_found
@@ -38,37 +39,17 @@ def service_of(request: Request) -> BackgroundService:
     return request.app.state.services.background
 
 
-def _text(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
-    return value
-
-
-class LaunchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    repo: str = Field(min_length=1, max_length=4096,
-                      description="absolute path of a git repository (or bundle) under the "
-                                  "caller's workspace roots, or a URL under serve.repo_urls")
-    ref: str = Field("HEAD", min_length=1, max_length=256, pattern=r"^[^-\s][^\s]*$",
-                     description="branch, tag or commit to start from (not an option)")
-    task: str = Field(min_length=1, max_length=100_000)
-    model: str = Field("code-medium", min_length=1, max_length=200)
-    max_steps: int = Field(25, ge=1, le=200)
-    max_tokens: int = Field(1024, ge=16, le=8192)
-
-    _checked = field_validator("repo", "ref", "task", "model")(_text)
+class LaunchRequest(RunSpec):
+    repo: Text = Field(min_length=1, max_length=4096,
+                       description="absolute path of a git repository (or bundle) under the "
+                                   "caller's workspace roots, or a URL under serve.repo_urls")
+    ref: Text = Field("HEAD", min_length=1, max_length=256, pattern=r"^[^-\s][^\s]*$",
+                      description="branch, tag or commit to start from (not an option)")
 
 
 class MessageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    content: str = Field(min_length=1, max_length=100_000)
-
-    _checked = field_validator("content")(_text)
-
-
-def _limit(exc: RunLimit) -> APIError:
-    return APIError(429, str(exc), type="rate_limit_error", code="too_many_runs",
-                    headers={"retry-after": "10"})
+    content: Text = Field(min_length=1, max_length=100_000)
 
 
 @router.post("/v1/background-agents", status_code=202)
@@ -86,7 +67,7 @@ async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
         return await asyncio.to_thread(service_of(request).launch, principal.tenant, repo,
                                        body.ref, body.task, body.model, models, config)
     except RunLimit as exc:
-        raise _limit(exc) from None
+        raise too_many_runs(exc) from None
     except FleetError as exc:  # a quota, an unknown ref, a repo git cannot clone
         raise exc.to_api() from None
 
@@ -152,7 +133,7 @@ def message(run_id: str, body: MessageRequest, request: Request) -> dict[str, An
     try:
         sent = service_of(request).message(principal_of(request).tenant, run_id, body.content)
     except RunLimit as exc:
-        raise _limit(exc) from None
+        raise too_many_runs(exc) from None
     except FleetError as exc:
         raise exc.to_api() from None
     if sent is None:
