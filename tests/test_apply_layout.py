@@ -137,3 +137,58 @@ def test_layout_guard_restores_layout_changes_outside_the_edit() -> None:
     # Layout alone is the edit: nothing to restore.
     only_layout = [line for k, line in enumerate(original) if k != 1]
     assert restore_layout(original, only_layout) == (only_layout, 0)
+
+
+# A commit adds a function that ends like the one above it (`return job.run()`) and gives
+# the blank lines after it a layout of its own. The repeated line pairs with the file's
+# line either as its first copy or as its last; with the last, the blank lines before
+# `class Runner` are context and would get the file's layout back, with the first they are
+# the new code's. Both readings are equally good, so the guard may not choose.
+REPEATED = '''import jobs
+
+
+def first(job):
+    return job.run()
+
+
+class Runner:
+    def start(self):
+        return 1
+'''
+
+
+def test_blank_lines_next_to_a_repeated_line_that_pairs_two_ways_decline() -> None:
+    """The sketch's one blank line before the class is the commit's (new code above it) or
+    drift (context): the merge declines rather than restore the file's two blank lines."""
+    sketch = '''# ... existing code ...
+def first(job):
+    return job.run()
+
+def second(job):
+    return job.run()
+
+class Runner:
+# ... existing code ...
+'''
+    result = apply_edit(REPEATED, sketch, "runner.py")
+    assert not result.ok, result.merged
+    assert "layout guard" in result.diagnostics[-1] and "two places" in result.diagnostics[-1]
+
+
+def test_repeated_line_without_layout_to_restore_still_merges() -> None:
+    """The same repeated line, but the sketch keeps the file's blank lines: whichever copy
+    pairs with the file's line, the merge is the same file, so it is written."""
+    sketch = '''# ... existing code ...
+def first(job):
+    return job.run()
+
+
+def second(job):
+    return job.run()
+
+
+class Runner:
+# ... existing code ...
+'''
+    assert merged(REPEATED, sketch, "runner.py") == REPEATED.replace(
+        "\n\n\nclass", "\n\n\ndef second(job):\n    return job.run()\n\n\nclass")
