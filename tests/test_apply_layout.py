@@ -124,19 +124,20 @@ def test_layout_guard_restores_layout_changes_outside_the_edit() -> None:
     drifted[drifted.index("        items[name] = read(name)")] = \
         "        items[name] = read(os.path.join(root, name))"
     drifted[drifted.index("    items = {}")] = "    items = {}   "
-    repaired, count = restore_layout(original, drifted)
+    repaired, count, ambiguous = restore_layout(original, drifted)
+    assert ambiguous is None
     assert repaired == FIXED.splitlines() and count == 3
     # A blank line added right after the changed line belongs to the change.
     spaced = FIXED.splitlines()
     spaced.insert(change + 1, "")
-    assert restore_layout(original, spaced) == (spaced, 0)
+    assert restore_layout(original, spaced) == (spaced, 0, None)
     # Re-indented lines are the edit (a loop unwrapped), not layout.
     unwrapped = original[:change - 1] + ["    name = root", "    items[name] = read(name)"] + \
         original[change + 1:]
-    assert restore_layout(original, unwrapped) == (unwrapped, 0)
+    assert restore_layout(original, unwrapped) == (unwrapped, 0, None)
     # Layout alone is the edit: nothing to restore.
     only_layout = [line for k, line in enumerate(original) if k != 1]
-    assert restore_layout(original, only_layout) == (only_layout, 0)
+    assert restore_layout(original, only_layout) == (only_layout, 0, None)
 
 
 # A commit adds a function that ends like the one above it (`return job.run()`) and gives
@@ -172,7 +173,7 @@ class Runner:
 '''
     result = apply_edit(REPEATED, sketch, "runner.py")
     assert not result.ok, result.merged
-    assert "layout guard" in result.diagnostics[-1] and "two places" in result.diagnostics[-1]
+    assert "layout guard" in result.diagnostics[-1] and "two equally good places" in result.diagnostics[-1]
 
 
 def test_repeated_line_without_layout_to_restore_still_merges() -> None:
