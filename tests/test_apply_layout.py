@@ -6,6 +6,10 @@ Deterministic path only (no model)."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 from codeplane.apply.api import apply_edit
 from codeplane.apply.guard import restore_layout
 
@@ -193,3 +197,39 @@ class Runner:
 '''
     assert merged(REPEATED, sketch, "runner.py") == REPEATED.replace(
         "\n\n\nclass", "\n\n\ndef second(job):\n    return job.run()\n\n\nclass")
+
+
+def _bench_apply():
+    """bench/apply.py, imported by path (the benchmark is not a package)."""
+    path = Path(__file__).parents[1] / "bench" / "apply.py"
+    spec = importlib.util.spec_from_file_location("bench_apply_filter", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_drops_commits_a_sketch_cannot_express() -> None:
+    """The benchmark's well-posedness filter is a rule about the commit's diff: a blank
+    line removed between two unchanged definitions, or a call re-wrapped with a trailing
+    comma, is layout of context that the merge keeps, so no sketch can say it; those cases
+    are not counted as wrong merges. A re-indented line whose blank lines also go is a
+    change, and a commit that is nothing but layout is its own edit."""
+    bench = _bench_apply()
+    fixed = MODULE.replace("read(name)", "read(os.path.join(root, name))")
+    # A blank line removed between `load` and `save`, which the commit does not change.
+    fewer_blanks = fixed.replace("    return items\n\n\ndef save", "    return items\n\ndef save")
+    # The same, where the commit's one change re-indents a line and drops a blank line
+    # after it in the same diff stretch: that stretch is a change, not layout.
+    write = "        write(os.path.join(root, name), text)\n"
+    reindented = MODULE.replace("    return items\n\n\ndef save", "    return items\n\ndef save")
+    reindented = reindented.replace(write + "\n\n", "    " + write + "\n")
+    rewrapped = fixed.replace("print(load(sys.argv[1]))", "print(\n        load(sys.argv[1]),\n    )")
+    for expected in (fewer_blanks, reindented, rewrapped):
+        assert bench.layout_changes({"original": MODULE, "expected": expected})
+    assert not bench.layout_changes({"original": MODULE, "expected": fixed})
+    assert not bench.layout_changes({"original": MODULE, "expected": MODULE.replace(
+        write + "\n\n", "    " + write + "\n")})
+    only_layout = MODULE.replace("    return items\n\n\ndef save", "    return items\n\ndef save")
+    assert not bench.layout_changes({"original": MODULE, "expected": only_layout})
