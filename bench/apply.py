@@ -142,12 +142,12 @@ def layout_changes(case: dict) -> bool:
     """The commit changes only the layout of some lines besides its real changes: blank
     lines added or removed where the code above and below them is unchanged, whitespace
     changed within lines (trailing whitespace stripped, a statement re-wrapped, with or
-    without a trailing comma before its closing bracket). A sketch
-    shows such lines as context, and context keeps the file's layout (docs/apply.md: a
-    model redraws the blank lines and whitespace of context at will), so it cannot say
-    that. Blank lines added or removed next to a changed line are the change's. (The
-    product's rule, `guard.restore_layout`, restated here so that the benchmark's cases do
-    not depend on the code it measures.)"""
+    without a trailing comma before its closing bracket). A sketch shows such lines as
+    context, and context keeps the file's layout (docs/apply.md: a model redraws the blank
+    lines and whitespace of context at will), so it cannot say that. Blank lines added or
+    removed next to a changed line are the change's. (The product's rule,
+    `guard.restore_layout`, restated here so that the benchmark's cases do not depend on
+    the code it measures.)"""
     old, new = lines_of(case["original"]), lines_of(case["expected"])
     ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
     layout = [op for op in ops if op[0] != "equal" and _layout_only(old[op[1]:op[2]],
