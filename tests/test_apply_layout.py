@@ -162,40 +162,27 @@ class Runner:
 '''
 
 
+def second_after_first(blank: str) -> str:
+    """A sketch adding `second` below `first`, with `blank` between the functions and
+    before the class."""
+    return (f"# ... existing code ...\ndef first(job):\n    return job.run()\n{blank}"
+            f"def second(job):\n    return job.run()\n{blank}class Runner:\n"
+            f"# ... existing code ...\n")
+
+
 def test_blank_lines_next_to_a_repeated_line_that_pairs_two_ways_decline() -> None:
     """The sketch's one blank line before the class is the commit's (new code above it) or
     drift (context): the merge declines rather than restore the file's two blank lines."""
-    sketch = '''# ... existing code ...
-def first(job):
-    return job.run()
-
-def second(job):
-    return job.run()
-
-class Runner:
-# ... existing code ...
-'''
-    result = apply_edit(REPEATED, sketch, "runner.py")
+    result = apply_edit(REPEATED, second_after_first("\n"), "runner.py")
     assert not result.ok, result.merged
-    assert "layout guard" in result.diagnostics[-1] and "two equally good places" in result.diagnostics[-1]
+    reason = result.diagnostics[-1]
+    assert "layout guard" in reason and "two equally good places" in reason
 
 
 def test_repeated_line_without_layout_to_restore_still_merges() -> None:
     """The same repeated line, but the sketch keeps the file's blank lines: whichever copy
     pairs with the file's line, the merge is the same file, so it is written."""
-    sketch = '''# ... existing code ...
-def first(job):
-    return job.run()
-
-
-def second(job):
-    return job.run()
-
-
-class Runner:
-# ... existing code ...
-'''
-    assert merged(REPEATED, sketch, "runner.py") == REPEATED.replace(
+    assert merged(REPEATED, second_after_first("\n\n"), "runner.py") == REPEATED.replace(
         "\n\n\nclass", "\n\n\ndef second(job):\n    return job.run()\n\n\nclass")
 
 
