@@ -220,3 +220,17 @@ def test_benchmark_drops_commits_a_sketch_cannot_express() -> None:
         write + "\n\n", "    " + write + "\n")})
     only_layout = MODULE.replace("    return items\n\n\ndef save", "    return items\n\ndef save")
     assert not bench.layout_changes({"original": MODULE, "expected": only_layout})
+
+
+def test_layout_only_the_other_pairing_would_give_back_is_left_as_sketched() -> None:
+    """A new decorator factory ends like the one above it, but with a blank line inside its
+    ending where the file's has none. Paired with the new copy's lines, the file's ending
+    would lend it that layout; the guard's own reading restores nothing there, so nothing
+    is ambiguous and the new code is written as the sketch shows it."""
+    original = ("def once(func):\n    def wrapper():\n        return func()\n"
+                "        return wrapper\n    return decorator\n\n\nclass Last:\n    pass\n")
+    added = ("def twice(func):\n    def wrapper():\n        func()\n        return func()\n"
+             "        return wrapper\n\n    return decorator\n\n\n")
+    sketch = ("# ... existing code ...\n        return wrapper\n    return decorator\n\n\n"
+              f"{added}class Last:\n# ... existing code ...\n")
+    assert merged(original, sketch, "deco.py") == original.replace("class Last", added + "class Last")

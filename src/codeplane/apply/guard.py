@@ -224,8 +224,11 @@ def restore_layout(original: list[str], merged: list[str]) -> Layout:
     lines, a blank line the sketch moved pairs with the wrong one. A line the edit repeats
     next to its change can pair with the file's line as its first copy or as its last, and
     the blank lines around it are context in one reading and the new code's in the other:
-    when the readings give different files the merge is declined (`ambiguous`), since
-    commits go either way (tenacity d2bb0f06f6 and pluggy e7baa82cc1 in docs/apply.md)."""
+    when this reading gives back layout the other does not, the merge is declined
+    (`ambiguous`), since commits go either way (tenacity d2bb0f06f6 and pluggy e7baa82cc1
+    in docs/apply.md). Layout only the other reading would give back is left as the
+    sketch has it, as where no line repeats (funcy c0292117cd: a new function ending like
+    the one above it, its own blank lines read as the file's by the other reading)."""
     code_o = [i for i, line in enumerate(original) if line.strip()]
     code_m = [j for j, line in enumerate(merged) if line.strip()]
     keys_o = ["".join(original[i].split()) for i in code_o]
@@ -245,13 +248,13 @@ def restore_layout(original: list[str], merged: list[str]) -> Layout:
     pairs = _pairs(original, merged, code_o, code_m, matched)
     if not changes and len(pairs) == len(matched):  # nothing but layout, nothing re-indented
         return Layout(merged, 0)
-    lines, count = _relaid(original, merged, pairs, spans)
+    lines, restored = _relaid(original, merged, pairs, spans)
     for step in (1, -1):
         other = _slid(ops, keys_o, keys_m, matched, step)
-        if other is not None and _relaid(original, merged, _pairs(
-                original, merged, code_o, code_m, other), spans)[0] != lines:
+        if other is not None and set(restored) - set(_relaid(original, merged, _pairs(
+                original, merged, code_o, code_m, other), spans)[1]):
             return Layout(merged, 0, _why_ambiguous(merged, code_m, set(matched) ^ set(other)))
-    return Layout(lines, count)
+    return Layout(lines, len(restored))
 
 
 def _pairs(original: list[str], merged: list[str], code_o: list[int], code_m: list[int],
@@ -299,12 +302,14 @@ def _why_ambiguous(merged: list[str], code_m: list[int], moved: set[tuple[int, i
 
 
 def _relaid(original: list[str], merged: list[str], pairs: dict[int, int],
-            spans: list[tuple[int, int, int, int]]) -> tuple[list[str], int]:
+            spans: list[tuple[int, int, int, int]]
+            ) -> tuple[list[str], list[tuple[int, tuple[str, ...]]]]:
     """The merge rebuilt with the file's bytes for `pairs` and `spans` (see
     `restore_layout`), and the file's blank lines between two paired lines that are
-    neighbours in the file."""
+    neighbours in the file; with what it gave back: (merged line, the file's lines put
+    there or just before it)."""
     out: list[str] = []
-    count = 0
+    restored: list[tuple[int, tuple[str, ...]]] = []
     starts = {span[0]: span for span in spans}
     held: list[str] = []  # blank lines since the last line with code
     last: int | None = -1  # the original line the last code line pairs with (-1: the start)
@@ -319,15 +324,17 @@ def _relaid(original: list[str], merged: list[str], pairs: dict[int, int],
         if last is not None and o is not None and o > last \
                 and not any(x.strip() for x in original[last + 1:o]) \
                 and held != original[last + 1:o]:
-            held, count = original[last + 1:o], count + 1
+            held = original[last + 1:o]
+            restored.append((j, tuple(held)))
         if j in starts:
             _, end, o1, o2 = starts[j]
             out += held + original[o1:o2]
-            count += 1
+            restored.append((j, tuple(original[o1:o2])))
             held, last, j = [], o2 - 1, end
             continue
         if o is not None and line != original[o]:
-            line, count = original[o], count + 1
+            line = original[o]
+            restored.append((j, (line,)))
         out += held + [line]
         held, last, j = [], o, j + 1
-    return out + held, count
+    return out + held, restored
