@@ -235,18 +235,15 @@ def restore_layout(original: list[str], merged: list[str]) -> Layout:
     keys_m = ["".join(merged[j].split()) for j in code_m]
     ops = difflib.SequenceMatcher(None, keys_o, keys_m, autojunk=False).get_opcodes()
     spans: list[tuple[int, int, int, int]] = []  # joined or split: merged -> original lines
-    changes = []  # what the edit changed: (tag, a1, a2, b1, b2) in code lines
     for op in ops:
-        tag, a1, a2, b1, b2 = op
-        if tag == "replace" and squash("".join(keys_o[a1:a2])) == \
-                squash("".join(keys_m[b1:b2])):  # joined or split (a trailing comma aside)
+        if _rewrapped(op, keys_o, keys_m):
+            _, a1, a2, b1, b2 = op
             spans.append((code_m[b1], code_m[b2 - 1] + 1, code_o[a1], code_o[a2 - 1] + 1))
-        elif tag != "equal":
-            changes.append(op)
+    changed = any(op[0] != "equal" and not _rewrapped(op, keys_o, keys_m) for op in ops)
     matched = [(a1 + t, b1 + t) for tag, a1, a2, b1, b2 in ops if tag == "equal"
                for t in range(a2 - a1)]
     pairs = _pairs(original, merged, code_o, code_m, matched)
-    if not changes and len(pairs) == len(matched):  # nothing but layout, nothing re-indented
+    if not changed and len(pairs) == len(matched):  # nothing but layout, nothing re-indented
         return Layout(merged, 0)
     lines, restored = _relaid(original, merged, pairs, spans)
     for step in (1, -1):
@@ -255,6 +252,15 @@ def restore_layout(original: list[str], merged: list[str]) -> Layout:
                 original, merged, code_o, code_m, other), spans)[1]):
             return Layout(merged, 0, _why_ambiguous(merged, code_m, set(matched) ^ set(other)))
     return Layout(lines, len(restored))
+
+
+def _rewrapped(op: tuple[str, int, int, int, int], keys_o: list[str], keys_m: list[str]
+               ) -> bool:
+    """The opcode replaces lines of code by the same statement joined or split (a trailing
+    comma before a closing bracket aside): layout, not a change."""
+    tag, a1, a2, b1, b2 = op
+    return tag == "replace" and \
+        squash("".join(keys_o[a1:a2])) == squash("".join(keys_m[b1:b2]))
 
 
 def _pairs(original: list[str], merged: list[str], code_o: list[int], code_m: list[int],
@@ -275,8 +281,8 @@ def _slid(ops: list[tuple[str, int, int, int, int]], keys_o: list[str], keys_m: 
     added: set[tuple[int, int]] = set()
     for k, (tag, a1, a2, b1, b2) in enumerate(ops):
         near = ops[k + step] if 0 <= k + step < len(ops) else None
-        if tag == "equal" or near is None or near[0] != "equal" or tag == "replace" and \
-                squash("".join(keys_o[a1:a2])) == squash("".join(keys_m[b1:b2])):
+        if tag == "equal" or near is None or near[0] != "equal" \
+                or _rewrapped((tag, a1, a2, b1, b2), keys_o, keys_m):
             continue
         for t in range(near[2] - near[1]):
             at_o, at_m = (a1 + t, b1 + t) if step == 1 else (a1 - 1 - t, b1 - 1 - t)
