@@ -25,6 +25,7 @@ import argparse
 import difflib
 import importlib.util
 import json
+import re
 import statistics
 import sys
 import time
@@ -51,6 +52,7 @@ SETS = _sets()
 BUCKETS, bucket_of = SETS.BUCKETS, SETS.bucket_of
 STYLES = ("markers", "tight", "dedented", "search", "udiff")
 MARKER = "# ... existing code ..."
+_TRAILING_COMMA = re.compile(r",(?=[)\]}])")
 
 
 # -- deriving edits from the real diff -------------------------------------------------------
@@ -139,12 +141,13 @@ def final_newline_changes(case: dict) -> bool:
 def layout_changes(case: dict) -> bool:
     """The commit changes only the layout of some lines besides its real changes: blank
     lines added or removed where the code above and below them is unchanged, whitespace
-    changed within lines (trailing whitespace stripped, a statement re-wrapped). A sketch
-    shows such lines as context, and context keeps the file's layout (docs/apply.md: a
-    model redraws the blank lines and whitespace of context at will), so it cannot say
-    that. Blank lines added or removed next to a changed line are the change's. (The
-    product's rule, `guard.restore_layout`, restated here so that the benchmark's cases do
-    not depend on the code it measures.)"""
+    changed within lines (trailing whitespace stripped, a statement re-wrapped, with or
+    without a trailing comma before its closing bracket). A sketch shows such lines as
+    context, and context keeps the file's layout (docs/apply.md: a model redraws the blank
+    lines and whitespace of context at will), so it cannot say that. Blank lines added or
+    removed next to a changed line are the change's. (The product's rule,
+    `guard.restore_layout`, restated here so that the benchmark's cases do not depend on
+    the code it measures.)"""
     old, new = lines_of(case["original"]), lines_of(case["expected"])
     ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
     layout = [op for op in ops if op[0] != "equal" and _layout_only(old[op[1]:op[2]],
@@ -167,13 +170,24 @@ def layout_changes(case: dict) -> bool:
 
 
 def _layout_only(old: list[str], new: list[str]) -> bool:
-    """Only whitespace differs, and no line of code is re-indented (a block wrapped in a
-    new one, or unwrapped: the sketch shows that, and the merge writes it)."""
-    if "".join("".join(old).split()) != "".join("".join(new).split()):
+    """Only whitespace differs, or a trailing comma before a closing bracket (a statement
+    re-wrapped: `f(a)` split into `f(\n    a,\n)`, which the product reads as the same
+    statement), and no line of code is re-indented (a block wrapped in a new one, or
+    unwrapped: the sketch shows that, and the merge writes it). Code lines are compared
+    without the blank lines around them: a line re-indented and the blank lines after it
+    removed is a change, not layout."""
+    if _tokens(old) != _tokens(new):
         return False
-    return len(old) != len(new) or all(
-        len(a) - len(a.lstrip()) == len(b) - len(b.lstrip())
-        for a, b in zip(old, new) if a.strip() and b.strip())
+    code_old = [line for line in old if line.strip()]
+    code_new = [line for line in new if line.strip()]
+    return len(code_old) != len(code_new) or all(
+        len(a) - len(a.lstrip()) == len(b) - len(b.lstrip()) for a, b in zip(code_old, code_new))
+
+
+def _tokens(lines: list[str]) -> str:
+    """The lines' text without whitespace, and without a trailing comma before a closing
+    bracket."""
+    return _TRAILING_COMMA.sub("", "".join("".join(lines).split()))
 
 
 def _nearest_code(lines: list[str], at: int, step: int) -> int | None:

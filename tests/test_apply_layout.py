@@ -6,6 +6,10 @@ Deterministic path only (no model)."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 from codeplane.apply.api import apply_edit
 from codeplane.apply.guard import restore_layout
 
@@ -124,16 +128,109 @@ def test_layout_guard_restores_layout_changes_outside_the_edit() -> None:
     drifted[drifted.index("        items[name] = read(name)")] = \
         "        items[name] = read(os.path.join(root, name))"
     drifted[drifted.index("    items = {}")] = "    items = {}   "
-    repaired, count = restore_layout(original, drifted)
+    repaired, count, ambiguous = restore_layout(original, drifted)
+    assert ambiguous is None
     assert repaired == FIXED.splitlines() and count == 3
     # A blank line added right after the changed line belongs to the change.
     spaced = FIXED.splitlines()
     spaced.insert(change + 1, "")
-    assert restore_layout(original, spaced) == (spaced, 0)
+    assert restore_layout(original, spaced) == (spaced, 0, None)
     # Re-indented lines are the edit (a loop unwrapped), not layout.
     unwrapped = original[:change - 1] + ["    name = root", "    items[name] = read(name)"] + \
         original[change + 1:]
-    assert restore_layout(original, unwrapped) == (unwrapped, 0)
+    assert restore_layout(original, unwrapped) == (unwrapped, 0, None)
     # Layout alone is the edit: nothing to restore.
     only_layout = [line for k, line in enumerate(original) if k != 1]
-    assert restore_layout(original, only_layout) == (only_layout, 0)
+    assert restore_layout(original, only_layout) == (only_layout, 0, None)
+
+
+# A commit adds a function that ends like the one above it (`return job.run()`) and gives
+# the blank lines after it a layout of its own. The repeated line pairs with the file's
+# line either as its first copy or as its last; with the last, the blank lines before
+# `class Runner` are context and would get the file's layout back, with the first they are
+# the new code's. Both readings are equally good, so the guard may not choose.
+REPEATED = '''import jobs
+
+
+def first(job):
+    return job.run()
+
+
+class Runner:
+    def start(self):
+        return 1
+'''
+
+
+def second_after_first(blank: str) -> str:
+    """A sketch adding `second` below `first`, with `blank` between the functions and
+    before the class."""
+    return (f"# ... existing code ...\ndef first(job):\n    return job.run()\n{blank}"
+            f"def second(job):\n    return job.run()\n{blank}class Runner:\n"
+            f"# ... existing code ...\n")
+
+
+def test_blank_lines_next_to_a_repeated_line_that_pairs_two_ways_decline() -> None:
+    """The sketch's one blank line before the class is the commit's (new code above it) or
+    drift (context): the merge declines rather than restore the file's two blank lines."""
+    result = apply_edit(REPEATED, second_after_first("\n"), "runner.py")
+    assert not result.ok, result.merged
+    reason = result.diagnostics[-1]
+    assert "layout guard" in reason and "two equally good places" in reason
+
+
+def test_repeated_line_without_layout_to_restore_still_merges() -> None:
+    """The same repeated line, but the sketch keeps the file's blank lines: whichever copy
+    pairs with the file's line, the merge is the same file, so it is written."""
+    assert merged(REPEATED, second_after_first("\n\n"), "runner.py") == REPEATED.replace(
+        "\n\n\nclass", "\n\n\ndef second(job):\n    return job.run()\n\n\nclass")
+
+
+def _bench_apply():
+    """bench/apply.py, imported by path (the benchmark is not a package)."""
+    path = Path(__file__).parents[1] / "bench" / "apply.py"
+    spec = importlib.util.spec_from_file_location("bench_apply_filter", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_drops_commits_a_sketch_cannot_express() -> None:
+    """The benchmark's well-posedness filter is a rule about the commit's diff: a blank
+    line removed between two unchanged definitions, or a call re-wrapped with a trailing
+    comma, is layout of context that the merge keeps, so no sketch can say it; those cases
+    are not counted as wrong merges. A re-indented line whose blank lines also go is a
+    change, and a commit that is nothing but layout is its own edit."""
+    bench = _bench_apply()
+    fixed = MODULE.replace("read(name)", "read(os.path.join(root, name))")
+    # A blank line removed between `load` and `save`, which the commit does not change.
+    fewer_blanks = fixed.replace("    return items\n\n\ndef save", "    return items\n\ndef save")
+    # The same, where the commit's one change re-indents a line and drops a blank line
+    # after it in the same diff stretch: that stretch is a change, not layout.
+    write = "        write(os.path.join(root, name), text)\n"
+    reindented = MODULE.replace("    return items\n\n\ndef save", "    return items\n\ndef save")
+    reindented = reindented.replace(write + "\n\n", "    " + write + "\n")
+    rewrapped = fixed.replace("print(load(sys.argv[1]))", "print(\n        load(sys.argv[1]),\n    )")
+    for expected in (fewer_blanks, reindented, rewrapped):
+        assert bench.layout_changes({"original": MODULE, "expected": expected})
+    assert not bench.layout_changes({"original": MODULE, "expected": fixed})
+    assert not bench.layout_changes({"original": MODULE, "expected": MODULE.replace(
+        write + "\n\n", "    " + write + "\n")})
+    only_layout = MODULE.replace("    return items\n\n\ndef save", "    return items\n\ndef save")
+    assert not bench.layout_changes({"original": MODULE, "expected": only_layout})
+
+
+def test_layout_only_the_other_pairing_would_give_back_is_left_as_sketched() -> None:
+    """A new decorator factory ends like the one above it, but with a blank line inside its
+    ending where the file's has none. Paired with the new copy's lines, the file's ending
+    would lend it that layout; the guard's own reading restores nothing there, so nothing
+    is ambiguous and the new code is written as the sketch shows it."""
+    original = ("def once(func):\n    def wrapper():\n        return func()\n"
+                "        return wrapper\n    return decorator\n\n\nclass Last:\n    pass\n")
+    added = ("def twice(func):\n    def wrapper():\n        func()\n        return func()\n"
+             "        return wrapper\n\n    return decorator\n\n\n")
+    sketch = ("# ... existing code ...\n        return wrapper\n    return decorator\n\n\n"
+              f"{added}class Last:\n# ... existing code ...\n")
+    assert merged(original, sketch, "deco.py") == original.replace("class Last", added + "class Last")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections import Counter
+from typing import NamedTuple
 
 from codeplane.apply.align import (
     DEFINES,
@@ -202,7 +203,16 @@ def _shows(segment: list[str], before: str | None, added: list[str], after: str 
     return any(segment[k:k + size] == want for k in range(len(segment) - size + 1))
 
 
-def restore_layout(original: list[str], merged: list[str]) -> tuple[list[str], int]:
+class Layout(NamedTuple):
+    """What `restore_layout` made of a merge: its lines, how many layout-only stretches
+    went back to the file's, and why it declines (None: it does not)."""
+
+    lines: list[str]
+    restored: int
+    ambiguous: str | None = None
+
+
+def restore_layout(original: list[str], merged: list[str]) -> Layout:
     """`merged` with its layout-only differences from the file put back to the file's
     lines, where they touch no line the edit changes, and how many stretches were: blank
     lines between two unchanged lines of code that are neighbours in the file, whitespace
@@ -211,39 +221,101 @@ def restore_layout(original: list[str], merged: list[str]) -> tuple[list[str], i
     When the merge changes nothing but layout, that layout is the edit (a commit that
     strips trailing whitespace) and nothing is restored. Lines with code are compared
     first, without their whitespace, and blank lines after, between them: compared as
-    lines, a blank line the sketch moved pairs with the wrong one."""
+    lines, a blank line the sketch moved pairs with the wrong one. A line the edit repeats
+    next to its change can pair with the file's line as its first copy or as its last, and
+    the blank lines around it are context in one reading and the new code's in the other:
+    when this reading gives back layout the other does not, the merge is declined
+    (`ambiguous`), since commits go either way (tenacity d2bb0f06f6 and pluggy e7baa82cc1
+    in docs/apply.md). Layout only the other reading would give back is left as the
+    sketch has it, as where no line repeats (funcy c0292117cd: a new function ending like
+    the one above it, its own blank lines read as the file's by the other reading)."""
     code_o = [i for i, line in enumerate(original) if line.strip()]
     code_m = [j for j, line in enumerate(merged) if line.strip()]
     keys_o = ["".join(original[i].split()) for i in code_o]
     keys_m = ["".join(merged[j].split()) for j in code_m]
-    pairs: dict[int, int] = {}  # merged line -> original line, unchanged but for layout
+    ops = difflib.SequenceMatcher(None, keys_o, keys_m, autojunk=False).get_opcodes()
     spans: list[tuple[int, int, int, int]] = []  # joined or split: merged -> original lines
-    real = False
-    for tag, a1, a2, b1, b2 in difflib.SequenceMatcher(None, keys_o, keys_m,
-                                                       autojunk=False).get_opcodes():
-        if tag == "equal":
-            for a, b in zip(range(a1, a2), range(b1, b2)):
-                if indent_width(original[code_o[a]]) == indent_width(merged[code_m[b]]):
-                    pairs[code_m[b]] = code_o[a]
-                else:
-                    real = True  # re-indented
-        elif tag == "replace" and squash("".join(keys_o[a1:a2])) == \
-                squash("".join(keys_m[b1:b2])):  # joined or split (a trailing comma aside)
+    for op in ops:
+        if _rewrapped(op, keys_o, keys_m):
+            _, a1, a2, b1, b2 = op
             spans.append((code_m[b1], code_m[b2 - 1] + 1, code_o[a1], code_o[a2 - 1] + 1))
-        else:
-            real = True
-    if not real:
-        return merged, 0
-    return _relaid(original, merged, pairs, spans)
+    changed = any(op[0] != "equal" and not _rewrapped(op, keys_o, keys_m) for op in ops)
+    matched = [(a1 + t, b1 + t) for tag, a1, a2, b1, b2 in ops if tag == "equal"
+               for t in range(a2 - a1)]
+    pairs = _pairs(original, merged, code_o, code_m, matched)
+    if not changed and len(pairs) == len(matched):  # nothing but layout, nothing re-indented
+        return Layout(merged, 0)
+    lines, restored = _relaid(original, merged, pairs, spans)
+    for step in (1, -1):
+        other = _slid(ops, keys_o, keys_m, matched, step)
+        if other is not None and set(restored) - set(_relaid(original, merged, _pairs(
+                original, merged, code_o, code_m, other), spans)[1]):
+            return Layout(merged, 0, _why_ambiguous(merged, code_m, set(matched) ^ set(other)))
+    return Layout(lines, len(restored))
+
+
+def _rewrapped(op: tuple[str, int, int, int, int], keys_o: list[str], keys_m: list[str]
+               ) -> bool:
+    """The opcode replaces lines of code by the same statement joined or split (a trailing
+    comma before a closing bracket aside): layout, not a change."""
+    tag, a1, a2, b1, b2 = op
+    return tag == "replace" and \
+        squash("".join(keys_o[a1:a2])) == squash("".join(keys_m[b1:b2]))
+
+
+def _pairs(original: list[str], merged: list[str], code_o: list[int], code_m: list[int],
+           matched: list[tuple[int, int]]) -> dict[int, int]:
+    """Merged line -> original line, for matched lines of code (indices into `code_o`,
+    `code_m`) that are unchanged but for layout: a re-indented line is a change."""
+    return {code_m[b]: code_o[a] for a, b in matched
+            if indent_width(original[code_o[a]]) == indent_width(merged[code_m[b]])}
+
+
+def _slid(ops: list[tuple[str, int, int, int, int]], keys_o: list[str], keys_m: list[str],
+          matched: list[tuple[int, int]], step: int) -> list[tuple[int, int]] | None:
+    """The matched code lines with every change moved as far forward (`step` 1) or back
+    (-1) into the unchanged lines next to it as repeated lines allow (a change that starts
+    with a copy of the line after it reads as well one line later), or None when none can
+    move. Lines joined or split are not a change and do not move."""
+    removed: set[tuple[int, int]] = set()
+    added: set[tuple[int, int]] = set()
+    for k, (tag, a1, a2, b1, b2) in enumerate(ops):
+        near = ops[k + step] if 0 <= k + step < len(ops) else None
+        if tag == "equal" or near is None or near[0] != "equal" \
+                or _rewrapped((tag, a1, a2, b1, b2), keys_o, keys_m):
+            continue
+        for t in range(near[2] - near[1]):
+            at_o, at_m = (a1 + t, b1 + t) if step == 1 else (a1 - 1 - t, b1 - 1 - t)
+            to_o, to_m = (a2 + t, b2 + t) if step == 1 else (a2 - 1 - t, b2 - 1 - t)
+            if a1 < a2 and keys_o[at_o] != keys_o[to_o] or \
+                    b1 < b2 and keys_m[at_m] != keys_m[to_m]:
+                break
+            # Forward, the unchanged line after the change pairs with the change's first
+            # line instead; back, the line before it with the change's last.
+            removed.add((to_o, to_m) if step == 1 else (at_o, at_m))
+            added.add((at_o, at_m) if step == 1 else (to_o, to_m))
+    if not removed:
+        return None
+    return sorted(set(matched) - removed | added)
+
+
+def _why_ambiguous(merged: list[str], code_m: list[int], moved: set[tuple[int, int]]) -> str:
+    """The decline's reason, naming the repeated line."""
+    line = merged[code_m[min(b for _, b in moved)]].strip()
+    return (f"the line {line[:60]!r} repeats next to the edit's change and pairs with the "
+            f"file's in two equally good places; the blank lines around it are context in "
+            f"one reading and the new code's in the other: declined rather than choose")
 
 
 def _relaid(original: list[str], merged: list[str], pairs: dict[int, int],
-            spans: list[tuple[int, int, int, int]]) -> tuple[list[str], int]:
+            spans: list[tuple[int, int, int, int]]
+            ) -> tuple[list[str], list[tuple[int, tuple[str, ...]]]]:
     """The merge rebuilt with the file's bytes for `pairs` and `spans` (see
     `restore_layout`), and the file's blank lines between two paired lines that are
-    neighbours in the file."""
+    neighbours in the file; with what it gave back: (merged line, the file's lines put
+    there or just before it)."""
     out: list[str] = []
-    count = 0
+    restored: list[tuple[int, tuple[str, ...]]] = []
     starts = {span[0]: span for span in spans}
     held: list[str] = []  # blank lines since the last line with code
     last: int | None = -1  # the original line the last code line pairs with (-1: the start)
@@ -258,15 +330,17 @@ def _relaid(original: list[str], merged: list[str], pairs: dict[int, int],
         if last is not None and o is not None and o > last \
                 and not any(x.strip() for x in original[last + 1:o]) \
                 and held != original[last + 1:o]:
-            held, count = original[last + 1:o], count + 1
+            held = original[last + 1:o]
+            restored.append((j, tuple(held)))
         if j in starts:
             _, end, o1, o2 = starts[j]
             out += held + original[o1:o2]
-            count += 1
+            restored.append((j, tuple(original[o1:o2])))
             held, last, j = [], o2 - 1, end
             continue
         if o is not None and line != original[o]:
-            line, count = original[o], count + 1
+            line = original[o]
+            restored.append((j, (line,)))
         out += held + [line]
         held, last, j = [], o, j + 1
-    return out + held, count
+    return out + held, restored

@@ -82,7 +82,9 @@ def merge(original: list[str], parsed: ParsedEdit, breaks: Breaks | None = None
         problem = check(original, sketch, outcome.merged)
         if problem:
             return MergeOutcome(None, reasons=[f"wrong-merge guard: {problem}"])
-        outcome.merged, restored = restore_layout(original, outcome.merged)
+        outcome.merged, restored, ambiguous = restore_layout(original, outcome.merged)
+        if ambiguous:
+            return MergeOutcome(None, reasons=[f"layout guard: {ambiguous}"])
         if restored:
             outcome.notes.append(f"layout guard: {restored} layout-only change(s) outside "
                                  f"the edit's changes (blank lines, whitespace) were given "
