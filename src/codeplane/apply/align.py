@@ -140,7 +140,7 @@ def token_similarity(a: str, b: str) -> float:
 
 
 @dataclass
-class Run:
+class Segment:
     """The sketch items between two markers, and how far they are shifted against the
     file (`Aligner._runs_with_shift`)."""
 
@@ -213,7 +213,7 @@ class Aligner:
         self.bounds = self._block_bounds(runs, marker_widths or {})
         self.fresh: frozenset[int] = frozenset()  # items that may only be new lines
 
-    def _runs_with_shift(self) -> list[Run]:
+    def _runs_with_shift(self) -> list[Segment]:
         """Each run of items between markers, and how far it is shifted against the file
         (file indentation minus the sketch's), judged by its distinctive lines that the
         file has once: `strict` when they all agree and every distinctive line has a copy
@@ -222,7 +222,7 @@ class Aligner:
         function copying lines of an old one at other depths still says where it is)."""
         counts = np.bincount(self.ocode, minlength=1) if len(self.ocode) else np.zeros(1)
         first = {int(c): o for o, c in reversed(list(enumerate(self.ocode)))}
-        out: list[Run] = []
+        out: list[Segment] = []
         run: list[int] = []
         for k, item in enumerate([*self.items, None]):
             if item is not None:
@@ -236,11 +236,11 @@ class Aligner:
                 np.any((self.ocode == self.icode[j])
                        & (self.width == indent_width(self.items[j]) + usual)) for j in known) \
                 else None
-            out.append(Run(run, strict, usual if most * 2 > votes.total() else None))
+            out.append(Segment(run, strict, usual if most * 2 > votes.total() else None))
             run = []
         return out
 
-    def _block_bounds(self, runs: list[Run],
+    def _block_bounds(self, runs: list[Segment],
                       marker_widths: dict[int, int]) -> dict[int, Bounds]:
         """A marker indented deeper than the code after it (`    # ... rest unchanged ...`
         above a new top-level `def`) stands for the rest of the block it is indented as: it
@@ -281,7 +281,7 @@ class Aligner:
             bounds[k] = (mask, None) if self.mirrored else (None, mask)
         return bounds
 
-    def _edge_width(self, run: Run, end: int) -> tuple[int, int | None] | None:
+    def _edge_width(self, run: Segment, end: int) -> tuple[int, int | None] | None:
         """The sketch indentation of the run's first (`end` 0) or last (-1) line with code,
         and its shift: that of the file's copy when the file has the line once (a segment
         may re-indent its other lines on purpose), else the run's usual shift. None for a
@@ -296,7 +296,7 @@ class Aligner:
             return width, int(self.width[copies[0]]) - width
         return width, run.usual
 
-    def _shift_forbid(self, runs: list[Run]) -> dict[int, np.ndarray]:
+    def _shift_forbid(self, runs: list[Segment]) -> dict[int, np.ndarray]:
         """For each trivial line (`)`, `pass`, `else:`), the file lines it may not match.
         Such a line places nothing by itself, but its indentation says which copy it is:
         where a segment's distinctive lines that the file has once each agree on how far
@@ -363,7 +363,7 @@ class Aligner:
             self.icost[k] = self._plain_cost[k] if flag else self._edge_cost[k]
 
     def unplaced_context(self, alignment: Alignment) -> list[int]:
-        """Segment edge lines that exist in the file but were taken as new."""
+        """Run edge lines that exist in the file but were taken as new."""
         return [k for k in self.edges() if alignment.ops[k][0] == "insert"
                 and self._edge_cost[k] == INSERT_EDGE]
 

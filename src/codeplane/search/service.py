@@ -90,7 +90,7 @@ class CacheMiss(SearchError):
 
 
 @dataclass(frozen=True)
-class Workspace:
+class IndexedWorkspace:
     """A tenant's workspace as stored: `sid` names its LanceDB table and Merkle rows, `scope`
     partitions the embedding cache by tenant, key and embedding model."""
 
@@ -214,7 +214,7 @@ class SearchService:
                 db.execute(delete(NODES).where(NODES.c.ws == sid))
                 db.execute(then)
 
-    def _auth(self, tenant: str, ws: str, server_key: str) -> Workspace:
+    def _auth(self, tenant: str, ws: str, server_key: str) -> IndexedWorkspace:
         with self.sql.read() as db:
             row = db.execute(select(WORKSPACES.c.sid, WORKSPACES.c.key_id).where(
                 WORKSPACES.c.tenant == tenant, WORKSPACES.c.ws == ws)).first()
@@ -222,7 +222,7 @@ class SearchService:
             raise NotFound(f"workspace {ws} is not indexed on this server")
         if row[1] != key_id(server_key):
             raise Forbidden("this key does not open that workspace")
-        return Workspace(row[0], cache_scope(tenant, row[1], self.embedder.name))
+        return IndexedWorkspace(row[0], cache_scope(tenant, row[1], self.embedder.name))
 
     def _rotation(self, server_key: str) -> np.ndarray:
         kid = key_id(server_key)

@@ -31,7 +31,7 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class Chunk:
+class Excerpt:
     path: str
     text: str
 
@@ -46,7 +46,7 @@ class Ring:
 
     size: int = 16
     chunk_lines: int = 64
-    chunks: deque[Chunk] = field(default_factory=deque)
+    chunks: deque[Excerpt] = field(default_factory=deque)
 
     def add(self, path: str, text: str, line: int) -> None:
         """Remember the lines around `line` (0-based) of `path`; a chunk that mostly
@@ -56,7 +56,7 @@ class Ring:
         body = "\n".join(lines[start:start + self.chunk_lines]).strip("\n")
         if not body.strip():
             return
-        chunk = Chunk(path, body)
+        chunk = Excerpt(path, body)
         for old in list(self.chunks):
             if old.path == path and _dice(old.text, body) > 0.9:
                 self.chunks.remove(old)
@@ -64,9 +64,9 @@ class Ring:
         while len(self.chunks) > self.size:
             self.chunks.popleft()
 
-    def snippets(self, exclude_path: str, budget_tokens: int) -> list[Chunk]:
+    def snippets(self, exclude_path: str, budget_tokens: int) -> list[Excerpt]:
         """Newest snippets that fit the budget, returned oldest first."""
-        out: list[Chunk] = []
+        out: list[Excerpt] = []
         left = budget_tokens * CHARS_PER_TOKEN
         for chunk in reversed(self.chunks):
             if chunk.path == exclude_path or len(chunk.text) > left:

@@ -25,7 +25,7 @@ from pathlib import Path
 from tree_sitter_language_pack import get_parser
 
 from codeplane.core.languages import DEF_TYPES, code_language
-from codeplane.tab.context import CHARS_PER_TOKEN, QUANTUM, Chunk
+from codeplane.tab.context import CHARS_PER_TOKEN, QUANTUM, Excerpt
 
 DEF_LINES = 6  # a definition is sent as its first lines: the signature and docstring start
 MAX_PER_NAME = 2  # a name defined in more places than this is too ambiguous to help
@@ -134,12 +134,12 @@ def names_near(text: str, line: int) -> list[str]:
 
 
 def related(path: str, text: str, line: int, defs: WorkspaceDefs, window: tuple[int, int],
-            budget_tokens: int) -> list[Chunk]:
+            budget_tokens: int) -> list[Excerpt]:
     """Definitions of the names near `line`, nearest name first, within the budget; those
     inside `window` (0-based lines of `path` the server already gets) are left out."""
     defs.add(path, text)
     left = budget_tokens * CHARS_PER_TOKEN
-    out: list[Chunk] = []
+    out: list[Excerpt] = []
     for name in names_near(text, line):
         found = defs.lookup(name)
         if not found or len(found) > MAX_PER_NAME:
@@ -148,7 +148,7 @@ def related(path: str, text: str, line: int, defs: WorkspaceDefs, window: tuple[
             inside = d.path == path and d.start <= window[1] and d.end >= window[0]
             if inside or len(d.text) > left or any(c.text == d.text for c in out):
                 continue
-            out.append(Chunk(d.path, d.text))
+            out.append(Excerpt(d.path, d.text))
             left -= len(d.text)
     return out
 
@@ -159,10 +159,10 @@ class Related:
 
     def __init__(self, defs: WorkspaceDefs) -> None:
         self.defs = defs
-        self._memo: tuple[str, int, list[Chunk]] | None = None
+        self._memo: tuple[str, int, list[Excerpt]] | None = None
 
     def for_cursor(self, path: str, text: str, offset: int, window: tuple[int, int],
-                   budget_tokens: int) -> list[Chunk]:
+                   budget_tokens: int) -> list[Excerpt]:
         line = text.count("\n", 0, offset)
         block = line // QUANTUM
         if self._memo and self._memo[:2] == (path, block):
