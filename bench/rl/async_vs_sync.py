@@ -28,7 +28,7 @@ from pathlib import Path
 
 from codeplane.core.chat import Cancelled, Sampling, Turn
 from codeplane.rl.config import RunConfig
-from codeplane.rl.run import Run
+from codeplane.rl.run import TrainingRun
 
 
 class ScriptedPolicy:
@@ -112,7 +112,7 @@ def run(staleness: int, args: argparse.Namespace, out: Path) -> dict:
                     "max_staleness": staleness, "max_turns": 40, "seed": 1},
         "env": {"fault_rate": args.fault_rate}, "ray": {"num_cpus": 2, "env_cpus": 0.25}})
     policy = ScriptedPolicy(args.turn_seconds)
-    summary = Run(config).train(policy, SleepTrainer(args.train_seconds))
+    summary = TrainingRun(config).train(policy, SleepTrainer(args.train_seconds))
     lengths = sorted(turns for _, turns in policy.lengths.values())
     summary["episode_turns_p50"] = lengths[len(lengths) // 2]
     summary["episode_turns_p99"] = lengths[min(len(lengths) - 1, int(len(lengths) * 0.99))]

@@ -22,7 +22,7 @@ from pathlib import Path
 from async_vs_sync import ScriptedPolicy, SleepTrainer
 
 from codeplane.rl.config import RunConfig
-from codeplane.rl.run import Run
+from codeplane.rl.run import TrainingRun
 
 
 class CrashCounter(SleepTrainer):
@@ -59,7 +59,7 @@ def main() -> None:
             "env": {"fault_rate": per_call, "seed": 1},
             "ray": {"num_cpus": 2, "env_cpus": 0.25, "call_timeout": 60}})
         trainer = CrashCounter()
-        summary = Run(config).train(ScriptedPolicy(0.0, max_turns=2), trainer)
+        summary = TrainingRun(config).train(ScriptedPolicy(0.0, max_turns=2), trainer)
         lines = (Path(tmp) / "run" / "steps.jsonl").read_text().splitlines()
     records = [json.loads(x) for x in lines]
     masked = sum(r["masked"] for r in records)

@@ -131,7 +131,7 @@ def test_a_killed_run_resumes_with_the_same_data_and_a_failing_trainer_restarts(
     from helpers import GrepPolicy
 
     from codeplane.rl.config import RunConfig
-    from codeplane.rl.run import Run
+    from codeplane.rl.run import TrainingRun
 
     make_repo(tmp_path / "repo")
 
@@ -143,12 +143,12 @@ def test_a_killed_run_resumes_with_the_same_data_and_a_failing_trainer_restarts(
                         "max_staleness": 0, "seed": 3}})
 
     whole = FlakyTrainer(fail_at=2)
-    summary = Run(config(4, "whole")).train(GrepPolicy(), whole)
+    summary = TrainingRun(config(4, "whole")).train(GrepPolicy(), whole)
     assert summary["trainer_restarts"] == 1 and whole.version == 4
     first = FlakyTrainer()
-    Run(config(2, "killed")).train(GrepPolicy(), first)  # "killed" after step 2
+    TrainingRun(config(2, "killed")).train(GrepPolicy(), first)  # "killed" after step 2
     policy, resumed = GrepPolicy(), FlakyTrainer()
-    summary = Run(config(4, "killed")).train(policy, resumed)
+    summary = TrainingRun(config(4, "killed")).train(policy, resumed)
     assert summary["resumed_from"] == 2 and resumed.version == 4
     assert policy.loads[0] == 2  # the sampler got the checkpoint's weights first
     assert first.seen + resumed.seen == whole.seen
@@ -170,7 +170,7 @@ def test_a_run_trains_through_the_loop_its_config_names_and_records_it(tmp_path)
 
     from codeplane.agent.hooks import PRODUCT_HOOKS
     from codeplane.rl.config import RunConfig
-    from codeplane.rl.run import Run
+    from codeplane.rl.run import TrainingRun
 
     make_repo(tmp_path / "repo")
     config = RunConfig.model_validate({
@@ -178,7 +178,7 @@ def test_a_run_trains_through_the_loop_its_config_names_and_records_it(tmp_path)
         "tasks": {"train_dirs": [str(tmp_path / "repo")]},
         "rollout": {"in_flight": 2, "group_size": 2, "groups_per_step": 1,
                     "hooks": "product", "transcripts": True}})
-    summary = Run(config).train(GrepPolicy(), None)
+    summary = TrainingRun(config).train(GrepPolicy(), None)
     assert summary["hooks"] == list(PRODUCT_HOOKS) and summary["reward_last"] == 1.0
     line = json.loads((tmp_path / "out" / "steps.jsonl").read_text().splitlines()[0])
     assert line["hooks"] == list(PRODUCT_HOOKS) and line["repairs"] == {}

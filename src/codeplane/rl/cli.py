@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from codeplane.clikit import JsonOption, err_console, fail, print_json
 from codeplane.rl.config import ConfigError, load_config
-from codeplane.rl.run import Run
+from codeplane.rl.run import TrainingRun
 
 rl_app = typer.Typer(help="Reinforcement learning for the coding agent (needs the [rl] extra).",
                      no_args_is_help=True)
@@ -45,7 +45,7 @@ def train_cmd(
             bar.update(task, completed=record["step"] + 1, status=status)
 
         try:
-            summary = Run(run_config, on_step).train()
+            summary = TrainingRun(run_config, on_step).train()
         except ConfigError as exc:
             fail(str(exc))
         except ImportError as exc:  # ray, torch or matplotlib: the [rl] extra

@@ -227,7 +227,7 @@ def start_ray(num_cpus: int) -> None:
                            "before importing it")
 
 
-class Run:
+class TrainingRun:
     """One training run: Ray, environment servers, sampler, trainer, the step loop."""
 
     def __init__(self, config: RunConfig, on_step: Callable[[dict], None] | None = None
