@@ -33,7 +33,7 @@ from codeplane.models.embedders import Embedders
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks to send)
 # Chunks per upload request: the server length-sorts each request's texts into ONNX batches, so
-# bigger requests pad less (measured: 33 chunks/s at 64 per call, 42 at 640).
+# bigger requests pad less (docs/indexing.md, "Full index", has the rates per request size).
 BATCH_CHUNKS = 256
 # Per-mode cache keys: a vector rotated by the client's key never answers for one rotated by the
 # server's (teammates sharing a key file may use either mode).
