@@ -124,6 +124,33 @@ def test_one_tenant_cannot_starve_another(server) -> None:
     assert again.status_code == 200  # the cap is free again
 
 
+def test_a_diff_counts_against_the_tenants_command_cap(server) -> None:
+    """A diff runs git in the sandbox, a command like any other: with the tenant's cap full
+    it is refused (429), not queued on the server's request threads; another tenant's diff
+    answers meanwhile, and the tenant's own once its commands end."""
+    box, other = create(server, "tenant-d").json(), create(server, "tenant-e").json()
+    ws = Path(box["workspace"])
+    a, b = caller(server, "tenant-d"), caller(server, "tenant-e")
+    pool = ThreadPoolExecutor(4)
+    holds = [pool.submit(httpx.post, f"{server.url}/v1/sandboxes/{box['id']}/exec",
+                         json={"command": HOLD, "timeout": 300}, headers=a, timeout=600)
+             for _ in range(4)]  # max_execs_per_tenant
+    try:
+        wait_for(lambda: len(list(ws.glob("started.*"))) == 4, 90, "for the commands to run")
+        full = httpx.get(f"{server.url}/v1/sandboxes/{box['id']}/diff", headers=a, timeout=60)
+        assert full.status_code == 429, full.text
+        assert full.json()["error"]["code"] == "exec_quota_exceeded"
+        theirs = httpx.get(f"{server.url}/v1/sandboxes/{other['id']}/diff", headers=b,
+                           timeout=60)
+        assert theirs.status_code == 200, theirs.text
+    finally:
+        (ws / "release").touch()
+        pool.shutdown()
+    assert all(h.result().status_code == 200 for h in holds)
+    mine = httpx.get(f"{server.url}/v1/sandboxes/{box['id']}/diff", headers=a, timeout=60)
+    assert mine.status_code == 200 and "started." in mine.json()["diff"], mine.text
+
+
 def test_memory_limit_through_the_api(server) -> None:
     box = create(server, "tenant-m").json()
     hog = "python3 -c 'b = bytearray(50 << 20); import time; time.sleep(2); print(\"held\")'"

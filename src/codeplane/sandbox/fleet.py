@@ -24,10 +24,11 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from codeplane.config import FleetSettings
 from codeplane.core.errors import APIError
@@ -39,6 +40,7 @@ from codeplane.sandbox.runner import BwrapRunner, CommandResult, Limits, Sandbox
 from codeplane.sandbox.workspace import Workspace
 from codeplane.storage import DatabaseError
 
+T = TypeVar("T")
 log = logging.getLogger("codeplane.fleet")
 
 
@@ -278,6 +280,14 @@ class Fleet:
         the tenant already runs `max_execs_per_tenant` commands (429)."""
         if "\0" in command:
             raise FleetError(400, "the command contains a NUL byte", "invalid_command")
+        return self._start(box, self.exec, box, command, timeout)
+
+    def start_diff(self, box: Sandbox) -> Future[str]:
+        """`diff` on the same workers under the same cap: it runs git in the sandbox, a
+        command like any other, and a request thread must not wait on it."""
+        return self._start(box, self.diff, box)
+
+    def _start(self, box: Sandbox, fn: Callable[..., T], *args: Any) -> Future[T]:
         tenant = box.tenant or ""
         with self._lock:
             running = self._execs.get(tenant, 0)
@@ -287,7 +297,7 @@ class Fleet:
                                  "exec_quota_exceeded")
             self._execs[tenant] = running + 1
         try:
-            future = self._exec_pool.submit(self.exec, box, command, timeout)
+            future = self._exec_pool.submit(fn, *args)
         except RuntimeError:  # the fleet is closing
             self._exec_done(tenant)
             raise FleetError(503, "the server is shutting down", "sandbox_unavailable") from None

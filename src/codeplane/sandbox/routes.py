@@ -129,12 +129,15 @@ async def write(request: Request, sandbox_id: str,
 
 
 @router.get("/{sandbox_id}/diff")
-def diff(request: Request, sandbox_id: str) -> dict:
-    box = _box(request, sandbox_id)
+async def diff(request: Request, sandbox_id: str) -> dict:
+    """git runs in the sandbox on the fleet's workers, under the tenant's command cap, as
+    `exec` does."""
+    box = await asyncio.to_thread(_box, request, sandbox_id)
     try:
-        return {"id": box.id, "commit": box.commit, "diff": _fleet(request).diff(box)}
+        patch = await asyncio.wrap_future(_fleet(request).start_diff(box))
     except FleetError as exc:
         raise exc.to_api() from None
+    return {"id": box.id, "commit": box.commit, "diff": patch}
 
 
 @router.delete("/{sandbox_id}")
