@@ -22,7 +22,7 @@ from codeplane.clikit import (
     print_json,
 )
 from codeplane.clikit import server_url as configured_url
-from codeplane.net import api_client
+from codeplane.core.http import api_client
 
 agents_app = typer.Typer(help="Background agents on a codeplane server: launch, watch, pull.",
                          no_args_is_help=True)

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from codeplane.core.http import api_client
 from codeplane.core.sse import ChunkReader, StreamError
 
 
@@ -153,8 +154,7 @@ class HttpChatModel:
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
                  timeout: float = 900.0) -> None:
         self.base_url, self.name = base_url.rstrip("/"), model
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        self.http = api_client(api_key, timeout, base_url=self.base_url)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "via": "http", "base_url": self.base_url}

@@ -20,9 +20,9 @@ from codeplane.clikit import (
     server_url,
     settings,
 )
+from codeplane.core.http import api_headers
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.keys import KeyStore
-from codeplane.net import api_headers
 
 keys_app = typer.Typer(help="Issue, list and revoke the server's API keys.",
                        no_args_is_help=True)

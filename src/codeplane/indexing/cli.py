@@ -20,6 +20,7 @@ from codeplane.clikit import (
     settings,
 )
 from codeplane.config import Settings
+from codeplane.core.http import api_client
 from codeplane.indexing.api import IndexUnavailable, search
 from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import RemoteError
@@ -28,7 +29,6 @@ from codeplane.indexing.sync import SyncReport, sync
 from codeplane.indexing.vectors import MODES, EmbedModeError
 from codeplane.models.embed import EmbedderUnavailable
 from codeplane.models.embedders import Embedders
-from codeplane.net import api_client
 
 DEFAULT_INTERVAL = 180.0
 

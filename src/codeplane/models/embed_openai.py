@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, Field
 
+from codeplane.core.http import api_client
 from codeplane.core.schemas import BaseUrl
 from codeplane.models.embed import DEFAULT_LOCAL, EmbedderUnavailable
 
@@ -34,8 +35,7 @@ class OpenAIEmbedder:
     def __init__(self, settings: OpenAIEmbedderSettings) -> None:
         self.name, self.dim = settings.model, settings.dim
         key = os.environ.get(settings.api_key_env, "") if settings.api_key_env else ""
-        self.client = httpx.Client(base_url=settings.base_url, timeout=settings.timeout_s,
-                                   headers={"Authorization": f"Bearer {key}"} if key else {})
+        self.client = api_client(key, settings.timeout_s, base_url=settings.base_url)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:

@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from codeplane.net import api_headers, is_loopback
+from codeplane.core.http import api_headers
+from codeplane.net import is_loopback
 
 
 class TabClientError(Exception):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
 
+from codeplane.core.http import api_headers
 from codeplane.core.sse import StreamError, aiter_chunks
 from codeplane.gateway.providers.base import Call, ProviderServices, Reply, UpstreamError, Usage
 from codeplane.gateway.providers.http import RemoteDeployment, Upstream
@@ -39,7 +40,7 @@ class OpenAIProvider:
     def __init__(self, dep: OpenAIDeployment, services: ProviderServices) -> None:
         self.dep = dep
         key = dep.api_key()
-        self.upstream = Upstream(dep, {"authorization": f"Bearer {key}"} if key else {})
+        self.upstream = Upstream(dep, api_headers(key))
 
     def _body(self, call: Call) -> dict[str, Any]:
         allowed = FORWARDED[call.kind]
