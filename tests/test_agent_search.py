@@ -14,7 +14,7 @@ from conftest import LiveServer, free_port, make_settings
 from upstreams.scripted import ScriptedModel
 
 from codeplane.agent import tools as T
-from codeplane.agent.env import local_environment
+from codeplane.agent.env import Environment, local_environment
 from codeplane.agent.loop import Agent, AgentConfig
 from codeplane.agent.prompts import SEARCH_STEP
 from codeplane.core.chat import HttpChatModel
@@ -179,3 +179,44 @@ def test_refused_edit_names_the_read_around_old_string(repo) -> None:
                                          "new_string": "x"}, ctx)
     assert suggested_read(guess.output) == {"path": "types.py", "start_line": 1,
                                             "end_line": 400}
+
+
+def test_codebase_search_reads_no_settings_from_disk(indexed, monkeypatch) -> None:
+    """The tool searches with the service its caller built from settings once; a call on a
+    toolset without one reads no config from disk, even where the environment names a home
+    whose index and server would answer."""
+    root, cfg = indexed
+    monkeypatch.setenv("CODEPLANE_HOME", str(cfg.home))
+    monkeypatch.setenv("CODEPLANE_SERVER", cfg.server)
+    found = T.default_toolset().execute(local_environment(root), "codebase_search",
+                                        {"query": "where are true/false words converted"})
+    assert found.output.startswith("index unavailable:") and "use grep" in found.output
+    assert found.data == {"available": False}
+
+
+class Overlay:
+    """A workspace whose files are not the host's files at its root (as in a copy-on-write
+    sandbox, a VM guest or an RL actor's sandbox): `layer` holds what it shows instead."""
+
+    def __init__(self, inner, layer: dict[str, bytes]) -> None:
+        self.inner, self.layer, self.root = inner, layer, inner.root
+
+    def read(self, path: Path, max_bytes: int) -> bytes:
+        rel = str(self.real(path).relative_to(self.root))
+        return self.layer[rel] if rel in self.layer else self.inner.read(path, max_bytes)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_codebase_search_snippets_come_through_the_workspace(indexed) -> None:
+    """Snippets are read through `env.workspace`, never from the host path at its root."""
+    root, cfg = indexed
+    shown = BOOLS.replace("Converts the command line words", "WORKSPACE VIEW: converts words")
+    env = local_environment(root)
+    env = Environment(Overlay(env.workspace, {"types.py": shown.encode()}), env.limits)
+    hit = T.default_toolset().execute(env, "codebase_search",
+                                      {"query": "where are true/false words converted"},
+                                      T.ToolContext(settings=cfg))
+    assert hit.ok and hit.output.startswith("types.py:")
+    assert "WORKSPACE VIEW" in hit.output and "Converts the command line" not in hit.output
