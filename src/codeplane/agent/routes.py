@@ -129,7 +129,7 @@ async def create_run(body: RunRequest, request: Request):
     run_id = uuid.uuid4().hex[:16]
     model = run_models(request, gateway, body.model)(run_id)
     agent = Agent(model, env, AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens),
-                  settings=settings, run_id=run_id)
+                  services=request.app.state.services.tools, run_id=run_id)
     agent.listeners.append(agent_listener(request.app.state.services.events, principal.tenant,
                                           body.model))
     try:
