@@ -21,6 +21,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -50,11 +51,23 @@ class CodeSearch(Protocol):
         workspace cannot be searched."""
 
 
+class Charge(Protocol):
+    used: int  # tokens the metered work used, set by the work
+
+
+# Holds an upper-bound guess of tokens against a caller's limits before model work runs and
+# settles what its charge says after; raises ToolError when the caller's limits refuse it.
+Metering = Callable[[int], AbstractContextManager[Charge]]
+
+
 class EditMerge(Protocol):
     """What `edit_file`'s `code_edit` needs: a sketch merged into a file's text."""
 
     def merge(self, original: str, edit: str, path: str) -> ApplyResult:
         """The merged text, deterministic merge first, then the model where one is held."""
+
+    def charged(self, meter: Metering) -> EditMerge:
+        """This merge with its model work charged through `meter` (one run's caller)."""
 
 
 class NoIndex:
@@ -70,13 +83,27 @@ class ApplyMerge:
     that holds no engine: `codeplane agent`, `codeplane tool`, RL) merges deterministically
     only, as `/v1/apply` with method "deterministic"; with an engine, as its "auto"."""
 
-    def __init__(self, engine: Engine | None = None, model: str = "code-small") -> None:
-        self.engine, self.model = engine, model
+    def __init__(self, engine: Engine | None = None, model: str = "code-small",
+                 meter: Metering | None = None) -> None:
+        self.engine, self.model, self.meter = engine, model, meter
 
     def merge(self, original: str, edit: str, path: str) -> ApplyResult:
-        from codeplane.apply.api import apply_edit
+        """As `/v1/apply` "auto": the free path first; the model only once it declined,
+        charged through the meter when there is one."""
+        from codeplane.apply.api import apply_edit, estimated_tokens
 
-        return apply_edit(original, edit, path, self.engine, self.model)
+        free = apply_edit(original, edit, path, method="deterministic")
+        if free.ok or self.engine is None:
+            return free
+        if self.meter is None:
+            return apply_edit(original, edit, path, self.engine, self.model)
+        with self.meter(estimated_tokens(original, edit)) as charge:
+            result = apply_edit(original, edit, path, self.engine, self.model)
+            charge.used = result.model_tokens()
+        return result
+
+    def charged(self, meter: Metering) -> ApplyMerge:
+        return ApplyMerge(self.engine, self.model, meter)
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,10 @@ class ToolServices:
 
     search: CodeSearch = field(default_factory=NoIndex)
     apply: EditMerge = field(default_factory=ApplyMerge)
+
+    def charged(self, meter: Metering) -> ToolServices:
+        """These services for one run, their model work charged through `meter`."""
+        return ToolServices(self.search, self.apply.charged(meter))
 
 
 @dataclass

@@ -42,6 +42,7 @@ from typing import Any
 from codeplane.agent.env import Environment
 from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.runs import Run, RunManager
+from codeplane.agent.services import for_caller
 from codeplane.agent.toolset import ToolServices
 from codeplane.background.store import Store
 from codeplane.config import Settings
@@ -145,7 +146,8 @@ class BackgroundService:
         box = self._sandbox(run_id, live)  # held across turns: its workspace releases nothing
         workspace = self.backends.for_caller(live.tenant, box).open(box.workspace, "pool")
         env = Environment(workspace, Limits(timeout=COMMAND_TIMEOUT_S))
-        agent = Agent(model, env, live.config, services=self.tools, run_id=agent_id)
+        agent = Agent(model, env, live.config, services=for_caller(self.tools, model),
+                      run_id=agent_id)
         agent.listeners.append(lambda event: self._on_event(run_id, live, event))
         self.record(run_id, {"type": "turn_start", "turn": live.turns, "task": task})
         return self.runs.start(live.tenant, agent, task, model)
