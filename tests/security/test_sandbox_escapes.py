@@ -13,7 +13,8 @@ import pytest
 
 from codeplane.agent.env import local_environment
 from codeplane.agent.tools import default_toolset
-from codeplane.indexing.api import _with_snippets
+from codeplane.core.files import read_bytes
+from codeplane.indexing.api import SNIPPET_FILE_BYTES, _with_snippets
 from codeplane.sandbox import BwrapRunner, Limits
 
 execute = default_toolset().execute  # one call as the agent makes it
@@ -65,7 +66,9 @@ def test_grep_with_ripgrep_stays_inside(ws: Path, outside: Path) -> None:
     assert res.data["engine"] == "rg" and res.output == "own.txt:1:TOPSECRET-42", res.output
 
 
-def test_snippets_refuse_symlinks_out_fifos_and_huge_files(ws: Path, outside: Path) -> None:
+@pytest.mark.parametrize("reader", ["host resolver (codeplane search)", "workspace (agent)"])
+def test_snippets_refuse_symlinks_out_fifos_and_huge_files(ws: Path, outside: Path,
+                                                           reader: str) -> None:
     (ws / "a.py").write_text("x = 1\ny = 2\n")
     (ws / "link.py").symlink_to(outside / "secret.txt")
     os.mkfifo(ws / "pipe.py")
@@ -73,8 +76,15 @@ def test_snippets_refuse_symlinks_out_fifos_and_huge_files(ws: Path, outside: Pa
         f.truncate(300 << 20)
     ranked = [("link.py", 1, 1, 0.9), ("pipe.py", 1, 1, 0.8), ("sparse.py", 1, 1, 0.7),
               ("a.py", 2, 2, 0.6)]
+    env = local_environment(ws)
+
+    def read(rel: str) -> bytes:
+        if reader.startswith("host"):
+            return read_bytes(ws, Path(rel), SNIPPET_FILE_BYTES)
+        return env.workspace.read(ws / rel, SNIPPET_FILE_BYTES)
+
     out: list = []
-    worker = threading.Thread(target=lambda: out.append(_with_snippets(ws, ranked, 10)),
+    worker = threading.Thread(target=lambda: out.append(_with_snippets(read, ranked, 10)),
                               daemon=True)
     worker.start()
     worker.join(60)  # a hang detector, not a speed goal: the old code blocked forever
