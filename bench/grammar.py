@@ -13,7 +13,7 @@ import time
 
 from llama_cpp import LlamaGrammar
 
-from codeplane.agent.tools import schemas
+from codeplane.agent.tools import default_toolset
 from codeplane.config import load_settings
 from codeplane.models.engine import LocalModel, Sampling
 from codeplane.models.local_openai import tool_call_grammar
@@ -38,7 +38,7 @@ def full_grammar(model: LocalModel, tokens: list[int], gbnf: str, limit: int) ->
 
 
 def measure(model: LocalModel, task: str, limit: int) -> None:
-    tools = schemas()
+    tools = default_toolset().schemas()
     messages = [{"role": "system", "content": "You are a coding agent."},
                 {"role": "user", "content": task}]
     tokens = model.chat_tokens(messages, tools)

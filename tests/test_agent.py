@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from upstreams.scripted import ScriptedModel, run_server, wait_end
+from upstreams.scripted import ScriptedModel, caller, run_server, wait_end
 
 from codeplane.agent.env import local_environment
 from codeplane.agent.loop import Agent, AgentConfig, StepOutcome, Transcript
@@ -472,3 +472,43 @@ def test_server_agent_run_streams_events_and_keeps_status(engine, tmp_path) -> N
             assert resp.status_code == 400, (bad, resp.text)
     finally:
         server.stop()
+
+
+AREA = "def area(width, height):\n    check(width)\n    check(height)\n    return width * height\n"
+VOLUME = ("def volume(width, height, depth):\n    check(width)\n    check(height)\n"
+          "    return width * height * depth\n")
+TIED_SKETCH = ("# ... existing code ...\n    check(width)\n    check(depth)\n    check(height)\n"
+               "# ... existing code ...\n")  # fits both functions: the deterministic merge declines
+
+
+@pytest.mark.model
+def test_server_run_code_edit_reaches_the_apply_model(scripted, engine, tmp_path) -> None:
+    """A sketch the deterministic merge declines (it fits two functions equally well) is
+    merged by the apply model the server holds (code-small scores the two readings), in an
+    agent run the server built: `code_edit` reaches the engine, not only the free path. The
+    model's tokens are charged to the run's key, as `/v1/apply` charges them."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "geo.py").write_text(f"{AREA}\n\n{VOLUME}")
+    server = run_server(tmp_path / "home", scripted.url, engine=engine,
+                        workspace_roots=[str(ws)])
+    scripted.script = [{"calls": [("read_file", {"path": "geo.py"})]},
+                       {"calls": [("edit_file", {"path": "geo.py", "code_edit": TIED_SKETCH})]},
+                       {"content": "done"}]
+    try:
+        body = {"task": "check depth in volume", "path": str(ws), "model": "scripted",
+                "max_steps": 4, "stream": False}
+        headers = caller(server)
+        run = httpx.post(server.url + "/v1/agent/runs", json=body, headers=headers).json()
+        got = wait_end(server.url, run["id"], headers, timeout=120)
+        keys = server.app.state.services.keys
+        used = keys.used(next(k for k in keys.all() if k.tenant == "t1"))
+    finally:
+        server.stop()
+    edit = [e for e in got["transcript"] if e["type"] == "tool_result"][-1]
+    assert edit["ok"] and edit["output"].startswith("edited geo.py"), edit["output"]
+    assert (ws / "geo.py").read_text() == f"{AREA}\n\n" + VOLUME.replace(
+        "    check(width)\n", "    check(width)\n    check(depth)\n")
+    chat = sum(e["usage"]["prompt_tokens"] + e["usage"]["completion_tokens"]
+               for e in got["transcript"] if e["type"] == "model_turn")
+    assert used > chat, (used, chat)  # the chat turns and the model's ranking of the readings

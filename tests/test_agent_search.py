@@ -13,13 +13,17 @@ import pytest
 from conftest import LiveServer, free_port, make_settings
 from upstreams.scripted import ScriptedModel
 
-from codeplane.agent import tools as T
-from codeplane.agent.env import local_environment
+from codeplane.agent import toolset as T
+from codeplane.agent.env import Environment, local_environment
 from codeplane.agent.loop import Agent, AgentConfig
 from codeplane.agent.prompts import SEARCH_STEP
+from codeplane.agent.services import tool_services
+from codeplane.agent.tools import default_toolset
 from codeplane.core.chat import HttpChatModel
 from codeplane.indexing.sync import sync
 from codeplane.server.app import create_app
+
+execute = default_toolset().execute  # one call as the agent makes it
 
 BOOLS = '''"""Parameter types."""
 
@@ -66,7 +70,7 @@ def first_system_prompt(provider: ScriptedModel, repo: Path, tools: T.Toolset | 
 
 
 def without_search() -> T.Toolset:
-    return T.Toolset(t for t in T.default_toolset().tools.values()
+    return T.Toolset(t for t in default_toolset().tools.values()
                      if t.name != "codebase_search")
 
 
@@ -88,7 +92,7 @@ def test_unindexed_workspace_keeps_the_prompt_and_the_tool_points_to_grep(
     scripted.script = [call("codebase_search", {"query": "where are booleans parsed"}),
                        {"content": "done"}]
     Agent(HttpChatModel(scripted.url, "scripted"), local_environment(repo),
-          AgentConfig(), settings=settings).run("make 'si' parse as true")
+          AgentConfig(), services=tool_services(settings)).run("make 'si' parse as true")
     second = scripted.requests[1]["messages"]
     assert "codebase_search" in second[0]["content"]
     assert second[-1]["content"].startswith("index unavailable:")
@@ -118,9 +122,10 @@ def suggested_read(output: str) -> dict:
 
 def test_search_hit_names_the_read_and_that_read_unlocks_the_edit(indexed) -> None:
     root, cfg = indexed
-    env, ctx = local_environment(root), T.ToolContext(settings=cfg, read_before_edit=True)
-    hit = T.execute(env, "codebase_search", {"query": "where are true/false words converted "
-                                             "to booleans"}, ctx)
+    env = local_environment(root)
+    ctx = T.ToolContext(services=tool_services(cfg), read_before_edit=True)
+    hit = execute(env, "codebase_search", {"query": "where are true/false words converted "
+                                           "to booleans"}, ctx)
     assert hit.ok and hit.output.startswith("types.py:")
     lines = hit.output.splitlines()
     step = next(i for i, line in enumerate(lines) if line.startswith("[next:"))
@@ -128,36 +133,36 @@ def test_search_hit_names_the_read_and_that_read_unlocks_the_edit(indexed) -> No
     assert heads[0] == 0 and step < (heads[1:] or [len(lines)])[0]  # ends the top hit's block
     assert lines[step].startswith("[next: to change types.py, call read_file {")
     top = "\n".join(lines[:step + 1])
-    cut = T.execute(env, "codebase_search", {"query": "where are true/false words converted "
-                                             "to booleans"}, ctx, max_chars=len(top) + 40)
+    cut = execute(env, "codebase_search", {"query": "where are true/false words converted "
+                                           "to booleans"}, ctx, max_chars=len(top) + 40)
     assert cut.truncated and top in cut.output  # a long result is cut after it, not before
     args = suggested_read(top)
     assert args["path"] == "types.py" and args["start_line"] >= 1
-    assert T.execute(env, "read_file", args, ctx).ok
+    assert execute(env, "read_file", args, ctx).ok
     edit = {"path": "types.py", "old_string": '"yes", "y", "on"}',
             "new_string": '"yes", "y", "on", "si"}'}
-    assert T.execute(env, "edit_file", edit, ctx).output.startswith("edited types.py")
-    again = T.execute(env, "codebase_search", {"query": "boolean words"}, ctx)
+    assert execute(env, "edit_file", edit, ctx).output.startswith("edited types.py")
+    again = execute(env, "codebase_search", {"query": "boolean words"}, ctx)
     assert "[next:" not in again.output  # read already: nothing to add
 
 
 def test_grep_hit_names_the_read_until_the_file_is_read(repo) -> None:
     env, ctx = local_environment(repo), T.ToolContext(read_before_edit=True)
-    out = T.execute(env, "grep", {"pattern": "TARGET"}, ctx).output
+    out = execute(env, "grep", {"pattern": "TARGET"}, ctx).output
     assert out == ('consts.py:60:TARGET = \'old\'\n[next: to change consts.py, call read_file '
                    '{"path": "consts.py", "start_line": 40, "end_line": 80} first; edit_file '
                    'needs the file read in this run, and a search hit is not a read]')
-    T.execute(env, "read_file", suggested_read(out), ctx)
-    assert T.execute(env, "grep", {"pattern": "TARGET"}, ctx).output == "consts.py:60:TARGET = 'old'"
+    execute(env, "read_file", suggested_read(out), ctx)
+    assert execute(env, "grep", {"pattern": "TARGET"}, ctx).output == "consts.py:60:TARGET = 'old'"
     unguarded = T.ToolContext(read_before_edit=False)  # no rule, no hint
-    assert T.execute(env, "grep", {"pattern": "TARGET"}, unguarded).output == \
+    assert execute(env, "grep", {"pattern": "TARGET"}, unguarded).output == \
         "consts.py:60:TARGET = 'old'"
 
 
 def test_grep_next_step_survives_truncation(repo) -> None:
     (repo / "many.py").write_text("".join(f"HIT_{n} = {n}\n" for n in range(300)))
-    res = T.execute(local_environment(repo), "grep", {"pattern": "HIT_", "path": "many.py"},
-                    T.ToolContext(read_before_edit=True), max_chars=500)
+    res = execute(local_environment(repo), "grep", {"pattern": "HIT_", "path": "many.py"},
+                  T.ToolContext(read_before_edit=True), max_chars=500)
     assert res.truncated
     assert res.output.splitlines()[:2] == [
         "many.py:1:HIT_0 = 0", ('[next: to change many.py, call read_file {"path": "many.py", '
@@ -168,14 +173,54 @@ def test_grep_next_step_survives_truncation(repo) -> None:
 def test_refused_edit_names_the_read_around_old_string(repo) -> None:
     env, ctx = local_environment(repo), T.ToolContext(read_before_edit=True)
     edit = {"path": "consts.py", "old_string": "TARGET = 'old'", "new_string": "TARGET = 'new'"}
-    refused = T.execute(env, "edit_file", edit, ctx)
+    refused = execute(env, "edit_file", edit, ctx)
     assert refused.output == ('error: read consts.py with read_file first: call read_file '
                               '{"path": "consts.py", "start_line": 40, "end_line": 80}, then '
                               'copy old_string exactly from its output')
-    assert T.execute(env, "read_file", suggested_read(refused.output), ctx).ok
-    assert T.execute(env, "edit_file", edit, ctx).ok
+    assert execute(env, "read_file", suggested_read(refused.output), ctx).ok
+    assert execute(env, "edit_file", edit, ctx).ok
     assert "TARGET = 'new'" in (repo / "consts.py").read_text()
-    guess = T.execute(env, "edit_file", {"path": "types.py", "old_string": "no such text",
-                                         "new_string": "x"}, ctx)
+    guess = execute(env, "edit_file", {"path": "types.py", "old_string": "no such text",
+                                       "new_string": "x"}, ctx)
     assert suggested_read(guess.output) == {"path": "types.py", "start_line": 1,
                                             "end_line": 400}
+
+
+def test_codebase_search_reads_no_settings_from_disk(indexed, monkeypatch) -> None:
+    """The tool searches with the service its caller built from settings once; a call on a
+    toolset without one reads no config from disk, even where the environment names a home
+    whose index and server would answer."""
+    root, cfg = indexed
+    monkeypatch.setenv("CODEPLANE_HOME", str(cfg.home))
+    monkeypatch.setenv("CODEPLANE_SERVER", cfg.server)
+    found = execute(local_environment(root), "codebase_search",
+                    {"query": "where are true/false words converted"})
+    assert found.output.startswith("index unavailable:") and "use grep" in found.output
+    assert found.data == {"available": False}
+
+
+class Overlay:
+    """A workspace whose files are not the host's files at its root (as in a copy-on-write
+    sandbox, a VM guest or an RL actor's sandbox): `layer` holds what it shows instead."""
+
+    def __init__(self, inner, layer: dict[str, bytes]) -> None:
+        self.inner, self.layer, self.root = inner, layer, inner.root
+
+    def read(self, path: Path, max_bytes: int) -> bytes:
+        rel = str(self.real(path).relative_to(self.root))
+        return self.layer[rel] if rel in self.layer else self.inner.read(path, max_bytes)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_codebase_search_snippets_come_through_the_workspace(indexed) -> None:
+    """Snippets are read through `env.workspace`, never from the host path at its root."""
+    root, cfg = indexed
+    shown = BOOLS.replace("Converts the command line words", "WORKSPACE VIEW: converts words")
+    env = local_environment(root)
+    env = Environment(Overlay(env.workspace, {"types.py": shown.encode()}), env.limits)
+    hit = execute(env, "codebase_search", {"query": "where are true/false words converted"},
+                  T.ToolContext(services=tool_services(cfg)))
+    assert hit.ok and hit.output.startswith("types.py:")
+    assert "WORKSPACE VIEW" in hit.output and "Converts the command line" not in hit.output

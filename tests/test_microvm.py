@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from codeplane.agent import tools as T
 from codeplane.agent.env import Environment
+from codeplane.agent.tools import default_toolset
 from codeplane.sandbox import BACKENDS, Backends, Limits, open_workspace
 from codeplane.sandbox.microvm import (
     GuestImage,
@@ -34,6 +34,8 @@ from codeplane.sandbox.microvm import (
     reap_orphans,
     unavailable,
 )
+
+execute = default_toolset().execute  # one call as the agent makes it
 
 ACCEL = "tcg" if kvm_problem() else "kvm"
 SMALL = Limits(memory_bytes=512 << 20, tmp_bytes=64 << 20, timeout=60)
@@ -160,12 +162,12 @@ def test_commands_run_concurrently_and_limits_hold(vm: MicroVMWorkspace) -> None
 
 def test_agent_tools_run_unchanged_on_the_guest(vm: MicroVMWorkspace) -> None:
     env = Environment(vm, SMALL)
-    assert "return a - b" in T.execute(env, "grep", {"pattern": "a - b"}).output
-    assert "calc.py" in T.execute(env, "file_search", {"query": "calc"}).output
-    assert T.execute(env, "edit_file", {"path": "pkg/calc.py", "old_string": "a - b",
-                                        "new_string": "a + b"}).ok
-    res = T.execute(env, "run_terminal_cmd", {"command": "python -c 'import pkg.calc as c; "
-                                                         "print(c.add(2, 3))'"})
+    assert "return a - b" in execute(env, "grep", {"pattern": "a - b"}).output
+    assert "calc.py" in execute(env, "file_search", {"query": "calc"}).output
+    assert execute(env, "edit_file", {"path": "pkg/calc.py", "old_string": "a - b",
+                                      "new_string": "a + b"}).ok
+    res = execute(env, "run_terminal_cmd", {"command": "python -c 'import pkg.calc as c; "
+                                                       "print(c.add(2, 3))'"})
     assert res.ok and "5" in res.output
     snap = vm.snapshot()
     vm.write(Path("pkg/new.py"), b"x = 1\n")

@@ -12,8 +12,10 @@ import sys
 import pytest
 from conftest import LiveServer, free_port, make_settings
 
-from codeplane.agent import tools as T
+from codeplane.agent import toolset as T
 from codeplane.agent.env import local_environment
+from codeplane.agent.services import tool_services
+from codeplane.agent.tools import default_toolset
 from codeplane.indexing.api import search
 from codeplane.indexing.lexical import Shape, analyse, defines, path_match
 from codeplane.indexing.rank import (
@@ -27,6 +29,8 @@ from codeplane.indexing.rank import (
 )
 from codeplane.indexing.sync import sync
 from codeplane.server.app import create_app
+
+execute = default_toolset().execute  # one call as the agent makes it
 
 KINDS = ("refund", "invoice", "payout", "dispute", "charge", "subscription", "transfer", "coupon")
 HOOKS = {f"hooks/{kind}.py": f'''def on_{kind}_event(event, store):
@@ -183,9 +187,9 @@ def test_cli_files_flag_and_path_outside_the_current_directory(shop, tmp_path) -
 
 def test_agent_codebase_search_can_rank_files(shop) -> None:
     root, cfg, _ = shop
-    res = T.execute(local_environment(root), "codebase_search",
-                    {"query": "where would a change to normalise_sku_code go", "files": True},
-                    T.ToolContext(settings=cfg))
+    res = execute(local_environment(root), "codebase_search",
+                  {"query": "where would a change to normalise_sku_code go", "files": True},
+                  T.ToolContext(services=tool_services(cfg)))
     heads = [line.split(":")[0] for line in res.output.splitlines() if " (score " in line]
     assert res.ok and "billing/sku.py" in heads
     assert len(heads) == len(set(heads)) == res.data["count"]  # one entry per file

@@ -7,7 +7,7 @@ whatever is added), so a backend that breaks a tool fails here."""
 from __future__ import annotations
 
 import json
-import sys
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -15,12 +15,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from codeplane.agent import tools as T
+from codeplane.agent import toolset as T
 from codeplane.agent.env import Environment, local_environment
 from codeplane.agent.loop import Agent, AgentConfig
+from codeplane.agent.services import tool_services
+from codeplane.agent.tools import default_toolset
 from codeplane.cli import app
 from codeplane.core.chat import HttpChatModel
 from codeplane.sandbox import BACKENDS, Limits
+
+execute = default_toolset().execute  # one call as the agent makes it
 
 CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 
@@ -37,16 +41,16 @@ def env(request, tmp_path: Path, open_backend) -> Environment:
 
 
 def run(env, name, **args) -> T.ToolResult:
-    return T.execute(env, name, args)
+    return execute(env, name, args)
 
 
 def test_registry_has_the_conventional_tools() -> None:
-    names = {s["function"]["name"] for s in T.default_toolset().schemas()}
+    names = {s["function"]["name"] for s in default_toolset().schemas()}
     assert names == {"read_file", "list_dir", "file_search", "grep", "codebase_search",
                      "edit_file", "create_file", "delete_file", "read_lints",
                      "run_terminal_cmd", "todo_write"}
     props = {s["function"]["name"]: s["function"]["parameters"]["properties"]
-             for s in T.default_toolset().schemas()}
+             for s in default_toolset().schemas()}
     assert {"old_string", "new_string", "path"} <= set(props["edit_file"])
     assert "command" in props["run_terminal_cmd"] and "todos" in props["todo_write"]
     assert "pattern" in props["grep"] and "query" in props["codebase_search"]
@@ -60,7 +64,7 @@ def test_read_file_ranges_and_truncation(env) -> None:
     res = run(env, "read_file", path="big.txt")
     assert "(lines 1-400 of 1000)" in res.output
     assert "call read_file with start_line=401" in res.output
-    wide = T.execute(env, "read_file", {"path": "big.txt"}, max_chars=200)
+    wide = execute(env, "read_file", {"path": "big.txt"}, max_chars=200)
     assert wide.truncated and len(wide.output) < 400
     assert "[truncated: showed" in wide.output and "start_line" in wide.output
     assert run(env, "read_file", path="pkg").output.startswith("error: pkg is a directory")
@@ -78,7 +82,7 @@ def test_paths_and_symlinks_cannot_escape(env, tmp_path: Path) -> None:
                 ("delete_file", {"path": "link.txt"}), ("grep", {"pattern": "s3", "path": ".."}),
                 ("read_lints", {"paths": ["linkdir"]})]
     for name, args in attempts:
-        res = T.execute(env, name, args)
+        res = execute(env, name, args)
         assert not res.ok and "outside the workspace" in res.output, (name, res.output)
     assert secret.read_text() == "s3cret" and not (tmp_path / "planted.txt").exists()
     grep = run(env, "grep", pattern="s3cret")  # ripgrep does not follow the links either
@@ -123,9 +127,9 @@ def test_edit_file_names_the_read_file_that_has_old_string(env) -> None:
     (env.root / "tests" / "test_calc.py").write_text("from pkg.calc import add\n")
     ctx = T.ToolContext()
     for rel in ("pkg/calc.py", "tests/test_calc.py"):
-        T.execute(env, "read_file", {"path": rel}, ctx)
-    res = T.execute(env, "edit_file", {"path": "tests/test_calc.py", "old_string":
-                                       "return a - b", "new_string": "return a + b"}, ctx)
+        execute(env, "read_file", {"path": rel}, ctx)
+    res = execute(env, "edit_file", {"path": "tests/test_calc.py", "old_string":
+                                     "return a - b", "new_string": "return a + b"}, ctx)
     assert not res.ok and res.output.endswith(
         "copy the text exactly (it does occur in pkg/calc.py: edit that file)")
 
@@ -141,10 +145,14 @@ def test_edit_file_tolerates_switched_quotes_only_when_unique(env) -> None:
     assert path.read_text().count('"hello"') == 2
 
 
-def test_sketch_edits_without_apply_say_what_to_do(env, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "codeplane.apply.api", None)
+def test_sketch_edits_the_merge_declines_say_what_to_do(env) -> None:
+    """Without an engine (the default services) a sketch the deterministic merge declines is
+    refused with its reasons and the way out."""
+    before = (env.root / "pkg/calc.py").read_text()
     res = run(env, "edit_file", path="pkg/calc.py", code_edit="# ... existing code ...\n")
     assert not res.ok and "old_string/new_string" in res.output
+    assert "could not apply code_edit" in res.output
+    assert (env.root / "pkg/calc.py").read_text() == before
 
 
 def test_create_and_delete(env) -> None:
@@ -163,8 +171,8 @@ def test_grep_ripgrep_and_python_fallback_agree(env, monkeypatch) -> None:
     assert fast.data["engine"] == "rg"
     assert fast.output.splitlines() == ["pkg/calc.py:1:def add(a, b):",
                                         "pkg/calc.py:5:def mul(a, b):"]
-    real_which = T.shutil.which
-    monkeypatch.setattr(T.shutil, "which", lambda n: None if n == "rg" else real_which(n))
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda n: None if n == "rg" else real_which(n))
     slow = run(env, "grep", pattern=r"def \w+\(a", include="*.py")
     assert slow.data["engine"] == "python" and slow.output == fast.output
     assert run(env, "grep", pattern="ADD", case_sensitive=False).data["count"] == 2
@@ -174,8 +182,8 @@ def test_grep_ripgrep_and_python_fallback_agree(env, monkeypatch) -> None:
 @pytest.mark.parametrize("engine", ["rg", "python"])
 def test_grep_code_pasted_as_pattern_matches_literally(env, monkeypatch, engine) -> None:
     if engine == "python":
-        real_which = T.shutil.which
-        monkeypatch.setattr(T.shutil, "which", lambda n: None if n == "rg" else real_which(n))
+        real_which = shutil.which
+        monkeypatch.setattr(shutil, "which", lambda n: None if n == "rg" else real_which(n))
     res = run(env, "grep", pattern="add(a, b)")  # a regex group: matches "adda, b" only
     assert res.output == ("[no regex matches; matched as a literal string]\n"
                           "pkg/calc.py:1:def add(a, b):")
@@ -234,42 +242,41 @@ def test_run_terminal_cmd_runs_in_the_workspace(env) -> None:
 
 def test_todo_write_replaces_and_merges(env) -> None:
     ctx = T.ToolContext()
-    T.execute(env, "todo_write", {"todos": [{"id": "1", "content": "read", "status":
-                                             "completed"},
-                                            {"id": "2", "content": "fix", "status": "pending"}]},
-              ctx)
-    res = T.execute(env, "todo_write", {"todos": [{"id": "2", "status": "in_progress"}],
-                                        "merge": True}, ctx)
+    execute(env, "todo_write", {"todos": [{"id": "1", "content": "read", "status":
+                                           "completed"},
+                                          {"id": "2", "content": "fix", "status": "pending"}]},
+            ctx)
+    res = execute(env, "todo_write", {"todos": [{"id": "2", "status": "in_progress"}],
+                                      "merge": True}, ctx)
     assert res.output == "[x] 1. read\n[~] 2. fix"
-    bad = T.execute(env, "todo_write", {"todos": [{"id": "1", "status": "done"}]}, ctx)
+    bad = execute(env, "todo_write", {"todos": [{"id": "1", "status": "done"}]}, ctx)
     assert not bad.ok and "status must be one of" in bad.output
 
 
-def test_codebase_search_reports_missing_index(env, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "codeplane.indexing.api", None)
+def test_codebase_search_without_a_search_service_reports_no_index(env) -> None:
     res = run(env, "codebase_search", query="where is addition")
     assert res.ok and res.output.startswith("index unavailable:")
 
 
 def test_codebase_search_on_an_unindexed_workspace(env, settings) -> None:
-    res = T.execute(env, "codebase_search", {"query": "where is addition"},
-                    T.ToolContext(settings=settings))
+    res = execute(env, "codebase_search", {"query": "where is addition"},
+                  T.ToolContext(services=tool_services(settings)))
     assert res.ok and res.output.startswith("index unavailable:")
     assert "not indexed" in res.output and "grep" in res.output
 
 
 def test_argument_errors_are_results_not_crashes(env) -> None:
-    assert "unknown tool 'nope'" in T.execute(env, "nope", {}).output
-    assert "not valid JSON" in T.execute(env, "read_file", "{oops").output
-    assert "missing required argument(s): path" in T.execute(env, "read_file", {}).output
-    assert "unexpected argument(s) file" in T.execute(env, "read_file", {"file": "x"}).output
-    quoted = T.execute(env, "read_file", {"path": "pkg/calc.py", "start_line": "5"})
+    assert "unknown tool 'nope'" in execute(env, "nope", {}).output
+    assert "not valid JSON" in execute(env, "read_file", "{oops").output
+    assert "missing required argument(s): path" in execute(env, "read_file", {}).output
+    assert "unexpected argument(s) file" in execute(env, "read_file", {"file": "x"}).output
+    quoted = execute(env, "read_file", {"path": "pkg/calc.py", "start_line": "5"})
     assert quoted.ok and "(lines 5-6 of 6)" in quoted.output
 
 
 def test_conflict_rules(env) -> None:
     def c(a, b):
-        return T.default_toolset().conflicts(env, a, b)
+        return default_toolset().conflicts(env, a, b)
     read_a, read_b = ("read_file", {"path": "pkg/calc.py"}), ("grep", {"pattern": "x"})
     edit_a = ("edit_file", {"path": "pkg/calc.py"})
     edit_other = ("create_file", {"path": "README.md"})
@@ -292,9 +299,9 @@ def slow_tools() -> tuple[T.Toolset, list]:
         return f"done {args['path']}", {}
 
     props = {"path": {"type": "string"}}
-    return T.default_toolset().with_tools(
-        T.Tool("slow_read", "", props, ("path",), slow, "read"),
-        T.Tool("slow_write", "", props, ("path",), slow, "write")), log
+    return T.Toolset([*default_toolset().tools.values(),
+                      T.Tool("slow_read", "", props, ("path",), slow, "read"),
+                      T.Tool("slow_write", "", props, ("path",), slow, "write")]), log
 
 
 def _calls(*pairs):

@@ -5,19 +5,22 @@ the workspace (a backend whose root does not exist on the host still runs them a
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from codeplane.agent import tools as T
 from codeplane.agent.env import ToolError, local_environment
+from codeplane.agent.tools import default_toolset
 from codeplane.core.files import Refused, TooLarge
 from codeplane.sandbox import BACKENDS, Limits, UnknownBackend, open_workspace
 from codeplane.sandbox.backends import HostBackend, NoSettings, Row
 from codeplane.sandbox.runner import CommandResult, HostRunner
 from codeplane.sandbox.workspace import Entry, FileStat, LocalWorkspace, Snapshot
+
+execute = default_toolset().execute  # one call as the agent makes it
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -110,7 +113,7 @@ def test_backends_come_from_the_table(tmp_path: Path, monkeypatch) -> None:
 
     monkeypatch.setitem(BACKENDS, "extra", Row(Extra, NoSettings))  # one row is all it needs
     env = local_environment(tmp_path, backend="extra")
-    assert made == [tmp_path] and T.execute(env, "list_dir", {}).ok
+    assert made == [tmp_path] and execute(env, "list_dir", {}).ok
 
 
 class Elsewhere:
@@ -185,15 +188,15 @@ def test_every_tool_goes_through_the_workspace(tmp_path: Path, monkeypatch, rg: 
     (real / "pkg" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
     (real / "web.ts").write_text("function f( {\n")
     if not rg:  # the Python fallbacks of grep and list_files
-        real_which = T.shutil.which
-        monkeypatch.setattr(T.shutil, "which", lambda n: None if n == "rg" else real_which(n))
+        real_which = shutil.which
+        monkeypatch.setattr(shutil, "which", lambda n: None if n == "rg" else real_which(n))
     monkeypatch.setitem(BACKENDS, "elsewhere", Row(ElsewhereBackend, NoSettings))
     env = local_environment(real, backend="elsewhere")
     ws = env.workspace
     assert env.root == ws.root and not ws.root.exists()
 
     def ok(name: str, **args: Any) -> str:
-        res = T.execute(env, name, args)
+        res = execute(env, name, args)
         assert res.ok, (name, res.output)
         return res.output
 

@@ -36,7 +36,7 @@ def calls(*pairs: tuple[str, dict]) -> list[dict]:
 BATCHES = {
     "4x read_file (repo)": (REPO, calls(
         ("read_file", {"path": "src/codeplane/agent/loop.py"}),
-        ("read_file", {"path": "src/codeplane/agent/tools.py"}),
+        ("read_file", {"path": "src/codeplane/rl/rollout.py"}),  # 400 lines, as tools.py
         ("read_file", {"path": "src/codeplane/sandbox/runner.py"}),
         ("read_file", {"path": "src/codeplane/config.py"}))),
     "4x grep (repo)": (REPO, calls(

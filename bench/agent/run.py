@@ -45,7 +45,9 @@ from pathlib import Path
 
 from codeplane.agent.env import local_environment
 from codeplane.agent.loop import Agent, AgentConfig, Transcript
-from codeplane.agent.tools import Toolset, default_toolset
+from codeplane.agent.services import tool_services
+from codeplane.agent.tools import default_toolset
+from codeplane.agent.toolset import Toolset
 from codeplane.core.chat import HttpChatModel
 from codeplane.sandbox import BwrapRunner, Limits
 
@@ -142,7 +144,8 @@ def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
     cancel = threading.Event()
     agent = Agent(HttpChatModel(url, model), local_environment(ws),
                   AgentConfig(max_steps=steps, max_tokens=512, **variant), on_event=record,
-                  toolset=toolset, settings=settings, cancel=cancel)
+                  toolset=toolset, cancel=cancel,
+                  services=tool_services(settings) if settings is not None else None)
     timer = threading.Timer(seconds, cancel.set) if seconds else None
     if timer:
         timer.start()

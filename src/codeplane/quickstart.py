@@ -25,6 +25,7 @@ from rich.syntax import Syntax
 
 from codeplane.agent.env import ToolError, local_environment
 from codeplane.agent.loop import Agent, AgentConfig, Event
+from codeplane.agent.services import tool_services
 from codeplane.clikit import console, fail
 from codeplane.config import Settings
 from codeplane.core.chat import HttpChatModel
@@ -289,7 +290,7 @@ def _agent(sample: Path, client: Settings, model: str, steps: int) -> None:
         console.print(f'$ codeplane agent "{AGENT_TASK}" --path {sample} --model {model}',
                       style="dim", highlight=False)
         agent = Agent(chat, env, AgentConfig(max_steps=steps, max_tokens=512),
-                      on_event=_show_call, settings=client)
+                      on_event=_show_call, services=tool_services(client))
         result = agent.run(AGENT_TASK)
         diff = diff_snapshots(before, _sources(env.workspace.snapshot()))
         if diff:

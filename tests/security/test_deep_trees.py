@@ -17,11 +17,13 @@ from test_background import API, _events, ended, launch
 from test_fleet import fleet_server_at, git_repo
 from upstreams.scripted import caller, run_server
 
-from codeplane.agent import tools as T
 from codeplane.agent.env import local_environment
+from codeplane.agent.tools import default_toolset
 from codeplane.config import FleetSettings
 from codeplane.sandbox import BwrapRunner, Limits, gitguard
 from codeplane.sandbox.fleet import Fleet
+
+execute = default_toolset().execute  # one call as the agent makes it
 
 DEEP = "/".join(["q"] * 1000)
 # deeper than PATH_MAX (4096 bytes): made one relative step at a time, as a shell can
@@ -154,9 +156,9 @@ def test_the_agents_walks_survive_a_deep_tree(ws, monkeypatch):
     (deep / "bottom.py").write_text("NEEDLE = 2\n")
     env = local_environment(ws)
     monkeypatch.setenv("PATH", "/nonexistent")  # no ripgrep: the Python fallbacks
-    res = T.execute(env, "grep", {"pattern": "NEEDLE"})
+    res = execute(env, "grep", {"pattern": "NEEDLE"})
     assert res.ok and "top.py:1:NEEDLE = 1" in res.output, res.output[:300]
-    found = T.execute(env, "file_search", {"query": "bottom"})
+    found = execute(env, "file_search", {"query": "bottom"})
     assert found.ok and "bottom.py" in found.output, found.output[:300]
     assert "bottom.py" in " ".join(env.workspace.snapshot().hashes)
 

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from codeplane.agent import tools as T
+from codeplane.agent import toolset as T
 from codeplane.agent.env import Environment, local_environment
+from codeplane.agent.tools import default_toolset, edit
+
+execute = default_toolset().execute  # one call as the agent makes it
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -25,12 +28,12 @@ def env(tmp_path: Path) -> Environment:
 
 
 def _edit(env: Environment, path: str, old: str, new: str) -> T.ToolResult:
-    return T.execute(env, "edit_file", {"path": path, "old_string": old, "new_string": new})
+    return execute(env, "edit_file", {"path": path, "old_string": old, "new_string": new})
 
 
 def test_latin1_untouched_lines_round_trip(env) -> None:
     (env.root / "names.py").write_bytes(b"name = 'Jos\xe9'\nx = 1\n")
-    shown = T.execute(env, "read_file", {"path": "names.py"})
+    shown = execute(env, "read_file", {"path": "names.py"})
     assert "Jos\xe9" in shown.output and "Latin-1" in shown.output
     res = _edit(env, "names.py", "x = 1", "x = 2")
     assert res.ok, res.output
@@ -53,7 +56,7 @@ def test_utf16_with_bom_round_trips(env) -> None:
 def test_utf8_bom_and_crlf_are_kept(env) -> None:
     path = env.root / "win.py"
     path.write_bytes(b"\xef\xbb\xbfa = 1\r\nb = 2\r\nc = 3\r\n")
-    shown = T.execute(env, "read_file", {"path": "win.py"})
+    shown = execute(env, "read_file", {"path": "win.py"})
     assert "\r" not in shown.output and "a = 1\nb = 2" in shown.output
     res = _edit(env, "win.py", "a = 1\nb = 2", "a = 1\nb = 20\nb2 = 21")
     assert res.ok, res.output
@@ -76,15 +79,15 @@ def test_invalid_utf8_in_a_utf8_file_is_not_replaced(env) -> None:
 
 def test_binary_and_huge_files_are_refused_before_reading(env) -> None:
     (env.root / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
-    res = T.execute(env, "read_file", {"path": "img.png"})
+    res = execute(env, "read_file", {"path": "img.png"})
     assert not res.ok and "binary" in res.output
     assert not _edit(env, "img.png", "PNG", "GIF").ok
     with open(env.root / "huge.log", "wb") as f:
         f.truncate(600 << 20)  # sparse: reading it would allocate 600 MB
-    res = T.execute(env, "read_file", {"path": "huge.log"})
+    res = execute(env, "read_file", {"path": "huge.log"})
     assert not res.ok and "too large" in res.output, res.output
     assert not _edit(env, "huge.log", "a", "b").ok
-    assert T.execute(env, "delete_file", {"path": "huge.log"}).ok  # deleting needs no read
+    assert execute(env, "delete_file", {"path": "huge.log"}).ok  # deleting needs no read
     assert not (env.root / "huge.log").exists()
 
 
@@ -94,7 +97,7 @@ def test_writes_keep_the_mode(env) -> None:
     path.chmod(0o751)
     assert _edit(env, "run.sh", "one", "two").ok
     assert path.stat().st_mode & 0o7777 == 0o751 and path.read_text() == "echo two\n"
-    assert T.execute(env, "create_file", {"path": "run.sh", "content": "echo 3\n"}).ok
+    assert execute(env, "create_file", {"path": "run.sh", "content": "echo 3\n"}).ok
     assert path.stat().st_mode & 0o7777 == 0o751
     assert not [p for p in env.root.iterdir() if p.name != "run.sh"]  # no temp files left
 
@@ -107,7 +110,7 @@ def test_symlink_swapped_in_between_read_and_write_does_not_escape(env, tmp_path
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "mod.py").write_text("x = 1\n")
-    read = T._text
+    read = edit.read_text
 
     def read_then_swap(*args, **kwargs):
         """The race, made deterministic: the directory becomes a symlink right after the
@@ -118,7 +121,7 @@ def test_symlink_swapped_in_between_read_and_write_does_not_escape(env, tmp_path
             pkg.symlink_to(elsewhere, target_is_directory=True)
         return out
 
-    monkeypatch.setattr(T, "_text", read_then_swap)
+    monkeypatch.setattr(edit, "read_text", read_then_swap)
     _edit(env, "pkg/mod.py", "x = 1", "x = 666")
     assert (elsewhere / "mod.py").read_text() == "x = 1\n"
 
@@ -126,12 +129,12 @@ def test_symlink_swapped_in_between_read_and_write_does_not_escape(env, tmp_path
 _WRITER = """
 import sys
 from pathlib import Path
-from codeplane.agent import tools as T
+from codeplane.agent.tools import default_toolset
 from codeplane.agent.env import local_environment
 env = local_environment(Path(sys.argv[1]), sandbox=False)
 print("ready", flush=True)
 sys.stdin.readline()
-T.execute(env, "create_file", {"path": "big.txt", "content": "N" * (256 << 20)})
+default_toolset().execute(env, "create_file", {"path": "big.txt", "content": "N" * (256 << 20)})
 """
 
 
@@ -159,10 +162,10 @@ def test_delete_and_create_stay_inside(env, tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me\n")
     (env.root / "ln.txt").symlink_to(victim)
-    res = T.execute(env, "delete_file", {"path": "ln.txt"})
+    res = execute(env, "delete_file", {"path": "ln.txt"})
     assert not res.ok and victim.exists()
-    made = T.execute(env, "create_file", {"path": "new/dir/a.txt", "content": "hi\n"})
+    made = execute(env, "create_file", {"path": "new/dir/a.txt", "content": "hi\n"})
     assert made.ok and (env.root / "new/dir/a.txt").read_text() == "hi\n"
     fifo = env.root / "p"
     os.mkfifo(fifo)
-    assert not T.execute(env, "create_file", {"path": "p", "content": "x"}).ok
+    assert not execute(env, "create_file", {"path": "p", "content": "x"}).ok

@@ -15,9 +15,11 @@ from test_background import API, _events, ended, launch
 from test_fleet import git_repo
 from upstreams.scripted import caller, run_server, wait_for
 
-from codeplane.agent import tools as T
 from codeplane.agent.env import local_environment
+from codeplane.agent.tools import default_toolset
 from codeplane.sandbox import BwrapRunner, Limits
+
+execute = default_toolset().execute  # one call as the agent makes it
 
 WAIT = "until [ -f go ]; do sleep 0.05; done; rm go"
 
@@ -202,6 +204,6 @@ def test_a_repository_whose_parts_lie_outside_the_roots_is_refused(server, roots
 def test_the_agents_file_tools_never_write_git_metadata(ws, path):
     (ws / "vendor" / "lib").mkdir(parents=True)
     env = local_environment(ws)
-    made = T.execute(env, "create_file", {"path": path, "content": "[core]\n"})
+    made = execute(env, "create_file", {"path": path, "content": "[core]\n"})
     assert not made.ok and ".git" in made.output, made.output
     assert not (ws / path).exists()

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from codeplane.agent import tools as T
 from codeplane.agent.env import local_environment
-from codeplane.indexing.api import _with_snippets
+from codeplane.agent.tools import default_toolset
+from codeplane.core.files import read_bytes
+from codeplane.indexing.api import SNIPPET_FILE_BYTES, _with_snippets
 from codeplane.sandbox import BwrapRunner, Limits
+
+execute = default_toolset().execute  # one call as the agent makes it
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -39,7 +42,7 @@ def test_read_lints_runs_no_workspace_code_on_the_host(ws: Path, tmp_path: Path,
     if plant.startswith("ruff/"):  # a regular package shadows the installed one
         (ws / "ruff/__init__.py").write_text("")
     (ws / "mod.py").write_text("import os\n")
-    res = T.execute(local_environment(ws), "read_lints", {})
+    res = execute(local_environment(ws), "read_lints", {})
     assert not marker.exists(), "a ruff.py from the workspace ran on the host"
     assert res.ok and "mod.py:1:8: F401" in res.output, res.output
 
@@ -51,7 +54,7 @@ def test_grep_fallback_does_not_follow_symlinks_out(ws: Path, outside: Path,
     (ws / "own.txt").write_text("TOPSECRET-42 is the name of a constant\n")
     env = local_environment(ws)
     monkeypatch.setenv("PATH", "/nonexistent")  # no ripgrep: the pure-Python fallback
-    res = T.execute(env, "grep", {"pattern": "TOPSECRET"})
+    res = execute(env, "grep", {"pattern": "TOPSECRET"})
     assert res.data["engine"] == "python"
     assert res.output == "own.txt:1:TOPSECRET-42 is the name of a constant", res.output
 
@@ -59,11 +62,13 @@ def test_grep_fallback_does_not_follow_symlinks_out(ws: Path, outside: Path,
 def test_grep_with_ripgrep_stays_inside(ws: Path, outside: Path) -> None:
     (ws / "linkdir").symlink_to(outside, target_is_directory=True)
     (ws / "own.txt").write_text("TOPSECRET-42\n")
-    res = T.execute(local_environment(ws), "grep", {"pattern": "TOPSECRET", "path": "."})
+    res = execute(local_environment(ws), "grep", {"pattern": "TOPSECRET", "path": "."})
     assert res.data["engine"] == "rg" and res.output == "own.txt:1:TOPSECRET-42", res.output
 
 
-def test_snippets_refuse_symlinks_out_fifos_and_huge_files(ws: Path, outside: Path) -> None:
+@pytest.mark.parametrize("reader", ["host resolver (codeplane search)", "workspace (agent)"])
+def test_snippets_refuse_symlinks_out_fifos_and_huge_files(ws: Path, outside: Path,
+                                                           reader: str) -> None:
     (ws / "a.py").write_text("x = 1\ny = 2\n")
     (ws / "link.py").symlink_to(outside / "secret.txt")
     os.mkfifo(ws / "pipe.py")
@@ -71,8 +76,15 @@ def test_snippets_refuse_symlinks_out_fifos_and_huge_files(ws: Path, outside: Pa
         f.truncate(300 << 20)
     ranked = [("link.py", 1, 1, 0.9), ("pipe.py", 1, 1, 0.8), ("sparse.py", 1, 1, 0.7),
               ("a.py", 2, 2, 0.6)]
+    env = local_environment(ws)
+
+    def read(rel: str) -> bytes:
+        if reader.startswith("host"):
+            return read_bytes(ws, Path(rel), SNIPPET_FILE_BYTES)
+        return env.workspace.read(ws / rel, SNIPPET_FILE_BYTES)
+
     out: list = []
-    worker = threading.Thread(target=lambda: out.append(_with_snippets(ws, ranked, 10)),
+    worker = threading.Thread(target=lambda: out.append(_with_snippets(read, ranked, 10)),
                               daemon=True)
     worker.start()
     worker.join(60)  # a hang detector, not a speed goal: the old code blocked forever
@@ -87,9 +99,9 @@ def test_read_file_refuses_fifo_and_devices(ws: Path) -> None:
     os.mkfifo(ws / "pipe")
     (ws / "zero").symlink_to("/dev/zero")
     env = local_environment(ws)
-    fifo = T.execute(env, "read_file", {"path": "pipe"})
+    fifo = execute(env, "read_file", {"path": "pipe"})
     assert not fifo.ok and "not a regular file" in fifo.output
-    dev = T.execute(env, "read_file", {"path": "zero"})
+    dev = execute(env, "read_file", {"path": "zero"})
     assert not dev.ok and "outside the workspace" in dev.output
 
 

@@ -1,5 +1,8 @@
 """`codeplane agent "TASK"` and `codeplane tool NAME 'JSON_ARGS'`: thin layers over the loop
-and the standard toolset. Progress streams with Rich; `--json` prints only the result object."""
+and the standard toolset. Progress streams with Rich; `--json` prints only the result object.
+
+Both hold no engine: their `code_edit` sketches are merged deterministically (a sketch that
+merge declines is refused with its reasons); a server's runs merge with its apply model."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from rich.syntax import Syntax
 
 from codeplane.agent.env import Environment, ToolError, local_environment
 from codeplane.agent.loop import Agent, AgentConfig, Event, Transcript
-from codeplane.agent.tools import ToolContext, default_toolset
+from codeplane.agent.services import tool_services
+from codeplane.agent.tools import default_toolset
+from codeplane.agent.toolset import ToolContext
 from codeplane.clikit import (
     ConfigOption,
     JsonOption,
@@ -77,7 +82,7 @@ def agent_cmd(
     name = model or cfg.agent.get("model", "code-medium")
     chat = HttpChatModel(base_url or server_url(server, config) + "/v1", name, api_key)
     agent = Agent(chat, env, AgentConfig(max_steps=max_steps, max_tokens=max_tokens,
-                                         parallel=not serial), settings=cfg)
+                                         parallel=not serial), services=tool_services(cfg))
     record = Transcript(transcript or cfg.client_dir / "agent" / "runs" / f"{agent.run_id}.jsonl")
     agent.listeners.append(record)
     if not json_:
@@ -187,7 +192,8 @@ def tool_cmd(
         fail("arguments must be a JSON object, e.g. '{\"path\": \"README.md\"}'")
     env = open_environment(path, no_sandbox, network, backend)
     try:
-        result = toolset.execute(env, name, parsed, ToolContext(settings=settings(config)))
+        ctx = ToolContext(services=tool_services(settings(config)))
+        result = toolset.execute(env, name, parsed, ctx)
     finally:
         env.close()
     if json_:

@@ -28,7 +28,7 @@ from codeplane.agent.prompts import (
     NUDGE,
     VERIFY,
 )
-from codeplane.agent.tools import mentioned, shown_text, syntax_errors
+from codeplane.agent.tools.common import mentioned, shown_text, syntax_errors
 from codeplane.models.toolcalls import parse_tool_calls
 
 if TYPE_CHECKING:

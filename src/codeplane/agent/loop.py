@@ -44,14 +44,9 @@ from codeplane.agent.hooks import (
     tool_names,
 )
 from codeplane.agent.prompts import FAKE_RESULT, system_prompt, task_message
-from codeplane.agent.tools import (
-    CORE,
-    ToolContext,
-    ToolResult,
-    Toolset,
-    default_toolset,
-    list_files,
-)
+from codeplane.agent.tools import CORE, default_toolset
+from codeplane.agent.tools.common import list_files
+from codeplane.agent.toolset import ToolContext, ToolResult, ToolServices, Toolset
 from codeplane.core.chat import Cancelled, ChatModel, ModelError, Sampling
 from codeplane.models.toolcalls import parse_tool_calls
 
@@ -126,11 +121,12 @@ class StepOutcome:
 
 class Agent:
     """The loop. `hooks` names the small-model repairs to run (hooks.py; default: all of
-    them, as the product does; `()` runs the plain loop, as a training run may)."""
+    them, as the product does; `()` runs the plain loop, as a training run may); `services`
+    what its tools reach beyond the workspace (default: no index, deterministic merges)."""
 
     def __init__(self, model: ChatModel, env: Environment, config: AgentConfig | None = None,
                  on_event: Callable[[Event], None] | None = None,
-                 cancel: threading.Event | None = None, settings: Any = None,
+                 cancel: threading.Event | None = None, services: ToolServices | None = None,
                  run_id: str | None = None, toolset: Toolset | None = None,
                  hooks: tuple[str, ...] | list[str] = PRODUCT_HOOKS) -> None:
         self.model, self.env = model, env
@@ -138,7 +134,7 @@ class Agent:
         self.toolset = toolset or default_toolset()
         self.config = config or AgentConfig()
         self.cancel = cancel or threading.Event()
-        self.ctx = ToolContext(settings=settings, cancel=self.cancel,
+        self.ctx = ToolContext(services=services or ToolServices(), cancel=self.cancel,
                                read_before_edit=self.config.read_before_edit)
         self.listeners = [on_event] if on_event else []
         self.run_id = run_id or uuid.uuid4().hex[:16]

@@ -27,6 +27,7 @@ from codeplane.agent.env import Environment, ToolError, local_environment
 from codeplane.agent.loop import Agent, AgentConfig
 from codeplane.agent.requests import RunSpec, Text, too_many_runs
 from codeplane.agent.runs import ENDS, RunLimit, RunManager, Tail, result_of, status_of
+from codeplane.agent.services import for_caller
 from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
@@ -113,7 +114,7 @@ async def create_run(body: RunRequest, request: Request):
     run_id = uuid.uuid4().hex[:16]
     model = run_models(request, gateway, body.model)(run_id)
     agent = Agent(model, env, AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens),
-                  settings=settings, run_id=run_id)
+                  services=for_caller(request.app.state.services.tools, model), run_id=run_id)
     agent.listeners.append(agent_listener(request.app.state.services.events, principal.tenant,
                                           body.model))
     try:

@@ -17,6 +17,7 @@ from codeplane.apply.formats import join_lines, parse_edit, split_lines
 from codeplane.apply.merge import merge
 from codeplane.apply.validate import validate
 from codeplane.core.languages import first_error_line, language_for
+from codeplane.gateway.router import BYTES_PER_TOKEN
 from codeplane.models.engine import ContextOverflow
 
 if TYPE_CHECKING:
@@ -37,11 +38,24 @@ class ApplyResult:
     format: str = ""  # "sketch" | "search_replace" | "unified_diff" | "whole"
     stats: dict = field(default_factory=dict)  # model path: prompt/decode split, drafts
 
+    def model_tokens(self) -> int:
+        """What the model read and wrote: rewritten windows' prompts and output, plus the
+        tokens scored to rank two readings (what a key is charged)."""
+        ranking = self.stats.get("ranking") or {}
+        return self.output_tokens + self.stats.get("prompt_tokens", 0) + \
+            ranking.get("tokens", 0)
+
     def to_json(self, include_merged: bool = True) -> dict:
         data = asdict(self)
         if not include_merged:
             data.pop("merged")
         return data
+
+
+def estimated_tokens(original: str, edit: str) -> int:
+    """An upper-bound guess of a model merge's tokens, held against a key before it runs:
+    the file and the edit as prompt, the file again as output."""
+    return 1 + (2 * len(original) + len(edit)) // BYTES_PER_TOKEN
 
 
 def apply_edit(original: str, edit: str, path: str, engine: Engine | None = None,

@@ -12,11 +12,10 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field
 
-from codeplane.apply.api import ApplyResult, apply_edit
+from codeplane.apply.api import apply_edit, estimated_tokens
 from codeplane.core.errors import not_found, unavailable
 from codeplane.core.principal import principal_of
 from codeplane.core.schemas import WireModel
-from codeplane.gateway.router import BYTES_PER_TOKEN
 from codeplane.gateway.routes import metered
 from codeplane.models.engine import EngineCrashed
 from codeplane.models.registry import UnknownModel
@@ -45,10 +44,10 @@ def apply(body: ApplyRequest, request: Request) -> dict:
     try:
         if result is None or (not result.ok and body.method == "auto"):
             engine.spec(body.model)  # an unknown model is a 404 before anything is counted
-            with metered(request, _estimate(body)) as meter:
+            with metered(request, estimated_tokens(body.original, body.edit)) as meter:
                 result = apply_edit(body.original, body.edit, body.path, engine, body.model,
                                     method=body.method)
-                meter.used = _tokens(result)
+                meter.used = result.model_tokens()
     except UnknownModel as exc:
         raise not_found(str(exc)) from exc
     except EngineCrashed as exc:
@@ -57,16 +56,3 @@ def apply(body: ApplyRequest, request: Request) -> dict:
         "model": body.model, "ok": result.ok, "method": result.method, "format": result.format,
         "seconds": result.seconds, "output_tokens": result.output_tokens})
     return result.to_json()
-
-
-def _estimate(body: ApplyRequest) -> int:
-    """An upper-bound guess: the file and the edit as prompt, the file again as output."""
-    return 1 + (2 * len(body.original) + len(body.edit)) // BYTES_PER_TOKEN
-
-
-def _tokens(result: ApplyResult) -> int:
-    """What the model read and wrote: rewritten windows' prompts and output, plus the
-    tokens scored to rank two readings."""
-    ranking = result.stats.get("ranking") or {}
-    return result.output_tokens + result.stats.get("prompt_tokens", 0) + \
-        ranking.get("tokens", 0)

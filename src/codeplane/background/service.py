@@ -42,6 +42,8 @@ from typing import Any
 from codeplane.agent.env import Environment
 from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.runs import Run, RunManager
+from codeplane.agent.services import for_caller
+from codeplane.agent.toolset import ToolServices
 from codeplane.background.store import Store
 from codeplane.config import Settings
 from codeplane.core import files
@@ -88,10 +90,11 @@ class BackgroundService:
     any run a previous process left "running" is marked interrupted."""
 
     def __init__(self, server_dir: Path, runs: RunManager, fleet: Fleet, backends: Backends,
-                 settings: Settings, store: Store | None = None) -> None:
+                 settings: Settings, tools: ToolServices, store: Store | None = None) -> None:
         self.root = server_dir / "background"
         self.store = store or Store.open(self.root / "runs.db")
         self.runs, self.fleet, self.backends, self.settings = runs, fleet, backends, settings
+        self.tools = tools  # the server's: every turn's tools reach its index and apply model
         self.quota = settings.background
         self.store.interrupt_unfinished()
         self._live: dict[str, Live] = {}
@@ -143,7 +146,8 @@ class BackgroundService:
         box = self._sandbox(run_id, live)  # held across turns: its workspace releases nothing
         workspace = self.backends.for_caller(live.tenant, box).open(box.workspace, "pool")
         env = Environment(workspace, Limits(timeout=COMMAND_TIMEOUT_S))
-        agent = Agent(model, env, live.config, settings=self.settings, run_id=agent_id)
+        agent = Agent(model, env, live.config, services=for_caller(self.tools, model),
+                      run_id=agent_id)
         agent.listeners.append(lambda event: self._on_event(run_id, live, event))
         self.record(run_id, {"type": "turn_start", "turn": live.turns, "task": task})
         return self.runs.start(live.tenant, agent, task, model)

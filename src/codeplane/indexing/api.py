@@ -40,6 +40,7 @@ from codeplane.models.embedders import Embedders
 
 DENSE_K = 100  # dense hits asked of the server: the fusion needs more than the page shown
 LEXICAL_K = 100
+Reader = Callable[[str], bytes]  # a workspace-relative path -> the file's bytes (confined)
 SNIPPET_FILE_BYTES = 8 << 20  # larger files get no snippet (they are not indexed either)
 
 
@@ -61,16 +62,19 @@ class SearchOutcome:
 
 
 def search_workspace(root: Path, query: str, limit: int, settings: Settings,
-                     files: bool = False, embedders: Embedders | None = None) -> list[dict]:
+                     files: bool = False, embedders: Embedders | None = None,
+                     read: Reader | None = None) -> list[dict]:
     """[{path, start_line, end_line, score, snippet}] best first; paths are workspace-relative,
     lines 1-based. With `files`, one row per file (its best chunk as the snippet). Raises
-    IndexUnavailable with a message a user can act on."""
-    return search(root, query, limit, settings, files=files, embedders=embedders).results
+    IndexUnavailable with a message a user can act on. `read`: how a hit's file is read
+    (the agent's: through its workspace; default: the host's confined resolver)."""
+    return search(root, query, limit, settings, files=files, embedders=embedders,
+                  read=read).results
 
 
 def search(root: Path, query: str, limit: int, settings: Settings, path: str | None = None,
            http=None, files: bool = False, code: bool = False,
-           embedders: Embedders | None = None) -> SearchOutcome:
+           embedders: Embedders | None = None, read: Reader | None = None) -> SearchOutcome:
     """`code` keeps only source files (those with a tree-sitter grammar): "where in the code
     would this change go" without the changelog, README or config that mention the same words
     (measured in bench/search: held-out localisation R@5 0.89 -> 0.91; docs/indexing.md).
@@ -82,9 +86,10 @@ def search(root: Path, query: str, limit: int, settings: Settings, path: str | N
         raise IndexUnavailable(f"{root} is not indexed; run `codeplane index {root}`") from None
     except KeyFileError as exc:
         raise IndexUnavailable(str(exc)) from None
+    read = read or (lambda rel: read_bytes(root, Path(rel), SNIPPET_FILE_BYTES))
     try:
         return _search(state, query, limit, settings, _relative(root, path), http, files, code,
-                       embedders)
+                       embedders, read)
     finally:
         state.close()
 
@@ -103,7 +108,7 @@ def _relative(root: Path, path: str | None) -> str | None:
 
 def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
             rel_prefix: str | None, http, files: bool, code: bool,
-            embedders: Embedders | None) -> SearchOutcome:
+            embedders: Embedders | None, read: Reader) -> SearchOutcome:
     remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http, timeout=60,
                     vectors=client_vectors(settings.indexing, state.keys.rotation_key,
                                            embedders))
@@ -128,7 +133,8 @@ def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
             continue  # not ours: never shown
         dense.append((key, hit["score"]))
     hybrid = settings.indexing.get("fusion", "hybrid") != "dense"
-    ranked = _rank(state, query, dense, max(LEXICAL_K, limit * 2), rel_prefix, files, hybrid)
+    ranked = _rank(state, query, dense, max(LEXICAL_K, limit * 2), rel_prefix, files, hybrid,
+                   read)
     if code:
         ranked = [row for row in ranked if code_language(row[0])]
     if not outcome.complete:
@@ -137,12 +143,12 @@ def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
         state_word = "in progress" if outcome.indexing else "incomplete (re-run `codeplane index`)"
         outcome.notes.append(f"indexing {state_word}: {done}/{total} chunks embedded "
                              f"({100 * done // max(total, 1)}%); the rest are ranked lexically")
-    outcome.results = _with_snippets(state.root, ranked, limit)
+    outcome.results = _with_snippets(read, ranked, limit)
     return outcome
 
 
 def _rank(state: WorkspaceState, query: str, dense: list[tuple[Key, float]], lexical_k: int,
-          rel_prefix: str | None, files: bool, hybrid: bool) -> list[tuple]:
+          rel_prefix: str | None, files: bool, hybrid: bool, read: Reader) -> list[tuple]:
     """Fused (path, start, end, score) best first: chunks, or files by their best chunk."""
     parsed = analyse(query)
     lexical, unembedded = [], set()
@@ -153,7 +159,7 @@ def _rank(state: WorkspaceState, query: str, dense: list[tuple[Key, float]], lex
         lexical = [((row.path, row.start, row.end), score) for row, score in rows]
         unembedded = {(row.path, row.start, row.end) for row, _ in rows
                       if row.status != "indexed"}
-    text_of = _chunk_texts(state.root, dense + lexical) if weights.define and parsed.names \
+    text_of = _chunk_texts(read, dense + lexical) if weights.define and parsed.names \
         else (lambda key: None)
     chunks = fuse_chunks(parsed, dense, lexical, text_of, weights, frozenset(unembedded))
     if files:
@@ -161,19 +167,19 @@ def _rank(state: WorkspaceState, query: str, dense: list[tuple[Key, float]], lex
     return [(*key, round(score, 6)) for key, score in chunks]
 
 
-def _chunk_texts(root: Path, hits: list[tuple[Key, float]]) -> Callable[[Key], str | None]:
+def _chunk_texts(read: Reader, hits: list[tuple[Key, float]]) -> Callable[[Key], str | None]:
     """Source of candidate chunks (read through the snippet reader) for definition matching."""
     keys = list(dict.fromkeys(key for key, _ in hits))
-    rows = _with_snippets(root, [(*key, 0.0) for key in keys], len(keys))
+    rows = _with_snippets(read, [(*key, 0.0) for key in keys], len(keys))
     texts = {(r["path"], r["start_line"], r["end_line"]): r["snippet"] for r in rows}
     return texts.get
 
 
-def _with_snippets(root: Path, ranked: list[tuple], limit: int) -> list[dict]:
+def _with_snippets(read: Reader, ranked: list[tuple], limit: int) -> list[dict]:
     out, lines_of = [], {}
     for path, start, end, score in ranked:
         if path not in lines_of:
-            lines_of[path] = _snippet_lines(root, path)
+            lines_of[path] = _snippet_lines(read, path)
         lines = lines_of[path]
         if lines is None:
             continue  # deleted, replaced or unreadable since the last sync
@@ -184,11 +190,12 @@ def _with_snippets(root: Path, ranked: list[tuple], limit: int) -> list[dict]:
     return out
 
 
-def _snippet_lines(root: Path, rel: str) -> list[str] | None:
-    """A hit's file through the sandbox's resolver: a symlink out of the workspace, a FIFO or
-    device put in its place, or a file grown huge since the sync gives no snippet."""
+def _snippet_lines(read: Reader, rel: str) -> list[str] | None:
+    """A hit's file through `read` (a resolver that confines it): a symlink out of the
+    workspace, a FIFO or device put in its place, or a file grown huge since the sync gives
+    no snippet."""
     try:
-        return decode(read_bytes(root, Path(rel), SNIPPET_FILE_BYTES), rel).shown.splitlines()
+        return decode(read(rel), rel).shown.splitlines()
     except (Refused, OSError):
         return None
 

@@ -17,6 +17,8 @@ from pydantic import ValidationError
 
 from codeplane.agent.records import RunRecords
 from codeplane.agent.runs import RunManager
+from codeplane.agent.services import tool_services
+from codeplane.agent.toolset import ToolServices
 from codeplane.background.service import BackgroundService
 from codeplane.background.store import Store
 from codeplane.config import ConfigError, Settings
@@ -58,6 +60,7 @@ class Services:
     replica: Replica  # this process's lease in `db`; sweeps take over what dead ones left
     store: ObjectStore  # the event lake and LanceDB tables
     embedders: Embedders  # each embedding model loaded once: search and the gateway share it
+    tools: ToolServices  # what agent runs' tools reach: the index, the apply model (engine)
     owns_engine: bool = True  # a shared engine (tests, embedding callers) outlives the app
     _search: SearchService | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -133,10 +136,11 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
                        records.interrupt_orphans, sandboxes.mark_gone, gateway.limits.prune]
     replica.beat()  # the first sweep: what replicas that died before this start left
     replica.start()
+    tools = tool_services(settings, engine, embedders)
     return Services(settings=settings, engine=engine, metrics=metrics, keys=keys,
                     gateway=gateway,
                     tab=tab, runs=runs, events=events,
                     background=BackgroundService(settings.server_dir, runs, fleet, backends,
-                                                 settings, store=background_store),
+                                                 settings, tools, store=background_store),
                     fleet=fleet, backends=backends, db=db, replica=replica,
-                    store=store, embedders=embedders, owns_engine=owns_engine)
+                    store=store, embedders=embedders, tools=tools, owns_engine=owns_engine)
