@@ -82,8 +82,8 @@ def arguments(raw: Any) -> dict | str:
 class Preread(Hook):
     """Files the task names, read for the model and appended to the task: like an
     @-mention in an editor. Small models otherwise edit files they never read. Plain
-    text rather than a made-up read_file turn: after such a turn code-medium copied
-    `<tool_response>` blocks instead of acting (5 of 17 runs).
+    text rather than a made-up read_file turn: after such a turn small models copy
+    `<tool_response>` blocks instead of acting (docs/agent.md counts the runs).
 
     Secret files (`.env`, keys, credentials) are never pre-read: the prompt leaves this
     machine when the model is a provider, and a task naming `id_rsa` is no consent."""
@@ -154,8 +154,8 @@ class Corrections(Hook):
     shows code instead of editing, or nothing was done at all. (A reply that is nothing but
     markup - a call written as text, a made-up tool result - gets its hint from the loop
     itself, hooks or not.) At the answer, what a reviewer would check first: the task asks
-    for a change (or the answer claims one) but no file changed (code-medium said "I changed
-    ..." after failed edits in 5 of 17 tasks, or restated the task), the changed files no
+    for a change (or the answer claims one) but no file changed (small models say "I changed
+    ..." after failed edits, or restate the task: docs/agent.md), the changed files no
     longer parse, or tests exist and were never run after the last change."""
 
     name = "corrections"

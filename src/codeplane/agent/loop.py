@@ -79,8 +79,8 @@ class AgentConfig:
     corrections: int = 3  # replies without a usable tool call that get a hint, not the end
     max_calls_per_turn: int = 8
     # First turns must call a tool (tool_choice "required"): codeplane serve enforces it with
-    # a grammar, so the first call is well-formed JSON (code-medium 8/17 vs 4/17 without;
-    # docs/agent.md, "Measured"). OpenAI-compatible providers accept it too.
+    # a grammar, so the first call is well-formed JSON (docs/agent.md, "Measured", has what
+    # it gained). OpenAI-compatible providers accept it too.
     required_steps: int = 1
     read_before_edit: bool = True  # edit_file refuses files not read in this run
     preread: int = 4  # files named in the task the harness reads before the first turn
