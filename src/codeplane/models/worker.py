@@ -13,7 +13,8 @@ log), and nothing of the server's `__main__` is imported again. Messages are pic
 end of a socketpair, framed by `multiprocessing.connection.Connection`: length-prefixed,
 and a dead peer reads as EOF.
 
-Protocol. Server -> worker: `(spec, settings)` once, then `("job", id, name, args)` and
+Protocol. Server -> worker: `(spec, settings)` once, then `("job", id, name, args, adapter)`
+(`adapter`: the LoRA adapter the job runs with, None for the base model, `models/lora.py`) and
 `("cancel", id)`. Worker -> server: `("ready", ModelInfo)` or `("failed", exception)` once,
 then per job `("event", id, payload)`* and `("done", id, result)` or `("error", id,
 exception)`. The server sends a job only after the previous one's reply.
@@ -49,6 +50,7 @@ from codeplane.models.jobs import JobContext, resolve
 if TYPE_CHECKING:
     from codeplane.config import Settings
     from codeplane.models.engine import ModelInfo
+    from codeplane.models.lora import Adapter
     from codeplane.models.registry import ModelSpec
 
 log = logging.getLogger("codeplane.engine")
@@ -100,13 +102,14 @@ class Worker:
         self.info: ModelInfo = payload
 
     def call(self, job: str, args: tuple, on_event: Callable[[Any], None] | None,
-             cancel: threading.Event | None) -> Any:
-        """Run `job` and wait for its result, handing its events to `on_event` and
-        forwarding `cancel` as a message. Raises what the job raised, or WorkerDied."""
+             cancel: threading.Event | None, adapter: Adapter | None = None) -> Any:
+        """Run `job` with `adapter` applied (None: the base model) and wait for its result,
+        handing its events to `on_event` and forwarding `cancel` as a message. Raises what the
+        job raised, or WorkerDied."""
         job_id = next(self._ids)
         self.job = job
         try:
-            self._send(("job", job_id, job, args))
+            self._send(("job", job_id, job, args, adapter))
             return self._wait(job_id, on_event, cancel)
         finally:
             self.job = None
@@ -230,7 +233,7 @@ def main(fd: int) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
     conn = Connection(fd)
     spec, settings = conn.recv()
-    inbox: queue.SimpleQueue[tuple[int, str, tuple]] = queue.SimpleQueue()
+    inbox: queue.SimpleQueue[tuple[int, str, tuple, Adapter | None]] = queue.SimpleQueue()
     cancels: dict[int, threading.Event] = {}
     # Listening starts before the load: a server that dies meanwhile must still end us.
     threading.Thread(target=_listen, args=(conn, inbox, cancels), daemon=True,
@@ -244,12 +247,16 @@ def main(fd: int) -> None:
         _send(conn, ("failed", _portable(exc)), ("failed", JobFailed(str(exc))))
         return
     _send(conn, ("ready", model.info()), None)
-    state: dict[str, Any] = {}
+    # Resident state per adapter: what a job keeps between jobs (Tab's saved KV slots) was
+    # computed with the weights it ran with, and must not be reused under other weights.
+    states: dict[Adapter | None, dict[str, Any]] = {}
     while True:
-        job_id, name, args = inbox.get()
+        job_id, name, args, adapter = inbox.get()
         ctx = JobContext(model, cancels[job_id],
-                         lambda event, i=job_id: _send(conn, ("event", i, event), None), state)
+                         lambda event, i=job_id: _send(conn, ("event", i, event), None),
+                         states.setdefault(adapter, {}))
         try:
+            model.lora.serve(adapter)  # AdapterError: this job's error, the model unchanged
             reply = ("done", job_id, resolve(name)(ctx, *args))
         except Exception as exc:
             if not isinstance(exc, ValueError):  # ValueErrors are the request's fault
