@@ -113,6 +113,8 @@ class TurnBuilder:
         if self.calls:
             message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
         usage = {k: int(v) for k, v in self.usage.items() if isinstance(v, int)}
+        if isinstance(adapter := self.usage.get("adapter"), str):  # a local adapter model's
+            usage["adapter"] = adapter  # version (gateway/providers/local.py), for the events
         return Turn(message, self.finish, usage, self.logprobs or None)
 
 
