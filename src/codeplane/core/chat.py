@@ -51,7 +51,7 @@ class Turn:
 
     message: dict[str, Any]
     finish_reason: str | None = None
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)  # token counts; "adapter"
     logprobs: list[float] | None = None
     prompt_ids: list[int] | None = None
     token_ids: list[int] | None = None
