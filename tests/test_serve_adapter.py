@@ -229,5 +229,5 @@ def test_model_add_from_an_rl_run_takes_its_newest_policy_or_converts_its_checkp
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = cli(home, "add", "trained", "--from-run", str(empty))
+    result = cli(home, "add", "trained", "--from-run", str(empty), "--base", BASE)
     assert result.exit_code == 2 and "not an RL run directory" in result.output
