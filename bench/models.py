@@ -2,12 +2,15 @@
 
     python bench/models.py [--models code-small code-medium] [--sizes 256 1024 4096]
                            [--extra-buffer-types off|on|both] [--round-trips N]
+    python bench/models.py --embedder-round-trips N
 
 The model is loaded in this process (`LocalModel`, what each engine worker runs), so the
 numbers are llama.cpp's; the worker boundary costs one round trip per request: with
 `--round-trips N` an engine worker answers N small jobs (the chat tokens of a short message)
 and the same call in this process is timed alike. `--extra-buffer-types` loads with llama.cpp's extra buffer
 types (weight repacking: CPU_REPACK, AMX) off (the engine's default), on, or both in turn.
+`--embedder-round-trips N` times the local embedder in this process against the engine's
+embedder worker instead.
 
 FIM prompts are cut from a real source file (httpx's client module, installed with codeplane),
 so token statistics are those of real code. "cold" clears the KV cache first; "cached" repeats
@@ -20,11 +23,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 from codeplane.config import Settings, load_settings
+from codeplane.models.embedders import Embedders
 from codeplane.models.engine import Engine, LocalModel, Sampling
 from codeplane.models.registry import ModelRegistry
 
@@ -68,20 +73,42 @@ def boundary(settings: Settings, m: LocalModel, count: int) -> None:
     engine = Engine(settings)
     try:
         engine.info(m.name)
-        ways = {"in this process": lambda: m.chat_tokens(ask),
-                "engine worker": lambda: engine.run_sync(m.name, "chat_tokens", ask)}
-        times: dict[str, list[float]] = {way: [] for way in ways}
-        for _ in range(count):  # interleaved: contention hits both alike
-            for way, call in ways.items():
-                start = time.perf_counter()
-                call()
-                times[way].append((time.perf_counter() - start) * 1000)
+        interleaved({"in this process": lambda: m.chat_tokens(ask),
+                     "engine worker": lambda: engine.run_sync(m.name, "chat_tokens", ask)},
+                    count, "chat_tokens")
     finally:
         engine.close()
+
+
+def embedder_boundary(settings: Settings, count: int) -> None:
+    """The local embedder in this process vs in the engine's worker (what the server runs):
+    a search query, and a batch of 64 chunks as indexing sends them."""
+    chunks = [SOURCE.read_text()[i * 600:(i + 1) * 600] for i in range(64)]
+    engine = Engine(settings)
+    try:
+        here, worker = Embedders().index(), Embedders(engine=engine).index()
+        worker.embed(["load"]), here.embed(["load"])
+        print("\n## local embedder (bge-small-code)")
+        for what, texts, calls in (("a query", ["parse the retry header"], count),
+                                   ("64 chunks of 600 chars", chunks, max(3, count // 20))):
+            interleaved({"in this process": lambda t=texts: here.embed(t),
+                         "engine worker": lambda t=texts: worker.embed(t)}, calls, what)
+    finally:
+        engine.close()
+
+
+def interleaved(ways: dict[str, Callable[[], object]], count: int, what: str) -> None:
+    """Each way called `count` times, in turn (contention hits all alike); p50/p95 in ms."""
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(count):
+        for way, call in ways.items():
+            start = time.perf_counter()
+            call()
+            times[way].append((time.perf_counter() - start) * 1000)
     for way, ms in times.items():
         ms.sort()
         print(f"{way}: p50 {statistics.median(ms):.2f} ms, p95 {ms[int(len(ms) * 0.95)]:.2f} "
-              f"ms ({count} calls of chat_tokens)")
+              f"ms ({count} calls, {what})")
 
 
 def measure(m: LocalModel, sizes: list[int], repeats: int) -> None:
@@ -124,8 +151,12 @@ def main() -> None:
     parser.add_argument("--extra-buffer-types", choices=["off", "on", "both"], default="off")
     parser.add_argument("--round-trips", type=int, default=0,
                         help="also time this many small jobs through an engine worker")
+    parser.add_argument("--embedder-round-trips", type=int, default=0,
+                        help="time this many embeddings through an engine worker, then stop")
     args = parser.parse_args()
     settings = load_settings()
+    if args.embedder_round_trips:
+        return embedder_boundary(settings, args.embedder_round_trips)
     print(f"source: {SOURCE}; n_ctx {settings.engine.n_ctx}; FIM latency = 16 new tokens")
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.extra_buffer_types]
     for name in args.models:

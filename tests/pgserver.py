@@ -85,11 +85,13 @@ def pg_server() -> Iterator[PgServer]:
         _wait_ready(server, proc, time.monotonic() + 60, log_path)
         yield server
     finally:
-        proc.send_signal(signal.SIGINT)  # fast shutdown: scratch data, no checkpoint wait
+        # fast shutdown (scratch data, no checkpoint wait), sent to the process group: as
+        # root, `proc` is `runuser`, which does not pass SIGINT on to postgres
+        os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         shutil.rmtree(root, ignore_errors=True)
 

@@ -101,7 +101,7 @@ def s3_server(tmp_path_factory) -> Iterator[S3Server]:
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=5)  # it can linger retrying its own peers; data is scratch
+            proc.wait(timeout=1)  # it can linger retrying its own peers; data is scratch
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -22,8 +22,7 @@ from starlette.routing import Route
 
 from codeplane.indexing.api import IndexUnavailable, search_workspace
 from codeplane.indexing.sync import sync
-from codeplane.models import embedders as table
-from codeplane.models.embed import EmbedderUnavailable, LocalEmbedderSettings, OnnxEmbedder
+from codeplane.models.embed import EmbedderUnavailable
 from codeplane.models.embedders import Embedders
 
 DIM = 64
@@ -139,18 +138,12 @@ def test_bad_settings_are_named(gpu) -> None:
         Embedders({"kind": "tei"})
 
 
-def test_a_server_loads_each_embedding_model_once(tmp_path, monkeypatch) -> None:
+def test_a_server_loads_each_embedding_model_once(tmp_path) -> None:
     """Search and the gateway's /v1/embeddings (the model by name and as `default`) share one
-    instance per model; a second model loads once more."""
-    loads: list[str] = []
-
-    def counted(settings: LocalEmbedderSettings) -> OnnxEmbedder:
-        loads.append(settings.model)
-        return OnnxEmbedder.from_settings(settings)
-
-    monkeypatch.setitem(table.EMBEDDERS, "local",
-                        table.Row(counted, LocalEmbedderSettings))
-    live = LiveServer(tenant_app(make_settings(tmp_path / "server")), free_port()).start()
+    instance per model, loaded by one worker process of the server's engine; a second model
+    gets one more."""
+    app = tenant_app(make_settings(tmp_path / "server"))
+    live = LiveServer(app, free_port()).start()
     try:
         root = tmp_path / "shop"
         write(root, FILES)
@@ -161,7 +154,11 @@ def test_a_server_loads_each_embedding_model_once(tmp_path, monkeypatch) -> None
             reply = httpx.post(f"{live.url}/v1/embeddings", timeout=120,
                                json={"model": model, "input": ["def add(a, b)"]})
             assert reply.status_code == 200, reply.text
+        workers = {name: status for name, status in
+                   app.state.services.engine.status().items() if name.startswith("embedder:")}
     finally:
         live.stop()
-    assert loads == ["bge-small-code", "bge-small"]
+    assert sorted(workers) == ["embedder:local:bge-small", "embedder:local:bge-small-code"]
+    assert all(s.pid is not None and s.restarts == 0 and not s.crashes
+               for s in workers.values())
 

@@ -132,6 +132,39 @@ def test_kill_during_a_tab_request_is_a_503_and_the_queued_one_runs_on_a_new_wor
     assert server._thread.is_alive()  # the server (this process) served throughout
 
 
+EMBEDDER = "embedder:local:bge-small-code"  # the server's local embedder, in its own worker
+
+
+def test_kill_during_an_embedding_is_a_503_and_the_next_one_runs_on_a_new_worker(served):
+    """The ONNX embedder runs native code too: its worker dies, the server does not."""
+    server, engine = served
+    body = {"model": "default", "input": ["def add(a, b):\n    return a + b"]}
+    first = httpx.post(f"{server.url}/v1/embeddings", timeout=120, json=body)
+    assert first.status_code == 200, first.text
+    pid = engine.status()[EMBEDDER].pid
+    assert pid not in (None, os.getpid())
+    replies: list[httpx.Response] = []
+    os.kill(pid, signal.SIGSTOP)  # the request reaches the worker but is not answered
+    try:
+        post = threading.Thread(target=lambda: replies.append(
+            httpx.post(f"{server.url}/v1/embeddings", timeout=120, json=body)))
+        post.start()
+        wait_for(lambda: engine.status()[EMBEDDER].job == "embed", what="for the job")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    post.join(120)
+    assert replies[0].status_code == 503, replies[0].text
+    error = replies[0].json()["error"]
+    assert error["code"] == "engine_crashed" and "SIGKILL" in error["message"], error
+    again = httpx.post(f"{server.url}/v1/embeddings", timeout=120, json=body)
+    assert again.status_code == 200, again.text
+    assert again.json()["data"] == first.json()["data"]  # the same model, reloaded
+    assert engine.status()[EMBEDDER].pid not in (None, pid)
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert f'codeplane_engine_worker_restarts_total{{model="{EMBEDDER}"}} 1.0' in metrics
+    assert server._thread.is_alive()  # the server (this process) served throughout
+
+
 def test_a_worker_that_keeps_crashing_is_not_restarted_in_a_loop(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_module, "BACKOFF_S", 30.0)
     engine = Engine(make_settings(tmp_path / "home"))

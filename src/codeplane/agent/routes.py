@@ -14,7 +14,6 @@ database every replica answers for every run (its events are stored as they happ
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from codeplane.agent.runs import ENDS, RunLimit, RunManager, Tail, result_of, st
 from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
-from codeplane.core.sse import resume_after
+from codeplane.core.sse import Events, follow, resume_after
 from codeplane.events.adapters import agent_listener
 from codeplane.gateway.client import run_models
 from codeplane.gateway.routes import gateway_of
@@ -165,33 +164,27 @@ def _limit(exc: RunLimit) -> APIError:
 
 async def _sse(manager: RunManager, tenant: str, run_id: str, after: int,
                cancel_on_hangup: bool) -> AsyncIterator[str]:
-    """The run's events numbered above `after` (each with its number as the SSE `id:`), then
-    new ones as they are stored, until the run has ended (`run_end`, or `interrupted` when
-    its replica died). When the client that started the run hangs up, the run is cancelled
-    (its running command is killed): nobody is left to see the result, and the CPU it holds
-    is shared. Runs started with stream=false are not tied to a connection, and a watcher
-    (`GET .../events`) that leaves cancels nothing."""
+    """The run's events numbered above `after`, then new ones as they are stored, until the
+    run has ended (`run_end`, or `interrupted` when its replica died). When the client that
+    started the run hangs up, the run is cancelled (its running command is killed): nobody
+    is left to see the result, and the CPU it holds is shared. Runs started with stream=false
+    are not tied to a connection, and a watcher (`GET .../events`) that leaves cancels
+    nothing."""
+
+    async def read(after: int) -> tuple[Events, bool]:
+        tail = await asyncio.to_thread(manager.tail, tenant, run_id, after)
+        if tail is None:  # forgotten meanwhile (pruned): nothing more to say
+            return [], True
+        # the status is read first, so a run no longer running has all its events here
+        ended = tail.status != "running" or bool(tail.events) and tail.events[-1][1]["type"] in ENDS
+        return tail.events, ended
+
     wake = manager.watch(run_id)
-    ended, quiet = False, 0.0
+    ended = False
     try:
-        while not ended:
-            wake.clear()  # before reading: an event stored meanwhile wakes us again
-            tail = await asyncio.to_thread(manager.tail, tenant, run_id, after)
-            if tail is None:  # forgotten meanwhile (pruned): nothing more to say
-                break
-            for seq, event in tail.events:
-                yield f"id: {seq}\ndata: {json.dumps(event, default=str)}\n\n"
-                after, ended, quiet = seq, event["type"] in ENDS, 0.0
-            if ended or tail.status != "running":  # status read first: its events are in
-                ended = True
-                break
-            try:
-                await asyncio.wait_for(wake.wait(), POLL_S)
-            except TimeoutError:
-                quiet += POLL_S
-                if quiet >= KEEPALIVE:  # a comment line: also how a hang-up is noticed
-                    quiet = 0.0  # under ASGI servers that report it only on send
-                    yield ": keep-alive\n\n"
+        async for line in follow(read, wake, after, POLL_S, KEEPALIVE):
+            yield line
+        ended = True
         yield "data: [DONE]\n\n"
     finally:
         manager.unwatch(run_id, wake)

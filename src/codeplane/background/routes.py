@@ -10,7 +10,6 @@ tenant's run is missing (404).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from codeplane.agent.runs import RunLimit
 from codeplane.background.service import BackgroundService
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
-from codeplane.core.sse import resume_after
+from codeplane.core.sse import Events, follow, resume_after
 from codeplane.gateway.client import run_models
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox.fleet import FleetError
@@ -180,25 +179,23 @@ async def _sse(service: BackgroundService, tenant: str, run_id: str,
     """Events after `after`, then new ones as they are stored, until the run has ended.
     The store is the one source (a restart or a second watcher sees the same ids); the
     service wakes this watcher when the run records an event."""
-    watcher = service.watch(run_id)
     newest, last = await asyncio.to_thread(service.store.last, run_id)
     if after < newest:
         last = ""  # there is more to send; a resumed stream at the end may end at once
-    after = min(after, newest)
+
+    async def read(after: int) -> tuple[Events, bool]:
+        nonlocal last
+        events = await asyncio.to_thread(service.store.events, run_id, after)
+        last = events[-1][1]["type"] if events else last
+        if last not in ENDS:
+            return events, False
+        # the status is final before the end event is stored
+        run = await asyncio.to_thread(service.store.get, tenant, run_id)
+        return events, run is None or run["status"] not in ("queued", "running")
+
+    watcher = service.watch(run_id)
     try:
-        while True:
-            watcher.clear()  # before reading: an event stored meanwhile wakes us again
-            batch = await asyncio.to_thread(service.store.events, run_id, after)
-            for seq, event in batch:
-                yield f"id: {seq}\ndata: {json.dumps(event)}\n\n"
-                after, last = seq, event["type"]
-            if last in ENDS:  # the status is final before the end event is stored
-                run = await asyncio.to_thread(service.store.get, tenant, run_id)
-                if run is None or run["status"] not in ("queued", "running"):
-                    return
-            try:
-                await asyncio.wait_for(watcher.wait(), KEEPALIVE_S)
-            except TimeoutError:
-                yield ": keep-alive\n\n"
+        async for line in follow(read, watcher, min(after, newest), KEEPALIVE_S, KEEPALIVE_S):
+            yield line
     finally:
         service.unwatch(run_id, watcher)

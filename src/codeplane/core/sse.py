@@ -1,4 +1,6 @@
-"""One reader for OpenAI-style server-sent event streams (`data: {json}` lines, `data: [DONE]`).
+"""One reader for OpenAI-style server-sent event streams (`data: {json}` lines, `data: [DONE]`),
+and one writer of a resumable stream of stored, numbered events (`follow`: agent runs and
+background agents).
 
 The gateway's OpenAI provider and the agent's HTTP model both read this format; they share
 the rules that decide when a stream is broken: a chunk that is not a JSON object, an in-band
@@ -13,8 +15,9 @@ SSE parser adds) never occur; what matters is the error rules above, which no SS
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from codeplane.core.errors import APIError
@@ -36,6 +39,36 @@ def resume_after(last_event_id: str | None) -> int:
         raise APIError(400, "Last-Event-ID must be an event id (a non-negative 64-bit integer)",
                        param="last-event-id")
     return int(text)
+
+
+Events = list[tuple[int, dict[str, Any]]]
+
+
+async def follow(read: Callable[[int], Awaitable[tuple[Events, bool]]], wake: asyncio.Event,
+                 after: int, poll_s: float, keepalive_s: float) -> AsyncIterator[str]:
+    """SSE lines of a stored event log, each event with its number as `id:` (what a client
+    sends back as `Last-Event-ID`): those numbered above `after`, then new ones as they are
+    stored, until `read(after)` says the log has ended. `read` returns the events after a
+    number and whether nothing more will come; the writer of the log sets `wake` when it
+    stores one, and `poll_s` bounds the wait where it cannot (another replica's writes). After
+    `keepalive_s` without an event a comment line goes out: also how a hang-up is noticed
+    under ASGI servers that report it only on send."""
+    quiet = 0.0
+    while True:
+        wake.clear()  # before reading: an event stored meanwhile wakes us again
+        events, ended = await read(after)
+        for seq, event in events:
+            yield f"id: {seq}\ndata: {json.dumps(event, default=str)}\n\n"
+            after, quiet = seq, 0.0
+        if ended:
+            return
+        try:
+            await asyncio.wait_for(wake.wait(), poll_s)
+        except TimeoutError:
+            quiet += poll_s
+            if quiet >= keepalive_s:
+                quiet = 0.0
+                yield ": keep-alive\n\n"
 
 
 class StreamError(Exception):

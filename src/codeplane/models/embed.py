@@ -53,7 +53,11 @@ def rotation(server_key: str, dim: int) -> np.ndarray:
 
 
 class EmbedderUnavailable(RuntimeError):
-    """The embedding backend cannot run; the message says how to fix it."""
+    """The embedding backend cannot run; the message says how to fix it. Routes answer 503
+    with `code`; `retry_after`: seconds until it may work again, when known."""
+
+    code = "embedder_unavailable"
+    retry_after: float | None = None
 
 
 class Embedder(Protocol):

@@ -11,30 +11,23 @@ key, go to `base_url` only. A reply of the wrong shape is the endpoint's failure
 from __future__ import annotations
 
 import os
-import re
 
 import httpx
 import numpy as np
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
+from codeplane.core.schemas import BaseUrl
 from codeplane.models.embed import DEFAULT_LOCAL, EmbedderUnavailable
 
 
 class OpenAIEmbedderSettings(BaseModel):
     model_config = {"extra": "forbid"}
-    base_url: str = Field(description="the endpoint's /v1, e.g. http://gpu:8000/v1")
+    base_url: BaseUrl = Field(description="the endpoint's /v1, e.g. http://gpu:8000/v1")
     model: str = Field(DEFAULT_LOCAL, min_length=1, description="the model it serves; also "
                        "the name workspaces record, so vectors of two models never mix")
     dim: int = Field(384, ge=1, description="the model's vector size")
     api_key_env: str | None = Field(None, description="environment variable holding its key")
     timeout_s: float = Field(60.0, gt=0)
-
-    @field_validator("base_url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        if not re.match(r"^https?://", value):
-            raise ValueError(f"must start with http:// or https://: {value}")
-        return value.rstrip("/")
 
 
 class OpenAIEmbedder:

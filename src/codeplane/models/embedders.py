@@ -5,7 +5,9 @@ A row is an embedder class (or its constructor from settings) and the settings m
 of the `embedder` table is validated with; the composition root (the server's
 `server/services.py`, the client's `codeplane index`/`search`) makes one `Embedders` and hands
 it to whoever embeds, which builds each embedder on first use and once (a local model costs
-about a second and 100+ MB to load, and most servers never index).
+about a second and 100+ MB to load, and most servers never index). A row that runs native code
+is built, in a program with an engine (the server), in a worker process of that engine
+(`embed_worker.py`): a crash there fails one request, never the server.
 Adding an embedder is one module (its class and settings model) and one row here.
 """
 
@@ -25,17 +27,20 @@ from codeplane.models.embed import (
     OnnxEmbedder,
 )
 from codeplane.models.embed_openai import OpenAIEmbedder, OpenAIEmbedderSettings
+from codeplane.models.embed_worker import EmbedderTarget, ProcessEmbedder
+from codeplane.models.engine import Engine
 
 
 @dataclass(frozen=True)
 class Row:
     cls: Callable[[Any], Embedder]  # built as cls(settings)
     settings: type[BaseModel]  # validates the `embedder` table, less its `kind`
+    native: bool = False  # runs native code: in an engine worker where there is an engine
 
 
 DEFAULT_KIND = "local"
 EMBEDDERS: dict[str, Row] = {
-    "local": Row(OnnxEmbedder.from_settings, LocalEmbedderSettings),
+    "local": Row(OnnxEmbedder.from_settings, LocalEmbedderSettings, native=True),
     "openai": Row(OpenAIEmbedder, OpenAIEmbedderSettings),
 }
 
@@ -61,9 +66,12 @@ class Embedders:
     """The embedders of one program: the index's (`index()`) and each local model by name
     (`local()`, what the gateway serves on `/v1/embeddings`), each built once, on first use."""
 
-    def __init__(self, spec: Mapping[str, Any] | None = None) -> None:
-        """`spec`: `settings.indexing["embedder"]`, validated now (a bad one fails at start)."""
+    def __init__(self, spec: Mapping[str, Any] | None = None, engine: Engine | None = None
+                 ) -> None:
+        """`spec`: `settings.indexing["embedder"]`, validated now (a bad one fails at start).
+        `engine`: the program's, whose workers run the native rows (without: in-process)."""
         self.kind, self.settings = embedder_settings(spec)
+        self.engine = engine
         self._built: dict[tuple[str, str], Embedder] = {}
         self._lock = threading.Lock()  # held while building: concurrent first calls load once
 
@@ -86,5 +94,10 @@ class Embedders:
         key = (kind, settings.model_dump_json())
         with self._lock:
             if key not in self._built:
-                self._built[key] = EMBEDDERS[kind].cls(settings)
+                self._built[key] = self._build(kind, settings)
             return self._built[key]
+
+    def _build(self, kind: str, settings: BaseModel) -> Embedder:
+        if EMBEDDERS[kind].native and self.engine is not None:
+            return ProcessEmbedder(self.engine, EmbedderTarget(kind, settings))
+        return EMBEDDERS[kind].cls(settings)

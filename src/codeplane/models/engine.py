@@ -42,7 +42,7 @@ from codeplane.models.lora import Adapter, LoraSlot
 from codeplane.models.pull import ensure_weights
 from codeplane.models.registry import ModelRegistry, ModelSpec
 from codeplane.models.toolcalls import tools_system_note
-from codeplane.models.worker import Worker, WorkerDied
+from codeplane.models.worker import Worker, WorkerDied, WorkerTarget
 
 log = logging.getLogger("codeplane.engine")
 TOP_K = 40  # candidates kept when sampling with temperature
@@ -339,6 +339,7 @@ class Engine:
         self.settings = settings
         self.registry = registry or ModelRegistry(settings)
         self._models: dict[str, _Supervisor] = {}
+        self._hosted: dict[str, WorkerTarget] = {}  # worker targets outside the registry
         self._lock = threading.Lock()
 
     def spec(self, name: str) -> ModelSpec:
@@ -347,6 +348,14 @@ class Engine:
     def weights_of(self, spec: ModelSpec) -> ModelSpec:
         """The model whose weights (and worker) serve `spec`: its base for an adapter model."""
         return self.registry.get(spec.base) if spec.base else spec
+
+    def host(self, target: WorkerTarget) -> str:
+        """Run jobs for `target`, something native outside the model registry (the local
+        embedder, `embed_worker.py`), in a worker of its own under this engine: started,
+        restarted and counted in `/metrics` as a model's. Returns the name jobs take."""
+        with self._lock:
+            self._hosted.setdefault(target.name, target)
+        return target.name
 
     def loaded(self) -> list[str]:
         """Models whose worker is running (base models: adapter models run on theirs)."""
@@ -400,13 +409,18 @@ class Engine:
             sup.close()
 
     def _supervisor(self, model: str | ModelSpec) -> tuple[_Supervisor, Adapter | None]:
-        """The worker's supervisor for a model, and the adapter its jobs run with."""
-        spec = self.registry.get(model) if isinstance(model, str) else model
-        weights = self.weights_of(spec)
+        """The worker's supervisor for a model (or a hosted target), and the adapter its
+        jobs run with."""
+        if isinstance(model, str) and model in self._hosted:
+            target: WorkerTarget = self._hosted[model]
+            adapter = None
+        else:
+            spec = self.registry.get(model) if isinstance(model, str) else model
+            target, adapter = self.weights_of(spec), spec.adapter
         with self._lock:
-            if weights.name not in self._models:
-                self._models[weights.name] = _Supervisor(weights, self.settings)
-            return self._models[weights.name], spec.adapter
+            if target.name not in self._models:
+                self._models[target.name] = _Supervisor(target, self.settings)
+            return self._models[target.name], adapter
 
 
 def _known(job: str) -> None:
@@ -422,9 +436,9 @@ class _Supervisor:
     that crashes on every load or decode never spins), fed one job at a time by `queue`,
     whose one thread waits on the worker's socket."""
 
-    def __init__(self, spec: ModelSpec, settings: Settings) -> None:
-        self.spec, self.settings = spec, settings
-        self.queue = ThreadPoolExecutor(1, thread_name_prefix=f"model-{spec.name}")
+    def __init__(self, target: WorkerTarget, settings: Settings) -> None:
+        self.target, self.settings = target, settings
+        self.queue = ThreadPoolExecutor(1, thread_name_prefix=f"model-{target.name}")
         self.waiting = 0  # submitted, not started
         self._count = threading.Lock()  # for `waiting`
         self.worker: Worker | None = None
@@ -454,7 +468,7 @@ class _Supervisor:
              cancel: threading.Event | None, adapter: Adapter | None) -> Any:
         """Runs on the queue's thread."""
         if cancel is not None and cancel.is_set():
-            raise JobDropped(f"{job} was cancelled before it reached {self.spec.name}")
+            raise JobDropped(f"{job} was cancelled before it reached {self.target.name}")
         worker = self.ensure()
         try:
             result = worker.call(job, args, on_event, cancel, adapter)
@@ -470,7 +484,7 @@ class _Supervisor:
             if self.worker.alive():
                 return self.worker
             self._died(self.worker.died(), "idle")
-        name = self.spec.name
+        name = self.target.name
         if self.closing:
             raise self._closed()
         wait = self.not_before - time.monotonic()
@@ -482,7 +496,7 @@ class _Supervisor:
             self.restarts += 1
         log.info("model %s: starting its worker process", name)
         try:
-            self.worker = Worker(self.spec, self.settings)
+            self.worker = Worker(self.target, self.settings)
         except WorkerDied as died:
             raise self._died(died, "loading the model") from None
         if self.closing:  # the engine shut down while the model loaded
@@ -495,7 +509,7 @@ class _Supervisor:
 
     def _died(self, died: WorkerDied, during: str) -> EngineCrashed:
         self.worker = None
-        name = self.spec.name
+        name = self.target.name
         if self.closing:
             return self._closed()
         self.failures += 1
@@ -511,7 +525,7 @@ class _Supervisor:
                                    f"while {during}", retry_after=delay or None)
 
     def _closed(self) -> EngineCrashed:
-        return EngineCrashed(self.spec.name, f"model {self.spec.name} is unavailable: the "
+        return EngineCrashed(self.target.name, f"model {self.target.name} is unavailable: the "
                                              "engine is shut down")
 
     def status(self) -> WorkerStatus:

@@ -30,6 +30,7 @@ JOBS: dict[str, str] = {
     "score": "codeplane.models.jobs:score",
     "set_lora": "codeplane.models.jobs:set_lora",
     "check_lora": "codeplane.models.jobs:check_lora",
+    "embed": "codeplane.models.embed_worker:embed",
     "openai.chat": "codeplane.models.local_openai:chat",
     "openai.completions": "codeplane.models.local_openai:completions",
     "tab.suggest": "codeplane.tab.service:suggest",
@@ -42,7 +43,7 @@ JOBS: dict[str, str] = {
 class JobContext:
     """What a job function gets in the worker besides its arguments."""
 
-    model: LocalModel
+    model: LocalModel  # what the worker loaded: a LocalModel, or an embedder for `embed`
     cancel: threading.Event  # set when the caller cancels (a message from the server)
     emit: Callable[[Any], None]  # streams an event to the caller's `on_event`
     # Per-model state compartments keep between jobs (Tab's KV slots, its vocabulary index),

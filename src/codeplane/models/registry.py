@@ -19,6 +19,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from codeplane.config import ConfigError, Settings
 from codeplane.models.lora import Adapter, file_sha256
@@ -55,6 +56,13 @@ class ModelSpec:
 
     def file_path(self, settings: Settings) -> Path:
         return self.path if self.path is not None else settings.models_dir / self.filename
+
+    def load(self, settings: Settings) -> tuple[Any, Any]:
+        """In a worker process (`worker.WorkerTarget`): the loaded model and its `ModelInfo`."""
+        from codeplane.models.engine import LocalModel  # imports llama_cpp
+
+        model = LocalModel(self, settings)
+        return model, model.info()
 
     def to_json(self, settings: Settings) -> dict:
         data = asdict(self)

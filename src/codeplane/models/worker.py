@@ -1,4 +1,5 @@
-"""A model's worker process: llama.cpp runs here, never in the server.
+"""A model's worker process: llama.cpp (and the local ONNX embedder) run here, never in the
+server.
 
 Native code that crashes (llama.cpp's AMX kernels segfault on the first decode on some
 Xeons, issue #30; an out-of-memory kill) takes down this process only: the server answers the
@@ -13,11 +14,15 @@ log), and nothing of the server's `__main__` is imported again. Messages are pic
 end of a socketpair, framed by `multiprocessing.connection.Connection`: length-prefixed,
 and a dead peer reads as EOF.
 
-Protocol. Server -> worker: `(spec, settings)` once, then `("job", id, name, args, adapter)`
-(`adapter`: the LoRA adapter the job runs with, None for the base model, `models/lora.py`) and
-`("cancel", id)`. Worker -> server: `("ready", ModelInfo)` or `("failed", exception)` once,
-then per job `("event", id, payload)`* and `("done", id, result)` or `("error", id,
-exception)`. The server sends a job only after the previous one's reply.
+What a worker loads is a `WorkerTarget`: a registry `ModelSpec` (a GGUF model) or an
+`embed_worker.EmbedderTarget`; its `load` runs in the worker and returns the object jobs run on
+and the facts the server gets back.
+
+Protocol. Server -> worker: `(target, settings)` once, then `("job", id, name, args, adapter)`
+(`adapter`: the LoRA adapter a model's job runs with, None for the base model,
+`models/lora.py`) and `("cancel", id)`. Worker -> server: `("ready", info)` or `("failed",
+exception)` once, then per job `("event", id, payload)`* and `("done", id, result)` or
+`("error", id, exception)`. The server sends a job only after the previous one's reply.
 
 The worker exits as soon as its socket reads EOF: the server closed it or died (the kernel
 closes a dead process's sockets), so no worker outlives its server.
@@ -42,16 +47,14 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import codeplane
 from codeplane.models.jobs import JobContext, resolve
 
 if TYPE_CHECKING:
     from codeplane.config import Settings
-    from codeplane.models.engine import ModelInfo
     from codeplane.models.lora import Adapter
-    from codeplane.models.registry import ModelSpec
 
 log = logging.getLogger("codeplane.engine")
 TAIL_LINES = 20  # lines of the worker's output kept for the crash log
@@ -67,6 +70,16 @@ class WorkerDied(Exception):
         self.pid, self.cause, self.tail = pid, cause, tail
 
 
+class WorkerTarget(Protocol):
+    """What one worker process loads (picklable: it crosses to the worker)."""
+
+    name: str
+
+    def load(self, settings: Settings) -> tuple[Any, Any]:
+        """In the worker: (what the jobs run on, the facts the server gets as `info`)."""
+        ...
+
+
 class JobFailed(RuntimeError):
     """A job raised an exception that cannot be sent to the server as it is."""
 
@@ -75,10 +88,10 @@ class Worker:
     """One model's worker process, seen from the server. Not thread-safe: the engine calls
     it from the model's queue thread only (`stop` excepted)."""
 
-    def __init__(self, spec: ModelSpec, settings: Settings) -> None:
+    def __init__(self, target: WorkerTarget, settings: Settings) -> None:
         """Start the process and wait until it has loaded the model. Raises WorkerDied if it
         dies while loading, or the exception loading raised (missing weights, ...)."""
-        self.name = spec.name
+        self.name = target.name
         mine, theirs = _socketpair()
         with theirs:
             self.proc = subprocess.Popen(
@@ -94,12 +107,12 @@ class Worker:
         self._reader.start()
         self._ids = itertools.count()
         self.job: str | None = None  # the job in flight
-        self._send((spec, settings))
+        self._send((target, settings))
         kind, payload = self._recv()
         if kind == "failed":
             self.close()
             raise payload
-        self.info: ModelInfo = payload
+        self.info = payload
 
     def call(self, job: str, args: tuple, on_event: Callable[[Any], None] | None,
              cancel: threading.Event | None, adapter: Adapter | None = None) -> Any:
@@ -232,21 +245,20 @@ def main(fd: int) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     conn = Connection(fd)
-    spec, settings = conn.recv()
+    target, settings = conn.recv()
     inbox: queue.SimpleQueue[tuple[int, str, tuple, Adapter | None]] = queue.SimpleQueue()
     cancels: dict[int, threading.Event] = {}
     # Listening starts before the load: a server that dies meanwhile must still end us.
     threading.Thread(target=_listen, args=(conn, inbox, cancels), daemon=True,
                      name="listen").start()
-    from codeplane.models.engine import LocalModel
-
-    log.info("worker %d: loading model %s", os.getpid(), spec.name)
+    log.info("worker %d: loading model %s", os.getpid(), target.name)
     try:
-        model = LocalModel(spec, settings)
+        model, info = target.load(settings)
     except Exception as exc:  # noqa: BLE001 - sent to the server, raised for the request
         _send(conn, ("failed", _portable(exc)), ("failed", JobFailed(str(exc))))
         return
-    _send(conn, ("ready", model.info()), None)
+    _send(conn, ("ready", info), None)
+    lora = getattr(model, "lora", None)  # a GGUF model's LoRA slot; an embedder has none
     # Resident state per adapter: what a job keeps between jobs (Tab's saved KV slots) was
     # computed with the weights it ran with, and must not be reused under other weights.
     states: dict[Adapter | None, dict[str, Any]] = {}
@@ -256,7 +268,8 @@ def main(fd: int) -> None:
                          lambda event, i=job_id: _send(conn, ("event", i, event), None),
                          states.setdefault(adapter, {}))
         try:
-            model.lora.serve(adapter)  # AdapterError: this job's error, the model unchanged
+            if lora is not None:  # AdapterError: this job's error, the model unchanged
+                lora.serve(adapter)
             reply = ("done", job_id, resolve(name)(ctx, *args))
         except Exception as exc:
             if not isinstance(exc, ValueError):  # ValueErrors are the request's fault

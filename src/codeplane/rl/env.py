@@ -37,7 +37,6 @@ from codeplane.rl.testfix import FixTask, run_fix_test
 from codeplane.sandbox import DEFAULT_BACKEND, CommandResult, Limits, open_workspace
 from codeplane.sandbox.runner import SandboxUnavailable
 
-FAULTS = ("sandbox_killed", "tool_timeout", "verifier_crash")
 # The `Workspace` methods a remote agent may call through `EnvServer.workspace` (exec has its
 # own entry, to be cancellable; close belongs to the server).
 WORKSPACE_CALLS = frozenset({"real", "read", "write", "remove", "stat", "list", "snapshot",

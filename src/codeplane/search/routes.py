@@ -48,7 +48,7 @@ def _call(request: Request, fn, *args):
     except SearchError as exc:
         return JSONResponse(APIError(exc.status, str(exc), code=exc.code).body(), exc.status)
     except EmbedderUnavailable as exc:
-        return JSONResponse(unavailable(str(exc), "embedder_unavailable").body(), 503)
+        return JSONResponse(unavailable(str(exc), exc.code).body(), 503)
 
 
 @router.put("/v1/index/workspaces/{ws}")

@@ -39,8 +39,8 @@ class EmbedderProvider:
         try:
             vectors = await asyncio.to_thread(self._embed, texts)
         except EmbedderUnavailable as exc:
-            raise UpstreamError(503, str(exc), retryable=True,
-                                code="model_unavailable") from None
+            raise UpstreamError(503, str(exc), retryable=True, code=exc.code,
+                                retry_after=exc.retry_after) from None
         tokens = sum(len(t.split()) for t in texts)
         usage = Usage(tokens, 0, tokens)
         return Reply({"object": "list", "model": call.raw["model"],

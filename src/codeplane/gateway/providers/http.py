@@ -14,15 +14,14 @@ another address.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import orjson
-from pydantic import field_validator
 
+from codeplane.core.schemas import BaseUrl
 from codeplane.gateway.providers.base import (
     DeploymentConfig,
     UpstreamError,
@@ -38,15 +37,8 @@ class RemoteDeployment(DeploymentConfig):
     """A deployment on another machine: its address, and the environment variable that holds
     its API key (never the key: the file may be read by more people than the key)."""
 
-    base_url: str
+    base_url: BaseUrl
     api_key_env: str | None = None
-
-    @field_validator("base_url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        if not re.match(r"^https?://", value):
-            raise ValueError(f"base_url must start with http:// or https://: {value}")
-        return value.rstrip("/")
 
     @property
     def address(self) -> str:
