@@ -168,12 +168,13 @@ def test_model_add_validates_and_lists_replaces_and_removes_adapters(tmp_path, a
     first = registry.get("serve")
     assert (first.base, first.adapter.scale) == (BASE, 0.5)
     assert first.capabilities == registry.get(BASE).capabilities
-    assert cli(home, "add", "serve", "--adapter", str(adapters[1]),
-               "--base", BASE).exit_code == 0
+    mine = tmp_path / "mine.gguf"
+    mine.write_bytes(adapters[1].read_bytes())
+    assert cli(home, "add", "serve", "--adapter", str(mine), "--base", BASE).exit_code == 0
     second = registry.get("serve")
     assert second.adapter.version != first.adapter.version
     assert not first.adapter.path.exists()  # the replaced version's copy is gone
-    adapters[1].unlink()  # the registry serves its own copy, not the user's file
+    mine.unlink()  # the registry serves its own copy, not the user's file
     assert second.adapter.path.is_file()
 
     info = json.loads(cli(home, "info", "serve", "--json").output)
