@@ -34,7 +34,7 @@ from codeplane.rl.adapter import write_gguf_adapter
 RANK = 8
 PROMPT = [{"role": "user", "content": "Explain what this function does:\n\n" + "\n".join(
     f"def step_{i}(state):\n    state['count_{i}'] = state.get('count_{i}', 0) + {i}\n"
-    for i in range(40))}]
+    for i in range(12))}]
 
 
 def random_adapter(weights: Path, out: Path) -> Path:
