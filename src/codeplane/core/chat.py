@@ -52,7 +52,7 @@ class Turn:
 
     message: dict[str, Any]
     finish_reason: str | None = None
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)  # token counts; "adapter"
     logprobs: list[float] | None = None
     prompt_ids: list[int] | None = None
     token_ids: list[int] | None = None
@@ -114,6 +114,8 @@ class TurnBuilder:
         if self.calls:
             message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
         usage = {k: int(v) for k, v in self.usage.items() if isinstance(v, int)}
+        if isinstance(adapter := self.usage.get("adapter"), str):  # a local adapter model's
+            usage["adapter"] = adapter  # version (gateway/providers/local.py), for the events
         return Turn(message, self.finish, usage, self.logprobs or None)
 
 

@@ -23,7 +23,8 @@ def agent_listener(log: EventLog, tenant: str, model: str | None) -> Callable[[d
             log.emit("agent_step", tenant, {
                 **base, "outcome": "model_turn", "latency_ms": _ms(event.get("seconds")),
                 "prompt_tokens": usage.get("prompt_tokens"),
-                "completion_tokens": usage.get("completion_tokens")})
+                "completion_tokens": usage.get("completion_tokens"),
+                "adapter": usage.get("adapter")})  # a local adapter model's version
         elif event.get("type") == "tool_result":
             log.emit("agent_step", tenant, {
                 **base, "tool": event.get("name"), "outcome": "ok" if event.get("ok") else "error",

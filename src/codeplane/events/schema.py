@@ -36,10 +36,12 @@ KINDS: dict[str, dict[str, pa.DataType]] = {
                       "seconds": _FLOAT, "output_tokens": _INT, "language": _TEXT},
     "agent_step": {"run_id": _TEXT, "step": _INT, "model": _TEXT, "tool": _TEXT,
                    "outcome": _TEXT, "latency_ms": _FLOAT, "prompt_tokens": _INT,
-                   "completion_tokens": _INT},
+                   "completion_tokens": _INT, "adapter": _TEXT},
     "gateway_usage": {"model": _TEXT, "deployment": _TEXT, "key_id": _TEXT, "kind": _TEXT,
                       "status": _INT, "latency_ms": _FLOAT, "prompt_tokens": _INT,
-                      "completion_tokens": _INT},
+                      "completion_tokens": _INT,
+                      # the LoRA adapter version a local adapter model ran with (null: none)
+                      "adapter": _TEXT},
 }
 # Columns every file carries before the kind's own; day and tenant live in the path (Hive
 # partitions), so a query filtering on them reads only the matching files. `ts` is UTC stored

@@ -358,7 +358,8 @@ class Gateway:
             self.events.record("gateway_usage", key.tenant if key else LOCAL_TENANT, {
                 "model": dep.cfg.name, "deployment": dep.id, "key_id": key.id if key else None,
                 "kind": call.kind, "status": 200, "latency_ms": seconds * 1000,
-                "prompt_tokens": prompt, "completion_tokens": completion})
+                "prompt_tokens": prompt, "completion_tokens": completion,
+                "adapter": usage.adapter})
         log.info("request_id=%s model=%s deployment=%s kind=%s stream=%s priority=%s "
                  "tokens=%s seconds=%.4f", client.request_id, call.raw.get("model"), dep.id,
                  call.kind, call.stream, client.priority, prompt + completion, seconds)

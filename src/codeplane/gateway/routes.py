@@ -52,11 +52,14 @@ def gateway_of(request: Request) -> Gateway:
 def list_models(request: Request) -> dict:
     gateway = gateway_of(request)
     local = {s.name: list(s.capabilities) for s in request.app.state.engine.registry.all()}
+    for name in local:  # registered since start-up (`codeplane model add`): served now
+        gateway.group(name)
     local.update((name, ["embeddings"]) for name in LOCAL_MODELS)
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "codeplane",
              "capabilities": local.get(name) or list(group.deployments[0].cfg.capabilities),
              "deployments": len(group.deployments)}
-            for name, group in gateway.groups.items()]
+            for name, group in gateway.groups.items()
+            if name in local or group.deployments[0].id != f"local:{name}"]  # not removed
     return {"object": "list", "data": data}
 
 

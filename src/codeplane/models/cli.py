@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -10,8 +11,10 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.table import Table
 
 from codeplane.clikit import ConfigOption, JsonOption, console, fail, print_json, settings
-from codeplane.models.pull import WeightsError, pull, weights_state
-from codeplane.models.registry import ModelRegistry, UnknownModel, gguf_summary
+from codeplane.models.engine import Engine, EngineCrashed
+from codeplane.models.lora import AdapterError
+from codeplane.models.pull import WeightsError, ensure_weights, pull, weights_state
+from codeplane.models.registry import ModelRegistry, ModelSpec, UnknownModel, gguf_summary
 
 app = typer.Typer(help="Install, list and register local GGUF models.", no_args_is_help=True)
 
@@ -66,10 +69,12 @@ def list_cmd(json_: JsonOption = False, config: ConfigOption = None) -> None:
     if json_:
         print_json(rows)
         return
-    table = Table("name", "installed", "capabilities", "path")
+    table = Table("name", "installed", "capabilities", "adapter", "path")
     for row in rows:
+        adapter = row["adapter"]
         table.add_row(row["name"], "yes" if row["installed"] else "no",
-                      ",".join(row["capabilities"]), row["path"])
+                      ",".join(row["capabilities"]),
+                      f"{adapter['version']} on {row['base']}" if adapter else "", row["path"])
     console.print(table)
 
 
@@ -98,25 +103,88 @@ def info_cmd(name: str, json_: JsonOption = False, config: ConfigOption = None) 
 @app.command("add")
 def add_cmd(
     name: str,
-    path: Annotated[Path, typer.Argument(help="A GGUF file.", dir_okay=False)],
+    path: Annotated[Path | None, typer.Argument(help="A GGUF model file.", dir_okay=False)] = None,
+    adapter: Annotated[Path | None, typer.Option(
+        help="A LoRA adapter (GGUF) to serve on --base instead of a model file.",
+        dir_okay=False)] = None,
+    from_run: Annotated[Path | None, typer.Option(
+        help="An RL run's directory: serve its latest checkpoint as an adapter.",
+        file_okay=False)] = None,
+    base: Annotated[str | None, typer.Option(
+        help="The adapter's base model (default with --from-run: the one the run trained).")
+    ] = None,
+    scale: Annotated[float, typer.Option(help="The adapter's scale.", min=0.0)] = 1.0,
     fim: Annotated[bool, typer.Option(help="The model was trained for fill-in-the-middle.")] = False,
     tools: Annotated[bool, typer.Option(help="Its chat template supports tool calls.")] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Register any local GGUF file under NAME."""
-    caps = ("chat", "completion") + (("fim",) if fim else ()) + (("tools",) if tools else ())
+    """Register a local GGUF file under NAME, or a LoRA adapter on a base model (--adapter
+    FILE --base BASE, or --from-run DIR); registering NAME again replaces it, and a running
+    server serves the new one from its next request."""
+    if sum(x is not None for x in (path, adapter, from_run)) != 1:
+        fail("give exactly one of PATH, --adapter FILE or --from-run DIR")
+    cfg = settings(config)
+    registry = ModelRegistry(cfg)
+    if path is not None:
+        if base is not None:
+            fail("--base goes with --adapter or --from-run")
+        caps = ("chat", "completion") + (("fim",) if fim else ()) + (("tools",) if tools else ())
+        try:
+            spec = registry.add(name, path, caps)
+        except (ValueError, FileNotFoundError) as exc:
+            fail(str(exc))
+        console.print(f"[green]✓[/] registered {spec.name} → {spec.path}")
+        return
+    if fim or tools:
+        fail("--fim and --tools describe a model file; an adapter model has its base's")
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            spec = add_adapter(registry, name, adapter or from_run, bool(from_run), base,
+                               scale, Path(scratch))
+        except (ValueError, FileNotFoundError, UnknownModel, AdapterError, WeightsError,
+                EngineCrashed) as exc:
+            fail(str(exc))
+    assert spec.adapter is not None
+    console.print(f"[green]✓[/] registered {spec.name}: adapter {spec.adapter.version} on "
+                  f"{spec.base}")
+
+
+def add_adapter(registry: ModelRegistry, name: str, source: Path, is_run: bool,
+                base: str | None, scale: float, scratch: Path) -> ModelSpec:
+    """Resolve an RL run to its adapter, then register it once the base's llama.cpp has
+    loaded it (in a worker process, as the server would)."""
+    if is_run:
+        from codeplane.rl.checkpoint import run_adapter, run_base
+
+        trained = run_base(source)
+        if base is not None and trained is not None and registry.get(base).name != trained:
+            raise ValueError(f"{source} trained {trained!r}, not {base!r}")
+        base = base or trained
+        if base is None:
+            raise ValueError(f"{source} does not say which model it trained; name it with "
+                             "--base")
+        weights = registry.get(base)
+        source = run_adapter(source, scratch / "adapter.gguf", lambda: gguf_summary(
+            ensure_weights(weights, registry.settings))["architecture"])
+    if base is None:
+        raise ValueError("--adapter needs --base: the model the adapter was trained on")
+    engine = Engine(registry.settings, registry)
     try:
-        spec = ModelRegistry(settings(config)).add(name, path, caps)
-    except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
-    console.print(f"[green]✓[/] registered {spec.name} → {spec.path}")
+        return registry.add_adapter(name, source, base, scale,
+                                    lambda model, file: engine.run_sync(model, "check_lora",
+                                                                        file))
+    finally:
+        engine.close()
 
 
 @app.command("remove")
 def remove_cmd(name: str, config: ConfigOption = None) -> None:
-    """Forget a user-registered model (the file itself is left alone)."""
+    """Forget a user-registered model (a model file itself is left alone; an adapter
+    model's copy of its adapter goes)."""
     try:
         ModelRegistry(settings(config)).remove(name)
     except UnknownModel as exc:
         fail(f"{exc} among user-registered models")
+    except ValueError as exc:
+        fail(str(exc))
     console.print(f"removed {name}")

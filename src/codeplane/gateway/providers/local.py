@@ -7,6 +7,12 @@ so decoding stops between two tokens. Errors keep the server's mapping: context 
 unsupported features are the client's (400, not retried); missing or corrupt weights are the
 deployment's (503, may fail over), and so is a crashed worker (503 `engine_crashed`; the
 engine starts a fresh one for the next request).
+
+Each request resolves its model in the registry (re-read when the file changed), so a model
+registered or re-registered while the server runs is served by the next request. The reply's
+`usage` names the LoRA adapter version that produced it (`"adapter"`: null for a plain
+model): the gateway's usage events, `codeplane agent` and background runs record it from
+there, with no caller knowing adapters exist.
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ from codeplane.models.engine import (
     Generation,
     Unsupported,
 )
+from codeplane.models.lora import AdapterError
 from codeplane.models.pull import WeightsError, ensure_weights
+from codeplane.models.registry import ModelSpec, UnknownModel
 
 CAPABILITY = {"chat": "chat", "completions": "completion", "embeddings": "embeddings"}
 JOBS = {"chat": "openai.chat", "completions": "openai.completions"}
@@ -68,10 +76,10 @@ class LocalProvider:
         self.engine, self.model, self.metrics = engine, model, metrics
 
     async def request(self, call: Call) -> Reply:
-        self._require(call)
+        spec = self._require(call)
         cancel = threading.Event()
         try:
-            body, gen, waited = await self._run(call, cancel, None)
+            body, gen, waited = await self._run(spec, call, cancel, None)
         except asyncio.CancelledError:
             cancel.set()  # client went away: free the model between two tokens
             raise
@@ -80,7 +88,7 @@ class LocalProvider:
         return Reply(body, Usage.of(body["usage"]))
 
     async def stream(self, call: Call) -> AsyncIterator[dict[str, Any] | Usage]:
-        self._require(call)
+        spec = self._require(call)
         cancel = threading.Event()
         queue: asyncio.Queue[dict | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -88,7 +96,7 @@ class LocalProvider:
         def emit(chunk: dict) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, chunk)
 
-        task = asyncio.ensure_future(self._run(call, cancel, emit))
+        task = asyncio.ensure_future(self._run(spec, call, cancel, emit))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
             while (chunk := await queue.get()) is not None:
@@ -106,9 +114,14 @@ class LocalProvider:
             if not task.done():
                 task.cancel()
 
-    def _require(self, call: Call) -> None:
-        """Fail before queueing: no capability is 400, missing weights 503."""
-        spec = self.engine.spec(self.model)
+    def _require(self, call: Call) -> ModelSpec:
+        """The model's spec as registered now. Fail before queueing: no capability is 400,
+        missing weights 503, a model removed while the server runs 404."""
+        try:
+            spec = self.engine.spec(self.model)
+        except UnknownModel as exc:
+            raise UpstreamError(404, str(exc), retryable=False, code="model_not_found",
+                                param="model") from None
         capability = CAPABILITY[call.kind]
         if call.kind == "completions" and call.parsed.suffix is not None:
             capability = "fim"
@@ -118,30 +131,33 @@ class LocalProvider:
         if call.kind == "completions" and call.stream and len(call.parsed.prompts()) != 1:
             raise UpstreamError(400, "streaming supports exactly one prompt", retryable=False,
                                 param="prompt")
-        if spec.name not in self.engine.loaded():
+        weights = self.engine.weights_of(spec)
+        if weights.name not in self.engine.loaded():
             try:
-                ensure_weights(spec, self.engine.settings)
+                ensure_weights(weights, self.engine.settings)
             except WeightsError as exc:
                 raise UpstreamError(503, str(exc), retryable=True,
                                     code="model_unavailable") from None
+        return spec
 
-    async def _run(self, call: Call, cancel: threading.Event,
+    async def _run(self, spec: ModelSpec, call: Call, cancel: threading.Event,
                    emit: Callable[[dict], None] | None) -> tuple[dict, Generation, float]:
         try:
             (body, gen), waited = await self.engine.run(
-                self.model, JOBS[call.kind], call.parsed, emit is not None, on_event=emit,
+                spec, JOBS[call.kind], call.parsed, emit is not None, on_event=emit,
                 cancel=cancel)
         except ContextOverflow as exc:
             raise UpstreamError(400, str(exc), retryable=False, code="context_length_exceeded",
                                 param="messages") from None
         except Unsupported as exc:
             raise UpstreamError(400, str(exc), retryable=False) from None
-        except WeightsError as exc:
+        except (WeightsError, AdapterError) as exc:
             raise UpstreamError(503, str(exc), retryable=True,
                                 code="model_unavailable") from None
         except EngineCrashed as exc:
             raise UpstreamError(503, str(exc), retryable=True, code="engine_crashed",
                                 retry_after=exc.retry_after) from None
+        body["usage"]["adapter"] = spec.adapter.version if spec.adapter else None
         return body, gen, waited
 
     def _record(self, gen: Generation, waited: float) -> None:
