@@ -348,7 +348,7 @@ def run_case(engine, model: str, case: dict, window: int, repeats: int) -> Model
     from codeplane.apply.formats import join_lines, parse_edit, split_lines
     from codeplane.apply.rewrite import jobs, rewrite
     from codeplane.apply.speculative import decode
-    from codeplane.models.engine import Sampling
+    from codeplane.models.engine import Decoding
 
     lines, newline, final = split_lines(case["original"])
     parsed = parse_edit(edit_for(case, "markers"), lines)
@@ -361,7 +361,7 @@ def run_case(engine, model: str, case: dict, window: int, repeats: int) -> Model
         # The same prompts and token counts, one token per pass, then the engine's own.
         plain = [decode(m, job.prompt, job.sources, run.output_tokens, speculative=False)
                  for job, run in zip(planned, spec)]
-        gens = [m.generate(job.prompt, Sampling(max_tokens=run.output_tokens))
+        gens = [m.generate(job.prompt, Decoding(max_tokens=run.output_tokens))
                 for job, run in zip(planned, spec)]
         return spec, plain, gens
 

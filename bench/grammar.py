@@ -15,7 +15,7 @@ from llama_cpp import LlamaGrammar
 
 from codeplane.agent.tools import default_toolset
 from codeplane.config import load_settings
-from codeplane.models.engine import LocalModel, Sampling
+from codeplane.models.engine import Decoding, LocalModel
 from codeplane.models.local_openai import tool_call_grammar
 from codeplane.models.registry import ModelRegistry
 
@@ -43,11 +43,11 @@ def measure(model: LocalModel, task: str, limit: int) -> None:
                 {"role": "user", "content": task}]
     tokens = model.chat_tokens(messages, tools)
     gbnf = tool_call_grammar(tools, "required")
-    model.generate(tokens, Sampling(max_tokens=1))  # cache the prompt for every variant
+    model.generate(tokens, Decoding(max_tokens=1))  # cache the prompt for every variant
     runs = {
-        "free (no grammar)": lambda: model.generate(tokens, Sampling(max_tokens=limit)).text,
+        "free (no grammar)": lambda: model.generate(tokens, Decoding(max_tokens=limit)).text,
         "lazy grammar gate": lambda: model.generate(
-            tokens, Sampling(max_tokens=limit, grammar=gbnf)).text,
+            tokens, Decoding(max_tokens=limit, grammar=gbnf)).text,
         "full-vocab grammar": lambda: model.llama.detokenize(
             full_grammar(model, tokens, gbnf, limit)).decode(),
     }

@@ -30,7 +30,7 @@ import httpx
 
 from codeplane.config import Settings, load_settings
 from codeplane.models.embedders import Embedders
-from codeplane.models.engine import Engine, LocalModel, Sampling
+from codeplane.models.engine import Decoding, Engine, LocalModel
 from codeplane.models.registry import ModelRegistry
 
 SOURCE = Path(httpx.__file__).parent / "_client.py"
@@ -49,7 +49,7 @@ def fim_case(model: LocalModel, size: int) -> tuple[str, str]:
 
 def timed(model: LocalModel, tokens: list[int], max_tokens: int) -> tuple[float, object]:
     start = time.perf_counter()
-    gen = model.generate(tokens, Sampling(max_tokens=max_tokens))
+    gen = model.generate(tokens, Decoding(max_tokens=max_tokens))
     return time.perf_counter() - start, gen
 
 
@@ -116,7 +116,7 @@ def measure(m: LocalModel, sizes: list[int], repeats: int) -> None:
     rates = []
     for _ in range(repeats):
         m.llama.reset()
-        gen = m.generate(m.fim_tokens(prefix, suffix), Sampling(max_tokens=1))
+        gen = m.generate(m.fim_tokens(prefix, suffix), Decoding(max_tokens=1))
         rates.append(gen.prompt_tokens / gen.prompt_seconds)
     print(f"prompt eval (1,024-token FIM prompt, cold): {statistics.median(rates):.0f} tok/s "
           f"(median of {repeats})")
@@ -124,7 +124,7 @@ def measure(m: LocalModel, sizes: list[int], repeats: int) -> None:
                            "implements a priority queue with tests."}])
     rates = []
     for _ in range(repeats):
-        gen = m.generate(chat, Sampling(max_tokens=128))
+        gen = m.generate(chat, Decoding(max_tokens=128))
         rates.append((gen.completion_tokens - 1) / max(gen.decode_seconds, 1e-9))
     print(f"decode: {statistics.median(rates):.1f} tok/s (median of {repeats}, 128 tokens)")
     print("| prompt tokens | cold ms | cached ms | typed one char ms |")

@@ -27,9 +27,9 @@ import torch
 from gguf import GGUFReader
 
 from codeplane.config import load_settings
-from codeplane.models.engine import Engine, Sampling
+from codeplane.models.engine import Decoding, Engine
+from codeplane.models.lora import write_gguf_adapter
 from codeplane.models.registry import BUILTIN, ModelRegistry
-from codeplane.rl.adapter import write_gguf_adapter
 
 RANK = 8
 PROMPT = [{"role": "user", "content": "Explain what this function does:\n\n" + "\n".join(
@@ -82,7 +82,7 @@ def main() -> None:
 
 
 def run(engine: Engine, base: str, adapted: str, rounds: int) -> None:
-    one = Sampling(max_tokens=1)
+    one = Decoding(max_tokens=1)
     prompt_tokens = len(engine.run_sync(base, "chat_tokens", PROMPT, None))
     samples: dict[str, list[float]] = {"swap in": [], "swap out": [], "base warm": [],
                                        "adapter": [], "base back": []}

@@ -59,7 +59,7 @@ import rich
 import uvicorn
 
 from codeplane.config import load_settings
-from codeplane.models.engine import Engine, LocalModel, Sampling
+from codeplane.models.engine import Decoding, Engine, LocalModel
 from codeplane.models.registry import ModelRegistry
 from codeplane.server.app import create_app
 from codeplane.tab import decision, postprocess
@@ -227,7 +227,7 @@ def naive(model: LocalModel, settings: TabSettings, p: Point, reset: bool = True
         model.llama.reset()  # no KV reuse
     tokens = model.fim_tokens(body["prefix"], body["suffix"])
     budget = settings.max_tokens_multiline if mode.multiline else settings.max_tokens
-    gen = model.generate(tokens, Sampling(max_tokens=budget,
+    gen = model.generate(tokens, Decoding(max_tokens=budget,
                                           stop=[] if mode.multiline else ["\n"]))
     text = postprocess.clean(gen.text, body["prefix"], body["suffix"], mode)
     return Outcome((time.perf_counter() - start) * 1000, text, "naive", gen.prompt_tokens,

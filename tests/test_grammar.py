@@ -7,7 +7,7 @@ import json
 from conftest import WEATHER_TOOL
 from llama_cpp import LlamaGrammar
 
-from codeplane.models.engine import Sampling
+from codeplane.models.engine import Decoding
 from codeplane.models.local_openai import tool_call_grammar
 from codeplane.models.toolcalls import parse_tool_calls
 
@@ -23,7 +23,7 @@ def test_greedy_output_equals_the_full_grammar_sampler(local_model):
 
     def both(model):
         tokens = model.chat_tokens(MESSAGES, TOOLS)
-        gated = model.generate(tokens, Sampling(max_tokens=40, grammar=gbnf)).text
+        gated = model.generate(tokens, Decoding(max_tokens=40, grammar=gbnf)).text
         full = []
         for token in model.llama.generate(tokens, temp=0.0, top_k=1, repeat_penalty=1.0,
                                           grammar=LlamaGrammar.from_string(gbnf,
@@ -43,7 +43,7 @@ def test_sampled_forced_calls_are_well_formed(local_model):
 
     def sample(model, seed):
         tokens = model.chat_tokens(MESSAGES, TOOLS)
-        return model.generate(tokens, Sampling(max_tokens=80, temperature=1.0, seed=seed,
+        return model.generate(tokens, Decoding(max_tokens=80, temperature=1.0, seed=seed,
                                                grammar=gbnf))
 
     complete = 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codeplane.models.engine import Sampling
+from codeplane.models.engine import Decoding
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 OTHER = "class Stack:\n    \"\"\"A last-in first-out list.\"\"\"\n\n    def push(self, x):\n"
@@ -16,7 +16,7 @@ OTHER = "class Stack:\n    \"\"\"A last-in first-out list.\"\"\"\n\n    def push
 
 def _fresh_generate(model, tokens: list[int]) -> str:
     model.kv.truncate(0)
-    return model.generate(tokens, Sampling(max_tokens=12)).text
+    return model.generate(tokens, Decoding(max_tokens=12)).text
 
 
 def _greedy_by_verify(model, prompt: list[int], count: int) -> list[int]:
@@ -45,7 +45,7 @@ def test_generate_after_verify_and_commit_matches_an_empty_cache(local_model) ->
         assert model.kv.n_past == len(prompt) + 4
         assert model.kv.tokens == prompt + want[:4]
         # The engine's generate reuses the committed prefix and continues correctly.
-        again = model.generate(prompt, Sampling(max_tokens=12))
+        again = model.generate(prompt, Decoding(max_tokens=12))
         assert again.text == text and again.cached_tokens >= len(prompt) - 1
         return True
 
@@ -65,7 +65,7 @@ def test_score_does_not_depend_on_what_is_cached(local_model) -> None:
         assert other == pytest.approx(cold, abs=1e-2)
         assert model.kv.tokens == prefix + tokens
         # and generation after a scoring pass is still right
-        after = model.generate(prefix, Sampling(max_tokens=12)).text
+        after = model.generate(prefix, Decoding(max_tokens=12)).text
         assert after == _fresh_generate(model, prefix)
         return True
 
@@ -86,7 +86,7 @@ def test_saved_sequence_comes_back(local_model) -> None:
         assert model.kv.shared_prefix(first) == len(first)
         # The prompt is exactly the restored tokens: the logits buffer is still the other
         # sequence's, so generate must evaluate again rather than sample from it.
-        again = model.generate(first, Sampling(max_tokens=12))
+        again = model.generate(first, Decoding(max_tokens=12))
         assert again.text == want
         return True
 

@@ -21,8 +21,8 @@ from upstreams.scripted import caller, run_server, wait_end
 from codeplane.events import query
 from codeplane.models.cli import app as model_app
 from codeplane.models.engine import Engine
+from codeplane.models.lora import write_gguf_adapter
 from codeplane.models.registry import BUILTIN, ModelRegistry
-from codeplane.rl.adapter import write_gguf_adapter
 from codeplane.storage import ObjectStore
 
 pytestmark = pytest.mark.model

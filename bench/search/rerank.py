@@ -23,7 +23,7 @@ from corpus import EmbeddingCache
 from evaluate import collect, make_settings, metrics, rankings
 
 from codeplane.models.embed import OnnxEmbedder
-from codeplane.models.engine import Engine, Sampling
+from codeplane.models.engine import Decoding, Engine
 
 PROMPT = ("Request: {query}\n\nCode:\n```python\n{code}\n```\n\n"
           "Does this code do what the request describes? Answer yes or no.")
@@ -33,7 +33,7 @@ YES_NO = 'root ::= "yes" | "no"'
 def p_yes(engine: Engine, model: str, query: str, code: str) -> float:
     ask = [{"role": "user", "content": PROMPT.format(query=query, code=code[:1600])}]
     _, g = engine.run_sync(model, "chat_generate", ask, None,
-                           Sampling(max_tokens=1, logprobs=True, grammar=YES_NO))
+                           Decoding(max_tokens=1, logprobs=True, grammar=YES_NO))
     p = math.exp(g.token_logprobs[0]) if g.token_logprobs else 0.5
     return p if g.text.strip().startswith("y") else 1.0 - p
 

@@ -27,7 +27,7 @@ from corpus import EmbeddingCache, Snapshots
 from evaluate import Index, chunk_gold, load, make_settings, metrics, rankings
 
 from codeplane.models.embed import OnnxEmbedder
-from codeplane.models.engine import Engine, Sampling
+from codeplane.models.engine import Decoding, Engine
 
 PROMPTS = {
     "localisation": ("A developer will make this change to a Python project:\n{query}\n"
@@ -43,7 +43,7 @@ def rewrite(engine: Engine, model: str, prompt: str) -> tuple[str, float]:
     """(generated text, seconds) for one request."""
     started = time.perf_counter()
     _, gen = engine.run_sync(model, "chat_generate", [{"role": "user", "content": prompt}],
-                             None, Sampling(max_tokens=MAX_TOKENS))
+                             None, Decoding(max_tokens=MAX_TOKENS))
     text = gen.text
     return text.replace("```python", "").replace("```", "").strip(), time.perf_counter() - started
 

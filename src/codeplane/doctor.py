@@ -281,13 +281,13 @@ def _child_main(argv: list[str]) -> int:
 
 
 def _decode_one(settings: Settings, name: str) -> dict:
-    from codeplane.models.engine import LocalModel, Sampling
+    from codeplane.models.engine import Decoding, LocalModel
     from codeplane.models.registry import ModelRegistry
 
     start = time.perf_counter()
     model = LocalModel(ModelRegistry(settings).get(name), settings)  # as the engine loads it
     loaded = time.perf_counter()
-    model.generate(model.tokenize("def hello():"), Sampling(max_tokens=1))
+    model.generate(model.tokenize("def hello():"), Decoding(max_tokens=1))
     return {"load_s": loaded - start, "decode_s": time.perf_counter() - loaded}
 
 

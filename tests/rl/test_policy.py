@@ -13,8 +13,8 @@ from conftest import make_settings
 
 from codeplane.core.chat import Sampling
 from codeplane.models.engine import Engine
-from codeplane.models.lora import AdapterError
-from codeplane.rl.adapter import LlamaSampler, write_gguf_adapter
+from codeplane.models.lora import AdapterError, write_gguf_adapter
+from codeplane.rl.adapter import LlamaSampler
 from codeplane.rl.policy import LoraShape, Policy, TorchSampler, model_weights
 
 pytestmark = pytest.mark.model

@@ -154,7 +154,7 @@ def add_adapter(registry: ModelRegistry, name: str, source: Path, is_run: bool,
     """Resolve an RL run to its adapter, then register it once the base's llama.cpp has
     loaded it (in a worker process, as the server would)."""
     if is_run:
-        from codeplane.rl.checkpoint import run_adapter, run_base
+        from codeplane.models.checkpoint import run_adapter, run_base
 
         trained = run_base(source)
         if base is not None and trained is not None and registry.get(base).name != trained:

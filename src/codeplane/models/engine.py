@@ -87,7 +87,7 @@ class JobDropped(RuntimeError):
 
 
 @dataclass
-class Sampling:
+class Decoding:
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
@@ -104,10 +104,10 @@ class Sampling:
 
 @dataclass(frozen=True)
 class LogitScale:
-    """Logits processor that divides by a temperature. Unlike `Sampling.temperature` (applied
+    """Logits processor that divides by a temperature. Unlike `Decoding.temperature` (applied
     by llama.cpp's sampler after the processors) it runs before logprob capture, so captured
     logprobs are those of the tempered distribution, as RL's importance ratios need. A
-    module-level class, so a `Sampling` holding it crosses to the worker process."""
+    module-level class, so a `Decoding` holding it crosses to the worker process."""
 
     factor: float
 
@@ -251,7 +251,7 @@ class LocalModel:
         """How many leading tokens of `tokens` are already in the KV cache."""
         return self.kv.shared_prefix(tokens)
 
-    def generate(self, tokens: list[int], sampling: Sampling,
+    def generate(self, tokens: list[int], sampling: Decoding,
                  cancel: threading.Event | None = None,
                  on_text: Callable[[str], None] | None = None) -> Generation:
         """Decode from `tokens`. `on_text` receives text deltas that are safe to show

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from codeplane.models.engine import Generation, LocalModel, Sampling
+    from codeplane.models.engine import Decoding, Generation, LocalModel
 
 JOBS: dict[str, str] = {
     "render_chat": "codeplane.models.jobs:render_chat",
@@ -76,7 +76,7 @@ def chat_tokens(ctx: JobContext, messages: list[dict], tools: list[dict] | None 
 
 
 def chat_generate(ctx: JobContext, messages: list[dict], tools: list[dict] | None,
-                  sampling: Sampling) -> tuple[list[int], Generation]:
+                  sampling: Decoding) -> tuple[list[int], Generation]:
     """Render the messages with the model's chat template and decode a reply: (prompt
     tokens, generation). `sampling` crosses the boundary: its processors must be picklable
     (module-level classes such as `engine.LogitScale`)."""

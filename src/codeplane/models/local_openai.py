@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest, stop_list
-from codeplane.models.engine import Generation, LocalModel, Sampling, Unsupported
+from codeplane.models.engine import Decoding, Generation, LocalModel, Unsupported
 from codeplane.models.jobs import JobContext
 from codeplane.models.toolcalls import ToolCall, parse_tool_calls, tool_names
 
@@ -28,7 +28,7 @@ def chat(ctx: JobContext, req: ChatCompletionRequest, stream: bool
     """One /v1/chat/completions answer (the engine job `openai.chat`)."""
     model, emit = ctx.model, ctx.emit if stream else None
     tools = req.tools if req.tool_choice != "none" else None
-    sampling = Sampling(
+    sampling = Decoding(
         max_tokens=req.max_completion_tokens or req.max_tokens or 1024,
         temperature=req.temperature, top_p=req.top_p, stop=stop_list(req.stop),
         seed=req.seed, grammar=tool_call_grammar(tools, req.tool_choice),
@@ -76,7 +76,7 @@ def _choice(model: LocalModel, req: CompletionRequest, prompt: str, index: int,
     else:
         bos = model.llama.token_bos()
         tokens = ([bos] if bos >= 0 and _adds_bos(model) else []) + model.tokenize(prompt)
-    sampling = Sampling(max_tokens=req.max_tokens, temperature=req.temperature,
+    sampling = Decoding(max_tokens=req.max_tokens, temperature=req.temperature,
                         top_p=req.top_p, stop=stop_list(req.stop), seed=req.seed,
                         logprobs=req.logprobs is not None)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
     from llama_cpp import Llama
 
     from codeplane.models.kv import KVCache
@@ -118,3 +120,33 @@ class LoraSlot:
             llama_cpp.llama_adapter_lora_free(self._handle)
         self._handle, self.applied = handle, adapter
         self._kv.truncate(0)
+
+
+# transformers module name -> llama.cpp tensor name, for the attention projections.
+GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
+_PEFT_KEY = re.compile(r"layers\.(\d+)\.self_attn\.(\w+)\.lora_([AB])\.weight$")
+
+
+def write_gguf_adapter(state: dict[str, torch.Tensor], path: Path, arch: str,
+                       alpha: float) -> Path:
+    """Write a PEFT LoRA state dict (torch tensors: the RL trainer's) as a llama.cpp LoRA
+    adapter at `path`."""
+    import gguf
+    import torch
+
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+    for key in sorted(state):
+        match = _PEFT_KEY.search(key)
+        if match is None or match.group(2) not in GGUF_NAMES:
+            raise ValueError(f"LoRA tensor {key!r} has no llama.cpp counterpart")
+        layer, module, side = match.groups()
+        name = f"blk.{layer}.{GGUF_NAMES[module]}.weight.lora_{side.lower()}"
+        writer.add_tensor(name, state[key].detach().to(torch.float32).contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

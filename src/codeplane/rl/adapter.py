@@ -10,7 +10,6 @@ scales the product by alpha / rank, as PEFT does. Written with the `gguf` packag
 from __future__ import annotations
 
 import itertools
-import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,37 +17,10 @@ from typing import Any
 import torch
 
 from codeplane.core.chat import Cancelled, Sampling, Turn
-from codeplane.models.engine import Engine, JobDropped, LogitScale
-from codeplane.models.engine import Sampling as EngineSampling
+from codeplane.models.engine import Decoding, Engine, JobDropped, LogitScale
 from codeplane.models.local_openai import tool_call_grammar
+from codeplane.models.lora import write_gguf_adapter
 from codeplane.rl.policy import assistant_turn
-
-# transformers module name -> llama.cpp tensor name, for the attention projections.
-GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
-_PEFT_KEY = re.compile(r"layers\.(\d+)\.self_attn\.(\w+)\.lora_([AB])\.weight$")
-
-
-def write_gguf_adapter(state: dict[str, torch.Tensor], path: Path, arch: str,
-                       alpha: float) -> Path:
-    """Write a PEFT LoRA state dict as a llama.cpp LoRA adapter at `path`."""
-    import gguf
-
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_type(gguf.GGUFType.ADAPTER)
-    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
-    for key in sorted(state):
-        match = _PEFT_KEY.search(key)
-        if match is None or match.group(2) not in GGUF_NAMES:
-            raise ValueError(f"LoRA tensor {key!r} has no llama.cpp counterpart")
-        layer, module, side = match.groups()
-        name = f"blk.{layer}.{GGUF_NAMES[module]}.weight.lora_{side.lower()}"
-        writer.add_tensor(name, state[key].detach().to(torch.float32).contiguous().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 class LlamaSampler:
@@ -115,10 +87,10 @@ class LlamaSampler:
                     logprobs, prompt, ids, self.version)
 
 
-def _engine_sampling(sampling: Sampling, seed: int) -> EngineSampling:
+def _engine_sampling(sampling: Sampling, seed: int) -> Decoding:
     if sampling.temperature <= 0:
-        return EngineSampling(max_tokens=sampling.max_tokens, temperature=0.0, logprobs=True,
+        return Decoding(max_tokens=sampling.max_tokens, temperature=0.0, logprobs=True,
                               seed=seed)
-    return EngineSampling(max_tokens=sampling.max_tokens, temperature=1.0, top_k=0,
+    return Decoding(max_tokens=sampling.max_tokens, temperature=1.0, top_k=0,
                           logprobs=True, seed=seed,
                           processors=[LogitScale(1.0 / sampling.temperature)])

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import httpx
 
-from codeplane.models.engine import LocalModel, Sampling
+from codeplane.models.engine import Decoding, LocalModel
 from codeplane.tab.healing import HealingMask, VocabIndex
 from codeplane.tab.slots import KVSlots
 
@@ -98,7 +98,7 @@ class LocalTab:
         restored = self.slots.prepare(self.model, tokens, self.tenant)
         mask = [HealingMask(self.vocab, self.model.vocab_pieces(), heal, len(tokens),
                             code_next)] if heal or code_next else []
-        gen = self.model.generate(tokens, Sampling(max_tokens=max_tokens, logprobs=True,
+        gen = self.model.generate(tokens, Decoding(max_tokens=max_tokens, logprobs=True,
                                                    stop=stop, processors=mask),
                                   cancel=cancel, on_text=on_text)
         self.slots.finished(self.model, self.tenant, slot)

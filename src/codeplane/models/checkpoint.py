@@ -47,7 +47,7 @@ def run_adapter(run_dir: Path, staging: Path, arch_of: Callable[[], str]) -> Pat
     try:
         import torch
 
-        from codeplane.rl.adapter import write_gguf_adapter
+        from codeplane.models.lora import write_gguf_adapter
     except ImportError as exc:
         raise RunError(f"{run_dir} keeps only the torch LoRA state; converting it needs the "
                        f"[rl] extra (pip install 'codeplane[rl]'): {exc}") from None
