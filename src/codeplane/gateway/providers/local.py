@@ -78,12 +78,13 @@ class LocalProvider:
     async def request(self, call: Call) -> Reply:
         spec = self._require(call)
         cancel = threading.Event()
+        task = asyncio.ensure_future(self._run(spec, call, cancel, None))
+        task.add_done_callback(self._record_done)
         try:
-            body, gen, waited = await self._run(spec, call, cancel, None)
+            body, _, _ = await asyncio.shield(task)  # a client that leaves ends the wait only
         except asyncio.CancelledError:
             cancel.set()  # client went away: free the model between two tokens
             raise
-        self._record(gen, waited)
         body["model"] = call.raw.get("model", body["model"])
         return Reply(body, Usage.of(body["usage"]))
 
@@ -98,11 +99,11 @@ class LocalProvider:
 
         task = asyncio.ensure_future(self._run(spec, call, cancel, emit))
         task.add_done_callback(lambda _: queue.put_nowait(None))
+        task.add_done_callback(self._record_done)
         try:
             while (chunk := await queue.get()) is not None:
                 yield chunk
-            body, gen, waited = await task
-            self._record(gen, waited)
+            body, _, _ = await task
             yield Usage.of(body["usage"])
             if call.include_usage:
                 yield {**{k: body[k] for k in ("id", "created", "model")},
@@ -110,9 +111,10 @@ class LocalProvider:
                        "chat.completion" else "text_completion",
                        "choices": [], "usage": body["usage"]}
         finally:
-            cancel.set()  # stream closed or done: stop decoding between two tokens
-            if not task.done():
-                task.cancel()
+            # Stream closed or done: the job stops between two tokens and the task ends
+            # with what was generated, which `_record_done` counts (not cancelled: the
+            # tokens a client abandoned were spent all the same).
+            cancel.set()
 
     def _require(self, call: Call) -> ModelSpec:
         """The model's spec as registered now. Fail before queueing: no capability is 400,
@@ -159,6 +161,11 @@ class LocalProvider:
                                 retry_after=exc.retry_after) from None
         body["usage"]["adapter"] = spec.adapter.version if spec.adapter else None
         return body, gen, waited
+
+    def _record_done(self, task: asyncio.Future) -> None:
+        if not task.cancelled() and task.exception() is None:
+            _, gen, waited = task.result()
+            self._record(gen, waited)
 
     def _record(self, gen: Generation, waited: float) -> None:
         self.metrics.record_generation(self.model, gen.prompt_tokens, gen.completion_tokens,
