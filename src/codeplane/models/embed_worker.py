@@ -63,6 +63,11 @@ class EmbedderTarget:
         embedder = EMBEDDERS[self.kind].cls(self.settings)
         return embedder, EmbedderInfo(embedder.name, embedder.dim, time.perf_counter() - start)
 
+    def use_adapter(self, loaded: Embedder, adapter: Any) -> None:
+        """An embedder takes no adapter (the engine sends none to a hosted target)."""
+        if adapter is not None:
+            raise ValueError(f"{self.name} takes no LoRA adapter")
+
 
 class ProcessEmbedder:
     """An `Embedder` whose model lives in the engine's worker for `target`; `name` and `dim`

@@ -64,6 +64,10 @@ class ModelSpec:
         model = LocalModel(self, settings)
         return model, model.info()
 
+    def use_adapter(self, loaded: Any, adapter: Any) -> None:
+        """The worker's LoRA slot swaps `adapter` in (or back to the base) between jobs."""
+        loaded.lora.serve(adapter)
+
     def to_json(self, settings: Settings) -> dict:
         data = asdict(self)
         data.pop("source")

@@ -79,6 +79,11 @@ class WorkerTarget(Protocol):
         """In the worker: (what the jobs run on, the facts the server gets as `info`)."""
         ...
 
+    def use_adapter(self, loaded: Any, adapter: Adapter | None) -> None:
+        """In the worker, before each job: make `loaded` run with `adapter` (None: as
+        loaded). Raises (AdapterError, ValueError) for an adapter it cannot take."""
+        ...
+
 
 class JobFailed(RuntimeError):
     """A job raised an exception that cannot be sent to the server as it is."""
@@ -258,7 +263,6 @@ def main(fd: int) -> None:
         _send(conn, ("failed", _portable(exc)), ("failed", JobFailed(str(exc))))
         return
     _send(conn, ("ready", info), None)
-    lora = getattr(model, "lora", None)  # a GGUF model's LoRA slot; an embedder has none
     # Resident state per adapter: what a job keeps between jobs (Tab's saved KV slots) was
     # computed with the weights it ran with, and must not be reused under other weights.
     states: dict[Adapter | None, dict[str, Any]] = {}
@@ -268,8 +272,7 @@ def main(fd: int) -> None:
                          lambda event, i=job_id: _send(conn, ("event", i, event), None),
                          states.setdefault(adapter, {}))
         try:
-            if lora is not None:  # AdapterError: this job's error, the model unchanged
-                lora.serve(adapter)
+            target.use_adapter(model, adapter)  # an error is this job's, the model unchanged
             reply = ("done", job_id, resolve(name)(ctx, *args))
         except Exception as exc:
             if not isinstance(exc, ValueError):  # ValueErrors are the request's fault
