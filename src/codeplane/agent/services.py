@@ -34,10 +34,14 @@ APPLY_MODEL = "code-small"  # `[agent] apply_model` unset: the model /v1/apply d
 
 class IndexSearch:
     """The index of a workspace, found by its root under the settings' client directory and
-    ranked with the settings' search server; each snippet read through the workspace."""
+    ranked with the settings' search server; each snippet read through the workspace.
+    `root`: the index of that directory instead of the workspace's own, for a workspace that
+    is a fresh copy of an indexed directory (an RL episode's copy of its task's snapshot:
+    the copy's path is new every episode, its files are the snapshot's)."""
 
-    def __init__(self, settings: Settings, embedders: Embedders | None = None) -> None:
-        self.settings, self.embedders = settings, embedders
+    def __init__(self, settings: Settings, embedders: Embedders | None = None,
+                 root: Path | None = None) -> None:
+        self.settings, self.embedders, self.root = settings, embedders, root
 
     def search(self, env: Environment, query: str, limit: int,
                files: bool) -> list[dict[str, Any]]:
@@ -45,8 +49,8 @@ class IndexSearch:
             return env.workspace.read(env.root / Path(rel), SNIPPET_FILE_BYTES)
 
         try:
-            return search_workspace(env.root, query, limit, self.settings, files=files,
-                                    embedders=self.embedders, read=read)
+            return search_workspace(self.root or env.root, query, limit, self.settings,
+                                    files=files, embedders=self.embedders, read=read)
         except IndexUnavailable as exc:
             raise SearchUnavailable(str(exc)) from None
 

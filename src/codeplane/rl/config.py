@@ -4,7 +4,8 @@ One file says everything a run does, so a run is reproducible from its config an
 which repositories make the tasks (train and held-out split by repository), how episodes are
 rolled out (`[rollout]`), what the environment servers run (`[env]`), which sampler and which
 trainer (`[sampler]`, `[trainer]`: the trainer's own pydantic config, embedded as a table),
-and how Ray is started (`[ray]`, local and small by default). Unknown keys are errors: a typo
+how Ray is started (`[ray]`, local and small by default) and where the index that episodes'
+codebase_search ranks lives (`[search]`, rl/index.py). Unknown keys are errors: a typo
 must not silently train with defaults.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from codeplane.rl.env import EnvConfig
+from codeplane.rl.index import SearchConfig
 from codeplane.rl.rollout import RolloutConfig
 
 _STRICT = {"extra": "forbid"}
@@ -113,6 +115,7 @@ class RunConfig(BaseModel):
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
     trainer: dict[str, Any] = Field(default_factory=dict,
                                     description="the trainer's own config (rl/trainer.py)")
 

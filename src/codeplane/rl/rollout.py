@@ -48,6 +48,7 @@ from pydantic import BaseModel, Field, field_validator
 from codeplane.agent.env import Environment
 from codeplane.agent.hooks import HOOKS, PRODUCT_HOOKS, UnknownHook
 from codeplane.agent.loop import Agent, AgentConfig, Event, StepOutcome, Transcript
+from codeplane.agent.toolset import ToolServices
 from codeplane.core.chat import ChatModel, ModelError, Sampling, Turn
 from codeplane.rl.env import EnvFault
 from codeplane.rl.tasks import Task
@@ -192,19 +193,22 @@ class Recorder:
 
 def play(model: ChatModel, env: Env, task: Task, group_id: str, config: RolloutConfig,
          cancel: threading.Event | None = None,
-         on_event: Callable[[Event], None] | None = None) -> Episode:
+         on_event: Callable[[Event], None] | None = None,
+         services: ToolServices | None = None) -> Episode:
     """One episode: the product's agent on a fresh copy of the task's repository, `model`
     as its ChatModel, driven a step at a time until an answer or a limit; then the
     verifier's reward. `config.hooks` names the small-model repairs that run (none: the
     policy is rewarded for what it did itself). An answer is verified; a `malformed` end
     (markup instead of an answer) earns 0 unverified; a limit (`max_turns`, `max_seconds`,
     `cancel`, the token budget) masks the episode. An environment fault or a sampler error
-    raises. `on_event` gets the agent's events (the product's transcript format)."""
+    raises. `on_event` gets the agent's events (the product's transcript format);
+    `services` what its tools reach beyond the workspace (the run's index: rl/index.py;
+    default none, and codebase_search answers "index unavailable")."""
     start = time.monotonic()
     cancel = cancel or threading.Event()
     policy = Recorder(model)
     agent = Agent(policy, env.open(task), config.agent_config(), on_event, cancel,
-                  hooks=config.hooks)
+                  services=services, hooks=config.hooks)
     deadline = threading.Timer(config.max_seconds, cancel.set)
     deadline.daemon = True
     deadline.start()
@@ -261,13 +265,15 @@ def masked(episode: Episode) -> bool:
 class RolloutManager:
     """Workers over environment servers filling the steps' groups in a fixed order. With
     `transcripts`, each episode attempt's events go to `<transcripts>/<slot>-<attempt>.jsonl`
-    (slot s belongs to step s // (group_size * groups_per_step))."""
+    (slot s belongs to step s // (group_size * groups_per_step)). `services(task)`: an
+    episode's tool services (`RunIndex.services`: its task snapshot's index)."""
 
     def __init__(self, model: ChatModel, tasks: list[Task], config: RolloutConfig,
                  make_env: Callable[[int], Env], first_step: int = 0,
-                 transcripts: Path | None = None) -> None:
+                 transcripts: Path | None = None,
+                 services: Callable[[Task], ToolServices] | None = None) -> None:
         self.model, self.config, self.make_env = model, config, make_env
-        self.transcripts = transcripts
+        self.transcripts, self.services = transcripts, services
         self.order = TaskOrder(tasks, config.seed)
         self.slot_count = config.group_size * config.groups_per_step  # episodes per step
         self.next_slot = first_step * self.slot_count  # global episode slot index
@@ -385,7 +391,8 @@ class RolloutManager:
             self._live.add(cancel)
         transcript = Transcript(self.transcripts / f"{name}.jsonl") if self.transcripts else None
         try:
-            return play(self.model, env, task, group_id, self.config, cancel, transcript)
+            return play(self.model, env, task, group_id, self.config, cancel, transcript,
+                        self.services(task) if self.services else None)
         finally:
             if transcript is not None:
                 transcript.close()

@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from codeplane.agent.toolset import ToolServices
 from codeplane.core.chat import ChatModel
 from codeplane.rl.config import ConfigError, RunConfig
 from codeplane.rl.env import EnvConfig
+from codeplane.rl.index import RunIndex
 from codeplane.rl.remote import RayEnv
 from codeplane.rl.rollout import RolloutConfig, RolloutManager, StepData, masked
 from codeplane.rl.tasks import Task, fetch_sdist, locate_tasks, sample_tasks
@@ -59,6 +61,7 @@ class Progress:
     hooks: list[str] = field(default_factory=list)  # the loop the episodes ran ([]: plain)
     repairs: Counter = field(default_factory=Counter)  # hook name -> turns it repaired
     corrections: int = 0  # hints the product's loop gave instead of ending an episode
+    index: dict[str, Any] = field(default_factory=dict)  # what indexing the snapshots cost
 
     def summary(self) -> dict[str, Any]:
         return {"steps": self.steps, "episodes": self.episodes, "samples": self.samples,
@@ -73,7 +76,7 @@ class Progress:
                 "faults": dict(self.env_faults), "trainer_restarts": self.trainer_restarts,
                 "max_staleness": self.max_staleness, "resumed_from": self.resumed_from,
                 "hooks": self.hooks, "repairs": dict(self.repairs),
-                "corrections": self.corrections}
+                "corrections": self.corrections, "index": self.index}
 
 
 def load_tasks(specs: list[str], dirs: list[str], limit: int, seed: int,
@@ -169,14 +172,16 @@ def split_tasks(cfg: RunConfig, split: Literal["train", "heldout"]) -> list[Task
 
 
 def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
-             make_env: Callable[[int], RayEnv], version: int) -> float:
-    """Held-out success: one greedy episode per task, the share with full reward."""
+             make_env: Callable[[int], RayEnv], version: int,
+             services: Callable[[Task], ToolServices] | None = None) -> float:
+    """Held-out success: one greedy episode per task, the share with full reward;
+    `services` as the run's episodes get them (`RunIndex.services`)."""
     if not tasks:
         return math.nan
     greedy = config.rollout.model_copy(update={"group_size": 1, "groups_per_step": len(tasks),
                                                "temperature": 0.0, "max_staleness": 0})
     manager = RolloutManager(model, tasks, RolloutConfig.model_validate(greedy.model_dump()),
-                             make_env).start()
+                             make_env, services=services).start()
     try:
         data = manager.collect(0, version)
     finally:
@@ -236,6 +241,7 @@ class TrainingRun:
         self.out = config.out_dir
         self.progress = Progress(hooks=list(config.rollout.hooks))
         self.warm_started = False  # the warm start ran (read back from a checkpoint)
+        self.index = RunIndex(config.search)
 
     def train(self, sampler: ChatModel | None = None, trainer: Trainer | None = None
               ) -> dict[str, Any]:
@@ -256,12 +262,29 @@ class TrainingRun:
 
         close: Callable[[], None] = lambda: None
         try:
+            self._index(train_tasks + heldout)
             if sampler is None:
                 sampler, trainer, close = make_parts(cfg, self.out)
             return self._loop(sampler, trainer, train_tasks, heldout)
         finally:
             close()
+            self.index.close()
             ray.shutdown()
+
+    def _index(self, tasks: list[Task]) -> None:
+        """Index every task snapshot (rl/index.py); each sync's report goes to
+        `out/index.jsonl`, the totals to the summary."""
+        started = time.monotonic()
+        reports = self.index.open().index(t.snapshot for t in tasks)
+        with (self.out / "index.jsonl").open("a", encoding="utf-8") as log:
+            for report in reports:
+                log.write(json.dumps(report.as_dict() | {"time": time.time()}) + "\n")
+        self.progress.index = {
+            "server": self.config.search.server, "snapshots": len(reports),
+            "files_changed": sum(r.files_changed for r in reports),
+            "chunks_embedded": sum(r.chunks_embedded for r in reports),
+            "chunks_reused": sum(r.chunks_reused for r in reports),
+            "seconds": round(time.monotonic() - started, 1)}
 
     def _loop(self, sampler: ChatModel, trainer: Trainer | None, train_tasks: list[Task],
               heldout: list[Task]) -> dict[str, Any]:
@@ -271,12 +294,13 @@ class TrainingRun:
         version = trainer.version if trainer else 0
         warm = cfg.warm_start.steps > 0 and trainer is not None
         if heldout and first == 0 and not (warm and self.warm_started):
-            self._heldout(0, evaluate(sampler, heldout, cfg, make_env, version))
+            self._heldout(0, evaluate(sampler, heldout, cfg, make_env, version,
+                                      self.index.services))
         if warm and first == 0 and not self.warm_started:
             self._warm_start(sampler, trainer, train_tasks, heldout, make_env)
         transcripts = self.out / "transcripts" if cfg.rollout.transcripts else None
         manager = RolloutManager(sampler, train_tasks, cfg.rollout, make_env, first,
-                                 transcripts).start()
+                                 transcripts, self.index.services).start()
         start = time.monotonic()
         log = (self.out / "steps.jsonl").open("a", encoding="utf-8")
         try:
@@ -293,7 +317,8 @@ class TrainingRun:
         progress.env_faults = manager.faults
         if heldout and (not cfg.eval_every or cfg.steps % cfg.eval_every):
             version = trainer.version if trainer else 0
-            self._heldout(cfg.steps, evaluate(sampler, heldout, cfg, make_env, version))
+            self._heldout(cfg.steps, evaluate(sampler, heldout, cfg, make_env, version,
+                                              self.index.services))
         plot(progress, self.out / "curves.png")
         return progress.summary()
 
@@ -326,7 +351,7 @@ class TrainingRun:
                                       *(k for k, n in data.staleness.items() if n)])
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and heldout:
             success = evaluate(sampler, heldout, cfg, make_env,
-                               trainer.version if trainer else 0)
+                               trainer.version if trainer else 0, self.index.services)
             self._heldout(step + 1, success)
             record["heldout_success"] = success
         return record
@@ -344,7 +369,7 @@ class TrainingRun:
                                                 "temperature": 0.0, "max_staleness": 0,
                                                 "hooks": ()})
         manager = RolloutManager(solver, tasks, RolloutConfig.model_validate(
-            greedy.model_dump()), make_env).start()
+            greedy.model_dump()), make_env, services=self.index.services).start()
         try:
             data = manager.collect(0, 0)
         finally:
@@ -369,7 +394,8 @@ class TrainingRun:
         self._checkpoint(trainer, 0)
         self.warm_started = True
         if heldout:
-            self._heldout(0, evaluate(sampler, heldout, cfg, make_env, trainer.version),
+            self._heldout(0, evaluate(sampler, heldout, cfg, make_env, trainer.version,
+                                      self.index.services),
                           "warm_start")
 
     def _heldout(self, steps: int, success: float, phase: str = "") -> None:

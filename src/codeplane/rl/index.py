@@ -1,0 +1,155 @@
+"""A training run's codebase search: the product's index of every task's repository snapshot,
+and each episode's `codebase_search` over it.
+
+The run indexes each snapshot (the directory `EnvServer.reset` copies for an episode: one per
+sdist, local repository or failing-test task) once, with the product's own incremental
+indexer (`indexing.sync`, what `codeplane index` runs), under settings of its own: client state
+under `[search] home`, the search server the product's app. By default that app runs in the
+driver process on a loopback port for the run's lifetime (`server = "local"`, its data under
+the same home); `server = URL` uses a running `codeplane serve` instead. The home outlives the
+run, so a second run or a resume re-syncs every snapshot in one round trip each and embeds
+nothing that did not change; one key file for the home lets the server's embedding cache
+(scoped by key) serve chunks that several snapshots share.
+
+An episode's `codebase_search` is the product's `IndexSearch` pointed at its task's snapshot
+(`IndexSearch(root=...)`): the same ranking, the same output, with every snippet read through
+the episode's workspace (a `RemoteWorkspace` when the sandbox is in a Ray actor), so where
+the copy lives never matters and the output is what `codeplane agent` shows on the snapshot.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Self
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, Field, field_validator
+
+from codeplane.agent.services import IndexSearch
+from codeplane.agent.toolset import ToolServices
+from codeplane.config import Settings, load_settings
+from codeplane.indexing.sync import SyncReport, sync
+from codeplane.rl.tasks import Task
+from codeplane.rl.testfix import FixTask
+
+LOCAL, NONE = "local", "none"
+START_TIMEOUT_S = 120.0  # building the app (database migrations, services) on a loaded machine
+
+
+class SearchConfig(BaseModel):
+    """`[search]`: where the run's index lives and which search server ranks it."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+    server: str = Field(LOCAL, description=(
+        '"local": the product\'s app on a loopback port in the driver process for the run; '
+        'a URL ("http://127.0.0.1:8000"): a running codeplane server; "none": no index '
+        '(codebase_search answers "index unavailable", as on a workspace never indexed)'))
+    home: str = Field("~/.codeplane/rl/index", description=(
+        "the index's home: client state per snapshot, the key file and a local server's data; "
+        "kept across runs and resumes, which re-embed nothing unchanged"))
+
+    @field_validator("server")
+    @classmethod
+    def _server(cls, value: str) -> str:
+        if value in (LOCAL, NONE):
+            return value
+        url = urlsplit(value)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f'"local", "none" or an http(s) URL of a codeplane server, not '
+                             f'{value!r}')
+        return value.rstrip("/")
+
+    @property
+    def home_dir(self) -> Path:
+        return Path(self.home).expanduser()
+
+
+class LocalServer:
+    """The product's app (`server.app.create_app`, behind the edge `codeplane serve` runs it
+    behind) on a loopback port in this process, until `stop`."""
+
+    def __init__(self, settings: Settings) -> None:
+        import uvicorn
+
+        from codeplane.server.app import create_app
+        from codeplane.server.edge import EdgeConfig
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        # as `serve` does: the auth gate decides "loopback" by the real bind
+        settings = settings.model_copy(update={"serve": settings.serve.model_copy(
+            update={"host": "127.0.0.1", "port": port})})
+        config = EdgeConfig(create_app(settings), settings.serve, host="127.0.0.1", port=port,
+                            log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True, name="rl-search-server")
+
+    def start(self) -> Self:
+        self.thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the run's search server did not start")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+class RunIndex:
+    """The run's index: `open()` (starts a local server if configured), `index(snapshots)`,
+    `services(task)` for each episode, `close()`."""
+
+    def __init__(self, config: SearchConfig) -> None:
+        self.config = config
+        self.settings: Settings | None = None
+        self.server: LocalServer | None = None
+
+    def open(self) -> Self:
+        cfg = self.config
+        if cfg.server == NONE:
+            return self
+        home = cfg.home_dir
+        home.mkdir(parents=True, exist_ok=True)
+        models = home / "models"
+        if not models.exists():  # the user's pulled weights: the embedder a local server runs
+            models.symlink_to(load_settings().models_dir, target_is_directory=True)
+        settings = load_settings(home=home)
+        url = cfg.server
+        if url == LOCAL:
+            self.server = LocalServer(settings).start()
+            url = self.server.url
+        # one key for every snapshot: the embedding cache is scoped by key, so chunks that
+        # several snapshots share (versions, failing-test copies) are embedded once
+        self.settings = settings.model_copy(update={"server": url, "indexing": {
+            "key_file": str(home / "key"), **settings.indexing}})
+        return self
+
+    def index(self, snapshots: Iterable[str]) -> list[SyncReport]:
+        """Sync each distinct snapshot once, as `codeplane index` does; an unchanged one costs
+        a round trip and embeds nothing."""
+        if self.settings is None:
+            return []
+        return [sync(Path(root), self.settings) for root in sorted(set(snapshots))]
+
+    def services(self, task: Task | FixTask) -> ToolServices:
+        """An episode's tool services: search over its task snapshot's index."""
+        if self.settings is None:
+            return ToolServices()
+        return ToolServices(search=IndexSearch(self.settings, root=Path(task.snapshot)))
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
