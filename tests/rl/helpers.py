@@ -14,12 +14,16 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import json
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from codeplane.core.chat import Sampling, Turn
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 SHAPES = '''class Circle:
     """A round shape with a radius and a centre."""
@@ -92,3 +96,18 @@ def require_ray():
     if not hasattr(ray, "init"):
         pytest.skip("ray is not installed (only a directory named ray is on sys.path)")
     return ray
+
+
+def rl_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess:
+    """`codeplane rl train ARGS` in a subprocess, as a user runs it: without the loopback
+    switch this test process set for its own Ray; `env` added to the environment."""
+    base = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    return subprocess.run([sys.executable, "-m", "codeplane", "rl", "train", *args],
+                          capture_output=True, text=True, env=base | {"PYTHONPATH": SRC} | (
+                              env or {}), timeout=timeout, check=False)
+
+
+def write_config(path: Path, body: str) -> Path:
+    path.write_text(body)
+    return path

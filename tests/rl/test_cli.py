@@ -5,32 +5,16 @@ servers in real sandboxes, the product's tools; the sampler is the scripted loop
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_repo, require_ray
+from helpers import make_repo, require_ray, write_config
+from helpers import rl_cli as cli
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "rl"
-
-
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    # as a user runs it: without the loopback switch this test process set for its own Ray
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-    env["PYTHONPATH"] = SRC
-    return subprocess.run([sys.executable, "-m", "codeplane", "rl", "train", *args],
-                          capture_output=True, text=True, env=env, timeout=timeout,
-                          check=False)
-
-
-def write_config(path: Path, body: str) -> Path:
-    path.write_text(body)
-    return path
 
 
 def test_train_writes_steps_curves_and_the_final_object(provider, tmp_path) -> None:
@@ -59,6 +43,8 @@ max_turns = 2
 kind = "http"
 model = "scripted"
 base_url = "{provider.url}"
+[search]
+server = "none"  # the scripted answers search nothing (test_index.py runs with the index)
 [ray]
 num_cpus = 2
 """)
@@ -138,7 +124,7 @@ def test_a_killed_run_resumes_with_the_same_data_and_a_failing_trainer_restarts(
     def config(steps: int, out: str) -> RunConfig:
         return RunConfig.model_validate({
             "steps": steps, "out": str(tmp_path / out), "trainer_kind": "none",
-            "tasks": {"train_dirs": [str(tmp_path / "repo")]},
+            "tasks": {"train_dirs": [str(tmp_path / "repo")]}, "search": {"server": "none"},
             "rollout": {"in_flight": 2, "group_size": 2, "groups_per_step": 1,
                         "max_staleness": 0, "seed": 3}})
 
@@ -175,7 +161,7 @@ def test_a_run_trains_through_the_loop_its_config_names_and_records_it(tmp_path)
     make_repo(tmp_path / "repo")
     config = RunConfig.model_validate({
         "steps": 1, "out": str(tmp_path / "out"), "trainer_kind": "none",
-        "tasks": {"train_dirs": [str(tmp_path / "repo")]},
+        "tasks": {"train_dirs": [str(tmp_path / "repo")]}, "search": {"server": "none"},
         "rollout": {"in_flight": 2, "group_size": 2, "groups_per_step": 1,
                     "hooks": "product", "transcripts": True}})
     summary = TrainingRun(config).train(GrepPolicy(), None)
