@@ -110,7 +110,8 @@ def run(staleness: int, args: argparse.Namespace, out: Path) -> dict:
         "tasks": {"train": ["toolz==1.0.0"], "max_train": 16},
         "rollout": {"in_flight": args.in_flight, "group_size": 4, "groups_per_step": 2,
                     "max_staleness": staleness, "max_turns": 40, "seed": 1},
-        "env": {"fault_rate": args.fault_rate}, "ray": {"num_cpus": 2, "env_cpus": 0.25}})
+        "env": {"fault_rate": args.fault_rate}, "ray": {"num_cpus": 2, "env_cpus": 0.25},
+        "search": {"server": "none"}})  # the scripted policy never searches
     policy = ScriptedPolicy(args.turn_seconds)
     summary = TrainingRun(config).train(policy, SleepTrainer(args.train_seconds))
     lengths = sorted(turns for _, turns in policy.lengths.values())

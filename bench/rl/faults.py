@@ -57,6 +57,7 @@ def main() -> None:
             "rollout": {"in_flight": args.in_flight, "group_size": group,
                         "groups_per_step": groups, "max_staleness": 2, "retries": 2},
             "env": {"fault_rate": per_call, "seed": 1},
+            "search": {"server": "none"},  # the scripted policy never searches
             "ray": {"num_cpus": 2, "env_cpus": 0.25, "call_timeout": 60}})
         trainer = CrashCounter()
         summary = TrainingRun(config).train(ScriptedPolicy(0.0, max_turns=2), trainer)
