@@ -281,8 +281,8 @@ def test_core_toolset_is_smaller(scripted, repo) -> None:
     agent_for(scripted, repo, toolset="core").run("hi")
     tools = {t["function"]["name"]: t["function"]["parameters"]["properties"]
              for t in scripted.requests[0]["tools"]}
-    assert set(tools) == {"read_file", "list_dir", "grep", "edit_file", "create_file",
-                          "delete_file", "run_terminal_cmd"}
+    assert set(tools) == {"read_file", "list_dir", "grep", "codebase_search", "edit_file",
+                          "create_file", "delete_file", "run_terminal_cmd"}
     assert "code_edit" not in tools["edit_file"] and "replace_all" in tools["edit_file"]
 
 

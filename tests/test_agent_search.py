@@ -80,8 +80,8 @@ def test_system_prompt_names_codebase_search_only_when_it_is_offered(scripted, r
         in offered
     assert first_system_prompt(scripted, repo) == offered  # fixed: the KV-cache prefix
     removed = first_system_prompt(scripted, repo, without_search())
-    core = first_system_prompt(scripted, repo, toolset="core")  # 7 tools, no search
-    assert "codebase_search" not in removed and removed == core
+    core = first_system_prompt(scripted, repo, toolset="core")  # 8 tools, search among them
+    assert "codebase_search" not in removed and core == offered
     assert offered.replace(SEARCH_STEP, "") == removed  # the one difference
 
 

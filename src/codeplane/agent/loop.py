@@ -84,7 +84,7 @@ class AgentConfig:
     required_steps: int = 1
     read_before_edit: bool = True  # edit_file refuses files not read in this run
     preread: int = 4  # files named in the task the harness reads before the first turn
-    toolset: str = "full"  # "full" (all tools) or "core" (7 tools, simpler schemas)
+    toolset: str = "full"  # "full" (all tools) or "core" (8 tools, simpler schemas)
     # The last of max_steps turns is asked without tools (tool_choice "none"): a run at its
     # step limit ends with the model's answer (or `malformed`) instead of `max_steps`. Off in
     # the product's defaults; an RL run may turn it on to score episodes the limit would cut.

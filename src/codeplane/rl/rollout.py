@@ -98,7 +98,7 @@ class RolloutConfig(BaseModel):
     max_tokens: int = Field(256, ge=1, description="per model turn")
     temperature: float = Field(1.0, ge=0)
     toolset: Literal["core", "full"] = Field(AgentConfig.toolset, description=(
-        "the product's tools: full (all), or core (7 tools, simpler schemas)"))
+        "the product's tools: full (all), or core (8 tools, simpler schemas, codebase_search among them)"))
     max_result_chars: int = Field(AgentConfig.max_result_chars, ge=200, description=(
         "per tool output, cut as the product cuts it"))
     hooks: tuple[str, ...] = Field((), description='the agent loop\'s small-model repairs '

@@ -29,11 +29,11 @@ TOOLS: dict[str, Tool] = {
     "run_terminal_cmd": run_terminal_cmd,
     "todo_write": todo_write,
 }
-# The "core" set for small local models: fewer tools and arguments to choose from.
-
-
-CORE = ["read_file", "list_dir", "grep", "edit_file", "create_file", "delete_file",
-        "run_terminal_cmd"]
+# The "core" set for small local models: fewer tools and arguments to choose from. It offers
+# codebase_search: localisation by meaning is what the search tool does better than grep, and
+# an RL policy trains on a toolset the product offers (the cost in prompt tokens: docs/rl.md).
+CORE = ["read_file", "list_dir", "grep", "codebase_search", "edit_file", "create_file",
+        "delete_file", "run_terminal_cmd"]
 
 
 def default_toolset() -> Toolset:
