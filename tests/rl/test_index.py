@@ -10,6 +10,7 @@ import dataclasses
 import json
 import re
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -206,4 +207,27 @@ def test_a_snapshot_that_shares_files_reuses_their_embeddings(indexed, tmp_path)
 def test_a_bad_search_key_is_a_config_error(tmp_path, body, message) -> None:
     result = rl_cli(str(write_config(tmp_path / "bad.toml", body)), timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_search_server_that_is_down_is_a_clear_error(tmp_path) -> None:
+    require_ray()
+    make_repo(tmp_path / "repo")
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    config = write_config(tmp_path / "down.toml", f"""
+trainer_kind = "none"
+out = "{tmp_path / 'out'}"
+[tasks]
+train_dirs = ["repo"]
+[sampler]
+kind = "http"
+[search]
+server = "{url}"
+home = "{index_home(tmp_path / 'index')}"
+""")
+    result = rl_cli(str(config), env={"CODEPLANE_HOME": str(tmp_path / "index")})
+    assert result.returncode == 2, result.stderr
+    assert "search.server: cannot index the task snapshots: cannot reach" in result.stderr
     assert "Traceback" not in result.stderr

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from codeplane.agent.toolset import ToolServices
 from codeplane.core.chat import ChatModel
+from codeplane.indexing.remote import RemoteError
 from codeplane.rl.config import ConfigError, RunConfig
 from codeplane.rl.env import EnvConfig
 from codeplane.rl.index import RunIndex
@@ -275,7 +276,11 @@ class TrainingRun:
         """Index every task snapshot (rl/index.py); each sync's report goes to
         `out/index.jsonl`, the totals to the summary."""
         started = time.monotonic()
-        reports = self.index.open().index(t.snapshot for t in tasks)
+        try:
+            reports = self.index.open().index(t.snapshot for t in tasks)
+        except RemoteError as exc:  # a [search] server that is down, or refuses us
+            raise ConfigError(f"search.server: cannot index the task snapshots: {exc}"
+                              ) from None
         with (self.out / "index.jsonl").open("a", encoding="utf-8") as log:
             for report in reports:
                 log.write(json.dumps(report.as_dict() | {"time": time.time()}) + "\n")
