@@ -37,6 +37,7 @@ from codeplane.rl.tasks import Task
 from codeplane.rl.testfix import FixTask
 
 LOCAL, NONE = "local", "none"
+UPLOAD_BATCH = 32  # chunks per upload request (the product's default is 256)
 START_TIMEOUT_S = 120.0  # building the app (database migrations, services) on a loaded machine
 
 
@@ -130,10 +131,13 @@ class RunIndex:
         if url == LOCAL:
             self.server = LocalServer(settings).start()
             url = self.server.url
-        # one key for every snapshot: the embedding cache is scoped by key, so chunks that
-        # several snapshots share (versions, failing-test copies) are embedded once
+        # One key for every snapshot: the embedding cache is scoped by key, so chunks that
+        # several snapshots share (versions, failing-test copies) are embedded once. Small
+        # upload batches: on a loaded machine one of 256 chunks outlasted the client's HTTP
+        # timeout (as bench/agent's search_setup found); the home's codeplane.toml may say
+        # otherwise.
         self.settings = settings.model_copy(update={"server": url, "indexing": {
-            "key_file": str(home / "key"), **settings.indexing}})
+            "key_file": str(home / "key"), "batch_chunks": UPLOAD_BATCH, **settings.indexing}})
         return self
 
     def index(self, snapshots: Iterable[str]) -> list[SyncReport]:
