@@ -137,6 +137,7 @@ def evaluate_checkpoint(run_dir: Path, config_path: Path) -> dict[str, Any]:
     from codeplane.models.engine import Engine
     from codeplane.rl.adapter import LlamaSampler
     from codeplane.rl.config import load_config
+    from codeplane.rl.index import RunIndex
     from codeplane.rl.run import env_factory, evaluate, split_tasks, start_ray
 
     config = load_config(config_path)
@@ -151,14 +152,17 @@ def evaluate_checkpoint(run_dir: Path, config_path: Path) -> dict[str, Any]:
     import ray
 
     engine = Engine(load_settings())
+    index = RunIndex(config.search).open()  # the run's index: its episodes searched it
     try:
+        index.index(t.snapshot for t in heldout)  # indexed by the run: nothing to embed
         sampler = LlamaSampler(engine, config.sampler.model, run_dir / "adapters-eval", alpha,
                                config.rollout.seed)
         sampler.load_weights(state["lora"], int(state["version"]))
         started = time.monotonic()
         success = evaluate(sampler, heldout, config, env_factory(config, scratch),
-                           int(state["version"]))
+                           int(state["version"]), index.services)
     finally:
+        index.close()
         engine.close()
         ray.shutdown()
     record = {"steps": trained, "heldout_success": success, "time": time.time(),
