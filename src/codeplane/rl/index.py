@@ -70,8 +70,9 @@ class SearchConfig(BaseModel):
 
 
 class LocalServer:
-    """The product's app (`server.app.create_app`, behind the edge `codeplane serve` runs it
-    behind) on a loopback port in this process, until `stop`."""
+    """The product's app (`server.app.create_app`, behind the same edge as `codeplane serve`)
+    on a free loopback port in this process, until `stop`. Not the tests' LiveServer: the
+    socket is bound before the server starts, so no other process can take the port."""
 
     def __init__(self, settings: Settings) -> None:
         import uvicorn
