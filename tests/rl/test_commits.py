@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+import helpers
+
 from codeplane.rl import run
 from codeplane.rl.commits import (
     BENCHMARK_PROJECTS,
@@ -31,20 +34,7 @@ from codeplane.rl.env import EnvServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SHAPES = '''import math
-
-
-class Circle:
-    def __init__(self, r):
-        self.r = r
-
-    def area(self):
-        return 3.14 * self.r ** 2
-
-
-def perimeter(r):
-    return 2 * 3.14 * r
-'''
+SHAPES = "import math\n\n\n" + helpers.SHAPES  # docstrings, a class, a method
 UNITS = '''def to_cm(inches):
     return inches * 2.5
 '''
