@@ -4,6 +4,7 @@ is made with git in the test, with its identity on the command line and an empty
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -16,11 +17,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import helpers
 
-from codeplane.rl import run
+from codeplane.rl import commits, run
 from codeplane.rl.commits import (
     BENCHMARK_PROJECTS,
     BENCHMARK_REPOSITORIES,
     INSTRUCTION,
+    CommitsError,
     CommitTask,
     check_split,
     commit_tasks,
@@ -126,7 +128,8 @@ def test_the_answer_is_the_changed_source_files_and_definitions(tasks) -> None:
 
 def test_the_snapshot_is_the_parents_tree_without_history_or_links_out(tasks,
                                                                         history) -> None:
-    area = export(by_request(tasks, REQUEST_AREA), history / ".git")
+    area = by_request(tasks, REQUEST_AREA)
+    export(area, history / ".git")
     snap = Path(area.snapshot)
     assert snap.name == area.parent and snap.parent.name == "shapes"
     assert "3.14 * self.r" in (snap / "pkg/shapes.py").read_text()  # before the change
@@ -136,6 +139,15 @@ def test_the_snapshot_is_the_parents_tree_without_history_or_links_out(tasks,
     before = (snap / "pkg/shapes.py").stat().st_mtime_ns
     export(area, history / ".git")  # exported once
     assert (snap / "pkg/shapes.py").stat().st_mtime_ns == before
+
+
+def test_a_tree_over_the_size_limit_is_not_exported(tasks, history, tmp_path,
+                                                     monkeypatch) -> None:
+    monkeypatch.setattr(commits, "MAX_SNAPSHOT_BYTES", 100)
+    task = dataclasses.replace(by_request(tasks, REQUEST_SQUARE), snapshot=str(tmp_path / "s"))
+    with pytest.raises(CommitsError, match="over the limit"):
+        export(task, history / ".git")
+    assert not (tmp_path / "s").exists()
 
 
 def test_reward_right_partial_and_wrong_answers(tasks) -> None:
@@ -162,7 +174,8 @@ def test_naming_every_file_and_function_earns_little(tasks) -> None:
 
 def test_the_environment_verifies_with_the_familys_reward(tasks, history, tmp_path) -> None:
     server = EnvServer(scratch=str(tmp_path))
-    units = export(by_request(tasks, REQUEST_UNITS), history / ".git")
+    units = by_request(tasks, REQUEST_UNITS)
+    export(units, history / ".git")
     env = server.open(units)
     assert "2.5" in (Path(env.workspace.root) / "pkg/units.py").read_text()
     assert server.verify("The change is in pkg/units.py (to_cm).") == 1.0

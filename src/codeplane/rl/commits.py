@@ -187,14 +187,17 @@ def commit_tasks(name: str, where: Path, cache: Path, newest: int) -> list[Commi
     for the tasks a run uses)."""
     tasks = []
     for change in changes.modified_commits(where, newest):
-        request = changes.change_request(changes.message(where, change.commit))
-        if request is None:
+        try:
+            request = changes.change_request(changes.message(where, change.commit))
+            symbols = changed_symbols(where, change) if request else ()
+        except subprocess.CalledProcessError:  # objects a partial mirror lacks
             continue
-        tasks.append(CommitTask(
-            f"{name}:{change.commit[:12]}", name,
-            str(cache / "commits" / name / change.parent), INSTRUCTION.format(request=request),
-            change.commit, change.parent, request, change.files,
-            changed_symbols(where, change)))
+        if request:
+            tasks.append(CommitTask(
+                f"{name}:{change.commit[:12]}", name,
+                str(cache / "commits" / name / change.parent),
+                INSTRUCTION.format(request=request), change.commit, change.parent, request,
+                change.files, symbols))
     return tasks
 
 
@@ -240,13 +243,13 @@ def _definitions(tree: ast.Module) -> list[tuple[int, int, str]]:
     return found
 
 
-def export(task: CommitTask, where: Path) -> CommitTask:
-    """The task with its snapshot, the parent's tree, exported from `where` once: `git
+def export(task: CommitTask, where: Path) -> None:
+    """The task's snapshot, the parent's tree, exported from `where` once: `git
     archive` streamed into tarfile's `data` filter, in a staging directory renamed when
     whole. A tree over `MAX_SNAPSHOT_BYTES` raises CommitsError."""
     dest = Path(task.snapshot)
     if dest.is_dir():
-        return task
+        return
     size = sum(int(line.split()[3]) for line in changes.git(
         where, "ls-tree", "-r", "-l", task.parent).splitlines() if line.split()[3] != "-")
     if size > MAX_SNAPSHOT_BYTES:
@@ -264,7 +267,6 @@ def export(task: CommitTask, where: Path) -> CommitTask:
         shutil.rmtree(staging, ignore_errors=True)
         raise CommitsError(f"{task.id}: git archive of {task.parent} failed")
     staging.rename(dest)
-    return task
 
 
 def _data_or_skip(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
@@ -279,9 +281,16 @@ def _data_or_skip(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
 def load_commit_tasks(specs: list[str], cache: Path, newest: int, mirrors: Path | None,
                       limit: int, seed: int) -> list[CommitTask]:
     """At most `limit` tasks of the repositories (seeded sample), their snapshots exported.
-    A task whose changed files the export lacks (an `export-ignore` attribute in the
-    repository) is dropped: its answer could not be found."""
+    A task whose snapshot cannot be exported, or lacks the changed files (an `export-ignore`
+    attribute in the repository), is dropped: its answer could not be found."""
     wheres = {repo_name(s): git_dir(s, cache, mirrors) for s in specs}
     tasks = [t for name, where in wheres.items() for t in commit_tasks(name, where, cache, newest)]
-    chosen = [export(t, wheres[t.repo]) for t in sample_tasks(tasks, limit, seed)]
-    return [t for t in chosen if all((Path(t.snapshot) / f).is_file() for f in t.files)]
+    chosen = []
+    for task in sample_tasks(tasks, limit, seed):
+        try:
+            export(task, wheres[task.repo])
+        except (CommitsError, subprocess.CalledProcessError):
+            continue  # too large, or its tree not whole in the mirror
+        if all((Path(task.snapshot) / f).is_file() for f in task.files):
+            chosen.append(task)
+    return chosen
