@@ -27,6 +27,7 @@ from codeplane.rl.commits import (
     check_split,
     commit_tasks,
     export,
+    git_dir,
     load_commit_tasks,
     repo_name,
     score,
@@ -243,6 +244,13 @@ def test_repository_names() -> None:
     assert repo_name("./here/toolz") == "toolz"
     with pytest.raises(ValueError, match="share"):
         check_split(["pytoolz/toolz"], ["/work/.mirror/pytoolz+toolz/repo"])
+
+
+def test_a_repository_is_a_git_history_or_an_https_url(tmp_path) -> None:
+    with pytest.raises(CommitsError, match="only https"):
+        git_dir("http://example.com/acme/shapes", tmp_path, None)
+    with pytest.raises(CommitsError, match="not a git repository"):
+        git_dir(str(tmp_path), tmp_path, None)
 
 
 def test_every_benchmark_repository_is_refused() -> None:
