@@ -3,9 +3,9 @@ files they changed.
 
 One rule, shared by the search benchmark's localisation set (bench/search/build.py) and RL's
 commits family (rl/commits.py), so "a change request" means the same in what is trained and
-in what is measured: a single-parent commit that modifies 1-4 existing non-test Python files
-and whose message's first paragraph is at least four words and no chore (a release, a typo,
-formatting, docs, tests, CI ...). The rule is kept exactly as the measured sets were built
+in what is measured: a single-parent commit that modifies a few existing non-test Python
+files (`MIN_FILES`..`MAX_FILES`) and whose message's first paragraph has at least
+`MIN_WORDS` words and no chore (a release, a typo, formatting, docs, tests, CI ...). The rule is kept exactly as the measured sets were built
 with it (docs/search.md); a change to it changes those sets.
 
 Git runs over the history only (`log`, `show`): no checkout, no hook, no system or global
@@ -66,9 +66,9 @@ def change_request(message: str) -> str | None:
 
 
 def modified_commits(git_dir: Path, newest: int, rev: str = "HEAD") -> list[Change]:
-    """The `newest` non-merge commits up to `rev` that modify 1-4 existing non-test source
-    files (added, deleted and renamed files are not "modified": there is no before and after
-    of the same path to localise)."""
+    """The `newest` non-merge commits up to `rev` that modify `MIN_FILES`..`MAX_FILES`
+    existing non-test source files (added, deleted and renamed files are not "modified":
+    there is no before and after of the same path to localise)."""
     log = git(git_dir, "log", "--no-merges", "-n", str(newest), "--format=@@%H %P",
               "--name-status", rev)
     out = []

@@ -10,8 +10,8 @@ commit modified and, for partial credit, the functions and classes whose lines i
 (Python's `ast` on the parent's file: the innermost definition around each changed line).
 
 Reward (`score`): F1 between the `.py` paths the final answer names and the changed files,
-plus 0.25 x the share of changed functions the answer names x the answer's file precision
-(naming every function of the repository earns nothing), capped at 1. Success (reward 1)
+plus `FUNCTION_CREDIT` x the share of changed functions the answer names x the answer's file
+precision (naming every function of the repository earns next to nothing), capped at 1. Success (reward 1)
 needs exactly the changed files.
 
 Repositories are git directories: a path (a bare mirror or a clone), `owner/name` (found
