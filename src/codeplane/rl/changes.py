@@ -5,8 +5,9 @@ One rule, shared by the search benchmark's localisation set (bench/search/build.
 commits family (rl/commits.py), so "a change request" means the same in what is trained and
 in what is measured: a single-parent commit that modifies a few existing non-test Python
 files (`MIN_FILES`..`MAX_FILES`) and whose message's first paragraph has at least
-`MIN_WORDS` words and no chore (a release, a typo, formatting, docs, tests, CI ...). The rule is kept exactly as the measured sets were built
-with it (docs/search.md); a change to it changes those sets.
+`MIN_WORDS` words and no chore (a release, a typo, formatting, docs, tests, CI ...). The
+rule is kept exactly as the measured sets were built with it (docs/search.md); a change to
+it changes those sets.
 
 Git runs over the history only (`log`, `show`): no checkout, no hook, no system or global
 config (`sandbox.clone.git_env`), nothing from the repository executed.
