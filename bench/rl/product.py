@@ -15,7 +15,7 @@ request and scores its top hit's `path:line` with the same verifier.
     flock /tmp/codeplane-cpu.lock python bench/rl/product.py examples/rl/curve.toml \
         --models code-small,trained --tasks 10 --out /tmp/product.jsonl
 
-Per model: success (reward 1), mean reward, the share of episodes that called
+Per model: success (reward 1), hit (reward > 0: a right file named), mean reward, the share of episodes that called
 codebase_search, tool calls per model turn on turns that read files, turns and seconds per
 episode. One JSON line per episode goes to --out.
 """
@@ -103,7 +103,7 @@ def request(task: Task) -> str:
 
 
 def summary(rows: list[dict[str, Any]]) -> None:
-    print(f"{'model':16s} {'n':>3s} {'success':>8s} {'reward':>7s} {'search%':>8s} "
+    print(f"{'model':16s} {'n':>3s} {'success':>8s} {'hit':>5s} {'reward':>7s} {'search%':>8s} "
           f"{'calls/read-turn':>16s} {'turns':>6s} {'s/episode':>10s}")
     for model in dict.fromkeys(r["model"] for r in rows):
         group = [r for r in rows if r["model"] == model]
@@ -111,6 +111,7 @@ def summary(rows: list[dict[str, Any]]) -> None:
         agentic = model != SEARCH_ALONE
         print(f"{model:16s} {len(group):3d} "
               f"{sum(r['reward'] == 1.0 for r in group) / len(group):8.2f} "
+              f"{sum(r['reward'] > 0 for r in group) / len(group):5.2f} "
               f"{statistics.mean(r['reward'] for r in group):7.2f} "
               + (f"{sum(r['searches'] > 0 for r in group) / len(group):8.2f} "
                  f"{statistics.mean(reads) if reads else float('nan'):16.2f} "
