@@ -6,6 +6,8 @@ registered on the base in a scratch CODEPLANE_HOME, then per round on one prompt
 
   swap       a job that does no model work (`render_chat`) for the adapter model, then for
              the base: the adapter loaded and applied, or removed (plus the job's round trip)
+  base cold  the base answering (1 token) right after those swaps emptied the cache: the
+             prefill of the whole prompt with no adapter, the baseline for the two below
   base warm  the base answering (1 token) with its prompt's prefix in the KV cache
   adapter    the adapter model answering the same prompt right after the base: swap +
              prefill of the whole prompt (the cache was emptied)
@@ -84,14 +86,15 @@ def main() -> None:
 def run(engine: Engine, base: str, adapted: str, rounds: int) -> None:
     one = Decoding(max_tokens=1)
     prompt_tokens = len(engine.run_sync(base, "chat_tokens", PROMPT, None))
-    samples: dict[str, list[float]] = {"swap in": [], "swap out": [], "base warm": [],
-                                       "adapter": [], "base back": []}
+    samples: dict[str, list[float]] = {"swap in": [], "swap out": [], "base cold": [],
+                                       "base warm": [], "adapter": [], "base back": []}
     for _ in range(rounds):
         samples["swap in"].append(timed(lambda: engine.run_sync(adapted, "render_chat",
                                                                 PROMPT, None)))
         samples["swap out"].append(timed(lambda: engine.run_sync(base, "render_chat",
                                                                  PROMPT, None)))
-        engine.run_sync(base, "chat_generate", PROMPT, None, one)  # fills the cache
+        samples["base cold"].append(timed(lambda: engine.run_sync(
+            base, "chat_generate", PROMPT, None, one)))
         samples["base warm"].append(timed(lambda: engine.run_sync(
             base, "chat_generate", PROMPT, None, one)))
         samples["adapter"].append(timed(lambda: engine.run_sync(

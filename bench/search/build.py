@@ -35,6 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpus import CACHE, Snapshots, git, mirror
 
+from codeplane.rl import changes
+from codeplane.rl.changes import SOURCE, is_test
+
 TUNING = ["pallets/click", "pallets/flask", "pallets/jinja", "psf/requests"]
 HELD_OUT = ["encode/httpx", "marshmallow-code/marshmallow", "python-attrs/attrs",
             "python-poetry/tomlkit"]
@@ -50,50 +53,21 @@ PINNED = {"pallets/click": "2c8cd3ac958a7eb316d67f2d316c27086c4c0369",
 HERE = Path(__file__).resolve().parent
 SETS = ("localisation", "docstring", "identifier")
 PER_REPO = {"localisation": 12, "docstring": 40, "identifier": 30}
-CHORE = re.compile(r"\b(bump|release|version|changelog|typo|merge|pre-commit|lint|format|"
-                   r"formatting|ci|workflow|docs?|readme|sphinx|tox|flake8|black|ruff|mypy|"
-                   r"deprecat\w*|test\w*|coverage|copyright|license|update \w+ requirements)\b",
-                   re.IGNORECASE)
-SOURCE = re.compile(r"\.pyi?$")
-
-
-def is_test(path: str) -> bool:
-    """The benchmark's rule for answers, kept as the measured sets were built with it: wider
-    than the product's `indexing.rank.is_test` (it counts `testing/` and `typing_tests/`)."""
-    parts = path.split("/")
-    return any(p in ("tests", "test", "testing", "testsuite", "typing_tests") for p in parts[:-1]) or \
-        parts[-1].startswith("test_") or parts[-1] == "conftest.py"
-
-
-def first_paragraph(message: str) -> str:
-    text = message.strip().split("\n\n", 1)[0]
-    return re.sub(r"\s*\(#\d+\)\s*$", "", " ".join(text.split()))
-
-
 def order(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
 def modified_commits(repo: str, newest: int) -> list[tuple[str, str, list[str]]]:
     """(commit, parent, modified non-test source files) of the `newest` non-merge commits
-    (up to the pinned one) that modify 1-4 such existing files."""
-    log = git(repo, "log", "--no-merges", "-n", str(newest), "--format=@@%H %P", "--name-status",
-              PINNED.get(repo, "HEAD"))
-    out = []
-    for block in log.split("@@")[1:]:
-        head, *changes = block.strip().splitlines()
-        sha, *parents = head.split()
-        modified = [c.split("\t")[-1] for c in changes if c.startswith("M\t")]
-        gold = sorted(p for p in modified if SOURCE.search(p) and not is_test(p))
-        if len(parents) == 1 and 1 <= len(gold) <= 4:
-            out.append((sha, parents[0], gold))
-    return out
+    (up to the pinned one) that modify 1-4 such existing files: the shared rule
+    (codeplane.rl.changes), read from the repository's mirror."""
+    return [(c.commit, c.parent, list(c.files))
+            for c in changes.modified_commits(mirror(repo), newest, PINNED.get(repo, "HEAD"))]
 
 
 def change_request(repo: str, sha: str) -> str | None:
     """The commit message's first paragraph when it is a request in words, not a chore."""
-    query = first_paragraph(git(repo, "log", "-1", "--format=%B", sha))
-    return None if len(query.split()) < 4 or CHORE.search(query) else query
+    return changes.change_request(changes.message(mirror(repo), sha))
 
 
 def localisation(repo: str, count: int) -> list[dict]:
@@ -159,7 +133,8 @@ def docstring_and_identifier(repo: str, counts: dict[str, int]) -> tuple[list[di
 
 def folder() -> Path:
     """Where this version of the build rules keeps its sets (a change to them builds anew)."""
-    rules = b"".join((HERE / name).read_bytes() for name in ("build.py", "corpus.py"))
+    rules = b"".join((HERE / name).read_bytes() for name in ("build.py", "corpus.py")) + \
+        Path(changes.__file__).read_bytes()  # the change-request rule lives there
     return CACHE / f"sets-{hashlib.sha256(rules).hexdigest()[:12]}"
 
 

@@ -167,7 +167,7 @@ def run(settings: Settings, tab_model: str, agent_model: str, agent_steps: int =
     _pull(settings, [tab_model, agent_model])
     sample = write_sample(settings.home / "quickstart" / "shop")
     console.print(f"[green]✓[/] sample project written to {sample} (one test fails)")
-    with _server(settings) as url:
+    with local_server(settings) as url:
         client = settings.model_copy(update={"server": url})
         steps: list[tuple[str, Callable[[], None]]] = [
             ("index the project privately", lambda: _index(sample, client)),
@@ -219,7 +219,7 @@ def _pull(settings: Settings, names: list[str]) -> None:
 
 
 @contextmanager
-def _server(settings: Settings) -> Iterator[str]:
+def local_server(settings: Settings) -> Iterator[str]:
     """`codeplane serve` on a free loopback port, as a user would start it; its URL."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from codeplane.rl.commits import check_split, is_path
 from codeplane.rl.env import EnvConfig
 from codeplane.rl.index import SearchConfig
 from codeplane.rl.rollout import RolloutConfig
@@ -38,13 +39,32 @@ class TasksConfig(BaseModel):
     instruction: Literal["search", "grep"] = Field(
         "search", description='locate only: "search" asks the question; "grep" also names '
                               'the grep call that finds the answer (rl/tasks.py)')
-    family: Literal["locate", "testfix"] = Field(
+    family: Literal["locate", "testfix", "commits"] = Field(
         "locate", description='locate: "where is X implemented? answer path:line" '
                               '(rl/tasks.py); testfix: "make the failing test pass", one '
-                              'function broken, its doctests as the test (rl/testfix.py)')
+                              'function broken, its doctests as the test (rl/testfix.py); '
+                              'commits: a real change request -> the files its commit '
+                              'changed (rl/commits.py)')
+    train_repos: list[str] = Field(default_factory=list, description=(
+        "commits only: git histories, as owner/name, an https URL or a path (/, ~, ./ or "
+        "../); never a benchmark repository"))
+    heldout_repos: list[str] = Field(default_factory=list, description="commits only")
+    commits: int = Field(400, ge=1, description="commits only: the newest non-merge commits "
+                                                "read per repository")
+    mirrors: str | None = Field(None, description="commits only: a folder of mirrors "
+                                                  "(owner+name/repo) found before cloning")
 
     @model_validator(mode="after")
     def _split(self) -> TasksConfig:
+        if self.family == "commits":
+            if not self.train_repos or self.train or self.train_dirs:
+                raise ValueError("[tasks] family \"commits\" reads train_repos and "
+                                 "heldout_repos only (train_repos is required)")
+            check_split(self.train_repos, self.heldout_repos)
+            return self
+        if self.train_repos or self.heldout_repos:
+            raise ValueError("[tasks] train_repos and heldout_repos are the commits "
+                             "family's")
         if not (self.train or self.train_dirs):
             raise ValueError("[tasks] needs train or train_dirs")
         shared = set(self.train) & set(self.heldout) | set(self.train_dirs) & set(
@@ -133,6 +153,11 @@ class RunConfig(BaseModel):
         return self
 
 
+def _beside(config: Path, path: str) -> str:
+    """A path of the config, relative to the config's folder."""
+    return str((config.parent / Path(path).expanduser()).resolve())
+
+
 class ConfigError(ValueError):
     """The config file cannot be read or is invalid; the message says where."""
 
@@ -147,10 +172,12 @@ def load_config(path: Path) -> RunConfig:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     tasks = raw.get("tasks")
     if isinstance(tasks, dict):
-        for key in ("train_dirs", "heldout_dirs"):
+        for key in ("train_dirs", "heldout_dirs", "train_repos", "heldout_repos"):
             if isinstance(tasks.get(key), list):
-                tasks[key] = [str((path.parent / Path(d).expanduser()).resolve())
-                              if isinstance(d, str) else d for d in tasks[key]]
+                tasks[key] = [_beside(path, d) if isinstance(d, str) and (
+                    key.endswith("_dirs") or is_path(d)) else d for d in tasks[key]]
+        if isinstance(tasks.get("mirrors"), str):
+            tasks["mirrors"] = _beside(path, tasks["mirrors"])
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as exc:

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from codeplane.agent.toolset import ToolServices
 from codeplane.core.chat import ChatModel
 from codeplane.indexing.remote import RemoteError
+from codeplane.rl.commits import CommitsError, load_commit_tasks
 from codeplane.rl.config import ConfigError, RunConfig
 from codeplane.rl.env import EnvConfig
 from codeplane.rl.index import RunIndex
@@ -168,6 +169,13 @@ def split_tasks(cfg: RunConfig, split: Literal["train", "heldout"]) -> list[Task
     tc = cfg.tasks
     specs, dirs, limit = ((tc.train, tc.train_dirs, tc.max_train) if split == "train"
                           else (tc.heldout, tc.heldout_dirs, tc.max_heldout))
+    if tc.family == "commits":
+        repos = tc.train_repos if split == "train" else tc.heldout_repos
+        try:
+            return load_commit_tasks(repos, CACHE, tc.commits, tc.mirrors and Path(tc.mirrors),
+                                     limit, cfg.rollout.seed)
+        except CommitsError as exc:
+            raise ConfigError(str(exc)) from None
     return load_tasks(specs, dirs, limit, cfg.rollout.seed, tc.family, cfg.env.backend,
                       tc.instruction)
 

@@ -1,0 +1,153 @@
+"""Measured through the product (issue #31 item 6): a training run's held-out tasks asked of the
+product's agent - `codeplane agent`'s construction, a `codeplane serve` on loopback, the
+product's index - once per model, side by side with what the search tool alone answers.
+
+For each held-out task of CONFIG (`rl.run.split_tasks`: the tasks and wording the run itself
+evaluates) and each model: a fresh sandboxed copy of the task's repository (`EnvServer.reset`,
+the run's backend), indexed the product's way (`indexing.sync`, the server's embedding cache
+makes the copies after the first cheap), then the agent as `codeplane agent` builds it
+(`HttpChatModel` on the server, `tool_services` of the settings, the product's `AgentConfig`
+with `--max-steps`/`--max-tokens`), its answer scored by the run's verifier
+(`EnvServer.verify`). "search alone" asks `codebase_search`'s ranking (files) the task's
+request and scores its top hit's `path:line` with the same verifier.
+
+    codeplane model add trained --from-run ~/.codeplane/rl/runs/curve9   # the checkpoint
+    flock /tmp/codeplane-cpu.lock python bench/rl/product.py examples/rl/curve.toml \
+        --models code-small,trained --tasks 10 --out /tmp/product.jsonl
+
+Per model: success (reward 1), hit (reward > 0: a right file named), mean reward, the share of episodes that called
+codebase_search, tool calls per model turn on turns that read files, turns and seconds per
+episode. One JSON line per episode goes to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codeplane.agent.loop import Agent, AgentConfig, Event
+from codeplane.agent.services import tool_services
+from codeplane.config import Settings, load_settings
+from codeplane.core.chat import HttpChatModel
+from codeplane.indexing.api import search_workspace
+from codeplane.indexing.sync import sync
+from codeplane.quickstart import local_server
+from codeplane.rl.config import load_config
+from codeplane.rl.env import EnvConfig, EnvServer
+from codeplane.rl.run import split_tasks
+from codeplane.rl.tasks import Task
+
+SEARCH_ALONE = "search alone"
+
+
+@dataclass
+class Counts:
+    """What one episode's events say about how the agent worked."""
+
+    turns: int = 0
+    searches: int = 0
+    read_turn_calls: list[int] = field(default_factory=list)  # calls on turns that read files
+
+    def __call__(self, event: Event) -> None:
+        if event["type"] != "model_turn":
+            return
+        self.turns += 1
+        names = [c["function"]["name"] for c in event["message"].get("tool_calls") or []]
+        self.searches += names.count("codebase_search")
+        if "read_file" in names:
+            self.read_turn_calls.append(len(names))
+
+
+def episode(task: Task, model: str, client: Settings, args: argparse.Namespace,
+            backend: str) -> dict[str, Any]:
+    """One task asked of one model (or of the search ranking alone)."""
+    server = EnvServer(EnvConfig(backend=backend))
+    start = time.monotonic()
+    try:
+        env = server.open(task)
+        sync(env.root, client)
+        if model == SEARCH_ALONE:
+            hits = search_workspace(env.root, request(task), 1, client, files=True)
+            answer = f"{hits[0]['path']}:{hits[0]['start_line']}" if hits else ""
+            return {"task": task.id, "model": model, "status": "completed", "answer": answer,
+                    "reward": server.verify(answer)}
+        counts = Counts()
+        chat = HttpChatModel(client.server.rstrip("/") + "/v1", model)
+        agent = Agent(chat, env, AgentConfig(max_steps=args.max_steps,
+                                             max_tokens=args.max_tokens),
+                      on_event=counts, services=tool_services(client))
+        indexed = time.monotonic()
+        try:
+            result = agent.run(task.instruction)
+        finally:
+            chat.close()
+        reward = server.verify(result.answer) if result.status == "completed" else 0.0
+        return {"task": task.id, "model": model, "status": result.status,
+                "answer": result.answer[-400:], "reward": reward, "turns": counts.turns,
+                "searches": counts.searches, "read_turn_calls": counts.read_turn_calls,
+                "seconds": round(time.monotonic() - indexed, 1),
+                "index_seconds": round(indexed - start, 1)}
+    finally:
+        server.close()
+
+
+def request(task: Task) -> str:
+    """What the search ranking is asked: the task's request as its family states it (a
+    commit's change request), else the instruction the agent gets."""
+    return getattr(task, "request", None) or task.instruction
+
+
+def summary(rows: list[dict[str, Any]]) -> None:
+    print(f"{'model':16s} {'n':>3s} {'success':>8s} {'hit':>5s} {'reward':>7s} {'search%':>8s} "
+          f"{'calls/read-turn':>16s} {'turns':>6s} {'s/episode':>10s}")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        group = [r for r in rows if r["model"] == model]
+        reads = [c for r in group for c in r.get("read_turn_calls", [])]
+        agentic = model != SEARCH_ALONE
+        print(f"{model:16s} {len(group):3d} "
+              f"{sum(r['reward'] == 1.0 for r in group) / len(group):8.2f} "
+              f"{sum(r['reward'] > 0 for r in group) / len(group):5.2f} "
+              f"{statistics.mean(r['reward'] for r in group):7.2f} "
+              + (f"{sum(r['searches'] > 0 for r in group) / len(group):8.2f} "
+                 f"{statistics.mean(reads) if reads else float('nan'):16.2f} "
+                 f"{statistics.mean(r['turns'] for r in group):6.1f} "
+                 f"{statistics.mean(r['seconds'] for r in group):10.1f}" if agentic else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", type=Path, help="the training run's TOML")
+    parser.add_argument("--models", default="code-small",
+                        help="comma-separated served model names (a trained adapter model "
+                             "registered with `codeplane model add --from-run`)")
+    parser.add_argument("--tasks", type=int, default=10, help="held-out tasks (the first N)")
+    parser.add_argument("--max-steps", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--no-search-alone", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/codeplane-product.jsonl"))
+    args = parser.parse_args()
+    cfg = load_config(args.config)
+    tasks = split_tasks(cfg, "heldout")[:args.tasks]
+    models = [m for m in args.models.split(",") if m] + ([] if args.no_search_alone
+                                                         else [SEARCH_ALONE])
+    settings = load_settings()
+    rows = []
+    with local_server(settings) as url, args.out.open("w") as out:
+        client = settings.model_copy(update={"server": url})
+        for model in models:
+            for task in tasks:
+                row = episode(task, model, client, args, cfg.env.backend)
+                rows.append(row)
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                print(json.dumps(row), flush=True)
+    summary(rows)
+
+
+if __name__ == "__main__":
+    main()
