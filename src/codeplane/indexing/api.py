@@ -77,7 +77,7 @@ def search(root: Path, query: str, limit: int, settings: Settings, path: str | N
            embedders: Embedders | None = None, read: Reader | None = None) -> SearchOutcome:
     """`code` keeps only source files (those with a tree-sitter grammar): "where in the code
     would this change go" without the changelog, README or config that mention the same words
-    (measured in bench/search: held-out localisation R@5 0.89 -> 0.91; docs/indexing.md).
+    (docs/indexing.md, "Search benchmark", has what it changes).
     `embedders`: the program's, for client-side embedding (`client_vectors`)."""
     root = Path(root).resolve()
     try:
