@@ -1,9 +1,10 @@
 """Grammar-constrained sampling that asks the grammar about likely tokens first.
 
 llama-cpp-python chains llama.cpp's grammar sampler in front of the token choice, so every
-decoded token tests the whole vocabulary (151,936 entries for Qwen) against the grammar. With
-the JSON grammar of a tool call that measured 0.8 s per token on code-medium here, a minute
-for one forced tool call. llama.cpp's own server samples first and consults the grammar for
+decoded token tests the whole vocabulary (Qwen's is large) against the grammar: with the JSON
+grammar of a tool call, one forced tool call took about a minute on code-medium here
+(docs/models-and-server.md, "Numbers behind the code's comments"). llama.cpp's own server
+samples first and consults the grammar for
 the full vocabulary only when the chosen token is rejected. `GrammarGate` does the same as a
 logits processor: it tests the `top_k` most likely tokens (1 when decoding greedily, so greedy
 output is exactly what the full grammar gives), keeps those the grammar allows, and falls
