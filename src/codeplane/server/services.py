@@ -67,8 +67,8 @@ class Services:
 
     @property
     def search(self) -> SearchService:
-        """Private search, built on first use: opening LanceDB costs about 2 s, and most
-        servers (and tests) never index. Built once, under a lock (sync routes run on a
+        """Private search, built on first use: opening LanceDB is slow, and most servers
+        (and tests) never index. Built once, under a lock (sync routes run on a
         thread pool), and closed with the rest."""
         with self._lock:
             if self._search is None:
