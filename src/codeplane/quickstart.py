@@ -30,10 +30,10 @@ from codeplane.clikit import console, fail
 from codeplane.config import Settings
 from codeplane.core.chat import HttpChatModel
 from codeplane.indexing.api import IndexUnavailable, search_workspace
-from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.sync import sync
 from codeplane.indexing.vectors import EmbedModeError
+from codeplane.indexing.workspace_keys import KeyFileError
 from codeplane.models.cli import pull_with_progress
 from codeplane.models.pull import WeightsError
 from codeplane.models.registry import ModelRegistry

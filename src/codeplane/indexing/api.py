@@ -23,7 +23,6 @@ from cryptography.exceptions import InvalidTag
 from codeplane.config import Settings
 from codeplane.core.files import Refused, decode, read_bytes
 from codeplane.core.languages import code_language
-from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.lexical import analyse
 from codeplane.indexing.rank import (
     CHUNK_WEIGHTS,
@@ -36,6 +35,7 @@ from codeplane.indexing.rank import (
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
 from codeplane.indexing.vectors import client_vectors
+from codeplane.indexing.workspace_keys import KeyFileError
 from codeplane.models.embedders import Embedders
 
 DENSE_K = 100  # dense hits asked of the server: the fusion needs more than the page shown

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codeplane.config import Settings
-from codeplane.indexing.keys import PathCipher, WorkspaceKeys, load_or_create
+from codeplane.indexing.workspace_keys import PathCipher, WorkspaceKeys, load_or_create
 
 SCHEMA = """
 PRAGMA journal_mode=WAL;
