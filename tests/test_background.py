@@ -17,7 +17,7 @@ from conftest import make_settings
 from test_fleet import GitDaemon, serve_process
 from upstreams.scripted import caller, run_server, wait_for
 
-from codeplane.background.store import Store
+from codeplane.background.records import BackgroundRecords
 from codeplane.gateway.keys import KeyStore
 from codeplane.sandbox.clone import mounts_under
 
@@ -320,7 +320,7 @@ def test_repos_as_a_bundle_or_a_git_url(scripted, repo, tmp_path):
 
 
 def test_store_rolls_back_a_failed_transaction(tmp_path):
-    store = Store.open(tmp_path / "runs.db")
+    store = BackgroundRecords.open(tmp_path / "runs.db")
     store.create({"id": "r1", "tenant": "t", "repo": "/r", "ref": "HEAD", "task": "x",
                   "model": "m"})
     with pytest.raises(Exception, match="UNIQUE"):

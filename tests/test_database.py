@@ -15,7 +15,7 @@ from pgserver import pg_server, pg_url  # noqa: F401  (fixtures)
 from sqlalchemy import inspect, select, update
 
 from codeplane.agent.records import RunRecords, RunTaken
-from codeplane.background.store import Store
+from codeplane.background.records import BackgroundRecords
 from codeplane.gateway.admission import SharedBuckets
 from codeplane.gateway.keys import KeyStore
 from codeplane.storage import Database, DatabaseError, Replica
@@ -177,7 +177,7 @@ def test_a_keys_json_is_imported_once_with_its_usage(tmp_path, url):
 
 def test_runs_of_a_dead_replica_end_interrupted_not_running(pair):
     (db_a, rep_a), (db_b, rep_b) = pair
-    a, b = Store(db_a, rep_a), Store(db_b, rep_b)
+    a, b = BackgroundRecords(db_a, rep_a), BackgroundRecords(db_b, rep_b)
     a.create({"id": "r1", "tenant": "t", "repo": "/r", "ref": "HEAD", "task": "x",
               "model": "m"})
     a.append("r1", {"type": "run_start"})

@@ -14,11 +14,11 @@ from cryptography.exceptions import InvalidTag
 from indexkit import write
 
 from codeplane.indexing.chunker import chunk_text
-from codeplane.indexing.keys import PathCipher, WorkspaceKeys, load_or_create
 from codeplane.indexing.scan import scan
 from codeplane.indexing.secretscan import find_secret
 from codeplane.indexing.state import WorkspaceState, lexical_tokens
 from codeplane.indexing.sync import build_tree, hash_files
+from codeplane.indexing.workspace_keys import PathCipher, WorkspaceKeys, load_or_create
 from codeplane.models.embed import EmbedderUnavailable, bge_files, rotation
 
 AWS_KEY = "AKIA" + "QYLPMN5HHHFPZAM2"  # split so this file itself is not flagged by scanners

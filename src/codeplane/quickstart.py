@@ -30,10 +30,10 @@ from codeplane.clikit import console, fail
 from codeplane.config import Settings
 from codeplane.core.chat import HttpChatModel
 from codeplane.indexing.api import IndexUnavailable, search_workspace
-from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.sync import sync
 from codeplane.indexing.vectors import EmbedModeError
+from codeplane.indexing.workspace_keys import KeyFileError
 from codeplane.models.cli import pull_with_progress
 from codeplane.models.pull import WeightsError
 from codeplane.models.registry import ModelRegistry
@@ -129,8 +129,8 @@ SAMPLE = {"shop/__init__.py": "", "shop/pricing.py": PRICING, "shop/inventory.py
 SEARCH_QUERY = "reduce cost by percentage"  # none of these words is in the code
 TESTS = "python -m unittest"  # stdlib: the sample needs nothing installed
 # As a user who has seen the failure would put it: where, the symptom, what is expected (a
-# 1.5B model fixes a bug described so; told only "a test fails" it mostly does not, see
-# docs/agent.md "Measured": task 02 against 16).
+# 1.5B model fixes a bug described so; told only "a test fails" it mostly does not: docs/agent.md,
+# "Measured").
 AGENT_TASK = ("apply_discount in shop/pricing.py adds the discount to the price instead of "
               "taking it off: apply_discount(80.0, 25) returns 100.0 but should return 60.0, "
               f"so `{TESTS}` fails. Fix the code, not the test.")

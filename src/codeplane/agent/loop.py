@@ -376,7 +376,8 @@ class Agent:
         """Run calls; each waits only for earlier calls it conflicts with.
 
         Calls that wait on a subprocess or the network go to a pool that lives as long as
-        the run (starting threads per turn costs ~1-4 ms each on a loaded 2-core machine);
+        the run (starting threads every turn cost more than a read_file on a loaded machine:
+        docs/agent.md, "Measured");
         pure-Python tools (`Tool.inline`) run on this thread, in order, meanwhile. Serial
         mode uses no thread at all."""
         parsed = [(c["function"]["name"], arguments(c["function"].get("arguments")))

@@ -2,11 +2,12 @@
 follow a few concrete rules better than a long policy.
 
 The system prompt is the same for every run and workspace: the chat template puts the tool
-schemas right after it, so together they form a ~1,400-token prefix the server's KV cache
-keeps from run to run (prefilling it costs ~60 s on code-medium here). Everything that varies
-- the task and the file listing - comes after it, in the user message. The one variant is
-whether the "Look" step names codebase_search: only when the toolset offers it (the prompt must
-not name a tool the model cannot call), so the prompt is fixed per toolset, not per run.
+schemas right after it, so together they form a long prefix the server's KV cache keeps from
+run to run (prefilling it is most of a cold turn on CPU: docs/agent.md, "The loop").
+Everything that varies - the task and the file listing - comes after it, in the user message.
+The one variant is whether the "Look" step names codebase_search: only when the toolset
+offers it (the prompt must not name a tool the model cannot call), so the prompt is fixed per
+toolset, not per run.
 An offered tool on a workspace that is not indexed keeps the mention (whether an index exists
 is a per-run fact; the tool's answer then says to use grep), so one configuration keeps one
 cached prefix."""
@@ -33,10 +34,9 @@ and call no tool.
 
 Paths are relative to the repository root, written exactly as in the file list the user \
 gives you."""
-# Last session's transcripts (docs/search.md, "The agent's view"): with a Look step naming only
-# read_file, grep and list_dir, code-medium never called codebase_search on the click tasks and
-# guessed the file instead; told about the tool it searched, and the top hit was the fix file 3
-# times in 4.
+# With a Look step naming only read_file, grep and list_dir, code-medium never called
+# codebase_search on the click tasks and guessed the file instead; told about the tool it
+# searched, and the top hit was mostly the fix file (docs/search.md, "The agent's view").
 SEARCH_STEP = (" if the task does not say which file to change, find where it is implemented "
                "with codebase_search, then read_file the hit;")
 SYSTEM = _SYSTEM.format(search="")  # the prompt for a toolset without codebase_search

@@ -45,8 +45,8 @@ DROP = 100
 # Per deleted line 40, not 20: at 20 a segment could reach over 100 lines of code to match
 # lines it shows as new that also exist far below (a docstring copying another class's
 # `Args:`), deleting all between. A deletion the sketch means is pinned by its context
-# lines (INSERT_EDGE), which cost far more than any run. Benchmark: +2 exact in the
-# realistic styles, the one 113-line wrong merge gone (docs/apply.md).
+# lines (INSERT_EDGE), which cost far more than any run. The benchmark gained exact merges
+# and lost a wrong one (docs/apply.md, "Benchmark": the session 4 changes).
 DELETE_OPEN, DELETE_EXTEND = 100, 40
 # A run of blank lines only: nearly free (a blank line the model left out between two context
 # lines would otherwise cost more than taking the next context line as a new copy), but not

@@ -32,10 +32,10 @@ PIECE_TRUST = 6  # an edit piece followed from its start for this many tokens wi
 # token per pass, the cheapest. Otherwise at most DRAFT_PER_AGREE draft tokens per agreed one.
 MIN_AGREE, DRAFT_PER_AGREE = 3, 4
 # Cost of one forward pass by its rows (logits on every row), in one-row passes, measured
-# with bench/spec_ceiling.py on code-small (code-medium's rows cost relatively more: 25
-# one-row passes for 64 rows, so for it the table favours long drafts a little). llama.cpp's
-# CPU kernels take rows in tiles of 4: a 4k+1-row pass pays a whole one-row pass for its
-# last row, so drafts are sized to fill tiles (3, 7, 11, ... tokens).
+# with bench/spec_ceiling.py on code-small (docs/apply.md, "The ceiling, measured";
+# code-medium's rows cost relatively more, so for it the table favours long drafts a little).
+# llama.cpp's CPU kernels take rows in tiles of 4: a 4k+1-row pass pays a whole one-row pass
+# for its last row, so drafts are sized to fill tiles (3, 7, 11, ... tokens).
 PASS_COST = {1: 1.0, 2: 1.7, 3: 2.15, 4: 2.45, 8: 4.0, 12: 5.2, 16: 6.1, 24: 8.6, 32: 10.6,
              48: 15.2, 64: 20.0}
 # Draft acceptance is estimated per decode from recent drafts (older ones weigh DECAY times

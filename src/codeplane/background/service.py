@@ -3,7 +3,7 @@ that started it has returned, and ends with a commit on branch `codeplane/<id>` 
 
 The agent itself is the ordinary `Agent` started through the server's `RunManager` (same loop,
 same per-tenant cap, same `run_end`); this module adds what outlives one agent run: a sandbox
-held across turns, follow-up turns, the commit and patch, and a durable record (`store.py`)
+held across turns, follow-up turns, the commit and patch, and a durable record (`records.py`)
 that a restart can read. A supervisor thread per background run starts each turn, waits for it
 and finishes the run, so a turn's end never blocks inside the agent's own event delivery.
 
@@ -44,7 +44,7 @@ from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.runs import Run, RunManager
 from codeplane.agent.services import for_caller
 from codeplane.agent.toolset import ToolServices
-from codeplane.background.store import Store
+from codeplane.background.records import BackgroundRecords
 from codeplane.config import Settings
 from codeplane.core import files
 from codeplane.core.chat import ChatModel
@@ -90,9 +90,9 @@ class BackgroundService:
     any run a previous process left "running" is marked interrupted."""
 
     def __init__(self, server_dir: Path, runs: RunManager, fleet: Fleet, backends: Backends,
-                 settings: Settings, tools: ToolServices, store: Store | None = None) -> None:
+                 settings: Settings, tools: ToolServices, store: BackgroundRecords | None = None) -> None:
         self.root = server_dir / "background"
-        self.store = store or Store.open(self.root / "runs.db")
+        self.store = store or BackgroundRecords.open(self.root / "runs.db")
         self.runs, self.fleet, self.backends, self.settings = runs, fleet, backends, settings
         self.tools = tools  # the server's: every turn's tools reach its index and apply model
         self.quota = settings.background

@@ -85,8 +85,9 @@ def confine(root: Path, path: Path) -> Path:
 
 def _realpath(path: str) -> str:
     """os.path.realpath, resolved by the kernel when the path exists: one open(O_PATH)
-    instead of an lstat per component in Python (walks call this per directory, and a tree
-    1,000 directories deep made that quadratic: a minute per walk)."""
+    instead of an lstat per component in Python (walks call this per directory, so a deep
+    tree, which any sandboxed command can make, made that quadratic: docs/fleet.md, "Git and
+    the host")."""
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except (OSError, ValueError):  # absent (a file to create), a loop, a NUL: Python's way

@@ -6,5 +6,6 @@ kind, day and tenant under `events/v1/kind=.../day=YYYY-MM-DD/tenant=.../part-<u
 `query.connect(store)` gives a DuckDB connection with one view per kind.
 
 Import from the modules (`events.log.EventLog`, `events.schema`, `events.query`): this package
-is loaded by every `codeplane` command (the CLI mount), and pyarrow costs ~0.15 s to import.
+is loaded by every `codeplane` command (the CLI mount), and pyarrow is slow to import
+(docs/deployment.md, "Event lake").
 """

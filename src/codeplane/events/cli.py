@@ -1,7 +1,7 @@
 """`codeplane events query|stats`: read the event lake where `[storage] objects` points.
 
 pyarrow and DuckDB are imported inside the commands: every `codeplane` invocation loads this
-module, and those imports cost about 0.2 s.
+module, and those imports are slow (docs/deployment.md, "Event lake").
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from cryptography.exceptions import InvalidTag
 from codeplane.config import Settings
 from codeplane.core.files import Refused, decode, read_bytes
 from codeplane.core.languages import code_language
-from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.lexical import analyse
 from codeplane.indexing.rank import (
     CHUNK_WEIGHTS,
@@ -36,6 +35,7 @@ from codeplane.indexing.rank import (
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
 from codeplane.indexing.vectors import client_vectors
+from codeplane.indexing.workspace_keys import KeyFileError
 from codeplane.models.embedders import Embedders
 
 DENSE_K = 100  # dense hits asked of the server: the fusion needs more than the page shown
@@ -77,7 +77,7 @@ def search(root: Path, query: str, limit: int, settings: Settings, path: str | N
            embedders: Embedders | None = None, read: Reader | None = None) -> SearchOutcome:
     """`code` keeps only source files (those with a tree-sitter grammar): "where in the code
     would this change go" without the changelog, README or config that mention the same words
-    (measured in bench/search: held-out localisation R@5 0.89 -> 0.91; docs/indexing.md).
+    (docs/indexing.md, "Search benchmark", has what it changes).
     `embedders`: the program's, for client-side embedding (`client_vectors`)."""
     root = Path(root).resolve()
     try:

@@ -22,11 +22,11 @@ from codeplane.clikit import (
 from codeplane.config import Settings
 from codeplane.core.http import api_client
 from codeplane.indexing.api import IndexUnavailable, search
-from codeplane.indexing.keys import KeyFileError
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.state import workspace_dir
 from codeplane.indexing.sync import SyncReport, sync
 from codeplane.indexing.vectors import MODES, EmbedModeError
+from codeplane.indexing.workspace_keys import KeyFileError
 from codeplane.models.embed import EmbedderUnavailable
 from codeplane.models.embedders import Embedders
 

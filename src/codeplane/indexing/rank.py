@@ -1,15 +1,15 @@
 """Fuse the server's dense hits with the client's BM25 hits, per chunk and per file.
 
-Why not reciprocal-rank fusion: on docstring -> function queries RRF lowered MRR@10 from 0.62 to
-0.53, because it gives a weak lexical list as much say as a strong dense one. Here each list's
+Why not reciprocal-rank fusion: it gives a weak lexical list as much say as a strong dense one,
+and on docstring -> function queries it ranked worse than dense alone. Here each list's
 scores are normalised by the query's best score and mixed with a few weights fitted per query
 shape (`lexical.Shape`) on tuning repositories (`bench/search/evaluate.py --fit`), then checked
 on held-out repositories. Files are ranked by their best chunk, plus their second-best chunk,
 plus a path that names a query word: "where would this change go" is a question about files.
 Documentation (changelogs, READMEs, prose docs) and tests are demoted, not dropped: a changelog
 entry restates a change request and a test names the behaviour it checks, so either would
-outrank the code the request is about (measured: docs/search.md, "Documentation in file
-ranking" and "The whole tree indexed: tests and docs demoted").
+outrank the code the request is about (docs/search.md, "Documentation in file ranking" and
+"The whole tree indexed: tests and docs demoted").
 """
 
 from __future__ import annotations
@@ -47,12 +47,11 @@ class Weights:
 # jinja, requests): a grid over these weights per shape, best mean MRR@10 + R@5. Chunks: from
 # docstring -> function (prose, mixed) and identifier lookups; files: from commit-message
 # localisation. No localisation request was a bare identifier, so files borrow the chunk fit
-# there. Identifier `define` tied on tuning at 0.5, 1.0 and 2.0 (MRR 1.0); 1.0 is kept because a
-# name called from many short places otherwise out-scores its definition lexically (held-out MRR
-# 0.988 at 0.5, 0.996 at 1.0). The `docs` and `tests` factors: scans with the other weights
-# fixed (1.0 ... 0.0), with tests and docs indexed, rose on tuning and were flat from 0.5 to 0.0
-# (files' `docs`: from 0.7); 0.3 keeps a changelog or a test reachable when no code matches.
-# Held-out numbers: docs/indexing.md, docs/search.md.
+# there. Identifier `define` tied on tuning over a range; 1.0 is kept because a name called from
+# many short places otherwise out-scores its definition lexically. The `docs` and `tests`
+# factors (DEMOTED): tuning scores stop rising well above it, and a factor above zero keeps a
+# changelog or a test reachable when no code matches. The scans and held-out numbers: docs/indexing.md
+# ("Numbers behind the code's comments"), docs/search.md.
 CHUNK_WEIGHTS = {
     Shape.PROSE: Weights(dense=0.8, lexical=0.2, define=0.0, second=0.0, path=0.0),
     Shape.MIXED: Weights(dense=0.7, lexical=0.3, define=0.0, second=0.0, path=0.0),

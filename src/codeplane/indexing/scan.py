@@ -53,8 +53,8 @@ class _Level:
 
     def __init__(self, base: str, spec: pathspec.GitIgnoreSpec) -> None:
         self.base, self.spec = base, spec
-        # pathspec tries each pattern in Python (~30 us per path per level); one combined regex
-        # answers "does anything match?" in C, and most paths match nothing.
+        # pathspec tries each pattern in Python for every path at every level; one combined
+        # regex answers "does anything match?" in C, and most paths match nothing.
         self.any = re.compile("|".join(
             f"(?:{_NAMED.sub('(?:', p.regex.pattern)})"
             for p in spec.patterns if p.include is not None and p.regex is not None) or "(?!)")

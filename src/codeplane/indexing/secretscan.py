@@ -7,7 +7,7 @@ one by one). Three kinds of evidence, each checked for placeholders (`changeme`,
 
 - detect-secrets' own regex detectors (AWS, private keys, Slack, Stripe, JWT, basic auth in URLs,
   ...), called directly: its ad-hoc `scan_line` mode also runs the keyword and entropy
-  heuristics and flagged ~4 "secrets" per ordinary line of Python at ~1.3 ms a line.
+  heuristics, which flag ordinary lines of Python as secrets and are slow per line.
 - provider formats detect-secrets lacks or matches too narrowly (OpenAI `sk-proj-`, Anthropic
   `sk-ant-api03-`, Google `AIza`, fine-grained GitHub `github_pat_`, GitLab, Hugging Face, npm,
   passwords in connection URLs, bearer tokens, every PEM private-key header: detect-secrets lists
@@ -131,8 +131,9 @@ OVERLAP = 512  # a long line is cut into overlapping windows: a secret up to thi
 def _blocks(text: str) -> Iterator[str]:
     r"""Whole lines grouped into blocks of about BLOCK chars, over-long lines (minified code)
     cut into overlapping windows. Some detect-secrets patterns (basic auth: `://[^{}\s]+:`)
-    backtrack quadratically on one long line; bounded blocks keep a 1 MB file near linear
-    (a minified line of URLs took 135 s as one string)."""
+    backtrack quadratically on one long line; bounded blocks keep a large file near linear
+    (a minified line of URLs as one string took minutes: docs/indexing.md,
+    "Numbers behind the code's comments")."""
     block: list[str] = []
     size = 0
     for line in text.splitlines(keepends=True):

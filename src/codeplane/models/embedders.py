@@ -4,8 +4,8 @@ embedders one program uses.
 A row is an embedder class (or its constructor from settings) and the settings model the rest
 of the `embedder` table is validated with; the composition root (the server's
 `server/services.py`, the client's `codeplane index`/`search`) makes one `Embedders` and hands
-it to whoever embeds, which builds each embedder on first use and once (a local model costs
-about a second and 100+ MB to load, and most servers never index). A row that runs native code
+it to whoever embeds, which builds each embedder on first use and once (a local model takes
+time and memory to load, and most servers never index). A row that runs native code
 is built, in a program with an engine (the server), in a worker process of that engine
 (`embed_worker.py`): a crash there fails one request, never the server.
 Adding an embedder is one module (its class and settings model) and one row here.

@@ -3,8 +3,8 @@
 Why a process per model: native code that crashes (llama.cpp's AMX kernels segfault on some
 Xeons, issue #30) must take down one model's worker, never the server (`models/worker.py`).
 Why one at a time: a llama.cpp context is not thread-safe, and its KV cache is the latency
-budget (a 1,200-token prompt costs ~9 s cold and ~0.2 s when its prefix is cached on 2
-cores). Each model's jobs queue in the server and run one by one in its worker, which keeps
+budget (a cold prompt costs many times one whose prefix is cached). Each model's jobs queue
+in the server and run one by one in its worker, which keeps
 the cache warm for whichever request comes next; `Llama.generate` reuses the longest common
 token prefix by itself, so callers that keep prompt layouts stable (Tab, agent turns) get the
 speed for free.
@@ -153,8 +153,9 @@ class LocalModel:
         path = ensure_weights(spec, settings)
         cfg = settings.engine
         start = time.perf_counter()
-        # llama-cpp-python defaults decode to half the cores (assuming hyperthreads); on the
-        # 2-vCPU machines we measured 46 tok/s with both cores vs 27 with one.
+        # llama-cpp-python defaults decode to half the cores (assuming hyperthreads); on vCPUs
+        # all of them decode faster (docs/models-and-server.md, "Numbers behind the code's
+        # comments").
         threads = cfg.n_threads or os.cpu_count() or 1
         with _model_params(use_extra_bufts=cfg.extra_buffer_types):
             self.llama = Llama(model_path=str(path), n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,

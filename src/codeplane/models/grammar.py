@@ -1,15 +1,15 @@
 """Grammar-constrained sampling that asks the grammar about likely tokens first.
 
 llama-cpp-python chains llama.cpp's grammar sampler in front of the token choice, so every
-decoded token tests the whole vocabulary (151,936 entries for Qwen) against the grammar. With
-the JSON grammar of a tool call that measured 0.8 s per token on code-medium here, a minute
-for one forced tool call. llama.cpp's own server samples first and consults the grammar for
-the full vocabulary only when the chosen token is rejected. `GrammarGate` does the same as a
-logits processor: it tests the `top_k` most likely tokens (1 when decoding greedily, so greedy
-output is exactly what the full grammar gives), keeps those the grammar allows, and falls
-back to the whole vocabulary only when none is allowed. With sampling, the choice is among
-the allowed tokens of the model's own top-k, which is what the sampler would draw from anyway
-unless fewer than k of them are allowed.
+decoded token tests the whole vocabulary (Qwen's is large) against the grammar, which made each
+token of a forced tool call slow (docs/models-and-server.md, "Numbers behind the code's
+comments"). llama.cpp's own server samples first and consults the grammar for the full
+vocabulary only when the chosen token is rejected. `GrammarGate` does the same as a logits
+processor: it tests the `top_k` most likely tokens (1 when decoding greedily, so greedy output
+is exactly what the full grammar gives), keeps those the grammar allows, and falls back to the
+whole vocabulary only when none is allowed. With sampling, the choice is among the allowed
+tokens of the model's own top-k, which is what the sampler would draw from anyway unless fewer
+than k of them are allowed.
 
 Hand-written on llama.cpp's C sampler API because llama-cpp-python exposes no lazy mode.
 """

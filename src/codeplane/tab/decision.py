@@ -37,8 +37,8 @@ class Signals:
 FEATURES = ("mean_logprob", "min_logprob", "first_logprob", "log_tokens", "mid_line",
             "log_typed_chars", "truncated", "closes_bracket")
 # Fitted by `bench/tab.py --fit` (L2-regularised logistic regression, target: exact line) on
-# 645 tuning positions of 20 projects (the five session-8 sets, seeds 7 and 8), 2026-11-24
-# (session 9); the data, the curves and the threshold rule are in docs/tab.md. Read: a
+# the pooled tuning positions; the data, the curves and the threshold rule are in docs/tab.md
+# ("Session 9: nothing hidden, two fixes, and `heldout3`"). Read: a
 # suggestion is more likely right when its tokens on average and its least likely token are
 # likely, when it closes the bracket in progress, when it is short; less when the token
 # budget cut it.

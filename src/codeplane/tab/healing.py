@@ -81,10 +81,10 @@ class Healing:
     text: str  # "" when nothing was backed off
     # The line so far is indentation: after `text` the output must go on with code, not
     # more blanks. Free, the model re-emitted the indentation as a longer run of spaces
-    # than typed (`   except`) or as spaces only until the line ended (an empty answer):
-    # 25 of the 645 session-8 tuning positions (docs/tab.md, session 9). The indentation
-    # is still backed off: kept whole and followed by code-first, the model answered from
-    # a split it never saw (`.`, `_x`; measured, worse).
+    # than typed (`   except`) or as spaces only until the line ended (an empty answer).
+    # The indentation is still backed off: kept whole and followed by code-first, the
+    # model answered from a split it never saw (`.`, `_x`), further from the author's line
+    # (docs/tab.md, "Accuracy: token healing").
     code_next: bool = False
 
 
@@ -93,9 +93,10 @@ def back_off(tokens: list[int], typed: list[int], piece: Callable[[int], bytes],
     """Drop the last token of `typed` (the tail of `tokens`), then - llama.cpp's dynamic
     healing - the one before it too, as long as what is dropped is still the start of a
     longer token: `retu` tokenizes as ` ret` + `u`, and backing off `u` alone leaves the
-    model to finish a word from a split it never saw in training (on the tuning positions
-    Tab got 3 of 21 such cursors right, the plain call 7). `piece` gives a token's bytes,
-    `extends(b)` whether some vocabulary token is `b` followed by more bytes."""
+    model to finish a word from a split it never saw in training (Tab then got such cursors
+    right far less often than the plain call: docs/tab.md, "Accuracy: token healing").
+    `piece` gives a token's bytes, `extends(b)` whether some vocabulary token is `b` followed
+    by more bytes."""
     if not typed:
         return Healing(tokens, "")
     dropped = 1

@@ -37,8 +37,8 @@ def mid_line_blocked(suffix: str, limit: int = 8) -> bool:
 
 def choose_mode(prefix: str, suffix: str, max_lines: int = 6) -> Mode:
     """Multi-line only where a block body starts (right after `def f():`, `{`, ...);
-    elsewhere finish the current line: one line decodes in a few hundred ms on 2 cores,
-    a block takes seconds and is more often wrong."""
+    elsewhere finish the current line: a block costs many times a line's decoding and is more
+    often wrong."""
     lines = prefix.split("\n")
     current = lines[-1]
     if line_suffix(suffix).strip():
@@ -100,7 +100,7 @@ def _cut_lines(text: str, prefix: str, mode: Mode) -> str:
 
 def complete_lines_done(text: str, prefix: str, mode: Mode) -> bool:
     """True once the finished lines of a streaming suggestion already run past the cut, so
-    decoding can stop early (each token costs ~30 ms on 2 cores)."""
+    decoding can stop early (every generated token costs a decoding step)."""
     done = text[: max(text.rfind("\n"), 0)]  # finished lines, without the open one
     if not mode.multiline or not done:
         return False
@@ -141,8 +141,8 @@ def _brackets(text: str, quote: str = ""):
 
 def open_quote(prefix: str) -> str:
     """The quote still open at the cursor ("" outside a string literal). A suggestion
-    starts inside it: the `}` of `f'... {se|` + `lf.x}')` closes nothing the code opened
-    (session 9: cut as unbalanced, 3 of the 645 tuning positions lost their ending so)."""
+    starts inside it: the `}` of `f'... {se|` + `lf.x}')` closes nothing the code opened, and
+    a cut there as unbalanced lost the suggestion's ending (docs/tab.md, "Session 9")."""
     quote = ""
     for _, _, quote in _scan(prefix.rsplit("\n", 1)[-1]):
         pass

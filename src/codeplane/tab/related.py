@@ -7,7 +7,7 @@ indexer uses) over the files it already has - open documents and workspace files
 their first lines as context snippets. Nothing leaves the machine that the editor does not hold.
 
 Stability matters more than freshness: the snippets are the head of the prompt, so any change
-there makes the server recompute the whole file window (seconds on 2 CPU cores). Names are
+there makes the server recompute the whole file window (seconds on CPU). Names are
 therefore read from the `QUANTUM`-line block around the cursor minus the cursor's own line,
 and `Related` freezes the choice while the cursor stays in that block: typing on a line never
 changes the context, moving into a new block may.

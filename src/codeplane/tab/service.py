@@ -1,6 +1,7 @@
 """Server side of Tab: one suggestion per keystroke, almost never recomputing the prompt.
 
-On 2 CPU cores a cold 1,000-token FIM prompt costs seconds, one new token ~0.1 s, so:
+On CPU a cold FIM prompt costs seconds and each new token a small fraction of that
+(docs/tab.md, "How it stays fast"), so:
 
 * Stable layout ("anchor"): the prompt is `[context][<fim_prefix> P0 <fim_suffix> S
   <fim_middle>] T`, where P0 is the prefix up to the start of the line where the session
@@ -62,7 +63,7 @@ class TabSettings(BaseModel):
     max_tokens_multiline: int = Field(40, ge=1, le=512)
     max_lines: int = Field(6, ge=1, le=50)
     # A threshold on tab/decision.py's P(exact line), picked by `bench/tab.py --fit` on the
-    # 645 tuning positions of 20 projects (docs/tab.md, session 9): the highest threshold at
+    # pooled tuning positions (docs/tab.md, "Session 9"): the highest threshold at
     # which Tab leads the plain FIM call by a safety margin, in-sample and leaving each
     # project out. That is 0 - nothing hidden: a hidden answer scores nothing, most wrong
     # ones a near miss. Every answer carries its `confidence`; clients wanting fewer, surer

@@ -1,13 +1,14 @@
 """Per-file KV-cache slots: jumping back to a file does not recompute its prompt.
 
 llama.cpp keeps one KV sequence per model here, so a jump to another file throws away the
-~750-token prefix of the first one (4-9 s to rebuild on 2 cores). Before a request whose
+prefix of the first one, seconds of prefill to rebuild on CPU (docs/tab.md, "How it stays
+fast"). Before a request whose
 prompt the live cache does not cover, the live cache is saved (if it is still Tab's) and the
 saved slot sharing the longest token prefix with the new prompt is restored.
 
 Saved and restored through the model's KV cache (`models/kv.py`: llama.cpp's per-sequence
-state, only this sequence's KV, ~12 KB per token for the 0.5B model, ~10 ms to save and
-~2 ms to restore). Slots live in the model's worker process only (`tab.service.suggest`)
+state, only this sequence's KV: small, and milliseconds to save and restore next to the
+prefill it saves). Slots live in the model's worker process only (`tab.service.suggest`)
 and are bounded (count and total bytes). Each belongs to a tenant: a request is only ever
 given back a slot its own tenant saved.
 """

@@ -1,9 +1,9 @@
 """The one HTTP client every remote provider (OpenAI-compatible, Anthropic) sends through.
 
-aiohttp rather than httpx: on this machine httpx's pure-Python connection pool cost about
-1.9 ms of CPU per upstream call against a loopback upstream, aiohttp (C HTTP parser, simple
-pool) about 0.13 ms (`bench/gateway.py`, docs/gateway.md), and the upstream call was the
-largest share of the gateway's per-request CPU.
+aiohttp rather than httpx: httpx's pure-Python connection pool cost many times the CPU per
+upstream call of aiohttp's (C HTTP parser, simple pool), and the upstream call was the largest
+share of the gateway's per-request CPU (`bench/gateway.py`; docs/gateway.md, "Workers and the
+hot path").
 
 Transport failures and error statuses become `UpstreamError` here, before the first token,
 so the router may retry elsewhere. Redirects are never followed: an upstream (or whoever

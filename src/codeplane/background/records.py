@@ -33,7 +33,7 @@ FIELDS = ("id", "tenant", "repo", "ref", "task", "model", "status", "created", "
 INTERRUPTED = "the server working on this run stopped before it ended"
 
 
-class Store:
+class BackgroundRecords:
     """The runs of one server database; `replica` names the process that owns the runs it
     creates (None: a store used outside a server, whose runs nobody else may own)."""
 
@@ -42,7 +42,7 @@ class Store:
         self._owns_db = False
 
     @classmethod
-    def open(cls, path: Path) -> Store:
+    def open(cls, path: Path) -> BackgroundRecords:
         """A store of its own in the SQLite file `path` (tools and tests)."""
         store = cls(Database(f"sqlite:///{path}"))
         store.db.upgrade()
