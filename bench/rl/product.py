@@ -34,9 +34,9 @@ from codeplane.agent.loop import Agent, AgentConfig, Event
 from codeplane.agent.services import tool_services
 from codeplane.config import Settings, load_settings
 from codeplane.core.chat import HttpChatModel
+from codeplane.core.serve import child_server
 from codeplane.indexing.api import search_workspace
 from codeplane.indexing.sync import sync
-from codeplane.quickstart import local_server
 from codeplane.rl.config import load_config
 from codeplane.rl.env import EnvConfig, EnvServer
 from codeplane.rl.run import split_tasks
@@ -137,7 +137,7 @@ def main() -> None:
                                                          else [SEARCH_ALONE])
     settings = load_settings()
     rows = []
-    with local_server(settings) as url, args.out.open("w") as out:
+    with child_server(settings.home, settings.config_file) as url, args.out.open("w") as out:
         client = settings.model_copy(update={"server": url})
         for model in models:
             for task in tasks:

@@ -8,11 +8,8 @@ fails says why and the rest still run."""
 from __future__ import annotations
 
 import difflib
-import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +26,7 @@ from codeplane.agent.services import tool_services
 from codeplane.clikit import console, fail
 from codeplane.config import Settings
 from codeplane.core.chat import HttpChatModel
+from codeplane.core.serve import ServerDidNotStart, child_server
 from codeplane.indexing.api import IndexUnavailable, search_workspace
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.sync import sync
@@ -167,7 +165,7 @@ def run(settings: Settings, tab_model: str, agent_model: str, agent_steps: int =
     _pull(settings, [tab_model, agent_model])
     sample = write_sample(settings.home / "quickstart" / "shop")
     console.print(f"[green]✓[/] sample project written to {sample} (one test fails)")
-    with local_server(settings) as url:
+    with _server(settings) as url:
         client = settings.model_copy(update={"server": url})
         steps: list[tuple[str, Callable[[], None]]] = [
             ("index the project privately", lambda: _index(sample, client)),
@@ -219,46 +217,19 @@ def _pull(settings: Settings, names: list[str]) -> None:
 
 
 @contextmanager
-def local_server(settings: Settings) -> Iterator[str]:
+def _server(settings: Settings) -> Iterator[str]:
     """`codeplane serve` on a free loopback port, as a user would start it; its URL."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "CODEPLANE_HOME": str(settings.home)}
-    cmd = [sys.executable, "-m", "codeplane", "serve", "--port", str(port), "--log-level",
-           "warning"]
-    if settings.config_file and settings.config_file.is_file():
-        cmd += ["--config", str(settings.config_file)]
     # a `kill` of the quickstart unwinds like Ctrl-C does, so the server never outlives it
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    server = subprocess.Popen(cmd, env=env)
     try:
-        _wait_healthy(url, server)
-        console.print(f"[green]✓[/] server up at {url}")
-        yield url
+        with child_server(settings.home, settings.config_file) as url:
+            console.print(f"[green]✓[/] server up at {url}")
+            yield url
+    except ServerDidNotStart as exc:
+        fail(str(exc))
     finally:
-        server.terminate()
-        server.wait(timeout=30)
         signal.signal(signal.SIGTERM, previous)
 
-
-def _wait_healthy(url: str, server: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.2)
-    fail(f"the server did not come up at {url} (see its output above)")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-# ---------------------------------------------------------------- the steps
 
 def _index(sample: Path, client: Settings) -> None:
     console.print(f"$ codeplane index {sample}", style="dim", highlight=False)

@@ -4,9 +4,10 @@ and each episode's `codebase_search` over it.
 The run indexes each snapshot (the directory `EnvServer.reset` copies for an episode: one per
 sdist, local repository or failing-test task) once, with the product's own incremental
 indexer (`indexing.sync`, what `codeplane index` runs), under settings of its own: client state
-under `[search] home`, the search server the product's app. By default that app runs in the
-driver process on a loopback port for the run's lifetime (`server = "local"`, its data under
-the same home); `server = URL` uses a running `codeplane serve` instead. The home outlives the
+under `[search] home`, the search server the product's. By default a `codeplane serve` child
+process on a loopback port for the run's lifetime (`server = "local"`, its data under the
+same home: `core/serve.py`, as the quickstart starts one; the composition root is a layer
+above rl); `server = URL` uses a running `codeplane serve` instead. The home outlives the
 run, so a second run or a resume re-syncs every snapshot in one round trip each and embeds
 nothing that did not change; one key file for the home lets the server's embedding cache
 (scoped by key) serve chunks that several snapshots share.
@@ -19,10 +20,8 @@ the copy lives never matters and the output is what `codeplane agent` shows on t
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Self
 from urllib.parse import urlsplit
@@ -32,13 +31,13 @@ from pydantic import BaseModel, Field, field_validator
 from codeplane.agent.services import IndexSearch
 from codeplane.agent.toolset import ToolServices
 from codeplane.config import Settings, load_settings
+from codeplane.core.serve import child_server
 from codeplane.indexing.sync import SyncReport, sync
 from codeplane.rl.tasks import Task
 from codeplane.rl.testfix import FixTask
 
 LOCAL, NONE = "local", "none"
 UPLOAD_BATCH = 32  # chunks per upload request (the product's default is 256)
-START_TIMEOUT_S = 120.0  # building the app (database migrations, services) on a loaded machine
 
 
 class SearchConfig(BaseModel):
@@ -69,46 +68,6 @@ class SearchConfig(BaseModel):
         return Path(self.home).expanduser()
 
 
-class LocalServer:
-    """The product's app (`server.app.create_app`, behind the same edge as `codeplane serve`)
-    on a free loopback port in this process, until `stop`. Not the tests' LiveServer: the
-    socket is bound before the server starts, so no other process can take the port."""
-
-    def __init__(self, settings: Settings) -> None:
-        import uvicorn
-
-        from codeplane.server.app import create_app
-        from codeplane.server.edge import EdgeConfig
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        # as `serve` does: the auth gate decides "loopback" by the real bind
-        settings = settings.model_copy(update={"serve": settings.serve.model_copy(
-            update={"host": "127.0.0.1", "port": port})})
-        config = EdgeConfig(create_app(settings), settings.serve, host="127.0.0.1", port=port,
-                            log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True, name="rl-search-server")
-
-    def start(self) -> Self:
-        self.thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the run's search server did not start")
-            time.sleep(0.05)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.sock.close()
-
-
 class RunIndex:
     """The run's index: `open()` (starts a local server if configured), `index(snapshots)`,
     `services(task)` for each episode, `close()`."""
@@ -116,7 +75,7 @@ class RunIndex:
     def __init__(self, config: SearchConfig) -> None:
         self.config = config
         self.settings: Settings | None = None
-        self.server: LocalServer | None = None
+        self._server = ExitStack()
 
     def open(self) -> Self:
         cfg = self.config
@@ -130,8 +89,7 @@ class RunIndex:
         settings = load_settings(home=home)
         url = cfg.server
         if url == LOCAL:
-            self.server = LocalServer(settings).start()
-            url = self.server.url
+            url = self._server.enter_context(child_server(home))
         # One key for every snapshot: the embedding cache is scoped by key, so chunks that
         # several snapshots share (versions, failing-test copies) are embedded once. Small
         # upload batches: on a loaded machine one of 256 chunks outlasted the client's HTTP
@@ -155,6 +113,4 @@ class RunIndex:
         return ToolServices(search=IndexSearch(self.settings, root=Path(task.snapshot)))
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+        self._server.close()
