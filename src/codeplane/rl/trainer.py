@@ -61,7 +61,9 @@ class TrainerConfig(BaseModel):
     kl_beta: float = Field(0.0, ge=0)  # 0: no reference forward at all
     tis_cap: float | None = Field(2.0, gt=0)  # None: no importance correction
     temperature: float = Field(1.0, gt=0)  # must equal the samplers' temperature
-    micro_batch: int = Field(4, ge=1)  # samples (model turns) per forward/backward
+    # samples (model turns) per forward/backward: activations grow with the square of a turn's
+    # length, and a product agent's turn is long (docs/rl.md, "The trainer": 4 ran out of memory)
+    micro_batch: int = Field(1, ge=1)
     epochs: int = Field(1, ge=1)  # optimiser steps per batch; clipping acts from the 2nd
     max_grad_norm: float = Field(1.0, gt=0)
     drop_zero_variance: bool = True
