@@ -70,6 +70,9 @@ num_cpus = 2
     ("steps = 1\n[tasks]\ntrain_dirs = ['a']\n[rollout]\ngroup_sise = 2\n",
      "rollout.group_sise: Extra inputs are not permitted"),
     ("[tasks]\ntrain = ['x==1']\nheldout = ['x==1']\n", "the split is by repository"),
+    # bench/tab replays humanize: no family trains or evaluates on a benchmark's code
+    ("[tasks]\ntrain = ['toolz==1.0.0']\nheldout = ['humanize==4.11.0']\n",
+     "names benchmark projects ['humanize==4.11.0']"),
     ("steps = [", "not valid TOML"),
     # a training-only prompt or toolset is gone: episodes see what the product shows
     ("[tasks]\ntrain_dirs = ['a']\n[env]\nprompt = 'task'\n",

@@ -111,14 +111,15 @@ def check_split(train: list[str], heldout: list[str]) -> None:
     if shared:
         raise ValueError(f"[tasks] train_repos and heldout_repos share {sorted(shared)}: the "
                          "split is by repository")
-    benchmarks = sorted(s for s, n in names.items() if _is_benchmark(n))
+    benchmarks = sorted(s for s, n in names.items() if is_benchmark(n))
     if benchmarks:
         raise ValueError(f"[tasks] names benchmark repositories {benchmarks}: tasks come from "
                          "histories disjoint from every benchmark (rl/commits.py "
                          "BENCHMARK_REPOSITORIES)")
 
 
-def _is_benchmark(name: str) -> bool:
+def is_benchmark(name: str) -> bool:
+    """`owner/name`, `owner+name` or a PyPI project name that some benchmark reads."""
     owner_name = name.replace("+", "/").lower()
     return owner_name in BENCHMARK_REPOSITORIES or owner_name.split("/")[-1] in BENCHMARK_PROJECTS
 

@@ -11,13 +11,14 @@ must not silently train with defaults.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from codeplane.rl.commits import check_split, is_path
+from codeplane.rl.commits import check_split, is_benchmark, is_path
 from codeplane.rl.env import EnvConfig
 from codeplane.rl.index import SearchConfig
 from codeplane.rl.rollout import RolloutConfig
@@ -72,6 +73,11 @@ class TasksConfig(BaseModel):
         if shared:
             raise ValueError(f"[tasks] train and held-out share {sorted(shared)}: the split "
                              "is by repository")
+        benchmarks = sorted(s for s in [*self.train, *self.heldout]
+                            if is_benchmark(re.split(r"[=<>!~\[; ]", s, maxsplit=1)[0]))
+        if benchmarks:
+            raise ValueError(f"[tasks] names benchmark projects {benchmarks}: tasks come from "
+                             "code disjoint from every benchmark (rl/commits.py)")
         return self
 
 
