@@ -75,7 +75,8 @@ def episode(task: Task, model: str, client: Settings, args: argparse.Namespace,
             hits = search_workspace(env.root, request(task), 1, client, files=True)
             answer = f"{hits[0]['path']}:{hits[0]['start_line']}" if hits else ""
             return {"task": task.id, "model": model, "status": "completed", "answer": answer,
-                    "reward": server.verify(answer)}
+                    "reward": server.verify(answer),
+                    "index_seconds": round(time.monotonic() - start, 1)}
         counts = Counts()
         chat = HttpChatModel(client.server.rstrip("/") + "/v1", model)
         agent = Agent(chat, env, AgentConfig(max_steps=args.max_steps,
