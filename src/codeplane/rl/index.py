@@ -33,6 +33,7 @@ from codeplane.agent.toolset import ToolServices
 from codeplane.config import Settings, load_settings
 from codeplane.core.serve import child_server
 from codeplane.indexing.sync import SyncReport, sync
+from codeplane.rl.commits import CommitTask
 from codeplane.rl.tasks import Task
 from codeplane.rl.testfix import FixTask
 
@@ -45,7 +46,7 @@ class SearchConfig(BaseModel):
 
     model_config = {"extra": "forbid", "frozen": True}
     server: str = Field(LOCAL, description=(
-        '"local": the product\'s app on a loopback port in the driver process for the run; '
+        '"local": a `codeplane serve` child process on a loopback port for the run; '
         'a URL ("http://127.0.0.1:8000"): a running codeplane server; "none": no index '
         '(codebase_search answers "index unavailable", as on a workspace never indexed)'))
     home: str = Field("~/.codeplane/rl/index", description=(
@@ -106,7 +107,7 @@ class RunIndex:
             return []
         return [sync(Path(root), self.settings) for root in sorted(set(snapshots))]
 
-    def services(self, task: Task | FixTask) -> ToolServices:
+    def services(self, task: Task | FixTask | CommitTask) -> ToolServices:
         """An episode's tool services: search over its task snapshot's index."""
         if self.settings is None:
             return ToolServices()
