@@ -81,7 +81,8 @@ num_cpus = 2
      "env.tools: Extra inputs are not permitted"),
     ("trainer_kind = 'none'\n[tasks]\ntrain_dirs = ['nowhere']\n",
      "not directories"),
-    ("[tasks]\ntrain_dirs = ['a']\n[warm_start]\nsteps = 2\n", "instruction = \"grep\""),
+    ("[tasks]\ntrain_dirs = ['a']\n[warm_start]\nsteps = 2\n",
+     "these task families only: locate (grep instruction), commits"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, body, message) -> None:
     result = cli(str(write_config(tmp_path / "bad.toml", body)), timeout=60)

@@ -5,6 +5,7 @@ is made with git in the test, with its identity on the command line and an empty
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -272,3 +273,46 @@ def test_the_example_config_is_disjoint_from_the_benchmarks() -> None:
     assert config.tasks.family == "commits"
     assert len(config.tasks.train_repos) >= 3 and len(config.tasks.heldout_repos) >= 2
     assert tomllib.loads((ROOT / "examples/rl/commits.toml").read_text())["tasks"]
+
+
+@pytest.mark.model
+def test_the_search_solver_searches_reads_in_parallel_and_names_the_file(
+        tasks, history, tmp_path) -> None:
+    """The warm start's solver for this family (rl/warmstart.py), through a real episode on
+    the product's index: one codebase_search for the request (files ranked), the top two
+    hits read in ONE turn, then the top file named; its three turns are what is imitated."""
+    pytest.importorskip("torch")
+    from conftest import make_settings
+    from test_trainer import CONFIG
+
+    from codeplane.rl.index import RunIndex, SearchConfig
+    from codeplane.rl.rollout import RolloutConfig, play
+    from codeplane.rl.trainer import PolicyTrainer
+    from codeplane.rl.warmstart import SearchSolver, demonstrations, solver_for
+
+    assert solver_for("commits", "search") is SearchSolver
+    area = by_request(tasks, REQUEST_AREA)
+    export(area, history / ".git")
+    make_settings(tmp_path / "index")
+    index = RunIndex(SearchConfig(home=str(tmp_path / "index"))).open()
+    policy = PolicyTrainer(CONFIG, make_settings(tmp_path / "home")).policy
+    server, turns = EnvServer(scratch=str(tmp_path)), []
+    try:
+        index.index([area.snapshot])
+        episode = play(SearchSolver(policy), server, area, "g",
+                       RolloutConfig(max_turns=4, answer_turn=True, temperature=0.0,
+                                     toolset="core"),
+                       on_event=lambda e: e["type"] == "model_turn" and turns.append(
+                           e["message"]), services=index.services(area))
+    finally:
+        server.close()
+        index.close()
+    assert episode.reward == 1.0, turns
+    calls = [[(c["function"]["name"], json.loads(c["function"]["arguments"]))
+              for c in t.get("tool_calls") or []] for t in turns]
+    assert calls[0] == [("codebase_search", {"query": REQUEST_AREA, "files": True})]
+    assert [name for name, _ in calls[1]] == ["read_file", "read_file"]
+    assert calls[1][0][1]["path"] == "pkg/shapes.py" and calls[2] == []
+    assert turns[2]["content"] == "The change touches pkg/shapes.py."
+    demos = demonstrations([episode])
+    assert [policy.decode(s.completion_ids).count("<tool_call>") for s in demos] == [1, 2, 0]

@@ -166,3 +166,15 @@ def _without(text: str, spans: list[tuple[int, int]]) -> str:
     for start, end in sorted(spans, reverse=True):
         text = text[:start] + text[end:]
     return _leftover(text).strip() if spans else text.strip()
+
+
+def assistant_turn(text: str, tools: list[dict] | None, finish: str
+                   ) -> tuple[dict[str, Any], str]:
+    """The assistant message the product's local engine would return for `text`: tool calls
+    parsed by its lenient parser, whatever remains as content."""
+    content, calls = parse_tool_calls(text, tool_names(tools)) if tools else (text, [])
+    message: dict[str, Any] = {"role": "assistant", "content": content or ""}
+    if calls:
+        message["tool_calls"] = [c.to_openai() for c in calls]
+        message["content"] = content or None
+    return message, "tool_calls" if calls else finish

@@ -22,6 +22,7 @@ from codeplane.rl.commits import check_split, is_benchmark, is_path
 from codeplane.rl.env import EnvConfig
 from codeplane.rl.index import SearchConfig
 from codeplane.rl.rollout import RolloutConfig
+from codeplane.rl.warmstart import SOLVERS, solver_for
 
 _STRICT = {"extra": "forbid"}
 
@@ -151,11 +152,11 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _warm_start_fits_the_tasks(self) -> RunConfig:
-        # the scripted solver runs the grep call the "grep" instruction names
-        if self.warm_start.steps and (self.tasks.family, self.tasks.instruction) != (
-                "locate", "grep"):
-            raise ValueError("[warm_start] imitates a grep solver: it needs the locate family "
-                             "with [tasks] instruction = \"grep\"")
+        if self.warm_start.steps and solver_for(self.tasks.family,
+                                                self.tasks.instruction) is None:
+            known = ", ".join(f"{f} ({i} instruction)" if i else f for f, i in SOLVERS)
+            raise ValueError("[warm_start] imitates a scripted solver, and there is one for "
+                             f"these task families only: {known}")
         return self
 
 

@@ -36,7 +36,7 @@ from codeplane.models.engine import (
 )
 from codeplane.models.pull import ensure_weights
 from codeplane.models.registry import ModelRegistry
-from codeplane.models.toolcalls import parse_tool_calls, tool_names
+from codeplane.models.toolcalls import assistant_turn
 from codeplane.rl.algorithms import token_logprobs
 
 # Attention projections: what the LoRA adapts, and what llama.cpp's GGUF adapters can carry
@@ -176,18 +176,6 @@ class Policy:
                 keep: int) -> torch.Tensor:
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                           logits_to_keep=keep, use_cache=False).logits
-
-
-def assistant_turn(text: str, tools: list[dict] | None, finish: str
-                   ) -> tuple[dict[str, Any], str]:
-    """The assistant message the product's local engine would return for `text`: tool calls
-    parsed by its lenient parser, whatever remains as content."""
-    content, calls = parse_tool_calls(text, tool_names(tools)) if tools else (text, [])
-    message: dict[str, Any] = {"role": "assistant", "content": content or ""}
-    if calls:
-        message["tool_calls"] = [c.to_openai() for c in calls]
-        message["content"] = content or None
-    return message, "tool_calls" if calls else finish
 
 
 class TorchSampler:

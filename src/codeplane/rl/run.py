@@ -374,10 +374,10 @@ class TrainingRun:
         """Imitation steps on the scripted solver's solved train episodes (rl/warmstart.py),
         then the weights to the sampler, a checkpoint and a held-out evaluation; each step's
         numbers go to `out/warmstart.jsonl`."""
-        from codeplane.rl.warmstart import GrepSolver, demonstrations
+        from codeplane.rl.warmstart import demonstrations, solver_for
 
         cfg, ws = self.config, self.config.warm_start
-        solver = GrepSolver(trainer.policy)
+        solver = solver_for(cfg.tasks.family, cfg.tasks.instruction)(trainer.policy)
         greedy = cfg.rollout.model_copy(update={"group_size": 1, "groups_per_step": ws.episodes,
                                                 "temperature": 0.0, "max_staleness": 0,
                                                 "hooks": ()})
@@ -389,7 +389,7 @@ class TrainingRun:
             manager.stop()
         demos = demonstrations(data.episodes)
         if not demos:
-            raise ConfigError("the grep solver solved none of the warm-start episodes")
+            raise ConfigError(f"the {solver.name} solved none of the warm-start episodes")
         order = random.Random(cfg.rollout.seed)
         with (self.out / "warmstart.jsonl").open("a", encoding="utf-8") as log:
             for step in range(ws.steps):
