@@ -4,10 +4,12 @@ product's index - once per model, side by side with what the search tool alone a
 
 For each held-out task of CONFIG (`rl.run.split_tasks`: the tasks and wording the run itself
 evaluates) and each model: a fresh sandboxed copy of the task's repository (`EnvServer.reset`,
-the run's backend), indexed the product's way (`indexing.sync`, the server's embedding cache
-makes the copies after the first cheap), then the agent as `codeplane agent` builds it
-(`HttpChatModel` on the server, `tool_services` of the settings, the product's `AgentConfig`
-with `--max-steps`/`--max-tokens`), its answer scored by the run's verifier
+the run's backend), indexed the product's way (`indexing.sync`) in the run's own index
+(`RunIndex`: its `[search]` home and key, so the copies of a snapshot the run indexed cost a
+round trip per changed file and embed nothing), then the agent as `codeplane agent` builds it
+(`HttpChatModel` on a `codeplane serve` of the user's home, which serves the registered
+models, `tool_services` of the index's settings, the product's `AgentConfig` with
+`--max-steps`/`--max-tokens`), its answer scored by the run's verifier
 (`EnvServer.verify`). "search alone" asks `codebase_search`'s ranking (files) the task's
 request and scores its top hit's `path:line` with the same verifier.
 
@@ -26,6 +28,7 @@ import argparse
 import json
 import statistics
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from codeplane.indexing.api import search_workspace
 from codeplane.indexing.sync import sync
 from codeplane.rl.config import load_config
 from codeplane.rl.env import EnvConfig, EnvServer
+from codeplane.rl.index import RunIndex
 from codeplane.rl.run import split_tasks
 from codeplane.rl.tasks import Task
 
@@ -63,8 +67,8 @@ class Counts:
             self.read_turn_calls.append(len(names))
 
 
-def episode(task: Task, model: str, client: Settings, args: argparse.Namespace,
-            backend: str) -> dict[str, Any]:
+def episode(task: Task, model: str, client: Settings, chat_url: str,
+            args: argparse.Namespace, backend: str) -> dict[str, Any]:
     """One task asked of one model (or of the search ranking alone)."""
     server = EnvServer(EnvConfig(backend=backend))
     start = time.monotonic()
@@ -78,7 +82,7 @@ def episode(task: Task, model: str, client: Settings, args: argparse.Namespace,
                     "reward": server.verify(answer),
                     "index_seconds": round(time.monotonic() - start, 1)}
         counts = Counts()
-        chat = HttpChatModel(client.server.rstrip("/") + "/v1", model)
+        chat = HttpChatModel(chat_url, model)
         agent = Agent(chat, env, AgentConfig(max_steps=args.max_steps,
                                              max_tokens=args.max_tokens),
                       on_event=counts, services=tool_services(client))
@@ -138,11 +142,14 @@ def main() -> None:
                                                          else [SEARCH_ALONE])
     settings = load_settings()
     rows = []
-    with child_server(settings.home, settings.config_file) as url, args.out.open("w") as out:
-        client = settings.model_copy(update={"server": url})
+    index = RunIndex(cfg.search)
+    with ExitStack() as stack, args.out.open("w") as out:
+        stack.callback(index.close)
+        client = index.open().settings
+        url = stack.enter_context(child_server(settings.home, settings.config_file))
         for model in models:
             for task in tasks:
-                row = episode(task, model, client, args, cfg.env.backend)
+                row = episode(task, model, client, url + "/v1", args, cfg.env.backend)
                 rows.append(row)
                 out.write(json.dumps(row) + "\n")
                 out.flush()
