@@ -310,7 +310,8 @@ def test_the_search_solver_searches_reads_in_parallel_and_names_the_file(
     assert episode.reward == 1.0, turns
     calls = [[(c["function"]["name"], json.loads(c["function"]["arguments"]))
               for c in t.get("tool_calls") or []] for t in turns]
-    assert calls[0] == [("codebase_search", {"query": REQUEST_AREA, "files": True})]
+    assert calls[0] == [("codebase_search", {"query": REQUEST_AREA, "files": True,
+                                                    "limit": 5})]
     assert [name for name, _ in calls[1]] == ["read_file", "read_file"]
     assert calls[1][0][1]["path"] == "pkg/shapes.py" and calls[2] == []
     assert turns[2]["content"] == "The change touches pkg/shapes.py."

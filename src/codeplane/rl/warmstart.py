@@ -39,8 +39,9 @@ _HIT = re.compile(r"^([\w./-]+\.py):(\d+):", re.MULTILINE)
 # codebase_search's output: one "path:start-end (score s)" header per hit
 _SEARCH_HIT = re.compile(r"^(\S+):(\d+)-(\d+) \(score ", re.MULTILINE)
 _QUESTION = INSTRUCTION.split("{request}", 1)[1]  # what follows the request in the task
-READS = 2  # files the search solver reads in its parallel turn
-READ_LINES = 40  # lines read around each hit's best chunk: the reads stay a few hundred tokens
+# The search solver's turns stay short (each token of a turn's prompt is trainer time): five
+# files ranked, the top two read in one parallel turn, 30 lines from each one's best chunk.
+HITS, READS, READ_LINES = 5, 2, 30
 
 
 class Tokenizing(Protocol):
@@ -110,7 +111,8 @@ class SearchSolver(Solver):
         if not results:
             task = next(m.get("content") or "" for m in messages if m.get("role") == "user")
             request = task.split(_QUESTION, 1)[0].strip()
-            return _calls([("codebase_search", {"query": request, "files": True})])
+            return _calls([("codebase_search", {"query": request, "files": True,
+                                                "limit": HITS})])
         best: dict[str, int] = {}  # each file's best hit's first line, best file first
         for path, start, _ in _SEARCH_HIT.findall(results[0]):
             best.setdefault(path, int(start))
