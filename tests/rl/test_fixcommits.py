@@ -19,8 +19,12 @@ from test_commits import commit, git  # the commits family's history helpers
 from codeplane.rl import fixcommits, run
 from codeplane.rl.config import load_config
 from codeplane.rl.env import EnvServer
-from codeplane.rl.fixcommits import (FixCommitTask, changed_function, instruction,
-                                     load_fixcommit_tasks)
+from codeplane.rl.fixcommits import (
+    FixCommitTask,
+    changed_function,
+    instruction,
+    load_fixcommit_tasks,
+)
 
 CALC = '''"""Small numeric helpers."""
 

@@ -67,10 +67,9 @@ class CommitsError(ValueError):
 
 
 @dataclass(frozen=True)
-class CommitTask:
-    """One localisation task: `snapshot` is the parent's tree (each episode copies it);
-    `files` the changed source files, `symbols` the (path, qualified name) of the
-    definitions whose lines the commit changed."""
+class HistoryTask:
+    """What a task made of a commit has, whatever its family: the request, where it was
+    read, and the snapshot each episode copies."""
 
     id: str
     repo: str
@@ -79,6 +78,14 @@ class CommitTask:
     commit: str
     parent: str
     request: str
+
+
+@dataclass(frozen=True)
+class CommitTask(HistoryTask):
+    """One localisation task: `snapshot` is the parent's tree; `files` the changed source
+    files, `symbols` the (path, qualified name) of the definitions whose lines the commit
+    changed."""
+
     files: tuple[str, ...]
     symbols: tuple[tuple[str, str], ...]
 

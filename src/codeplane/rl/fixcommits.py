@@ -39,8 +39,14 @@ from pathlib import Path
 
 from codeplane.agent.env import Environment
 from codeplane.rl import changes
-from codeplane.rl.commits import (CommitsError, change_requests, export_tree, git_dir,
-                                  repo_name)
+from codeplane.rl.commits import (
+    CommitsError,
+    HistoryTask,
+    change_requests,
+    export_tree,
+    git_dir,
+    repo_name,
+)
 from codeplane.rl.testfix import TEST_TIMEOUT, functions, sandboxed
 from codeplane.sandbox import DEFAULT_BACKEND
 
@@ -56,17 +62,10 @@ _OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL) (\S.*?::.+?)(?: - .*)
 
 
 @dataclass(frozen=True)
-class FixCommitTask:
+class FixCommitTask(HistoryTask):
     """One fix task: `snapshot` is the commit's tree with `function` of `path` as the
     parent had it; `tests` the pytest node ids that fail there and pass on the commit."""
 
-    id: str
-    repo: str
-    snapshot: str
-    instruction: str
-    commit: str
-    parent: str
-    request: str
     path: str
     function: str
     tests: tuple[str, ...]
