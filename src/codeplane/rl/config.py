@@ -65,8 +65,8 @@ class TasksConfig(BaseModel):
             check_split(self.train_repos, self.heldout_repos)
             return self
         if self.train_repos or self.heldout_repos:
-            raise ValueError("[tasks] train_repos and heldout_repos are the commits and "
-                             "fixcommits families'")
+            raise ValueError("[tasks] train_repos and heldout_repos are the commits family's "
+                             "and the fixcommits family's")
         if not (self.train or self.train_dirs):
             raise ValueError("[tasks] needs train or train_dirs")
         shared = set(self.train) & set(self.heldout) | set(self.train_dirs) & set(
