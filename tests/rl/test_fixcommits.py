@@ -166,3 +166,11 @@ def test_a_run_loads_the_family_from_its_config(history, tmp_path, monkeypatch) 
         f'train_repos = ["{history}"]\n[sampler]\nkind = "http"\n')
     tasks = run.split_tasks(load_config(tmp_path / "run.toml"), "train")
     assert [t.function for t in tasks] == ["clamp"]
+
+
+def test_a_run_cut_short_is_not_cached(history, tmp_path, monkeypatch) -> None:
+    """Tests that timed out (or printed past the sandbox's cap) make no task this time and
+    leave no record or snapshot: the commit is built again next time."""
+    monkeypatch.setattr(fixcommits, "pytest_results", lambda *args: None)
+    assert load_fixcommit_tasks([str(history)], tmp_path, 100, None, 10, 0) == []
+    assert list((tmp_path / "fixcommits" / "calc").iterdir()) == []

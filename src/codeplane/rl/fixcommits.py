@@ -76,17 +76,20 @@ def verify(task: FixCommitTask, env: Environment, repo: Path) -> float:
     test-configuration file differs from the snapshot's, else 0.0."""
     if protected_files(repo) != protected_files(Path(task.snapshot)):
         return 0.0
-    results = pytest_results(env, task.tests)
+    results = pytest_results(env, task.tests) or {}
     return float(all(results.get(t) == "PASSED" for t in task.tests))
 
 
-def pytest_results(env: Environment, args: tuple[str, ...]) -> dict[str, str]:
-    """Each test's outcome (PASSED, FAILED, ERROR, XPASS, XFAIL) by node id, from one pytest
-    run of `args` (files or node ids) in the environment's sandbox, with the repository's
-    own addopts left out ({} when it timed out or its output was cut)."""
-    result = env.run(PYTEST + "-rA " + " ".join(map(shlex.quote, args)), TEST_TIMEOUT)
+def pytest_results(env: Environment, args: tuple[str, ...], report: str = "A"
+                   ) -> dict[str, str] | None:
+    """Test outcomes (PASSED, FAILED, ERROR, XPASS, XFAIL) by node id, from one pytest run of
+    `args` (files or node ids) in the environment's sandbox, with the repository's own
+    addopts left out; `report` is pytest's -r letters ("A": every test, "fE": only failures
+    and errors, which keeps a large file's output under the sandbox's cap). None when it
+    timed out or its output was cut."""
+    result = env.run(f"{PYTEST}-r{report} {' '.join(map(shlex.quote, args))}", TEST_TIMEOUT)
     if result.exit_code is None or result.killed or result.truncated:
-        return {}
+        return None
     return {test: outcome for outcome, test in _OUTCOME.findall(result.output)}
 
 
@@ -173,10 +176,11 @@ def _build(name: str, where: Path, change: changes.Change, request: str, home: P
     snapshot = home / change.commit
     export_tree(where, change.commit, snapshot)
     (snapshot / path).write_text(with_function(after, qualname, before))
-    failing = tuple(t for t, r in _outcomes(snapshot, change.tests, backend).items()
-                    if r in ("FAILED", "ERROR"))
-    fixed = (tuple(t for t, r in _outcomes(snapshot, failing, backend, (path, after)).items()
-                   if r == "PASSED") if failing else ())
+    try:
+        fixed = _fixed_tests(snapshot, change.tests, backend, (path, after))
+    except CommitsError:
+        shutil.rmtree(snapshot)
+        raise
     if not fixed:
         shutil.rmtree(snapshot)
         return None
@@ -185,10 +189,23 @@ def _build(name: str, where: Path, change: changes.Change, request: str, home: P
                          path, qualname, fixed)
 
 
-def _outcomes(snapshot: Path, args: tuple[str, ...], backend: str,
+def _fixed_tests(snapshot: Path, tests: tuple[str, ...], backend: str,
+                 commits_file: tuple[str, str]) -> tuple[str, ...]:
+    """The tests of the commit's test files that fail on the snapshot (a whole file is run,
+    only failures reported) and pass with the commit's file written back."""
+    failing = tuple(t for t, r in _outcomes(snapshot, tests, backend, "fE").items()
+                    if r in ("FAILED", "ERROR"))
+    if not failing:
+        return ()
+    return tuple(t for t, r in _outcomes(snapshot, failing, backend, "A", commits_file).items()
+                 if r == "PASSED")
+
+
+def _outcomes(snapshot: Path, args: tuple[str, ...], backend: str, report: str,
               write: tuple[str, str] | None = None) -> dict[str, str]:
     """pytest's outcomes for `args` on a scratch copy of the snapshot (a test that writes
-    into its repository leaves the snapshot as it was), one file first replaced if asked."""
+    into its repository leaves the snapshot as it was), one file first replaced if asked.
+    A run cut short raises CommitsError: the commit is tried again next time, not cached."""
     scratch = snapshot.with_name(snapshot.name + ".run")
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.copytree(snapshot, scratch, symlinks=True)
@@ -196,7 +213,10 @@ def _outcomes(snapshot: Path, args: tuple[str, ...], backend: str,
         if write:
             (scratch / write[0]).write_text(write[1])
         with sandboxed(scratch, backend) as env:
-            return pytest_results(env, args)
+            found = pytest_results(env, args, report)
+        if found is None:
+            raise CommitsError(f"{snapshot.name}: the tests timed out or printed too much")
+        return found
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
