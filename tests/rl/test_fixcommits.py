@@ -177,3 +177,11 @@ def test_a_run_cut_short_is_not_cached(history, tmp_path, monkeypatch) -> None:
     home = tmp_path / "fixcommits" / "calc"
     assert [p.name for p in home.iterdir()] == [
         git(history, "rev-parse", "HEAD~").strip() + ".json"]
+
+
+def test_the_example_config_is_split_and_disjoint_from_the_benchmarks() -> None:
+    """load_config refuses a shared or benchmark repository; 2-4 train, 1-2 held out."""
+    config = load_config(Path(__file__).resolve().parents[2] / "examples/rl/fixcommits.toml")
+    assert config.tasks.family == "fixcommits"
+    assert 2 <= len(config.tasks.train_repos) <= 4
+    assert 1 <= len(config.tasks.heldout_repos) <= 2
