@@ -55,8 +55,7 @@ SHOWN_TESTS = 3  # the instruction names at most this many failing tests
 PROTECTED = frozenset({"conftest.py", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini",
                        "sitecustomize.py", "usercustomize.py"})
 PYTEST = ("PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=src python -m pytest -q --tb=no --color=no "
-          "--rootdir=. "
-          "-p no:cacheprovider -o addopts= ")
+          "--rootdir=. --continue-on-collection-errors -p no:cacheprovider -o addopts= ")
 _OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL) (\S.*?::.+?)(?: - .*)?$",
                       re.MULTILINE)
 
