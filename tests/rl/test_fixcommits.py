@@ -8,6 +8,7 @@ network: the history is made with git in the test (identity on the command line,
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -185,3 +186,21 @@ def test_the_example_config_is_split_and_disjoint_from_the_benchmarks() -> None:
     assert config.tasks.family == "fixcommits"
     assert 2 <= len(config.tasks.train_repos) <= 4
     assert 1 <= len(config.tasks.heldout_repos) <= 2
+
+
+def test_a_fifo_or_link_planted_among_the_tests_is_a_change_never_read(built,
+                                                                       tmp_path) -> None:
+    """The verifier compares test files on the host: a FIFO (which would block a read) or a
+    symlink out of the tree counts as changed, and nothing is read through it."""
+    task = built[0][0]
+    server = EnvServer(scratch=str(tmp_path))
+    for plant in ("fifo", "link"):
+        root = Path(server.open(task).workspace.root)
+        (root / "pkg/calc.py").write_text(FIXED_CLAMP)
+        planted = root / "tests/test_planted.py"
+        if plant == "fifo":
+            os.mkfifo(planted)
+        else:
+            planted.symlink_to("/etc/passwd")
+        assert server.verify("done") == 0.0
+    server.close()

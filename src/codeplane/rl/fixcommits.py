@@ -33,6 +33,7 @@ import random
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -94,7 +95,8 @@ def pytest_results(env: Environment, args: tuple[str, ...], report: str = "A"
 
 def protected_files(root: Path) -> dict[str, str]:
     """Path -> digest of every test file (changes.is_test) and `PROTECTED` file under
-    `root`; a symlink is recorded as such, never followed."""
+    `root`. Only regular files are read, never through a link: a symlink or a FIFO the
+    policy planted is recorded by its kind (a read of a FIFO would block the host)."""
     found = {}
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != ".git"]
@@ -102,9 +104,18 @@ def protected_files(root: Path) -> dict[str, str]:
             file = Path(folder) / name
             rel = file.relative_to(root).as_posix()
             if name in PROTECTED or changes.is_test(rel):
-                found[rel] = ("link" if file.is_symlink()
-                              else hashlib.sha256(file.read_bytes()).hexdigest())
+                found[rel] = _digest(file)
     return found
+
+
+def _digest(file: Path) -> str:
+    """sha256 of a regular file's bytes (streamed), else its kind."""
+    mode = file.lstat().st_mode
+    if not stat.S_ISREG(mode):
+        return f"not a regular file: {stat.S_IFMT(mode):o}"
+    fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with open(fd, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def changed_function(before: str, after: str) -> tuple[str, str] | None:
