@@ -33,11 +33,16 @@ MIN_WORDS = 4
 
 @dataclass(frozen=True)
 class Change:
-    """A commit, its only parent, and the non-test source files it modified (sorted)."""
+    """A commit, its only parent, and the non-test source files it modified (sorted); also
+    the test source files it modified or added and the non-test source files it added,
+    deleted or renamed (the fix family asks for a commit that changes one source file and
+    its tests, nothing else of the code)."""
 
     commit: str
     parent: str
     files: tuple[str, ...]
+    tests: tuple[str, ...] = ()
+    other_sources: tuple[str, ...] = ()
 
 
 def git(git_dir: Path, *args: str) -> str:
@@ -79,7 +84,11 @@ def modified_commits(git_dir: Path, newest: int, rev: str = "HEAD") -> list[Chan
         modified = [c.split("\t")[-1] for c in changes if c.startswith("M\t")]
         files = sorted(p for p in modified if SOURCE.search(p) and not is_test(p))
         if len(parents) == 1 and MIN_FILES <= len(files) <= MAX_FILES:
-            out.append(Change(sha, parents[0], tuple(files)))
+            sources = [(c[0], c.split("\t")[-1]) for c in changes if SOURCE.search(c)]
+            out.append(Change(
+                sha, parents[0], tuple(files),
+                tuple(sorted(p for s, p in sources if s in "MA" and is_test(p))),
+                tuple(sorted(p for s, p in sources if s not in "M" and not is_test(p)))))
     return out
 
 

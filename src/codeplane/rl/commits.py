@@ -29,6 +29,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -66,10 +67,9 @@ class CommitsError(ValueError):
 
 
 @dataclass(frozen=True)
-class CommitTask:
-    """One localisation task: `snapshot` is the parent's tree (each episode copies it);
-    `files` the changed source files, `symbols` the (path, qualified name) of the
-    definitions whose lines the commit changed."""
+class HistoryTask:
+    """What a task made of a commit has, whatever its family: the request, where it was
+    read, and the snapshot each episode copies."""
 
     id: str
     repo: str
@@ -78,6 +78,14 @@ class CommitTask:
     commit: str
     parent: str
     request: str
+
+
+@dataclass(frozen=True)
+class CommitTask(HistoryTask):
+    """One localisation task: `snapshot` is the parent's tree; `files` the changed source
+    files, `symbols` the (path, qualified name) of the definitions whose lines the commit
+    changed."""
+
     files: tuple[str, ...]
     symbols: tuple[tuple[str, str], ...]
 
@@ -187,19 +195,28 @@ def commit_tasks(name: str, where: Path, cache: Path, newest: int) -> list[Commi
     (the repository `name`), as tasks whose snapshots are not exported yet (`export` does,
     for the tasks a run uses)."""
     tasks = []
+    for change, request in change_requests(where, newest):
+        try:
+            symbols = changed_symbols(where, change)
+        except subprocess.CalledProcessError:  # objects a partial mirror lacks
+            continue
+        tasks.append(CommitTask(
+            f"{name}:{change.commit[:12]}", name, str(cache / "commits" / name / change.parent),
+            INSTRUCTION.format(request=request), change.commit, change.parent, request,
+            change.files, symbols))
+    return tasks
+
+
+def change_requests(where: Path, newest: int) -> Iterator[tuple[changes.Change, str]]:
+    """Each commit among the `newest` that is a change request (rl/changes.py's rule), with
+    its request: what the localisation and the fix families are both made of."""
     for change in changes.modified_commits(where, newest):
         try:
             request = changes.change_request(changes.message(where, change.commit))
-            symbols = changed_symbols(where, change) if request else ()
         except subprocess.CalledProcessError:  # objects a partial mirror lacks
             continue
         if request:
-            tasks.append(CommitTask(
-                f"{name}:{change.commit[:12]}", name,
-                str(cache / "commits" / name / change.parent),
-                INSTRUCTION.format(request=request), change.commit, change.parent, request,
-                change.files, symbols))
-    return tasks
+            yield change, request
 
 
 def changed_symbols(where: Path, change: changes.Change) -> tuple[tuple[str, str], ...]:
@@ -245,28 +262,32 @@ def _definitions(tree: ast.Module) -> list[tuple[int, int, str]]:
 
 
 def export(task: CommitTask, where: Path) -> None:
-    """The task's snapshot, the parent's tree, exported from `where` once: `git
-    archive` streamed into tarfile's `data` filter, in a staging directory renamed when
-    whole. A tree over `MAX_SNAPSHOT_BYTES` raises CommitsError."""
-    dest = Path(task.snapshot)
+    """The task's snapshot, the parent's tree, exported from `where` once (`export_tree`)."""
+    export_tree(where, task.parent, Path(task.snapshot))
+
+
+def export_tree(where: Path, rev: str, dest: Path) -> None:
+    """The tree of `rev` exported into `dest` once: `git archive` streamed into tarfile's
+    `data` filter, in a staging directory renamed when whole. A tree over
+    `MAX_SNAPSHOT_BYTES` raises CommitsError."""
     if dest.is_dir():
         return
     size = sum(int(line.split()[3]) for line in changes.git(
-        where, "ls-tree", "-r", "-l", task.parent).splitlines() if line.split()[3] != "-")
+        where, "ls-tree", "-r", "-l", rev).splitlines() if line.split()[3] != "-")
     if size > MAX_SNAPSHOT_BYTES:
-        raise CommitsError(f"{task.id}: the parent's tree is {size} bytes, over the limit")
+        raise CommitsError(f"{rev}: the tree is {size} bytes, over the limit")
     staging = dest.with_name(dest.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     with subprocess.Popen(["git", *SAFE_GIT, "--git-dir", str(where), "archive",
-                           "--format=tar", task.parent], stdout=subprocess.PIPE,
+                           "--format=tar", rev], stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, env=git_env()) as proc:
         assert proc.stdout is not None
         with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
             tar.extractall(staging, filter=_data_or_skip)
     if proc.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        raise CommitsError(f"{task.id}: git archive of {task.parent} failed")
+        raise CommitsError(f"git archive of {rev} failed")
     staging.rename(dest)
 
 

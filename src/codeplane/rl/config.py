@@ -41,12 +41,13 @@ class TasksConfig(BaseModel):
     instruction: Literal["search", "grep"] = Field(
         "search", description='locate only: "search" asks the question; "grep" also names '
                               'the grep call that finds the answer (rl/tasks.py)')
-    family: Literal["locate", "testfix", "commits"] = Field(
+    family: Literal["locate", "testfix", "commits", "fixcommits"] = Field(
         "locate", description='locate: "where is X implemented? answer path:line" '
                               '(rl/tasks.py); testfix: "make the failing test pass", one '
                               'function broken, its doctests as the test (rl/testfix.py); '
                               'commits: a real change request -> the files its commit '
-                              'changed (rl/commits.py)')
+                              'changed (rl/commits.py); fixcommits: a real commit\'s change '
+                              'to one function removed, its tests to pass (rl/fixcommits.py)')
     train_repos: list[str] = Field(default_factory=list, description=(
         "commits only: git histories, as owner/name, an https URL or a path (/, ~, ./ or "
         "../); never a benchmark repository"))
@@ -58,15 +59,15 @@ class TasksConfig(BaseModel):
 
     @model_validator(mode="after")
     def _split(self) -> TasksConfig:
-        if self.family == "commits":
+        if self.family in ("commits", "fixcommits"):
             if not self.train_repos or self.train or self.train_dirs:
-                raise ValueError("[tasks] family \"commits\" reads train_repos and "
+                raise ValueError(f"[tasks] family \"{self.family}\" reads train_repos and "
                                  "heldout_repos only (train_repos is required)")
             check_split(self.train_repos, self.heldout_repos)
             return self
         if self.train_repos or self.heldout_repos:
-            raise ValueError("[tasks] train_repos and heldout_repos are the commits "
-                             "family's")
+            raise ValueError("[tasks] train_repos and heldout_repos are the commits family's "
+                             "and the fixcommits family's")
         if not (self.train or self.train_dirs):
             raise ValueError("[tasks] needs train or train_dirs")
         shared = set(self.train) & set(self.heldout) | set(self.train_dirs) & set(

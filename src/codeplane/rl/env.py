@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from codeplane.agent.env import Environment
-from codeplane.rl import commits
+from codeplane.rl import commits, fixcommits
 from codeplane.rl.tasks import Task, score
 from codeplane.rl.testfix import FixTask, run_fix_test
 from codeplane.sandbox import DEFAULT_BACKEND, CommandResult, Limits, open_workspace
@@ -142,6 +142,8 @@ class EnvServer:
         try:
             if isinstance(self.task, FixTask):
                 return run_fix_test(self.task, self._env(), self._repo())
+            if isinstance(self.task, fixcommits.FixCommitTask):
+                return fixcommits.verify(self.task, self._env(), self._repo())
             if isinstance(self.task, commits.CommitTask):
                 return commits.score(self.task, answer)
             return score(self.task, answer)

@@ -35,6 +35,7 @@ from codeplane.indexing.remote import RemoteError
 from codeplane.rl.commits import CommitsError, load_commit_tasks
 from codeplane.rl.config import ConfigError, RunConfig
 from codeplane.rl.env import EnvConfig
+from codeplane.rl.fixcommits import load_fixcommit_tasks
 from codeplane.rl.index import RunIndex
 from codeplane.rl.remote import RayEnv
 from codeplane.rl.rollout import RolloutConfig, RolloutManager, StepData, masked
@@ -169,11 +170,15 @@ def split_tasks(cfg: RunConfig, split: Literal["train", "heldout"]) -> list[Task
     tc = cfg.tasks
     specs, dirs, limit = ((tc.train, tc.train_dirs, tc.max_train) if split == "train"
                           else (tc.heldout, tc.heldout_dirs, tc.max_heldout))
-    if tc.family == "commits":
+    if tc.family in ("commits", "fixcommits"):
         repos = tc.train_repos if split == "train" else tc.heldout_repos
+        mirrors = tc.mirrors and Path(tc.mirrors)
         try:
-            return load_commit_tasks(repos, CACHE, tc.commits, tc.mirrors and Path(tc.mirrors),
-                                     limit, cfg.rollout.seed)
+            if tc.family == "fixcommits":
+                return load_fixcommit_tasks(repos, CACHE, tc.commits, mirrors, limit,
+                                            cfg.rollout.seed, cfg.env.backend)
+            return load_commit_tasks(repos, CACHE, tc.commits, mirrors, limit,
+                                     cfg.rollout.seed)
         except CommitsError as exc:
             raise ConfigError(str(exc)) from None
     return load_tasks(specs, dirs, limit, cfg.rollout.seed, tc.family, cfg.env.backend,

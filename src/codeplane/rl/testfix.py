@@ -28,6 +28,7 @@ import json
 import re
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -197,7 +198,7 @@ def doctested(root: Path) -> Iterator[Doctested]:
             tree = ast.parse(file.read_bytes())
         except (SyntaxError, ValueError):
             continue
-        for node, qualname in _functions(tree):
+        for node, qualname in functions(tree):
             doc = ast.get_docstring(node, clean=False) or ""
             if doc and parser.get_examples(doc):
                 yield Doctested(rel.as_posix(), module, qualname, node, doc)
@@ -284,8 +285,9 @@ def _test_name(qualname: str) -> str:
     return "test_" + qualname.replace(".", "_")
 
 
-def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctionDef,
-                                                   str]]:
+def functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctionDef,
+                                                  str]]:
+    """Top-level functions and the methods of top-level classes, with qualified names."""
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             yield node, node.name
@@ -341,8 +343,16 @@ def _snapshot(root: Path, dest: Path, test_path: str, test_source: str) -> None:
 def _run(repo: Path, test_path: str, backend: str) -> dict[str, str]:
     """A test file's results on `repo`, run in a sandbox of `backend` (the project's code
     never runs on the host)."""
+    with sandboxed(repo, backend) as env:
+        return test_results(env, test_path)
+
+
+@contextmanager
+def sandboxed(repo: Path, backend: str) -> Iterator[Environment]:
+    """An environment over `repo` in a sandbox of `backend`, where building a task runs
+    the project's code (closed after)."""
     env = Environment(open_workspace(repo, backend), Limits(timeout=TEST_TIMEOUT))
     try:
-        return test_results(env, test_path)
+        yield env
     finally:
         env.close()
