@@ -631,10 +631,10 @@ def build():
     parser.add_argument(
         "-q",
         "--quiet",
-        action="store_true",
-        dest="quiet",
-        default=False,
-        help="print nothing but the greeting",
+        action="store_false",
+        dest="verbose",
+        default=True,
+        help="print nothing but errors on the console",
     )
 
     parser.set_defaults(func=greet)
@@ -643,25 +643,25 @@ def build():
 '''
 
 # Two new options after the last one. Read as new lines, the sketch's opening `)` is the
-# `-q` block's and nothing is lost; read as edits, the first new block's lines rewrite the
-# `-q` block (`"--loud"` for `"-q"`), which the sketch never shows.
+# `-q` block's and nothing is lost; read as edits, the new blocks' lines rewrite the `-q`
+# block (`"--greeting"` for `"-q"`), which the sketch never shows.
 TWO_NEW_OPTIONS = '''# ... existing code ...
     )
 
     parser.add_argument(
-        "--loud",
-        action="store_true",
-        dest="loud",
+        "--greeting",
+        action="append",
+        dest="greeting",
         default=None,
-        help="shout the greeting",
+        help="greeting text to use, can be given multiple times",
     )
 
     parser.add_argument(
-        "--times",
+        "--name",
         action="store",
-        dest="times",
+        dest="name",
         default=None,
-        help="how often to greet",
+        help="the name to greet, if specified",
     )
 
     parser.set_defaults(func=greet)
