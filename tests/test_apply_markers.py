@@ -709,3 +709,34 @@ def test_a_sketch_that_reads_as_a_no_op_through_a_repeated_line_declines() -> No
     result = apply_edit(SETTINGS, DELETE_DUPLICATE, "conf.py")
     assert not result.ok, result.merged
     assert "ambiguous" in result.diagnostics[-1]
+
+
+PICK = '''def pick(sink, kwargs):
+    if isinstance(sink, str):
+        colorize = True
+    elif isinstance(sink, int):
+        colorize = False
+    elif callable(sink):
+        writer = sink
+        colorize = False
+    else:
+        raise TypeError(sink)
+    return colorize
+'''
+
+
+def test_an_insertion_reading_that_copies_a_line_the_file_has_once_is_no_rival() -> None:
+    """Read as new lines between the second `colorize = False` and `else:`, the sketch
+    would add a second `elif callable(sink):`, a line the file has once and the edit
+    shows as context: that reading is no rival, and the edit of the branch is written."""
+    sketch = '''# ... existing code ...
+        colorize = False
+    elif callable(sink):
+        writer = functools.partial(sink, **kwargs)
+        colorize = False
+    else:
+# ... existing code ...
+'''
+    result = apply_edit(PICK, sketch, "pick.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == PICK.replace("writer = sink", "writer = functools.partial(sink, **kwargs)")

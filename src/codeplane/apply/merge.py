@@ -432,7 +432,9 @@ def _insertion_elsewhere(aligner: Aligner, items: list[str | None], owner: list[
     alignment's reading is cheaper (an edit costs less than a new line), but it changes
     code the sketch may never show; the other keeps it. Two readings, two files: declined,
     never guessed (a new option block after the last one, read as rewriting that one;
-    pyjwt 5de3023c4c in the fourth slice)."""
+    pyjwt 5de3023c4c in the fourth slice). An insertion reading that would add a second
+    copy of a line the file has once, which the alignment matched outside that reading's
+    run, is no rival (loguru 3d4578cd8f: the `elif` of the branch the edit rewrites)."""
     keys = aligner.onorm  # the file's lines, whitespace collapsed
     rows = [k for k, seg in enumerate(owner) if seg == number]
     start, end = best.ops[rows[0] - 1][2], best.ops[rows[-1] + 1][1]
@@ -452,6 +454,11 @@ def _insertion_elsewhere(aligner: Aligner, items: list[str | None], owner: list[
         return keys[o] == norm(line) and (not trivial(keys[o]) or
                                           _indent(aligner.original[o]) == _indent(line))
 
+    # A line the file has once, which the alignment matched away from the insertion
+    # reading's run, would be a second copy in that reading: the alignment's is the one.
+    anchored = {best.ops[k][1] for k in rows if best.ops[k][0] == "match"
+                and keys[best.ops[k][1]] and not trivial(keys[best.ops[k][1]])}
+    unique = {o for o in anchored if keys.count(keys[o]) == 1}
     for i, o in enumerate(code):
         if not same(o, lines[0]):
             continue
@@ -461,7 +468,8 @@ def _insertion_elsewhere(aligner: Aligner, items: list[str | None], owner: list[
                 matched += 1
         for t in range(j, min(j + matched + 1, len(code))):
             run = code[i:t + 1]
-            if same(code[t], lines[-1]) and not all(trivial(keys[p]) for p in run):
+            if same(code[t], lines[-1]) and not all(trivial(keys[p]) for p in run) \
+                    and unique <= set(run):
                 return (f"reads as new lines after line {o + 1} up to line {code[t] + 1} "
                         f"({keys[code[t]][:50]!r}), or as changing code it does not show: "
                         f"ambiguous")
