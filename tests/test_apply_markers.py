@@ -617,3 +617,126 @@ def test_code_appended_at_the_files_end_may_copy_lines_the_file_has_together() -
     result = apply_edit(original, sketch, "test_formatting.py")
     assert result.ok, result.diagnostics
     assert result.merged == original + "\n\n" + test.format(name="appended")
+
+
+PARSER = '''import argparse
+
+
+def build():
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "name", help="what to greet", nargs="?"
+    )
+
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_false",
+        dest="verbose",
+        default=True,
+        help="print nothing but errors on the console",
+    )
+
+    parser.set_defaults(func=greet)
+
+    return parser
+'''
+
+# Two new options after the last one. Read as new lines, the sketch's opening `)` is the
+# `-q` block's and nothing is lost; read as edits, the new blocks' lines rewrite the `-q`
+# block (`"--greeting"` for `"-q"`), which the sketch never shows.
+TWO_NEW_OPTIONS = '''# ... existing code ...
+    )
+
+    parser.add_argument(
+        "--greeting",
+        action="append",
+        dest="greeting",
+        default=None,
+        help="greeting text to use, can be given multiple times",
+    )
+
+    parser.add_argument(
+        "--name",
+        action="store",
+        dest="name",
+        default=None,
+        help="the name to greet, if specified",
+    )
+
+    parser.set_defaults(func=greet)
+# ... existing code ...
+'''
+
+
+def test_new_blocks_that_read_as_new_or_as_rewriting_an_unshown_block_decline() -> None:
+    """Every line of the file between the segment's first and last line is shown, so the
+    sketch reads as pure insertion there; the alignment's cheaper reading rewrites a block
+    the sketch does not show. Two readings, two files: decline (the model path gets it),
+    never write the rewrite."""
+    result = apply_edit(PARSER, TWO_NEW_OPTIONS, "cli.py")
+    assert not result.ok, result.merged
+    assert "ambiguous" in result.diagnostics[-1]
+
+
+SETTINGS = '''# Settings of the documentation build.
+
+project = "Store"
+copyright = "2024, the authors"
+
+# The version, shown in the title and used to name the build.
+version = "1.0"
+
+# The version, shown in the title and used to name the build.
+release = "1.0.2"
+'''
+
+# The commit deletes the first comment and `version`: the sketch shows the comment that
+# follows `copyright`, which the file has twice.
+DELETE_DUPLICATE = '''# ... existing code ...
+copyright = "2024, the authors"
+
+# The version, shown in the title and used to name the build.
+
+# ... existing code ...
+'''
+
+
+def test_a_sketch_that_reads_as_a_no_op_through_a_repeated_line_declines() -> None:
+    """Matched to its first copy, the repeated comment makes the edit change nothing;
+    matched to its second, the lines between are deleted. An edit is meant to change
+    something, so the no-op reading is not written: the merge declines."""
+    result = apply_edit(SETTINGS, DELETE_DUPLICATE, "conf.py")
+    assert not result.ok, result.merged
+    assert "ambiguous" in result.diagnostics[-1]
+
+
+PICK = '''def pick(sink, kwargs):
+    if isinstance(sink, str):
+        colorize = True
+    elif isinstance(sink, int):
+        colorize = False
+    elif callable(sink):
+        writer = sink
+        colorize = False
+    else:
+        raise TypeError(sink)
+    return colorize
+'''
+
+
+def test_an_insertion_reading_that_copies_a_line_the_file_has_once_is_no_rival() -> None:
+    """Read as new lines between the second `colorize = False` and `else:`, the sketch
+    would add a second `elif callable(sink):`, a line the file has once and the edit
+    shows as context: that reading is no rival, and the edit of the branch is written."""
+    sketch = '''# ... existing code ...
+        colorize = False
+    elif callable(sink):
+        writer = functools.partial(sink, **kwargs)
+        colorize = False
+    else:
+# ... existing code ...
+'''
+    result = apply_edit(PICK, sketch, "pick.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == PICK.replace("writer = sink", "writer = functools.partial(sink, **kwargs)")

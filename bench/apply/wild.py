@@ -35,6 +35,7 @@ Usage:
   python bench/apply/wild.py --set fresh         # the second held-out slice alone
   python bench/apply/wild.py --set third         # the third (session 7) held-out slice
   python bench/apply/wild.py --set fourth        # the fourth (issue #33) held-out slice
+  python bench/apply/wild.py --set fifth         # the fifth (session apply5) held-out slice
   python bench/apply/sets.py select OWNER/NAME... --name NAME   # a new held-out slice
   python bench/apply/wild.py --model code-small  # declines also end to end (model path)
 """
@@ -56,8 +57,9 @@ from codeplane.apply.api import apply_edit
 # Held-out slices (bench/apply/sets/NAME.txt), each built from repositories no earlier set
 # used, before the session that measured on it changed any code, and never tuned on:
 # fresh (pluggy, structlog, more-itertools), third (session 7: tenacity, cachetools,
-# marshmallow), fourth (issue #33: pyjwt, tinydb, loguru, funcy).
-SLICES = ("fresh", "third", "fourth")
+# marshmallow), fourth (issue #33: pyjwt, tinydb, loguru, funcy), fifth (session apply5:
+# jmespath.py, deepdiff, voluptuous, bidict).
+SLICES = ("fresh", "third", "fourth", "fifth")
 STYLES = ("wordings", "body", "header", "drift", "joined", "mixed", "layout")
 WORDINGS = (
     "# ... existing code ...", "# ... rest of the function unchanged ...", "# (unchanged)",
@@ -484,7 +486,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--verbose", action="store_true", help="also list every decline")
     parser.add_argument("--set", choices=("main", *SLICES), default="main",
-                        help="main: tune + first held-out part; fresh, third, fourth: one "
+                        help="main: tune + first held-out part; fresh, third, fourth, fifth: one "
                              "later held-out slice alone")
     parser.add_argument("--style", choices=STYLES, help="print one case's sketch in a style")
     parser.add_argument("--case", type=int, default=0)

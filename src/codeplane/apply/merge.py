@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -194,7 +195,22 @@ def _merge_both_ways(original: list[str], sketch: Sketch, trivial_edges: bool
             literal.notes.append("the edit differs from the file only in layout "
                                  "(whitespace, blank lines): taken as written")
             return literal
+        repeated = _repeated_line(original, sketch)
+        if repeated:
+            # Matched to another copy of that line, the lines between would be deleted:
+            # the no-op reading is the one an edit is least likely to mean.
+            reason = (f"read as it fits best the edit changes nothing, but it shows "
+                      f"{repeated[:60]!r}, which the file has several times: context for "
+                      f"deleting the lines up to another copy? ambiguous")
+            return MergeOutcome(None, reasons=[reason])
     return outcome
+
+
+def _repeated_line(original: list[str], sketch: Sketch) -> str | None:
+    """A line with code the sketch shows that the file has more than once."""
+    counts = Counter(norm(line) for line in original if line.strip())
+    return next((line.strip() for segment in sketch.segments for line in segment
+                 if line.strip() and counts[norm(line)] > 1), None)
 
 
 def _unmirror(reason: str, lines: int, segments: int) -> str:
@@ -398,8 +414,66 @@ def _check_all(original: list[str], sketch: Sketch, aligner: Aligner, best: Alig
         if isinstance(region, str):
             return f"{label} {region}: ambiguous"
         if region is not None:
-            regions[number] = region
+            regions[number] = region  # the reading that keeps the most code
+        elif (number or sketch.gap_before) \
+                and (number + 1 < len(sketch.segments) or sketch.gap_after):
+            problem = _insertion_elsewhere(aligner, items, owner, best, number)
+            if problem:
+                return f"{label} {problem}"
     return regions
+
+
+def _insertion_elsewhere(aligner: Aligner, items: list[str | None], owner: list[int],
+                         best: Alignment, number: int) -> str | None:
+    """A segment between two markers that the alignment reads as rewriting or deleting
+    code, while it also reads as pure insertion, which loses nothing: every code line of
+    the file from a line equal to its first to a line equal to its last (within the
+    stretch its markers leave it) is shown, in order, with only new lines between. The
+    alignment's reading is cheaper (an edit costs less than a new line), but it changes
+    code the sketch may never show; the other keeps it. Two readings, two files: declined,
+    never guessed (a new option block after the last one, read as rewriting that one;
+    pyjwt 5de3023c4c in the fourth slice). An insertion reading that would add a second
+    copy of a line the file has once, which the alignment matched outside that reading's
+    run, is no rival (loguru 3d4578cd8f: the `elif` of the branch the edit rewrites)."""
+    keys = aligner.onorm  # the file's lines, whitespace collapsed
+    rows = [k for k, seg in enumerate(owner) if seg == number]
+    start, end = best.ops[rows[0] - 1][2], best.ops[rows[-1] + 1][1]
+    lines = [line for k in rows if (line := items[k]) and line.strip()]
+    shown = [norm(line) for line in lines]
+    if not any(best.ops[k][0] == "sub" for k in rows) and not any(
+            keys[o] for o in best.deleted if start <= o < end):
+        return None  # it only adds lines: nothing to lose
+    lo, hi = best.ops[rows[0] - 1][1], best.ops[rows[-1] + 1][2]
+    code = [o for o in range(lo, hi) if keys[o]]
+    if len(shown) < 2:
+        return None
+
+    def same(o: int, line: str) -> bool:
+        """The file's line `o` is the sketch's `line`; a common line (`)`) only at its
+        indentation, which is all that says which one it is."""
+        return keys[o] == norm(line) and (not trivial(keys[o]) or
+                                          _indent(aligner.original[o]) == _indent(line))
+
+    # A line the file has once, which the alignment matched away from the insertion
+    # reading's run, would be a second copy in that reading: the alignment's is the one.
+    anchored = {best.ops[k][1] for k in rows if best.ops[k][0] == "match"
+                and keys[best.ops[k][1]] and not trivial(keys[best.ops[k][1]])}
+    unique = {o for o in anchored if keys.count(keys[o]) == 1}
+    for i, o in enumerate(code):
+        if not same(o, lines[0]):
+            continue
+        matched, j = 0, i + 1  # the file's code lines after `o` shown in order (greedy)
+        for line in shown[1:-1]:
+            if j + matched < len(code) and keys[code[j + matched]] == line:
+                matched += 1
+        for t in range(j, min(j + matched + 1, len(code))):
+            run = code[i:t + 1]
+            if same(code[t], lines[-1]) and not all(trivial(keys[p]) for p in run) \
+                    and unique <= set(run):
+                return (f"reads as new lines after line {o + 1} up to line {code[t] + 1} "
+                        f"({keys[code[t]][:50]!r}), or as changing code it does not show: "
+                        f"ambiguous")
+    return None
 
 
 def _new_lines_before_blank_run(original: list[str], items: list[str | None],
