@@ -55,7 +55,8 @@ BENCHMARK_REPOSITORIES = frozenset({
     "delgan/loguru", "suor/funcy", "textualize/rich", "hynek/structlog", "jd/tenacity",
     "jpadilla/pyjwt", "more-itertools/more-itertools", "msiemens/tinydb",
     "pallets/itsdangerous", "pallets/markupsafe", "pytest-dev/pluggy",
-    "python/typing_extensions", "tkem/cachetools"})
+    "python/typing_extensions", "tkem/cachetools", "jmespath/jmespath.py",
+    "seperman/deepdiff", "alecthomas/voluptuous", "jab/bidict"})
 BENCHMARK_PROJECTS = frozenset({
     "h11", "werkzeug", "jinja2", "markdown", "sqlparse", "humanize", "pyparsing", "pyflakes",
     "mistune", "boltons", "parso", "python-dotenv", "colorama", "tomli", "docopt",
