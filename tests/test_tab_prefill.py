@@ -5,11 +5,14 @@ Tab model loaded when the server starts."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import uuid
 
 import httpx
 import pytest
 from conftest import LiveServer, free_port, make_settings
+from test_lsp_tab import LspClient
 from test_tab_server import SOURCE
 from upstreams.scripted import caller, run_server, wait_for
 
@@ -150,3 +153,32 @@ def test_the_tab_model_loads_when_the_server_starts(tmp_path):
                  .json()["models_loaded"], timeout=120, what="for the Tab model to load")
     finally:
         server.stop()
+
+
+def test_the_lsp_prefills_on_open_and_after_an_edit_pause(live_server, tmp_path):
+    def prefills() -> int:
+        return httpx.get(f"{live_server.url}/v1/tab/stats", timeout=10).json().get(
+            "prefills", 0)
+
+    env = {**os.environ, "CODEPLANE_HOME": str(tmp_path / "home")}
+    client = LspClient([sys.executable, "-m", "codeplane", "lsp", "--server", live_server.url,
+                        "--prefill-idle-ms", "50"], env)
+    try:
+        client.request("initialize", {"processId": os.getpid(), "rootUri": None,
+                                      "capabilities": {}})
+        client.notify("initialized", {})
+        uri = (tmp_path / "calc.py").as_uri()
+        before = prefills()
+        client.notify("textDocument/didOpen", {"textDocument": {
+            "uri": uri, "languageId": "python", "version": 1, "text": TEXT}})
+        wait_for(lambda: prefills() > before, timeout=120, what="for the didOpen prefill")
+        opened = prefills()
+        line = TEXT.count("\n", 0, OFFSET)
+        client.notify("textDocument/didChange", {
+            "textDocument": {"uri": uri, "version": 2},
+            "contentChanges": [{"range": {"start": {"line": line, "character": 0},
+                                          "end": {"line": line, "character": 0}},
+                                "text": "    x = 1\n"}]})
+        wait_for(lambda: prefills() > opened, timeout=120, what="for the didChange prefill")
+    finally:
+        client.close()
