@@ -31,11 +31,11 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-import tab as tab_bench  # noqa: E402  (bench/tab.py: its held-out cases)
+import tab as tab_bench
 
-from codeplane.config import load_settings  # noqa: E402
-from codeplane.models.engine import Engine  # noqa: E402
-from codeplane.tab.context import Budget, build_request  # noqa: E402
+from codeplane.config import load_settings
+from codeplane.models.engine import Engine
+from codeplane.tab.context import Budget, build_request
 
 IDLE_S = 2.0  # the editor opened the file this long before the first suggestion
 
