@@ -37,15 +37,17 @@ from codeplane.config import load_settings
 from codeplane.models.engine import Engine
 from codeplane.tab.context import Budget, build_request
 
+MIN_PREFIX = 4000  # as the issue measured (the window sent is ~3,000 of them)
 IDLE_S = 2.0  # the editor opened the file this long before the first suggestion
 
 
 def cases(which: str, count: int, seed: int) -> list[tab_bench.Case]:
-    """`count` held-out positions, each in a file of its own."""
+    """`count` held-out positions with at least `MIN_PREFIX` characters before them, each in
+    a file of its own."""
     rng = random.Random(seed)
     out, seen = [], set()
-    for case in tab_bench.make_cases(rng, tab_bench.sources(which), count * 8):
-        if (case.project, case.path) not in seen:
+    for case in tab_bench.make_cases(rng, tab_bench.sources(which), count * 30):
+        if case.offset >= MIN_PREFIX and (case.project, case.path) not in seen:
             seen.add((case.project, case.path))
             out.append(case)
     return out[:count]
