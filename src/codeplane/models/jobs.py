@@ -34,6 +34,8 @@ JOBS: dict[str, str] = {
     "openai.chat": "codeplane.models.local_openai:chat",
     "openai.completions": "codeplane.models.local_openai:completions",
     "tab.suggest": "codeplane.tab.service:suggest",
+    "tab.prefill": "codeplane.tab.service:prefill",
+    "tab.warm": "codeplane.tab.service:warm",
     "apply.rank": "codeplane.apply.rank:rank",
     "apply.rewrite": "codeplane.apply.rewrite:rewrite",
 }

@@ -46,7 +46,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def lifespan(_: FastAPI):
         tighten(settings.server_dir)  # 0700/0600, whatever an older version left
         freeze_startup_objects()
+        warming = services.start()  # in the background: the port opens at once
         yield
+        warming.cancel()
         await services.aclose()
 
     # /docs must render air-gapped: FastAPIOffline serves Swagger UI's script and style itself

@@ -29,8 +29,10 @@ from codeplane.gateway.providers.base import ProviderServices
 from codeplane.gateway.router import Gateway
 from codeplane.models.embed import EmbedderUnavailable
 from codeplane.models.embedders import Embedders
-from codeplane.models.engine import Engine
+from codeplane.models.engine import Engine, EngineCrashed
 from codeplane.models.metrics import EngineCollector
+from codeplane.models.pull import WeightsError
+from codeplane.models.registry import UnknownModel
 from codeplane.sandbox import Backends, BackendServices
 from codeplane.sandbox.fleet import Fleet
 from codeplane.sandbox.records import SandboxRecords
@@ -77,6 +79,20 @@ class Services:
                 self._search = SearchService(self.settings, self.embedders, sql=self.db,
                                              store=self.store)
             return self._search
+
+    def start(self) -> asyncio.Task:
+        """Background work of a starting server, on its event loop: the Tab model loads when
+        codeplane.toml has a `[tab]` section (and `preload` is not off)."""
+        return asyncio.create_task(self._preload_tab())
+
+    async def _preload_tab(self) -> None:
+        if not self.settings.tab or not self.tab.settings.preload:
+            return
+        try:
+            await self.tab.warm()
+        except (EngineCrashed, WeightsError, UnknownModel, OSError) as exc:  # the server
+            # still serves; the first Tab request meets the same error and reports it
+            log.warning("Tab model %s not preloaded: %s", self.tab.settings.model, exc)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.background.close)  # before runs: each records its end

@@ -36,6 +36,9 @@ from codeplane.tab.slots import KVSlots
 
 log = logging.getLogger(__name__)
 TOP_N = 20  # alternatives per token from llama-server, to renormalise healed tokens
+# A prefill evaluates its prompt in chunks of this many tokens and looks at its cancel event
+# between two: a completion that arrives waits for one chunk at most (docs/tab.md).
+PREFILL_CHUNK = 128
 
 
 @dataclass
@@ -47,6 +50,20 @@ class Completion:
     cached_tokens: int
     completion_tokens: int
     restored: bool = False  # a saved KV slot was restored for the prompt (`slots.py`)
+
+
+@dataclass
+class Prefilled:
+    """What a prefill did (picklable: it leaves the worker)."""
+
+    prompt_tokens: int  # the prompt prefix to evaluate
+    cached_tokens: int  # already in the KV cache (live or a restored slot) before it ran
+    evaluated_tokens: int  # in the cache when it stopped (`cached_tokens` at least)
+    yielded: bool  # stopped early: a completion arrived, or a newer prefill of the document
+    restored: bool = False  # a saved KV slot of the tenant was restored first
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
 
 
 class UpstreamError(RuntimeError):
@@ -105,6 +122,17 @@ class LocalTab:
         return Completion(gen.text, gen.token_logprobs or [], gen.finish_reason,
                           gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens,
                           restored)
+
+    def prefill(self, tokens: list[int], cancel: threading.Event, slot: str) -> Prefilled:
+        """Evaluate `tokens` into the KV cache without decoding, chunk by chunk, stopping
+        early when `cancel` is set; what was evaluated stays (a prefix still saves work)."""
+        restored = self.slots.prepare(self.model, tokens, self.tenant)
+        cached = done = self.model.cached_prefix(tokens)
+        while done < len(tokens) and not cancel.is_set():
+            done = min(len(tokens), done + PREFILL_CHUNK)
+            self.model.kv.prefill(tokens[:done])
+        self.slots.finished(self.model, self.tenant, slot)
+        return Prefilled(len(tokens), cached, done, done < len(tokens), restored)
 
 
 class UpstreamTab:

@@ -108,6 +108,12 @@ def lsp(
         help="Send definitions of names near the cursor, found in the workspace's files, "
              "as context (off by default: no accuracy gain measured yet, docs/tab.md).")
     ] = False,
+    prefill: Annotated[bool, typer.Option(
+        help="Have the server evaluate a document's prompt when it is opened and when "
+             "typing pauses, so its first suggestion is fast (POST /v1/tab/prefill).")] = True,
+    prefill_idle_ms: Annotated[int, typer.Option(
+        min=0, max=10_000, help="The pause (no edits in the document) before a prefill.")
+    ] = 500,
     api_key: ApiKeyOption = None,
     server: ServerOption = None,
     config: ConfigOption = None,
@@ -122,5 +128,5 @@ def lsp(
     except TabClientError as exc:
         fail(str(exc))
     log = Telemetry(default_path(cfg.client_dir) if telemetry else None)
-    create_server(url, log, debounce_ms, min_confidence, workspace_context, api_key
-                  ).start_io()
+    create_server(url, log, debounce_ms, min_confidence, workspace_context, api_key,
+                  prefill_idle_ms if prefill else None).start_io()

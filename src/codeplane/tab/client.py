@@ -1,4 +1,4 @@
-"""HTTP client for `POST /v1/tab` and `/v1/tab/feedback`, shared by `codeplane complete`,
+"""HTTP client for `POST /v1/tab`, `/v1/tab/feedback` and `/v1/tab/prefill`, shared by `codeplane complete`,
 `codeplane tab-feedback` and `codeplane lsp`.
 
 Source code leaves the machine only over TLS: plain http is accepted for loopback servers
@@ -78,6 +78,9 @@ class AsyncTabClient:
 
     async def feedback(self, suggestion_id: str, outcome: str, shown_ms: float) -> dict:
         return await self._post("/v1/tab/feedback", _verdict(suggestion_id, outcome, shown_ms))
+
+    async def prefill(self, body: dict) -> dict:
+        return await self._post("/v1/tab/prefill", body)
 
     async def _post(self, route: str, body: dict) -> dict:
         try:

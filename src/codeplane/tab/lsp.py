@@ -4,7 +4,9 @@ Offers `textDocument/inlineCompletion` (ghost text: VS Code, Neovim 0.12+, Helix
 plain `textDocument/completion` items as a fallback for editors without inline completion.
 Per request it builds the client-side context (window + ring of recently viewed snippets),
 asks the server's fast paths first (cache, typed-ahead: no debounce needed), then debounces
-the model path and drops requests superseded by a newer keystroke. Accepting a suggestion
+the model path and drops requests superseded by a newer keystroke. When a document is
+opened, and when its edits pause, it asks the server to prefill that document's prompt
+(`schedule_prefill`), so the first suggestion there does not pay for it. Accepting a suggestion
 runs the `codeplane.tab.accepted` command; accepted and rejected suggestions are logged
 locally and reported to the server (`POST /v1/tab/feedback`), which feeds the event lake.
 """
@@ -18,11 +20,12 @@ from pathlib import Path
 from lsprotocol import types as lsp
 from pygls import uris
 from pygls.lsp.server import LanguageServer
+from pygls.workspace import TextDocument
 
 from codeplane import __version__
 from codeplane.core.languages import code_language
 from codeplane.tab.client import AsyncTabClient, TabClientError
-from codeplane.tab.context import Budget, Ring, build_request
+from codeplane.tab.context import CHARS_PER_TOKEN, Budget, Ring, build_request
 from codeplane.tab.related import Related, WorkspaceDefs
 from codeplane.tab.telemetry import Telemetry
 
@@ -32,7 +35,7 @@ ACCEPT_COMMAND = "codeplane.tab.accepted"
 class TabLanguageServer(LanguageServer):
     def __init__(self, server_url: str, telemetry: Telemetry, debounce_ms: int,
                  min_confidence: float | None, workspace_context: bool = False,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, prefill_idle_ms: int | None = None) -> None:
         super().__init__("codeplane-tab", __version__)
         self.options = {} if min_confidence is None else {"min_confidence": min_confidence}
         self.tab = AsyncTabClient(server_url, api_key)
@@ -45,6 +48,8 @@ class TabLanguageServer(LanguageServer):
         self._latest: dict[str, int] = {}
         self._where: tuple[str, int] | None = None  # (uri, line) of the last request
         self._shown: str | None = None  # id of the suggestion on screen (the server's)
+        self.prefill_idle_s = None if prefill_idle_ms is None else prefill_idle_ms / 1000
+        self._prefills: dict[str, asyncio.Task] = {}  # the pending prefill of each document
 
     async def suggest(self, uri: str, position: lsp.Position) -> tuple[str, str] | None:
         """(text, suggestion id) for the cursor, or None when nothing should show."""
@@ -99,6 +104,36 @@ class TabLanguageServer(LanguageServer):
                 self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Log, str(exc)))
         return True
 
+    def schedule_prefill(self, uri: str, offset: int | None = None) -> None:
+        """Prefill `uri` once it has gone `prefill_idle_s` without a newer call (an edit),
+        cancelling the pending one: the server evaluates the prompt a completion at `offset`
+        (the last edit; None: the file's first window) would start with."""
+        if self.prefill_idle_s is None:
+            return
+        if (pending := self._prefills.pop(uri, None)) is not None:
+            pending.cancel()
+        self._prefills[uri] = asyncio.get_running_loop().create_task(
+            self._prefill(uri, offset))
+
+    async def _prefill(self, uri: str, offset: int | None) -> None:
+        await asyncio.sleep(self.prefill_idle_s)
+        doc = self.workspace.get_text_document(uri)
+        source = doc.source
+        if offset is None:  # where the first window of the file ends (context.window)
+            offset = source.rfind("\n", 0, Budget().prefix_tokens * CHARS_PER_TOKEN) + 1
+        path = self._path(uri)
+        body = build_request(path, source, min(offset, len(source)), self.ring, Budget(),
+                             self._related(path), cursor_id=uri, language=doc.language_id)
+        prefix = body.pop("prefix")
+        body.update(text=prefix + body.pop("suffix"), cursor=len(prefix))
+        try:
+            await self.tab.prefill(body)
+        except TabClientError as exc:
+            self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Log, str(exc)))
+        finally:
+            if self._prefills.get(uri) is asyncio.current_task():
+                del self._prefills[uri]
+
     def _related(self, path: str) -> Related | None:
         """Definitions context over the workspace: its files of this language are read once
         (client side, bounded), open documents are re-read as they are left or edited."""
@@ -138,11 +173,33 @@ def _accept(suggestion_id: str) -> lsp.Command:
                        arguments=[suggestion_id])
 
 
+def _edit_end(doc: TextDocument, change: lsp.TextDocumentContentChangeEvent) -> int | None:
+    """Offset (in the updated document) where an incremental change's text ends; None for
+    a whole-document change."""
+    if not isinstance(change, lsp.TextDocumentContentChangePartial):
+        return None
+    return doc.offset_at_position(change.range.start) + len(change.text)
+
+
 def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
                   min_confidence: float | None = None, workspace_context: bool = False,
-                  api_key: str | None = None) -> TabLanguageServer:
+                  api_key: str | None = None, prefill_idle_ms: int | None = 500
+                  ) -> TabLanguageServer:
     ls = TabLanguageServer(server_url, telemetry, debounce_ms, min_confidence,
-                           workspace_context, api_key)
+                           workspace_context, api_key, prefill_idle_ms)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
+    async def did_open(server: TabLanguageServer, params: lsp.DidOpenTextDocumentParams
+                       ) -> None:
+        server.schedule_prefill(params.text_document.uri)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
+    async def did_change(server: TabLanguageServer, params: lsp.DidChangeTextDocumentParams
+                         ) -> None:
+        uri = params.text_document.uri
+        last = params.content_changes[-1] if params.content_changes else None
+        server.schedule_prefill(uri, last and _edit_end(
+            server.workspace.get_text_document(uri), last))
 
     @ls.feature(lsp.TEXT_DOCUMENT_INLINE_COMPLETION, lsp.InlineCompletionOptions())
     async def inline_completion(server: TabLanguageServer, params: lsp.InlineCompletionParams

@@ -1,4 +1,5 @@
-"""`POST /v1/tab`: one Tab suggestion. A thin layer over `TabService`.
+"""`POST /v1/tab`: one Tab suggestion; `POST /v1/tab/prefill`: a document's prompt evaluated
+before its first suggestion. A thin layer over `TabService`.
 
 Client guidance (also in docs/tab.md): call on every keystroke with the same `cursor_id`; do
 not wait for the previous answer (the server cancels it) and debounce only the model path -
@@ -8,6 +9,10 @@ minute and budget (`gateway.routes.metered`), charged with the tokens it used.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from fastapi import APIRouter, Request
 
@@ -20,7 +25,7 @@ from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
 from codeplane.tab.backend import UpstreamError
 from codeplane.tab.feedback import Feedback
-from codeplane.tab.service import TabRequest, TabResult, TabService
+from codeplane.tab.service import PrefillRequest, TabRequest, TabResult, TabService
 
 router = APIRouter()
 
@@ -30,14 +35,12 @@ def service(request: Request) -> TabService:
     return request.app.state.services.tab
 
 
-@router.post("/v1/tab")
-async def tab(body: TabRequest, request: Request) -> dict:
-    svc = service(request)
-    if not svc.remote(body.model):  # an upstream's model is checked by the upstream
-        _require_fim(svc.engine, body.model or svc.settings.model)
-    tenant = principal_of(request).tenant
+@contextmanager
+def _model_errors() -> Iterator[None]:
+    """The model path's failures as the API's errors: the caller's (4xx) or the model's
+    (503)."""
     try:
-        result = await _complete(svc, body, tenant, request)
+        yield
     except ContextOverflow as exc:
         raise APIError(400, str(exc), code="context_length_exceeded") from None
     except Unsupported as exc:
@@ -46,6 +49,16 @@ async def tab(body: TabRequest, request: Request) -> dict:
         raise unavailable(str(exc), code="upstream_unavailable") from None
     except EngineCrashed as exc:
         raise unavailable(str(exc), code="engine_crashed") from None
+
+
+@router.post("/v1/tab")
+async def tab(body: TabRequest, request: Request) -> dict:
+    svc = service(request)
+    if not svc.remote(body.model):  # an upstream's model is checked by the upstream
+        _require_fim(svc.engine, body.model or svc.settings.model)
+    tenant = principal_of(request).tenant
+    with _model_errors():
+        result = await _complete(svc, body, tenant, request)
     if result.shown and result.source == "model":  # cache/typed-ahead: shown already
         # the decision's signals ride along (and on to the accepted/rejected event), so the
         # show/hide model can be refitted from what users took (tab/decision.py)
@@ -71,6 +84,22 @@ async def _complete(svc: TabService, body: TabRequest, tenant: str,
         result = await svc.complete(body, tenant)
         meter.used = result.prompt_tokens + result.completion_tokens
     return result
+
+
+@router.post("/v1/tab/prefill")
+async def tab_prefill(body: PrefillRequest, request: Request) -> dict:
+    """Evaluate a document's prompt before its first completion (the editor opened the file
+    or paused typing), into a KV slot of this tenant and document; metered like a model
+    call, charged with the tokens it evaluated."""
+    svc = service(request)
+    tab = body.as_tab()
+    if not svc.remote(body.model):
+        _require_fim(svc.engine, body.model or svc.settings.model)
+    start = time.perf_counter()
+    with _model_errors(), metered(request, _estimate(svc, tab)) as meter:
+        got = await svc.prefill(body, principal_of(request).tenant)
+        meter.used = got.evaluated_tokens - got.cached_tokens
+    return {**got.to_json(), "latency_ms": round((time.perf_counter() - start) * 1000, 2)}
 
 
 def _estimate(svc: TabService, body: TabRequest) -> int:

@@ -39,13 +39,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from codeplane.core.principal import LOCAL_TENANT
-from codeplane.models.engine import Engine, JobDropped, Unsupported
+from codeplane.models.engine import Decoding, Engine, JobDropped, Unsupported
 from codeplane.models.jobs import JobContext
 from codeplane.tab import decision, postprocess
-from codeplane.tab.backend import LocalTab, TabModel, UpstreamTab
+from codeplane.tab.backend import LocalTab, Prefilled, TabModel, UpstreamTab
 from codeplane.tab.feedback import ShownLog
 from codeplane.tab.healing import Healing, VocabIndex, back_off
 from codeplane.tab.postprocess import Mode
@@ -86,6 +86,8 @@ class TabSettings(BaseModel):
     upstream_parallel: int = Field(4, ge=1, le=256,
                                    description="concurrent calls to the upstream (its -np)")
     upstream_timeout_s: float = Field(30.0, gt=0)
+    preload: bool = Field(True, description="load the Tab model when the server starts "
+                                            "(with a [tab] section in codeplane.toml)")
 
 
 class Snippet(BaseModel):
@@ -108,6 +110,35 @@ class TabRequest(BaseModel):
     min_confidence: float | None = Field(None, ge=0.0, le=1.0)
     fast_only: bool = Field(False, description="answer from cache/typed-ahead only; "
                                                "source 'miss' means the model is needed")
+
+
+class PrefillRequest(BaseModel):
+    """`POST /v1/tab/prefill`: a document the editor opened or paused in. `text` is what a
+    completion at `cursor` would send as prefix + suffix (the client's window), so the
+    prompt evaluated here is the one the next `/v1/tab` in that file starts with."""
+
+    model_config = {"extra": "forbid"}
+    path: str = Field(max_length=4096)
+    text: str = Field(max_length=400_000)
+    cursor: int | None = Field(None, ge=0, description="offset in `text`; default its end")
+    language: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_+#.-]*$")
+    context: list[Snippet] = Field(default_factory=list, max_length=64)
+    cursor_id: str = Field("default", max_length=200)
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _cursor_inside(self) -> PrefillRequest:
+        if self.cursor is not None and self.cursor > len(self.text):
+            raise ValueError(f"cursor {self.cursor} is past the end of text "
+                             f"({len(self.text)} characters)")
+        return self
+
+    def as_tab(self) -> TabRequest:
+        """The completion request at the cursor whose prompt this prefills."""
+        at = len(self.text) if self.cursor is None else self.cursor
+        return TabRequest(path=self.path, prefix=self.text[:at], suffix=self.text[at:],
+                          language=self.language, context=self.context,
+                          cursor_id=self.cursor_id, model=self.model)
 
 
 @dataclass
@@ -186,9 +217,11 @@ class TabService:
             if settings.upstream else None
         self._anchors = Anchors(settings.sessions)  # the upstream's (the engine's: in its worker)
         self.shown = ShownLog()  # for accept/reject feedback (tab/feedback.py)
+        # prefills queued or running, by (tenant, path): each yields to any completion
+        self._prefills: dict[tuple[str, str], threading.Event] = {}
         self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
                       "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
-                      "slot_restores": 0}
+                      "slot_restores": 0, "prefills": 0, "prefills_yielded": 0}
 
     # -- public --------------------------------------------------------------------------
 
@@ -225,7 +258,44 @@ class TabService:
             session.cancel.set()
             session.seq += 1
             session.cancel = threading.Event()
+            for prefill in self._prefills.values():  # a prefill never delays a completion
+                prefill.set()
             return session, session.seq, session.cancel
+
+    async def warm(self) -> None:
+        """Load the Tab model and what its jobs keep in the worker (the vocabulary index),
+        and decode once, so the first request after the server starts pays for none of it.
+        An engine job: a completion arriving meanwhile queues behind it and waits."""
+        if not self.remote(None):
+            await self.engine.run(self.settings.model, "tab.warm", self.settings)
+
+    async def prefill(self, req: PrefillRequest, tenant: str) -> Prefilled:
+        """Evaluate the prompt a completion at `req.cursor` would start with into the KV
+        cache (kept per document and tenant by `slots.py`), so the next completion in that
+        document reuses it. It yields: a completion that needs the model stops it between
+        two chunks (or drops it while queued), as does a newer prefill of the same document.
+        On an upstream there is nothing to do here (llama-server caches prompts itself)."""
+        tab = req.as_tab()
+        if self.remote(tab.model):
+            return Prefilled(0, 0, 0, False)
+        key = (tenant, req.path)
+        cancel = threading.Event()
+        with self._lock:
+            if (older := self._prefills.pop(key, None)) is not None:
+                older.set()
+            self._prefills[key] = cancel
+        try:
+            got, _ = await self.engine.run(tab.model or self.settings.model, "tab.prefill",
+                                           self.settings, tab, tenant, cancel=cancel)
+        except JobDropped:
+            got = Prefilled(0, 0, 0, True)
+        finally:
+            with self._lock:
+                if self._prefills.get(key) is cancel:
+                    del self._prefills[key]
+        self.stats["prefills"] += 1
+        self.stats["prefills_yielded"] += got.yielded
+        return got
 
     async def complete(self, req: TabRequest, tenant: str) -> TabResult:
         start = time.perf_counter()
@@ -389,11 +459,38 @@ class Anchors:
 def suggest(ctx: JobContext, settings: TabSettings, req: TabRequest, tenant: str) -> Answer:
     """The engine job `tab.suggest`: `answer` on the worker's model, with the anchors, KV
     slots and vocabulary index kept in the worker."""
+    return answer(_local(ctx, settings, tenant), settings, req, _anchors(ctx, settings),
+                  (tenant, req.cursor_id), ctx.cancel)
+
+
+def prefill(ctx: JobContext, settings: TabSettings, req: TabRequest, tenant: str
+            ) -> Prefilled:
+    """The engine job `tab.prefill`: the prompt `suggest` would build for `req` (anchoring
+    its session there), evaluated into the KV cache without decoding."""
+    model = _local(ctx, settings, tenant)
+    heal, slot = _prompt(model, settings, req, _anchors(ctx, settings),
+                         (tenant, req.cursor_id))
+    return model.prefill(heal.tokens, ctx.cancel, slot)
+
+
+def warm(ctx: JobContext, settings: TabSettings) -> None:
+    """The engine job `tab.warm`: build the worker's Tab state and decode one token of a
+    tiny FIM prompt (llama.cpp's first decode allocates its compute buffers)."""
+    fim = _local(ctx, settings, LOCAL_TENANT).fim()
+    if fim is not None:
+        ctx.model.generate([fim[0], *ctx.model.tokenize("x = 1\n"), fim[1], fim[2]],
+                           Decoding(max_tokens=1))
+
+
+def _local(ctx: JobContext, settings: TabSettings, tenant: str) -> LocalTab:
+    """The worker's model as Tab uses it, for one tenant's request."""
     vocab = ctx.resident("tab.vocab", lambda: VocabIndex(ctx.model.vocab_pieces()))
     slots = ctx.resident("tab.slots", lambda: KVSlots(settings.kv_slots))
-    anchors = ctx.resident("tab.anchors", lambda: Anchors(settings.sessions))
-    return answer(LocalTab(ctx.model, vocab, slots, tenant), settings, req, anchors,
-                  (tenant, req.cursor_id), ctx.cancel)
+    return LocalTab(ctx.model, vocab, slots, tenant)
+
+
+def _anchors(ctx: JobContext, settings: TabSettings) -> Anchors:
+    return ctx.resident("tab.anchors", lambda: Anchors(settings.sessions))
 
 
 def answer(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anchors,

@@ -10,7 +10,11 @@ Saved and restored through the model's KV cache (`models/kv.py`: llama.cpp's per
 state, only this sequence's KV: small, and milliseconds to save and restore next to the
 prefill it saves). Slots live in the model's worker process only (`tab.service.suggest`)
 and are bounded (count and total bytes). Each belongs to a tenant: a request is only ever
-given back a slot its own tenant saved.
+given back a slot its own tenant saved, and a live cache another tenant's request left
+is emptied before a request uses it (it goes to that tenant's slots first).
+
+A prefill (`POST /v1/tab/prefill`) fills the live cache the same way a completion does, so
+the document it prefilled is kept here like one the user typed in.
 """
 
 from __future__ import annotations
@@ -34,12 +38,16 @@ class KVSlots:
 
     def prepare(self, model: LocalModel, tokens: list[int], tenant: str) -> bool:
         """Make the live KV cache cover as much of `tokens` as any slot `tenant` saved
-        can; True when a slot was restored."""
-        if self.count == 0:
-            return False
-        cached = model.cached_prefix(tokens)
-        if cached + MIN_GAIN < len(self._live):
+        can; True when a slot was restored. A live cache another tenant's request left is
+        saved (as theirs) and emptied first: a tenant never reuses another's cache."""
+        ours = self._owner is not None and model.kv.tokens == self._live
+        foreign = ours and self._owner[0] != tenant
+        cached = 0 if foreign else model.cached_prefix(tokens)
+        if ours and (foreign or cached + MIN_GAIN < len(self._live)):
             self._save_live(model)  # this request would overwrite it: keep a copy
+        if foreign:
+            model.kv.truncate(0)
+            self._owner, self._live = None, []
         best, gain = None, MIN_GAIN
         for (owner, slot_key), slot in self._slots.items():
             if owner == tenant:
@@ -53,16 +61,15 @@ class KVSlots:
         return True
 
     def finished(self, model: LocalModel, tenant: str, key: str) -> None:
-        """Remember who owns the live cache after `tenant`'s Tab request on `key` (a
-        file)."""
-        if self.count:
-            self._owner = (tenant, key)
-            self._live = model.kv.tokens
+        """Remember who owns the live cache after `tenant`'s Tab request (a completion or a
+        prefill) on `key` (a file)."""
+        self._owner = (tenant, key)
+        self._live = model.kv.tokens
 
     def _save_live(self, model: LocalModel) -> None:
         live = model.kv.tokens
-        if self._owner is None or live != self._live:
-            return  # another compartment used the model since: not ours to keep
+        if self.count == 0 or self._owner is None or live != self._live:
+            return  # no slots, or another compartment used the model since: not ours
         saved = model.kv.save()
         if saved is None:
             return
