@@ -26,7 +26,7 @@ import uvicorn
 from codeplane.config import load_settings
 from codeplane.core.chat import ChatModel, HttpChatModel, Sampling
 from codeplane.core.metrics import Metrics
-from codeplane.gateway.client import GatewayChatModel
+from codeplane.gateway.chat import GatewayChatModel
 from codeplane.gateway.providers.base import ProviderServices
 from codeplane.gateway.router import Client, Gateway
 from codeplane.server.app import create_app

@@ -3,7 +3,7 @@
 toolz sdist): how many faults of each kind, how many episodes were retried or masked, and
 whether the trainer ever saw an exception (the goal: zero trainer crashes).
 
-Faults take their real paths (`rl/env.py`): the environment actor's process exits (sandbox
+Faults take their real paths (`rl/envserver.py`): the environment actor's process exits (sandbox
 killed), a command or the verifier raises. Each episode makes three fault-checked calls (the
 agent lists the workspace with ripgrep, its one grep, the verify), so a per-call rate of 1.70 %
 faults 5 % of episode attempts. The policy is scripted (one grep, then the answer) and the

@@ -41,7 +41,7 @@ from codeplane.core.serve import child_server
 from codeplane.indexing.api import search_workspace
 from codeplane.indexing.sync import sync
 from codeplane.rl.config import load_config
-from codeplane.rl.env import EnvConfig, EnvServer
+from codeplane.rl.envserver import EnvConfig, EnvServer
 from codeplane.rl.index import RunIndex
 from codeplane.rl.run import split_tasks
 from codeplane.rl.tasks import Task

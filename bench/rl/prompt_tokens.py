@@ -26,7 +26,7 @@ from codeplane.models.engine import compile_chat_template, render_chat_template
 from codeplane.models.pull import ensure_weights
 from codeplane.models.registry import ModelRegistry
 from codeplane.rl.config import load_config
-from codeplane.rl.env import EnvServer
+from codeplane.rl.envserver import EnvServer
 from codeplane.rl.rollout import play
 from codeplane.rl.run import split_tasks
 

@@ -34,7 +34,7 @@ from codeplane.rl.commits import (
     score,
 )
 from codeplane.rl.config import ConfigError, load_config
-from codeplane.rl.env import EnvServer
+from codeplane.rl.envserver import EnvServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from codeplane.agent.hooks import UnknownHook
 from codeplane.agent.loop import Agent, Transcript
 from codeplane.agent.tools import default_toolset
 from codeplane.core.chat import HttpChatModel
-from codeplane.rl.env import EnvConfig, EnvFault, EnvServer
+from codeplane.rl.envserver import EnvConfig, EnvFault, EnvServer
 from codeplane.rl.tasks import locate_tasks, sample_tasks, score
 
 

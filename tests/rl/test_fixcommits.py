@@ -19,7 +19,7 @@ from test_commits import commit, git  # the commits family's history helpers
 
 from codeplane.rl import fixcommits, run
 from codeplane.rl.config import load_config
-from codeplane.rl.env import EnvServer
+from codeplane.rl.envserver import EnvServer
 from codeplane.rl.fixcommits import (
     FixCommitTask,
     changed_function,

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from codeplane.agent.hooks import PRODUCT_HOOKS
 from codeplane.cli import app
 from codeplane.core.chat import HttpChatModel
-from codeplane.rl.env import EnvConfig, EnvServer
-from codeplane.rl.remote import RayEnv
+from codeplane.rl.actor import RayEnv
+from codeplane.rl.envserver import EnvConfig, EnvServer
 from codeplane.rl.rollout import RolloutConfig, RolloutManager, TaskOrder, masked, play
 from codeplane.rl.run import start_ray
 from codeplane.rl.tasks import locate_tasks

@@ -17,7 +17,7 @@ from helpers import make_repo
 
 from codeplane.agent.env import Environment
 from codeplane.agent.tools import default_toolset
-from codeplane.rl.env import EnvServer
+from codeplane.rl.envserver import EnvServer
 from codeplane.rl.tasks import grep_pattern, locate_tasks, score
 
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from codeplane.core.chat import HttpChatModel
 from codeplane.rl.config import RunConfig
-from codeplane.rl.env import EnvConfig, EnvServer
+from codeplane.rl.envserver import EnvConfig, EnvServer
 from codeplane.rl.rollout import RolloutConfig, play
 from codeplane.rl.testfix import FixTask, fix_tasks, mutations
 

@@ -124,7 +124,7 @@ def test_warm_start_imitates_the_solvers_solved_episodes(settings, tmp_path: Pat
     sys.path.insert(0, str(Path(__file__).parent))
     from helpers import make_repo
 
-    from codeplane.rl.env import EnvServer
+    from codeplane.rl.envserver import EnvServer
     from codeplane.rl.rollout import RolloutConfig, play
     from codeplane.rl.tasks import locate_tasks
     from codeplane.rl.warmstart import GrepSolver, demonstrations

@@ -33,7 +33,7 @@ from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
 from codeplane.core.sse import Events, follow, resume_after
 from codeplane.events.adapters import agent_listener
-from codeplane.gateway.client import run_models
+from codeplane.gateway.chat import run_models
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox import SandboxUnavailable
 from codeplane.sandbox.fleet import FleetError

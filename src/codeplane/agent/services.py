@@ -22,7 +22,7 @@ from codeplane.agent.toolset import (
 from codeplane.config import Settings
 from codeplane.core.chat import ChatModel
 from codeplane.gateway.admission import Shed
-from codeplane.gateway.client import GatewayChatModel
+from codeplane.gateway.chat import GatewayChatModel
 from codeplane.indexing.api import SNIPPET_FILE_BYTES, IndexUnavailable, search_workspace
 
 if TYPE_CHECKING:

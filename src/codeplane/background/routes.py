@@ -24,7 +24,7 @@ from codeplane.background.service import BackgroundService
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
 from codeplane.core.sse import Events, follow, resume_after
-from codeplane.gateway.client import run_models
+from codeplane.gateway.chat import run_models
 from codeplane.gateway.routes import gateway_of
 from codeplane.sandbox.fleet import FleetError
 from codeplane.sandbox.roots import Roots

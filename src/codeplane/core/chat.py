@@ -2,7 +2,7 @@
 
 `ChatModel.complete(messages, tools, sampling, cancel) -> Turn`. Implementations: `HttpChatModel`
 below, for any OpenAI-compatible endpoint (the CLI, RL rollouts with `[sampler] kind = "http"`),
-the in-process gateway client (`gateway/client.py`, used by server runs: the caller's key,
+the in-process gateway client (`gateway/chat.py`, used by server runs: the caller's key,
 admission and priority, no loopback call) and the RL samplers (`rl/policy.py`, `rl/adapter.py`:
 token ids, logprobs and a policy version on every Turn). The HTTP client and the gateway
 client fold the same OpenAI stream chunks with `TurnBuilder`, so a reply means the same thing

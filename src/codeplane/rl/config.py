@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from codeplane.rl.commits import check_split, is_benchmark, is_path
-from codeplane.rl.env import EnvConfig
+from codeplane.rl.envserver import EnvConfig
 from codeplane.rl.index import SearchConfig
 from codeplane.rl.rollout import RolloutConfig
 from codeplane.rl.warmstart import SOLVERS, solver_for

@@ -50,7 +50,7 @@ from codeplane.agent.hooks import HOOKS, PRODUCT_HOOKS, UnknownHook
 from codeplane.agent.loop import Agent, AgentConfig, Event, StepOutcome, Transcript
 from codeplane.agent.toolset import ToolServices
 from codeplane.core.chat import ChatModel, ModelError, Sampling, Turn
-from codeplane.rl.env import EnvFault
+from codeplane.rl.envserver import EnvFault
 from codeplane.rl.tasks import Task
 from codeplane.rl.types import Episode, Sample
 

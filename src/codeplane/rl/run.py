@@ -32,12 +32,12 @@ from typing import Any, Literal
 from codeplane.agent.toolset import ToolServices
 from codeplane.core.chat import ChatModel
 from codeplane.indexing.remote import RemoteError
+from codeplane.rl.actor import RayEnv
 from codeplane.rl.commits import CommitsError, load_commit_tasks
 from codeplane.rl.config import ConfigError, RunConfig
-from codeplane.rl.env import EnvConfig
+from codeplane.rl.envserver import EnvConfig
 from codeplane.rl.fixcommits import load_fixcommit_tasks
 from codeplane.rl.index import RunIndex
-from codeplane.rl.remote import RayEnv
 from codeplane.rl.rollout import RolloutConfig, RolloutManager, StepData, masked
 from codeplane.rl.tasks import Task, fetch_sdist, locate_tasks, sample_tasks
 from codeplane.rl.testfix import fix_tasks

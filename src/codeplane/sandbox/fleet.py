@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from codeplane.config import FleetSettings
 from codeplane.core.errors import APIError
-from codeplane.sandbox import clone, reaper, remote, treegit
+from codeplane.sandbox import clone, reaper, treegit, urlfetch
 from codeplane.sandbox.cgroups import SandboxCgroup
 from codeplane.sandbox.pool import PooledWorkspace
 from codeplane.sandbox.records import SandboxRecords
@@ -392,8 +392,8 @@ class Fleet:
         if isinstance(repo, Path):
             return repo
         try:
-            url = remote.check(repo, self.repo_urls)
-        except remote.URLRefused as exc:
+            url = urlfetch.check(repo, self.repo_urls)
+        except urlfetch.URLRefused as exc:
             raise FleetError(exc.status, str(exc), exc.code) from None
         key = hashlib.sha256(url.encode()).hexdigest()[:24]
         mirror = self.remotes / f"{key}.git"
@@ -404,9 +404,9 @@ class Fleet:
             if fetched is None or time.monotonic() - fetched > self.settings.fetch_ttl \
                     or not mirror.is_dir():
                 try:
-                    remote.fetch(url, mirror, self._tmp(self.remotes, key),
+                    urlfetch.fetch(url, mirror, self._tmp(self.remotes, key),
                                  self.settings.fetch_bytes, self.settings.fetch_timeout)
-                except remote.FetchFailed as exc:
+                except urlfetch.FetchFailed as exc:
                     if exc.status == 413 or not mirror.is_dir():
                         raise FleetError(exc.status, str(exc), exc.code) from None
                     # the server is down or slow: the last fetch still serves (until the

@@ -27,7 +27,7 @@ from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError
 from codeplane.core.files import Refused, read_bytes
 from codeplane.core.principal import LOCAL_TENANT
-from codeplane.sandbox import remote
+from codeplane.sandbox import urlfetch
 from codeplane.sandbox.gitguard import first_line, git_dir_of, tainted
 
 _ALTERNATES_DEPTH = 5  # git follows alternates of alternates this deep
@@ -90,7 +90,7 @@ class Roots:
         """What a request names as its repo: a URL as it is (the fleet checks it against
         `serve.repo_urls` and fetches it), a `.bundle` file under the roots, or a checked
         repository directory."""
-        if remote.is_url(value):
+        if urlfetch.is_url(value):
             return value
         path = Path(value)
         if path.suffix == ".bundle" and path.is_absolute():

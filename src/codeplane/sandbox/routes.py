@@ -2,7 +2,7 @@
 tenant (another tenant's sandbox is a 404, indistinguishable from one that never existed).
 
 A repo must lie under the caller's workspace roots (`sandbox/roots.py`, the same policy as
-agent runs) or be a URL under `serve.repo_urls` (`sandbox/remote.py`); file paths are
+agent runs) or be a URL under `serve.repo_urls` (`sandbox/urlfetch.py`); file paths are
 resolved by `core/files.py`, so nothing outside the sandbox's tree is read or written, and
 git metadata (`.git` at any depth) is neither read nor written through the API.
 """

@@ -8,7 +8,7 @@ a fresh copy of the task's repository opened on a backend from `sandbox/workspac
 (bwrap by default), the `Workspace` calls the agent's tools make on it, and the verifier.
 
 `EnvServer` is plain Python. In-process (tests) `open(task)` hands the agent the workspace
-itself; the rollout manager runs each server as a Ray actor (rl/remote.py), and the agent
+itself; the rollout manager runs each server as a Ray actor (rl/actor.py), and the agent
 reaches the workspace through a `RemoteWorkspace` whose calls land in `workspace` and `exec`
 here, so a crashed sandbox takes down one actor, never the trainer.
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from codeplane.agent.env import Environment
-from codeplane.rl.env import EnvConfig, EnvFault, EnvServer
+from codeplane.rl.envserver import EnvConfig, EnvFault, EnvServer
 from codeplane.rl.tasks import Task
 from codeplane.rl.testfix import FixTask
 from codeplane.sandbox import CommandResult, Entry, FileStat, Limits, Snapshot
