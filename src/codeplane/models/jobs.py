@@ -34,6 +34,7 @@ JOBS: dict[str, str] = {
     "openai.chat": "codeplane.models.local_openai:chat",
     "openai.completions": "codeplane.models.local_openai:completions",
     "tab.suggest": "codeplane.tab.service:suggest",
+    "tab.next": "codeplane.tab.nextedit:predict",
     "apply.rank": "codeplane.apply.rank:rank",
     "apply.rewrite": "codeplane.apply.rewrite:rewrite",
 }

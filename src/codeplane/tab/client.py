@@ -76,6 +76,9 @@ class AsyncTabClient:
     async def complete(self, body: dict) -> dict:
         return await self._post("/v1/tab", body)
 
+    async def next_edit(self, body: dict) -> dict:
+        return await self._post("/v1/tab/next", body)
+
     async def feedback(self, suggestion_id: str, outcome: str, shown_ms: float) -> dict:
         return await self._post("/v1/tab/feedback", _verdict(suggestion_id, outcome, shown_ms))
 

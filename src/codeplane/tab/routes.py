@@ -20,6 +20,7 @@ from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
 from codeplane.tab.backend import UpstreamError
 from codeplane.tab.feedback import Feedback
+from codeplane.tab.nextedit import NextRequest, next_edit, prompt_parts
 from codeplane.tab.service import TabRequest, TabResult, TabService
 
 router = APIRouter()
@@ -79,6 +80,33 @@ def _estimate(svc: TabService, body: TabRequest) -> int:
     text = len(body.prefix) + len(body.suffix) + sum(len(s.text) for s in body.context)
     prompt = min(1 + text // BYTES_PER_TOKEN, svc.settings.max_prompt_tokens)
     return prompt + (body.max_tokens or svc.settings.max_tokens_multiline)
+
+
+@router.post("/v1/tab/next")
+async def tab_next(body: NextRequest, request: Request) -> dict:
+    """Next-edit Tab (`tab/nextedit.py`): zero or one rewrite of lines near the cursor, and
+    maybe a jump. On the embedded engine only (the job decodes speculatively in the
+    model's worker); charged like a Tab model call."""
+    svc = service(request)
+    if svc.remote(body.model):
+        raise APIError(400, "next edit runs on the embedded engine, not on [tab] upstream",
+                       param="model")
+    _require_fim(svc.engine, body.model or svc.settings.model)
+    tenant = principal_of(request).tenant
+    parts, _, _ = prompt_parts(body, body.format)
+    estimate = 1 + sum(len(text) for text, _ in parts) // BYTES_PER_TOKEN \
+        + (body.max_tokens or 512)
+    try:
+        with metered(request, estimate) as meter:
+            result = await next_edit(svc, body, tenant)
+            meter.used = result.prompt_tokens + result.completion_tokens
+    except ContextOverflow as exc:
+        raise APIError(400, str(exc), code="context_length_exceeded") from None
+    except Unsupported as exc:
+        raise APIError(400, str(exc), param="model") from None
+    except EngineCrashed as exc:
+        raise unavailable(str(exc), code="engine_crashed") from None
+    return result.to_json()
 
 
 @router.post("/v1/tab/feedback")
