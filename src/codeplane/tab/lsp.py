@@ -108,7 +108,7 @@ class TabLanguageServer(LanguageServer):
         body = {"path": self._path(uri), "text": doc.source, "cursor_id": uri,
                 "cursor": {"line": position.line, "character": position.character},
                 "edits": [e.to_json() for e in self.history.recent()]}
-        try:
+        try:  # the rewrite decodes a whole window: it may take longer than FIM
             result = await self.tab.next_edit(body)
         except TabClientError as exc:
             self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Warning, str(exc)))
@@ -116,8 +116,8 @@ class TabLanguageServer(LanguageServer):
         found, jump = result.get("suggestion"), result.get("jump")
         if self._latest.get(uri) != ticket or not (found or jump):
             return None
-        command = lsp.Command("codeplane: go to the next edit", JUMP_COMMAND,
-                              [uri, jump["line"]]) if jump else None
+        command = lsp.Command(title="codeplane: go to the next edit", command=JUMP_COMMAND,
+                              arguments=[uri, jump["line"]]) if jump else None
         if not found:  # a jump alone: nothing to insert, the command moves the cursor
             here = lsp.Range(position, position)
             return lsp.InlineCompletionItem(insert_text="", range=here, command=command)

@@ -257,6 +257,14 @@ def repeat_last_edit(req: NextRequest) -> Suggestion | None:
     return Suggestion(line, line + 1, pattern.sub(new, lines[line], count=1))
 
 
+def near_repeat(req: NextRequest) -> Suggestion | None:
+    """When the model proposes nothing: the baseline's suggestion if it lies in the window
+    (farther away it is a jump, not a rewrite near the cursor)."""
+    found = repeat_last_edit(req)
+    start, window = window_of(req.text, req.cursor.line)
+    return found if found and start <= found.start_line < start + len(window) else None
+
+
 def jump_for(req: NextRequest, suggestion: Suggestion | None) -> dict | None:
     """Where the newest edit's one-word change is due next, outside what `suggestion`
     rewrites (in the file as it will be): {path, line}, or None."""
@@ -325,7 +333,8 @@ def predict(ctx: JobContext, req: NextRequest, speculative: bool = True) -> Pred
 class NextResult:
     suggestion: Suggestion | None
     jump: dict | None
-    source: str  # "model" | "cancelled"
+    source: str  # "model" | "repeat" (the baseline, the model proposed nothing) | "none" |
+    # "cancelled"
     latency_ms: float
     request_id: str | None = None
     prompt_tokens: int = 0
@@ -354,8 +363,11 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
         got = None
     if got is None or session.seq != seq:
         return NextResult(None, None, "cancelled", _ms(start), req.request_id)
-    return NextResult(got.suggestion, jump_for(req, got.suggestion), "model", _ms(start),
-                      req.request_id, got.prompt_tokens, got.cached_tokens,
+    suggestion, source = got.suggestion, "model"
+    if suggestion is None:
+        suggestion, source = near_repeat(req), "repeat"
+    return NextResult(suggestion, jump_for(req, suggestion), source if suggestion else "none",
+                      _ms(start), req.request_id, got.prompt_tokens, got.cached_tokens,
                       got.completion_tokens, got.drafted, got.accepted, got.model_ms)
 
 
