@@ -9,6 +9,9 @@ minute and budget (`gateway.routes.metered`), charged with the tokens it used.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from fastapi import APIRouter, Request
 
 from codeplane.core.errors import APIError, not_found, unavailable
@@ -37,16 +40,8 @@ async def tab(body: TabRequest, request: Request) -> dict:
     if not svc.remote(body.model):  # an upstream's model is checked by the upstream
         _require_fim(svc.engine, body.model or svc.settings.model)
     tenant = principal_of(request).tenant
-    try:
+    with _model_errors():
         result = await _complete(svc, body, tenant, request)
-    except ContextOverflow as exc:
-        raise APIError(400, str(exc), code="context_length_exceeded") from None
-    except Unsupported as exc:
-        raise APIError(400, str(exc), param="model") from None
-    except UpstreamError as exc:
-        raise unavailable(str(exc), code="upstream_unavailable") from None
-    except EngineCrashed as exc:
-        raise unavailable(str(exc), code="engine_crashed") from None
     if result.shown and result.source == "model":  # cache/typed-ahead: shown already
         # the decision's signals ride along (and on to the accepted/rejected event), so the
         # show/hide model can be refitted from what users took (tab/decision.py)
@@ -96,17 +91,25 @@ async def tab_next(body: NextRequest, request: Request) -> dict:
     parts, _, _ = prompt_parts(body, body.format)
     estimate = 1 + sum(len(text) for text, _ in parts) // BYTES_PER_TOKEN \
         + (body.max_tokens or 512)
+    with _model_errors(), metered(request, estimate) as meter:
+        result = await next_edit(svc, body, tenant)
+        meter.used = result.prompt_tokens + result.completion_tokens
+    return result.to_json()
+
+
+@contextmanager
+def _model_errors() -> Iterator[None]:
+    """A model call's failures as the API's errors: the request's fault 400, the model's 503."""
     try:
-        with metered(request, estimate) as meter:
-            result = await next_edit(svc, body, tenant)
-            meter.used = result.prompt_tokens + result.completion_tokens
+        yield
     except ContextOverflow as exc:
         raise APIError(400, str(exc), code="context_length_exceeded") from None
     except Unsupported as exc:
         raise APIError(400, str(exc), param="model") from None
+    except UpstreamError as exc:
+        raise unavailable(str(exc), code="upstream_unavailable") from None
     except EngineCrashed as exc:
         raise unavailable(str(exc), code="engine_crashed") from None
-    return result.to_json()
 
 
 @router.post("/v1/tab/feedback")
