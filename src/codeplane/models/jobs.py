@@ -36,6 +36,7 @@ JOBS: dict[str, str] = {
     "tab.suggest": "codeplane.tab.service:suggest",
     "tab.prefill": "codeplane.tab.service:prefill",
     "tab.warm": "codeplane.tab.service:warm",
+    "tab.next": "codeplane.tab.nextedit:predict",
     "apply.rank": "codeplane.apply.rank:rank",
     "apply.rewrite": "codeplane.apply.rewrite:rewrite",
 }

@@ -76,15 +76,19 @@ class AsyncTabClient:
     async def complete(self, body: dict) -> dict:
         return await self._post("/v1/tab", body)
 
+    async def next_edit(self, body: dict, timeout: float = 120.0) -> dict:
+        return await self._post("/v1/tab/next", body, timeout)
+
     async def feedback(self, suggestion_id: str, outcome: str, shown_ms: float) -> dict:
         return await self._post("/v1/tab/feedback", _verdict(suggestion_id, outcome, shown_ms))
 
     async def prefill(self, body: dict) -> dict:
         return await self._post("/v1/tab/prefill", body)
 
-    async def _post(self, route: str, body: dict) -> dict:
+    async def _post(self, route: str, body: dict, timeout: float | None = None) -> dict:
         try:
-            response = await self._http.post(f"{self.url}{route}", json=body)
+            response = await self._http.post(f"{self.url}{route}", json=body,
+                                              timeout=timeout or self._http.timeout)
         except httpx.HTTPError as exc:
             raise TabClientError(f"cannot reach {self.url}: {exc!r}") from None
         if response.status_code != 200:

@@ -9,12 +9,19 @@ opened, and when its edits pause, it asks the server to prefill that document's 
 (`schedule_prefill`), so the first suggestion there does not pay for it. Accepting a suggestion
 runs the `codeplane.tab.accepted` command; accepted and rejected suggestions are logged
 locally and reported to the server (`POST /v1/tab/feedback`), which feeds the event lake.
+
+Next edit (docs/tab.md, "Next edit"): every `didChange` goes into the edit history
+(`tab/history.py`); when the newest edit is near the cursor and not plain typing, the inline
+completion is the server's next edit (`POST /v1/tab/next`): an item whose `range` is the
+lines it rewrites, and, when the same change is due elsewhere, the `codeplane.nextEdit.jump`
+command (arguments: uri, 0-based line), which moves the editor there (`window/showDocument`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 from lsprotocol import types as lsp
@@ -26,10 +33,14 @@ from codeplane import __version__
 from codeplane.core.languages import code_language
 from codeplane.tab.client import AsyncTabClient, TabClientError
 from codeplane.tab.context import CHARS_PER_TOKEN, Budget, Ring, build_request
+from codeplane.tab.history import History
 from codeplane.tab.related import Related, WorkspaceDefs
 from codeplane.tab.telemetry import Telemetry
 
 ACCEPT_COMMAND = "codeplane.tab.accepted"
+JUMP_COMMAND = "codeplane.nextEdit.jump"
+MAX_SNAPSHOTS = 64  # documents whose last text is kept to diff the next didChange against
+MAX_DISK_BYTES = 1 << 20  # a document's first "before" may be read from disk up to this
 
 
 class TabLanguageServer(LanguageServer):
@@ -50,6 +61,8 @@ class TabLanguageServer(LanguageServer):
         self._shown: str | None = None  # id of the suggestion on screen (the server's)
         self.prefill_idle_s = None if prefill_idle_ms is None else prefill_idle_ms / 1000
         self._prefills: dict[str, asyncio.Task] = {}  # the pending prefill of each document
+        self.history = History()
+        self._texts: OrderedDict[str, str] = OrderedDict()  # uri -> text at the last change
 
     async def suggest(self, uri: str, position: lsp.Position) -> tuple[str, str] | None:
         """(text, suggestion id) for the cursor, or None when nothing should show."""
@@ -75,6 +88,49 @@ class TabLanguageServer(LanguageServer):
         if self._latest.get(uri) != ticket or not result["text"]:
             return None
         return result["text"], await self._record(result, doc.language_id)
+
+    # -- next edit (tab/nextedit.py) ------------------------------------------------------
+
+    def note_change(self, uri: str) -> None:
+        """didChange (pygls has applied it): the text before it against the text now goes
+        into the edit history. The text before is the one seen at the last change; before
+        the first change, the file on disk (what the editor opened, unless it was unsaved)."""
+        new = self.workspace.get_text_document(uri).source
+        old = self._texts.pop(uri, None)
+        if old is None:
+            old = _disk_text(uri)
+        self._texts[uri] = new
+        while len(self._texts) > MAX_SNAPSHOTS:
+            self._texts.popitem(last=False)
+        if old is not None:
+            self.history.record(self._path(uri), old, new)
+
+    async def next_edit(self, uri: str, position: lsp.Position
+                        ) -> lsp.InlineCompletionItem | None:
+        """The server's next edit as an inline item replacing a range, or None."""
+        doc = self.workspace.get_text_document(uri)
+        ticket = self._latest[uri] = self._latest.get(uri, 0) + 1
+        body = {"path": self._path(uri), "text": doc.source, "cursor_id": uri,
+                "cursor": {"line": position.line, "character": position.character},
+                "edits": [e.to_json() for e in self.history.recent()]}
+        try:  # the rewrite decodes a whole window: it may take longer than FIM
+            result = await self.tab.next_edit(body)
+        except TabClientError as exc:
+            self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Warning, str(exc)))
+            return None
+        found, jump = result.get("suggestion"), result.get("jump")
+        if self._latest.get(uri) != ticket or not (found or jump):
+            return None
+        command = lsp.Command(title="codeplane: go to the next edit", command=JUMP_COMMAND,
+                              arguments=[uri, jump["line"]]) if jump else None
+        if not found:  # a jump alone: nothing to insert, the command moves the cursor
+            here = lsp.Range(position, position)
+            return lsp.InlineCompletionItem(insert_text="", range=here, command=command)
+        lines = doc.source.splitlines(keepends=True)
+        start = sum(len(x) for x in lines[:found["start_line"]])
+        end = sum(len(x) for x in lines[:found["end_line"]])
+        rng = lsp.Range(_position(doc.source, start), _position(doc.source, end))
+        return lsp.InlineCompletionItem(insert_text=found["text"], range=rng, command=command)
 
     async def _record(self, result: dict, language: str | None) -> str:
         """Log a newly shown suggestion; the one it replaces counts as rejected. The server
@@ -168,6 +224,22 @@ class TabLanguageServer(LanguageServer):
         return os.path.basename(path)
 
 
+def _position(text: str, offset: int) -> lsp.Position:
+    """LSP position of a character offset (characters, not UTF-16 units: see docs/tab.md)."""
+    line = text.count("\n", 0, offset)
+    return lsp.Position(line, offset - (text.rfind("\n", 0, offset) + 1))
+
+
+def _disk_text(uri: str) -> str | None:
+    path = uris.to_fs_path(uri)
+    try:
+        if path and os.path.getsize(path) <= MAX_DISK_BYTES:
+            return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+    return None
+
+
 def _accept(suggestion_id: str) -> lsp.Command:
     return lsp.Command(title="codeplane: suggestion accepted", command=ACCEPT_COMMAND,
                        arguments=[suggestion_id])
@@ -196,7 +268,10 @@ def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
     @ls.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
     async def did_change(server: TabLanguageServer, params: lsp.DidChangeTextDocumentParams
                          ) -> None:
+        """The edit goes into the history (next edit), then the idle prefill is rescheduled
+        at its end (the first suggestion there does not pay for the prompt)."""
         uri = params.text_document.uri
+        server.note_change(uri)
         last = params.content_changes[-1] if params.content_changes else None
         server.schedule_prefill(uri, last and _edit_end(
             server.workspace.get_text_document(uri), last))
@@ -204,7 +279,12 @@ def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
     @ls.feature(lsp.TEXT_DOCUMENT_INLINE_COMPLETION, lsp.InlineCompletionOptions())
     async def inline_completion(server: TabLanguageServer, params: lsp.InlineCompletionParams
                                 ) -> lsp.InlineCompletionList | None:
-        found = await server.suggest(params.text_document.uri, params.position)
+        uri = params.text_document.uri
+        if server.history.wants_next_edit(server._path(uri), params.position.line):
+            item = await server.next_edit(uri, params.position)
+            if item is not None:
+                return lsp.InlineCompletionList(items=[item])
+        found = await server.suggest(uri, params.position)
         if found is None:
             return lsp.InlineCompletionList(items=[])
         text, sid = found
@@ -228,6 +308,14 @@ def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
             text_edit=lsp.TextEdit(here, text), filter_text=label, sort_text="0",
             insert_text_format=lsp.InsertTextFormat.PlainText,
             command=_accept(sid))])
+
+    @ls.command(JUMP_COMMAND)
+    async def jump(server: TabLanguageServer, uri: str, line: int) -> bool:
+        """Move the editor to the next edit's place (the client runs this on accept)."""
+        here = lsp.Range(lsp.Position(line, 0), lsp.Position(line, 0))
+        shown = await server.window_show_document_async(
+            lsp.ShowDocumentParams(uri, take_focus=True, selection=here))
+        return bool(shown and shown.success)
 
     @ls.command(ACCEPT_COMMAND)
     async def accepted(server: TabLanguageServer, suggestion_id: str) -> bool:

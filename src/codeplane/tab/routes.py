@@ -25,6 +25,7 @@ from codeplane.models.pull import WeightsError, ensure_weights
 from codeplane.models.registry import UnknownModel
 from codeplane.tab.backend import UpstreamError
 from codeplane.tab.feedback import Feedback
+from codeplane.tab.nextedit import NextRequest, next_edit, prompt_parts
 from codeplane.tab.service import PrefillRequest, TabRequest, TabResult, TabService
 
 router = APIRouter()
@@ -33,22 +34,6 @@ router = APIRouter()
 def service(request: Request) -> TabService:
     """The app's one TabService, built by the composition root (`server/services.py`)."""
     return request.app.state.services.tab
-
-
-@contextmanager
-def _model_errors() -> Iterator[None]:
-    """The model path's failures as the API's errors: the caller's (4xx) or the model's
-    (503)."""
-    try:
-        yield
-    except ContextOverflow as exc:
-        raise APIError(400, str(exc), code="context_length_exceeded") from None
-    except Unsupported as exc:
-        raise APIError(400, str(exc), param="model") from None
-    except UpstreamError as exc:
-        raise unavailable(str(exc), code="upstream_unavailable") from None
-    except EngineCrashed as exc:
-        raise unavailable(str(exc), code="engine_crashed") from None
 
 
 @router.post("/v1/tab")
@@ -108,6 +93,41 @@ def _estimate(svc: TabService, body: TabRequest) -> int:
     text = len(body.prefix) + len(body.suffix) + sum(len(s.text) for s in body.context)
     prompt = min(1 + text // BYTES_PER_TOKEN, svc.settings.max_prompt_tokens)
     return prompt + (body.max_tokens or svc.settings.max_tokens_multiline)
+
+
+@router.post("/v1/tab/next")
+async def tab_next(body: NextRequest, request: Request) -> dict:
+    """Next-edit Tab (`tab/nextedit.py`): zero or one rewrite of lines near the cursor, and
+    maybe a jump. On the embedded engine only (the job decodes speculatively in the
+    model's worker); charged like a Tab model call."""
+    svc = service(request)
+    if svc.remote(body.model):
+        raise APIError(400, "next edit runs on the embedded engine, not on [tab] upstream",
+                       param="model")
+    _require_fim(svc.engine, body.model or svc.settings.model)
+    tenant = principal_of(request).tenant
+    parts, _, _ = prompt_parts(body, body.format)
+    estimate = 1 + sum(len(text) for text, _ in parts) // BYTES_PER_TOKEN \
+        + (body.max_tokens or 512)
+    with _model_errors(), metered(request, estimate) as meter:
+        result = await next_edit(svc, body, tenant)
+        meter.used = result.prompt_tokens + result.completion_tokens
+    return result.to_json()
+
+
+@contextmanager
+def _model_errors() -> Iterator[None]:
+    """A model call's failures as the API's errors: the request's fault 400, the model's 503."""
+    try:
+        yield
+    except ContextOverflow as exc:
+        raise APIError(400, str(exc), code="context_length_exceeded") from None
+    except Unsupported as exc:
+        raise APIError(400, str(exc), param="model") from None
+    except UpstreamError as exc:
+        raise unavailable(str(exc), code="upstream_unavailable") from None
+    except EngineCrashed as exc:
+        raise unavailable(str(exc), code="engine_crashed") from None
 
 
 @router.post("/v1/tab/feedback")

@@ -1,0 +1,375 @@
+"""Next-edit Tab: from the user's recent edits, propose the next one - a rewrite of lines near
+the cursor, and optionally a jump to where the same change is due next.
+
+FIM Tab (`service.py`) inserts text at the cursor; this module rewrites a window of the file
+around it (Zeta / Sweep style: the model reads the recent edits as before/after snippets and
+the current window, and writes the window as it should be next). The base model has no
+training for this yet (issue 34 item 4), so the prompt is built from what Qwen2.5-Coder saw
+in pre-training: `<|file_sep|>` between files, and diffs. Two formats (docs/tab.md, "Next
+edit", has their numbers):
+
+* `window`: history as `original:`/`updated:` blocks, then `current/PATH` (the window) and
+  `updated/PATH`, after which the model writes the whole updated window;
+* `diff`: history as `-`/`+` lines, then the window and `PATH.diff`, after which the model
+  writes only the lines it removes (`-`), adds (`+`) and keeps as context (` `).
+
+Either way the answer is the smallest line range of the window that changed, and its new
+text. The rewrite mostly copies the window, so it is decoded speculatively with the window as
+the draft (apply's prompt-lookup decoder, `apply/speculative.py`). A jump is the next place,
+outside the suggestion, where the last edit's one-word change is still due.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from codeplane.models.engine import JobDropped
+from codeplane.models.jobs import JobContext
+from codeplane.tab.service import Snippet, TabService
+
+WINDOW_BEFORE, WINDOW_AFTER = 10, 10  # a 21-line window around the cursor, as Sweep's
+MAX_HISTORY_CHARS = 6000  # edits beyond this (oldest first) are left out of the prompt
+DIFF_MAX_TOKENS = 160
+WINDOW_SLACK_TOKENS = 48  # the updated window may be this much longer than the current one
+Format = Literal["window", "diff"]
+_WORD = re.compile(r"\w+|\W")
+
+
+class EditIn(BaseModel):
+    """One recent edit: lines starting at `line` (0-based, after the edit) were `before`
+    and are now `after` (`tab/history.py` makes them)."""
+
+    path: str = Field(max_length=4096)
+    line: int = Field(ge=0, le=10_000_000)
+    before: str = Field(max_length=8000)
+    after: str = Field(max_length=8000)
+
+
+class Position(BaseModel):
+    line: int = Field(ge=0)
+    character: int = Field(ge=0)
+
+
+class NextRequest(BaseModel):
+    model_config = {"extra": "forbid"}
+    path: str = Field(max_length=4096)
+    text: str = Field(max_length=400_000)
+    cursor: Position
+    edits: list[EditIn] = Field(default_factory=list, max_length=32)
+    context: list[Snippet] = Field(default_factory=list, max_length=16)
+    format: Format = "window"
+    cursor_id: str = Field("default", max_length=200)
+    request_id: str | None = Field(None, max_length=200)
+    model: str | None = Field(None, max_length=200)
+    max_tokens: int | None = Field(None, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _cursor_in_text(self) -> NextRequest:
+        lines = self.text.split("\n")
+        if self.cursor.line >= len(lines) or self.cursor.character > len(lines[self.cursor.line]):
+            raise ValueError(f"cursor {self.cursor.line}:{self.cursor.character} is outside "
+                             f"the text ({len(lines)} lines)")
+        return self
+
+
+@dataclass
+class Suggestion:
+    """Replace lines [start_line, end_line) (0-based) of the file with `text`."""
+
+    start_line: int
+    end_line: int
+    text: str
+
+    def apply(self, source: str) -> str:
+        lines = source.splitlines(keepends=True)
+        return "".join(lines[:self.start_line]) + self.text + "".join(lines[self.end_line:])
+
+
+@dataclass
+class Prediction:
+    """What the engine job returns (picklable: it leaves the worker)."""
+
+    suggestion: Suggestion | None
+    raw: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    drafted: int
+    accepted: int
+    model_ms: float
+
+
+# -- prompt and answer (pure) ----------------------------------------------------------------
+
+
+def window_of(text: str, line: int) -> tuple[int, list[str]]:
+    """(first line, lines with their newlines) of the window around the cursor line."""
+    lines = text.splitlines(keepends=True)
+    start = max(0, min(line, len(lines)) - WINDOW_BEFORE)
+    return start, lines[start:line + WINDOW_AFTER + 1]
+
+
+def prompt_parts(req: NextRequest, fmt: Format) -> tuple[list[tuple[str, bool]], str, str]:
+    """The prompt as (text, is_control) pieces - user text is never tokenized as control
+    tokens -, the window's text (the draft) and the start of the answer the prompt already
+    holds. Left free, the base model ends the file at once (a control token), so the answer
+    is begun for it: the window's first line (`window`), a hunk header (`diff`)."""
+    _, window = window_of(req.text, req.cursor.line)
+    current = "".join(window)
+    sep = ("<|file_sep|>", True)
+    parts: list[tuple[str, bool]] = [("<|repo_name|>", True), ("workspace\n", False)]
+    for s in req.context:
+        parts += [sep, (f"{s.path}\n{s.text.rstrip()}\n", False)]
+    for e in _recent(req.edits):
+        parts += [sep, (_history_block(e, fmt), False)]
+    if fmt == "window":
+        lead = window[0] if len(window) > 1 else ""
+        parts += [sep, (f"current/{req.path}\n{current}", False),
+                  sep, (f"updated/{req.path}\n{lead}", False)]
+    else:
+        lead = f"@@ line {req.cursor.line + 1} @@\n"
+        parts += [sep, (f"{req.path}\n{current}", False), sep, (f"{req.path}.diff\n{lead}", False)]
+    return parts, current, lead
+
+
+def _recent(edits: list[EditIn]) -> list[EditIn]:
+    """The newest edits that fit MAX_HISTORY_CHARS, oldest first."""
+    kept: list[EditIn] = []
+    size = 0
+    for e in reversed(edits):
+        size += len(e.before) + len(e.after)
+        if size > MAX_HISTORY_CHARS:
+            break
+        kept.append(e)
+    return kept[::-1]
+
+
+def _history_block(e: EditIn, fmt: Format) -> str:
+    if fmt == "window":
+        return f"{e.path}.diff\noriginal:\n{_nl(e.before)}updated:\n{_nl(e.after)}"
+    minus = "".join(f"-{x}\n" for x in e.before.splitlines())
+    plus = "".join(f"+{x}\n" for x in e.after.splitlines())
+    return f"{e.path}.diff\n@@ line {e.line + 1} @@\n{minus}{plus}"
+
+
+def _nl(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def parse(raw: str, fmt: Format, req: NextRequest) -> Suggestion | None:
+    """The model's output as the smallest changed line range of the window, or None when it
+    changes nothing or cannot be used."""
+    start, window = window_of(req.text, req.cursor.line)
+    if fmt == "diff":
+        return _apply_hunk(raw, start, window, req.cursor.line)
+    new = raw.splitlines(keepends=True)
+    if window and not window[-1].endswith("\n") and new and new[-1].endswith("\n"):
+        new[-1] = new[-1][:-1]
+    if new and new[-1] in window and len(new) < len(window):
+        # the base model often stops before the window's end: a rewrite that ends on one of
+        # the window's lines leaves the rest of the window as it is
+        spots = [i for i, line in enumerate(window) if line == new[-1]]
+        cut = min(spots, key=lambda i: abs(i - len(new) + 1)) + 1
+        return _changed(start, window[:cut], new)
+    return _changed(start, window, new)
+
+
+def _apply_hunk(raw: str, start: int, window: list[str], cursor: int) -> Suggestion | None:
+    """Apply a `-`/`+`/` ` hunk to the window at the place of its old lines nearest the
+    cursor; output after the hunk's lines (a new header, prose) is ignored."""
+    old: list[str] = []
+    new: list[str] = []
+    for line in raw.splitlines(keepends=True):
+        if line.startswith("@@") and not old and not new:
+            continue
+        if not line or line[0] not in "-+ ":
+            break
+        if line[0] in "- ":
+            old.append(_nl(line[1:]))
+        if line[0] in "+ ":
+            new.append(_nl(line[1:]))
+    plain = [_nl(x) for x in window]
+    if not old:
+        return None
+    spots = [i for i in range(len(plain) - len(old) + 1) if plain[i:i + len(old)] == old]
+    if not spots:
+        return None
+    at = min(spots, key=lambda i: abs(start + i - cursor))
+    merged = window[:at] + new + window[at + len(old):]
+    if window and not window[-1].endswith("\n") and merged and merged[-1].endswith("\n"):
+        merged[-1] = merged[-1][:-1]
+    return _changed(start, window, merged)
+
+
+def _changed(start: int, old: list[str], new: list[str]) -> Suggestion | None:
+    """The one block spanning every change between window lines and their rewrite (None:
+    nothing changed)."""
+    ops = [op for op in SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    if not ops:
+        return None
+    first, last = ops[0], ops[-1]
+    return Suggestion(start + first[1], start + last[2], "".join(new[first[3]:last[4]]))
+
+
+def word_change(edits: list[EditIn]) -> tuple[str, str] | None:
+    """(old word, new word) when the newest edit replaced exactly one identifier."""
+    if not edits:
+        return None
+    a, b = _WORD.findall(edits[-1].before), _WORD.findall(edits[-1].after)
+    ops = [op for op in SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    if len(ops) != 1 or ops[0][0] != "replace":
+        return None
+    _, i1, i2, j1, j2 = ops[0]
+    old, new = "".join(a[i1:i2]), "".join(b[j1:j2])
+    return (old, new) if re.fullmatch(r"\w+", old) and re.fullmatch(r"\w+", new) else None
+
+
+def occurrences(text: str, word: str) -> list[int]:
+    """0-based lines where `word` occurs as a whole word."""
+    pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)")
+    return [n for n, line in enumerate(text.split("\n")) if pattern.search(line)]
+
+
+def repeat_last_edit(req: NextRequest) -> Suggestion | None:
+    """The baseline: the newest edit's one-word change, made again at the occurrence of the
+    old word nearest the cursor (after it first)."""
+    change = word_change(req.edits)
+    if change is None:
+        return None
+    old, new = change
+    lines = req.text.splitlines(keepends=True)
+    spots = occurrences(req.text, old)
+    spots = [n for n in spots if n < len(lines)]
+    if not spots:
+        return None
+    after = [n for n in spots if n >= req.cursor.line]
+    line = after[0] if after else spots[-1]
+    pattern = re.compile(rf"(?<!\w){re.escape(old)}(?!\w)")
+    return Suggestion(line, line + 1, pattern.sub(new, lines[line], count=1))
+
+
+def near_repeat(req: NextRequest) -> Suggestion | None:
+    """When the model proposes nothing: the baseline's suggestion if it lies in the window
+    (farther away it is a jump, not a rewrite near the cursor)."""
+    found = repeat_last_edit(req)
+    start, window = window_of(req.text, req.cursor.line)
+    return found if found and start <= found.start_line < start + len(window) else None
+
+
+def jump_for(req: NextRequest, suggestion: Suggestion | None) -> dict | None:
+    """Where the newest edit's one-word change is due next, outside what `suggestion`
+    rewrites (in the file as it will be): {path, line}, or None."""
+    change = word_change(req.edits)
+    if change is None:
+        return None
+    text = suggestion.apply(req.text) if suggestion else req.text
+    lo, hi = (suggestion.start_line, suggestion.start_line + suggestion.text.count("\n")) \
+        if suggestion else (req.cursor.line, req.cursor.line)
+    spots = [n for n in occurrences(text, change[0]) if not lo <= n <= hi]
+    if not spots:
+        return None
+    after = [n for n in spots if n > hi]
+    return {"path": req.path, "line": after[0] if after else spots[-1]}
+
+
+# -- the model path (the engine job `tab.next`, in the model's worker) -----------------------
+
+
+class _Watch:
+    """`apply.speculative.Guide` for a next-edit decode: stops it when the request is
+    superseded (checked at each output line) or the output has outgrown the window."""
+
+    def __init__(self, cancel: threading.Event, max_lines: int) -> None:
+        self.cancel, self.max_lines, self.lines = cancel, max_lines, 0
+        self.blanks: list[str] = []
+
+    def feed(self, line: str) -> bool:
+        self.lines += 1
+        return not self.cancel.is_set() and self.lines <= self.max_lines
+
+    def force(self, stopping: bool) -> str | None:
+        return None
+
+    def repair(self, line: str) -> str | None:
+        return None
+
+
+def predict(ctx: JobContext, req: NextRequest, speculative: bool = True) -> Prediction:
+    """The engine job `tab.next`: prompt, decode with the window as the draft, parse."""
+    from codeplane.apply.speculative import decode  # the worker's import, not the server's
+
+    start = time.perf_counter()
+    model = ctx.model
+    parts, current, lead = prompt_parts(req, req.format)
+    prompt = [t for text, control in parts for t in model.tokenize(text, special=control)]
+    draft = model.tokenize(current)
+    if req.format == "window":
+        budget = len(draft) + WINDOW_SLACK_TOKENS
+        max_lines = current.count("\n") + 8
+    else:
+        budget, max_lines = DIFF_MAX_TOKENS, 2 * (current.count("\n") + 1)
+    run = decode(model, prompt, [draft], req.max_tokens or budget, speculative,
+                 _Watch(ctx.cancel, max_lines))
+    usable = run.finish_reason != "length" or req.format == "diff"
+    suggestion = parse(lead + run.text, req.format, req) if usable else None
+    return Prediction(suggestion, lead + run.text, run.prompt_tokens, run.cached_tokens,
+                      run.output_tokens, run.drafted, run.accepted,
+                      round((time.perf_counter() - start) * 1000, 2))
+
+
+# -- the server side ------------------------------------------------------------------------
+
+
+@dataclass
+class NextResult:
+    suggestion: Suggestion | None
+    jump: dict | None
+    source: str  # "model" | "repeat" (the baseline, the model proposed nothing) | "none" |
+    # "cancelled"
+    latency_ms: float
+    request_id: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    model_ms: float = 0.0
+
+    def to_json(self) -> dict:
+        out = dict(self.__dict__)
+        out["suggestion"] = self.suggestion.__dict__ if self.suggestion else None
+        return out
+
+
+async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResult:
+    """One next-edit suggestion on the engine. It shares Tab's cursor sessions: a newer
+    request (FIM or next edit) of the same tenant and `cursor_id` cancels this one between
+    two output lines, or drops it while it still waits for the model."""
+    start = time.perf_counter()
+    session, seq, cancel = tab.begin(req, tenant)
+    try:
+        got, _ = await tab.engine.run(req.model or tab.settings.model, "tab.next", req,
+                                      cancel=cancel)
+    except JobDropped:
+        got = None
+    if got is None or session.seq != seq:
+        return NextResult(None, None, "cancelled", _ms(start), req.request_id)
+    suggestion, source = got.suggestion, "model"
+    if suggestion is None:
+        suggestion, source = near_repeat(req), "repeat"
+    return NextResult(suggestion, jump_for(req, suggestion), source if suggestion else "none",
+                      _ms(start), req.request_id, got.prompt_tokens, got.cached_tokens,
+                      got.completion_tokens, got.drafted, got.accepted, got.model_ms)
+
+
+def _ms(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000, 2)

@@ -1,0 +1,68 @@
+"""Next-edit Tab's model-free parts (`tab/nextedit.py`): reading the model's answer in each
+format, the repeat-the-last-edit baseline, jumps, request validation."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from codeplane.tab.nextedit import (
+    NextRequest,
+    Suggestion,
+    jump_for,
+    near_repeat,
+    parse,
+    repeat_last_edit,
+    window_of,
+)
+
+TEXT = "".join(f"line{n} = {n}\n" for n in range(40))
+RENAME = {"path": "a.py", "line": 5, "before": "line5 = old(5)\n", "after": "line5 = new(5)\n"}
+
+
+def req(text: str = TEXT, line: int = 20, **extra) -> NextRequest:
+    return NextRequest(path="a.py", text=text, cursor={"line": line, "character": 0}, **extra)
+
+
+def test_window_answer_is_the_smallest_changed_range():
+    start, window = window_of(TEXT, 20)
+    assert (start, len(window)) == (10, 21)
+    new = window.copy()
+    new[5] = "line15 = changed\n"
+    got = parse("".join(new), "window", req())
+    assert got == Suggestion(15, 16, "line15 = changed\n")
+    assert parse("".join(window), "window", req()) is None  # a copy changes nothing
+    # the model stopped early on a window line: the rest of the window stays
+    assert parse("".join(new[:7]), "window", req()) == Suggestion(15, 16, "line15 = changed\n")
+
+
+def test_diff_answer_applies_at_the_old_lines_nearest_the_cursor():
+    text = TEXT.replace("line12 = 12", "x = 1").replace("line25 = 25", "x = 1")
+    got = parse("@@ line 21 @@\n-x = 1\n+x = 2\nsome prose\n", "diff", req(text))
+    assert got == Suggestion(25, 26, "x = 2\n")
+    assert parse("-not in the window\n+y\n", "diff", req()) is None
+    assert parse("+only added\n", "diff", req()) is None
+
+
+def test_baseline_repeats_a_one_word_change_at_the_next_occurrence():
+    text = TEXT.replace("line22 = 22", "line22 = old(22)").replace("line30 = 30",
+                                                                   "line30 = old(3)")
+    r = req(text, edits=[RENAME])
+    assert repeat_last_edit(r) == Suggestion(22, 23, "line22 = new(22)\n")
+    assert near_repeat(r) == Suggestion(22, 23, "line22 = new(22)\n")
+    assert jump_for(r, near_repeat(r)) == {"path": "a.py", "line": 30}
+    two_words = {**RENAME, "after": "line5 = new(6)\n"}
+    assert repeat_last_edit(req(text, edits=[two_words])) is None
+    far = req(TEXT.replace("line35 = 35", "line35 = old(1)"), line=5, edits=[RENAME])
+    assert near_repeat(far) is None and jump_for(far, None) == {"path": "a.py", "line": 35}
+
+
+@pytest.mark.parametrize("line,character", [(40, 1), (41, 0), (3, 12)])
+def test_cursor_outside_the_text_is_refused(line, character):
+    with pytest.raises(ValidationError):
+        NextRequest(path="a.py", text=TEXT, cursor={"line": line, "character": character})
+
+
+def test_suggestion_applies_to_the_file():
+    assert Suggestion(1, 2, "B\n").apply("a\nb\nc\n") == "a\nB\nc\n"
+    assert Suggestion(1, 1, "new\n").apply("a\nb\n") == "a\nnew\nb\n"
