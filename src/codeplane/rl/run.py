@@ -409,8 +409,8 @@ class TrainingRun:
         load = getattr(sampler, "load_weights", None)
         if load is not None:
             load(trainer.weights(), trainer.version)
+        self.warm_started = True  # before the checkpoint: a resume must not warm-start again
         self._checkpoint(trainer, 0)
-        self.warm_started = True
         if heldout:
             self._heldout(0, evaluate(sampler, heldout, cfg, make_env, trainer.version,
                                       self.index.services),
