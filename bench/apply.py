@@ -347,8 +347,8 @@ def run_case(engine, model: str, case: dict, window: int, repeats: int) -> Model
     ever add time). Unguided, so all three ways must give the very same tokens."""
     from codeplane.apply.formats import join_lines, parse_edit, split_lines
     from codeplane.apply.rewrite import jobs, rewrite
-    from codeplane.apply.speculative import decode
     from codeplane.models.engine import Decoding
+    from codeplane.models.speculative import decode
 
     lines, newline, final = split_lines(case["original"])
     parsed = parse_edit(edit_for(case, "markers"), lines)

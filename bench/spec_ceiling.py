@@ -1,7 +1,7 @@
 """Speculative decoding on this CPU: the measured ceiling, and batch-vs-single logits.
 
 Ceiling: speculative decoding verifies a draft of n-1 tokens in one forward pass of n rows
-with logits on every row (as `apply/speculative.py` does). If every draft were accepted, n
+with logits on every row (as `models/speculative.py` does). If every draft were accepted, n
 tokens would cost t(n) instead of n one-token passes, so the best possible speedup over
 plain greedy decoding is n * t(1) / t(n). This times t(n) for n = 1..64 on a real apply
 prompt (a benchmark case's chat prompt, the window's own tokens as the rows), keeping the

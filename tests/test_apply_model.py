@@ -10,7 +10,7 @@ import pytest
 
 from codeplane.apply.api import apply_edit
 from codeplane.apply.rewrite import Watch, _head, _stop_line, reshape
-from codeplane.apply.speculative import DECAY, MIN_AGREE, Drafter, _Acceptance, _draft
+from codeplane.models.speculative import DECAY, MIN_AGREE, Drafter, _Acceptance, _draft
 
 ORIGINAL = '''"""Text helpers."""
 

@@ -16,10 +16,10 @@ from difflib import SequenceMatcher
 
 from codeplane.apply.align import norm, trivial
 from codeplane.apply.formats import ParsedEdit, is_marker
-from codeplane.apply.speculative import Decoded, decode
 from codeplane.core.languages import language_for
 from codeplane.models.engine import LocalModel
 from codeplane.models.jobs import JobContext
+from codeplane.models.speculative import Decoded, decode
 
 MAX_OCCURRENCES = 6  # a line more frequent than this in the file locates nothing
 MARGIN = 3  # unchanged lines kept on each side of a window

@@ -15,7 +15,7 @@ edit", has their numbers):
 
 Either way the answer is the smallest line range of the window that changed, and its new
 text. The rewrite mostly copies the window, so it is decoded speculatively with the window as
-the draft (apply's prompt-lookup decoder, `apply/speculative.py`). A jump is the next place,
+the draft (the prompt-lookup decoder apply also uses, `models/speculative.py`). A jump is the next place,
 outside the suggestion, where the last edit's one-word change is still due.
 """
 
@@ -285,7 +285,7 @@ def jump_for(req: NextRequest, suggestion: Suggestion | None) -> dict | None:
 
 
 class _Watch:
-    """`apply.speculative.Guide` for a next-edit decode: stops it when the request is
+    """`models.speculative.Guide` for a next-edit decode: stops it when the request is
     superseded (checked at each output line) or the output has outgrown the window."""
 
     def __init__(self, cancel: threading.Event, max_lines: int) -> None:
@@ -305,7 +305,7 @@ class _Watch:
 
 def predict(ctx: JobContext, req: NextRequest, speculative: bool = True) -> Prediction:
     """The engine job `tab.next`: prompt, decode with the window as the draft, parse."""
-    from codeplane.apply.speculative import decode  # the worker's import, not the server's
+    from codeplane.models.speculative import decode  # the worker's import, not the server's
 
     start = time.perf_counter()
     model = ctx.model
