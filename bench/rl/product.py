@@ -137,6 +137,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/codeplane-product.jsonl"))
     args = parser.parse_args()
     cfg = load_config(args.config)
+    if cfg.search.server == "none":
+        parser.error("the config's [search] server is \"none\": the harness indexes each task "
+                     "copy in the run's index, so it needs one")
     tasks = split_tasks(cfg, "heldout")[:args.tasks]
     models = [m for m in args.models.split(",") if m] + ([] if args.no_search_alone
                                                          else [SEARCH_ALONE])
