@@ -20,78 +20,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from difflib import SequenceMatcher
 from pathlib import Path
 
 from codeplane.config import load_settings
 from codeplane.models.engine import Engine
 from codeplane.tab.nextedit import NextRequest, Suggestion, near_repeat, repeat_last_edit
+from codeplane.tab.replay import Case, cases_of
 
-MAX_FILE_CHARS = 40_000
-MAX_HUNK_LINES = 8
 NEAR = 10
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(repo), *args], check=True,
-                          capture_output=True, text=True).stdout
-
-
-def hunks(old: list[str], new: list[str]) -> list[tuple[int, int, int, int]]:
-    return [op[1:] for op in SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
-            if op[0] != "equal"]
-
-
-def cases_of(repo: Path, limit: int) -> list[dict]:
-    """Replayed-commit cases, newest commits first, at most two per changed file."""
-    out: list[dict] = []
-    for commit in git(repo, "rev-list", "--first-parent", "--no-merges", "HEAD").split():
-        files = git(repo, "diff-tree", "--no-commit-id", "-r", "--name-only", "--diff-filter=M",
-                    commit).split()
-        for path in (f for f in files if f.endswith(".py")):
-            try:
-                old = git(repo, "show", f"{commit}^:{path}")
-                new = git(repo, "show", f"{commit}:{path}")
-            except subprocess.CalledProcessError:
-                continue
-            if len(old) > MAX_FILE_CHARS:
-                continue
-            out += _file_cases(path, old, new)[:2]
-            if len(out) >= limit:
-                return out[:limit]
-    return out
-
-
-def _file_cases(path: str, old: str, new: str) -> list[dict]:
-    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
-    found = hunks(a, b)
-    if len(found) < 2 or any(i2 - i1 > MAX_HUNK_LINES or j2 - j1 > MAX_HUNK_LINES
-                             for i1, i2, j1, j2 in found):
-        return []
-    cases = []
-    for k in range(1, len(found)):
-        # the state after hunks [0, k): b up to hunk k's start in b, then a from hunk k on
-        i1, _, j1, _ = found[k]
-        state = b[:j1] + a[i1:]
-        ti1, ti2, _, tj2 = found[k]
-        target = b[:tj2] + a[ti2:]
-        edits = []
-        for h in found[:k]:
-            edits.append({"path": path, "line": h[2], "before": "".join(a[h[0]:h[1]]),
-                          "after": "".join(b[h[2]:h[3]])})
-        last = found[k - 1]
-        line = max(last[3] - 1, last[2])
-        cases.append({"path": path, "state": "".join(state), "target": "".join(target),
-                      "edits": edits, "line": min(line, len(state) - 1 if state else 0),
-                      "target_lines": (j1, j1 + ti2 - ti1)})
-    return cases
-
-
-def score(case: dict, suggestion: Suggestion | None) -> dict:
+def score(case: Case, suggestion: Suggestion | None) -> dict:
     lo, hi = case["target_lines"]
     near = abs(lo - case["line"]) <= NEAR
     if suggestion is None:
@@ -102,7 +44,7 @@ def score(case: dict, suggestion: Suggestion | None) -> dict:
     return {"shown": 1, "exact": int(exact), "located": int(located or exact), "near": near}
 
 
-def request(case: dict, fmt: str, max_tokens: int | None) -> NextRequest:
+def request(case: Case, fmt: str, max_tokens: int | None) -> NextRequest:
     line = case["line"]
     return NextRequest(path=case["path"], text=case["state"],
                        cursor={"line": line, "character": 0}, edits=case["edits"],
