@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codeplane.apply.align import clear_cache
-from codeplane.apply.api import apply_edit
+from codeplane.apply.service import apply_edit
 
 
 def _sets():
@@ -451,7 +451,7 @@ def deterministic_outcomes(cases: list[dict]) -> dict[tuple[int, str], str]:
 
     source = Path(__file__).parents[1] / "src" / "codeplane" / "apply"
     key = hashlib.sha256((SETS.MANIFESTS / "tune.txt").read_bytes())
-    for name in ("align.py", "merge.py", "formats.py", "validate.py", "api.py"):
+    for name in ("align.py", "merge.py", "formats.py", "validate.py", "service.py"):
         key.update((source / name).read_bytes())
     cache = Path(f"/tmp/codeplane-apply-det-{key.hexdigest()[:16]}.json")
     if cache.exists():

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from conftest import LiveServer, free_port, make_settings
 
-from codeplane.indexing import api
+from codeplane.indexing import query
 from codeplane.indexing.remote import Remote
 from codeplane.indexing.scan import scan
 from codeplane.indexing.state import WorkspaceState
@@ -215,7 +215,7 @@ def main() -> None:
         target.write_text(original + f"\n\ndef {marker}(value):\n    return value[::-1] + '{i}'\n")
         t0 = time.perf_counter()
         changed = sync(ws, cfg)
-        hits = api.search_workspace(ws, f"def {marker}(value)", 3, cfg)
+        hits = query.search_workspace(ws, f"def {marker}(value)", 3, cfg)
         assert any(marker in h["snippet"] for h in hits), hits
         searchable.append(time.perf_counter() - t0)
         assert changed.files_changed == 1, changed
@@ -230,7 +230,7 @@ def main() -> None:
     end_to_end = []
     for q in queries[:100]:
         t0 = time.perf_counter()
-        api.search_workspace(ws, q["query"], 10, cfg)
+        query.search_workspace(ws, q["query"], 10, cfg)
         end_to_end.append(time.perf_counter() - t0)
     out["search_ms_end_to_end_p50_p95"] = [pct(end_to_end, 0.5), pct(end_to_end, 0.95)]
     out["quality_exact"] = quality(state, remote, queries)

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from codeplane.apply.api import apply_edit
 from codeplane.apply.formats import is_marker
+from codeplane.apply.service import apply_edit
 
 
 def function(k: int, body: str | None = None) -> str:

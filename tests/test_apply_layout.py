@@ -10,8 +10,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from codeplane.apply.api import apply_edit
 from codeplane.apply.guard import restore_layout
+from codeplane.apply.service import apply_edit
 
 MODULE = '''"""Files under a root directory."""
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from codeplane.apply.api import apply_edit
 from codeplane.apply.formats import parse_edit
 from codeplane.apply.guard import check
+from codeplane.apply.service import apply_edit
 
 STORE = '''import os
 

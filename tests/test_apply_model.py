@@ -8,8 +8,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from codeplane.apply.api import apply_edit
 from codeplane.apply.rewrite import Watch, _head, _stop_line, reshape
+from codeplane.apply.service import apply_edit
 from codeplane.models.speculative import DECAY, MIN_AGREE, Drafter, _Acceptance, _draft
 
 ORIGINAL = '''"""Text helpers."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from codeplane.apply import rank
-from codeplane.apply.api import apply_edit
 from codeplane.apply.formats import parse_edit, split_lines
 from codeplane.apply.merge import merge
+from codeplane.apply.service import apply_edit
 
 AREA = "def area(width, height):\n    check(width)\n    check(height)\n    return width * height\n"
 VOLUME = ("def volume(width, height, depth):\n    check(width)\n    check(height)\n"

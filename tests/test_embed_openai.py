@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from codeplane.indexing.api import IndexUnavailable, search_workspace
+from codeplane.indexing.query import IndexUnavailable, search_workspace
 from codeplane.indexing.sync import sync
 from codeplane.models.embed import EmbedderUnavailable
 from codeplane.models.embedders import Embedders

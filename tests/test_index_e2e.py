@@ -20,8 +20,8 @@ import pytest
 from conftest import LiveServer, free_port, make_settings
 from indexkit import tenant_app, write
 
-from codeplane.indexing.api import IndexUnavailable, search, search_workspace
 from codeplane.indexing.chunker import EMBED_FORMAT
+from codeplane.indexing.query import IndexUnavailable, search, search_workspace
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState, workspace_dir
 from codeplane.indexing.sync import sync

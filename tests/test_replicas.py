@@ -31,7 +31,7 @@ from sqlalchemy import select
 from upstreams.scripted import wait_for
 
 from codeplane.config import Settings
-from codeplane.indexing.api import search
+from codeplane.indexing.query import search
 from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.state import WorkspaceState
 from codeplane.indexing.sync import sync

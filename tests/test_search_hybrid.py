@@ -16,8 +16,8 @@ from codeplane.agent import toolset as T
 from codeplane.agent.env import local_environment
 from codeplane.agent.services import tool_services
 from codeplane.agent.tools import default_toolset
-from codeplane.indexing.api import search
 from codeplane.indexing.lexical import Shape, analyse, defines, path_match
+from codeplane.indexing.query import search
 from codeplane.indexing.rank import (
     CHUNK_WEIGHTS,
     FILE_WEIGHTS,

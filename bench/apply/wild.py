@@ -52,7 +52,7 @@ import tokenize
 from collections import defaultdict
 from pathlib import Path
 
-from codeplane.apply.api import apply_edit
+from codeplane.apply.service import apply_edit
 
 # Held-out slices (bench/apply/sets/NAME.txt), each built from repositories no earlier set
 # used, before the session that measured on it changed any code, and never tuned on:

@@ -38,7 +38,7 @@ from codeplane.agent.services import tool_services
 from codeplane.config import Settings, load_settings
 from codeplane.core.chat import HttpChatModel
 from codeplane.core.serve import child_server
-from codeplane.indexing.api import search_workspace
+from codeplane.indexing.query import search_workspace
 from codeplane.indexing.sync import sync
 from codeplane.rl.config import load_config
 from codeplane.rl.envserver import EnvConfig, EnvServer

@@ -5,7 +5,7 @@ dense-only, hybrid and hybrid --files, on one repository of the benchmark indexe
 
 The repository's HEAD is exported from its mirror (`git archive`, nothing executed) with the
 benchmark's `.codeplaneignore` (tests and docs out), indexed by a real sync, then every
-localisation and docstring query of that repository is run through `indexing.api.search`
+localisation and docstring query of that repository is run through `indexing.query.search`
 (server embedding + LanceDB + client BM25 + fusion + snippets) and timed. The Python process
 start of the CLI (~0.5 s imports) is not included: an agent or editor keeps one process.
 `--lock` takes the shared CPU lock around the timed queries only (indexing the repository
@@ -33,7 +33,7 @@ from build import PINNED, load
 from conftest import LiveServer, free_port, make_settings
 from corpus import mirror
 
-from codeplane.indexing.api import search
+from codeplane.indexing.query import search
 from codeplane.indexing.sync import SyncLock, sync
 from codeplane.server.app import create_app
 

@@ -27,7 +27,7 @@ from codeplane.clikit import console, fail
 from codeplane.config import Settings
 from codeplane.core.chat import HttpChatModel
 from codeplane.core.serve import ServerDidNotStart, child_server
-from codeplane.indexing.api import IndexUnavailable, search_workspace
+from codeplane.indexing.query import IndexUnavailable, search_workspace
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.sync import sync
 from codeplane.indexing.vectors import EmbedModeError

@@ -14,7 +14,7 @@ import pytest
 from codeplane.agent.env import local_environment
 from codeplane.agent.tools import default_toolset
 from codeplane.core.files import read_bytes
-from codeplane.indexing.api import SNIPPET_FILE_BYTES, _with_snippets
+from codeplane.indexing.query import SNIPPET_FILE_BYTES, _with_snippets
 from codeplane.sandbox import BwrapRunner, Limits
 
 execute = default_toolset().execute  # one call as the agent makes it

@@ -1,6 +1,6 @@
 """The services the agent's tools reach beyond the workspace, as a program builds them once:
 `tool_services(settings, engine, embedders)` for the composition root and the CLI,
-`IndexSearch`, codebase search over the client-side index (`indexing/api.py`), and
+`IndexSearch`, codebase search over the client-side index (`indexing/query.py`), and
 `for_caller`, a server's services for one run, whose model work is charged to its caller."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from codeplane.config import Settings
 from codeplane.core.chat import ChatModel
 from codeplane.gateway.admission import Shed
 from codeplane.gateway.chat import GatewayChatModel
-from codeplane.indexing.api import SNIPPET_FILE_BYTES, IndexUnavailable, search_workspace
+from codeplane.indexing.query import SNIPPET_FILE_BYTES, IndexUnavailable, search_workspace
 
 if TYPE_CHECKING:
     from codeplane.models.embedders import Embedders

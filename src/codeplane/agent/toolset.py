@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from codeplane.agent.env import Environment, ToolError
 
 if TYPE_CHECKING:  # apply loads the engine's modules: only a code_edit call pays for them
-    from codeplane.apply.api import ApplyResult
+    from codeplane.apply.service import ApplyResult
     from codeplane.models.engine import Engine
 
 MAX_CHARS = 8000
@@ -90,7 +90,7 @@ class ApplyMerge:
     def merge(self, original: str, edit: str, path: str) -> ApplyResult:
         """As `/v1/apply` "auto": the free path first; the model only once it declined,
         charged through the meter when there is one."""
-        from codeplane.apply.api import apply_edit, estimated_tokens
+        from codeplane.apply.service import apply_edit, estimated_tokens
 
         free = apply_edit(original, edit, path, method="deterministic")
         if free.ok or self.engine is None:

@@ -31,7 +31,7 @@ def apply_command(
 
     Exit code 0 when merged, 1 when the edit could not be applied (diagnostics say why),
     2 on bad input."""
-    from codeplane.apply.api import apply_edit
+    from codeplane.apply.service import apply_edit
     from codeplane.models.engine import Engine
     from codeplane.models.registry import UnknownModel
 

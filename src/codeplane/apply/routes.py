@@ -12,7 +12,7 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field
 
-from codeplane.apply.api import apply_edit, estimated_tokens
+from codeplane.apply.service import apply_edit, estimated_tokens
 from codeplane.core.errors import not_found, unavailable
 from codeplane.core.principal import principal_of
 from codeplane.core.schemas import WireModel

@@ -1,4 +1,4 @@
-"""`codeplane index` and `codeplane search`: thin layers over `indexing.sync` and `indexing.api`."""
+"""`codeplane index` and `codeplane search`: thin layers over `indexing.sync` and `indexing.query`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from codeplane.clikit import (
 )
 from codeplane.config import Settings
 from codeplane.core.http import api_client
-from codeplane.indexing.api import IndexUnavailable, search
+from codeplane.indexing.query import IndexUnavailable, search
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.state import workspace_dir
 from codeplane.indexing.sync import SyncReport, sync
