@@ -287,7 +287,7 @@ def test_the_search_solver_searches_reads_in_parallel_and_names_the_file(
 
     from codeplane.rl.index import RunIndex, SearchConfig
     from codeplane.rl.rollout import RolloutConfig, play
-    from codeplane.rl.trainer import PolicyTrainer
+    from codeplane.rl.trainer import PolicyTrainer, rows_of
     from codeplane.rl.warmstart import SearchSolver, demonstrations, solver_for
 
     assert solver_for("commits", "search") is SearchSolver
@@ -315,5 +315,8 @@ def test_the_search_solver_searches_reads_in_parallel_and_names_the_file(
     assert [name for name, _ in calls[1]] == ["read_file", "read_file"]
     assert calls[1][0][1]["path"] == "pkg/shapes.py" and calls[2] == []
     assert turns[2]["content"] == "The change touches pkg/shapes.py."
-    demos = demonstrations([episode])
+    [demos] = demonstrations([episode])
     assert [policy.decode(s.completion_ids).count("<tool_call>") for s in demos] == [1, 2, 0]
+    # each turn's prompt re-renders the turns before it token for token: the trainer scores
+    # the whole episode in one forward pass (rl/trainer.py rows_of)
+    assert [len(r.spans) for r in rows_of(demos)] == [3]

@@ -12,7 +12,7 @@ pytest.importorskip("peft")
 from conftest import make_settings
 from pydantic import ValidationError
 
-from codeplane.rl.trainer import PolicyTrainer, TrainerConfig
+from codeplane.rl.trainer import PolicyTrainer, TrainerConfig, rows_of
 from codeplane.rl.types import Episode, Sample
 
 pytestmark = pytest.mark.model
@@ -136,8 +136,7 @@ def test_warm_start_imitates_the_solvers_solved_episodes(settings, tmp_path: Pat
     episodes = [play(GrepSolver(trainer.policy), env, t, "g", config) for t in tasks]
     env.close()
     assert [e.reward for e in episodes] == [1.0] * len(tasks)
-    demos = demonstrations(episodes)
-    call, answer = demos[0], demos[1]
+    call, answer = demonstrations(episodes)[0]
     assert trainer.policy.decode(call.completion_ids).startswith('<tool_call>\n{"name": "grep"')
     assert re.fullmatch(r"pkg/shapes\.py:\d+<\|im_end\|>",
                         trainer.policy.decode(answer.completion_ids))
@@ -149,3 +148,26 @@ def test_warm_start_imitates_the_solvers_solved_episodes(settings, tmp_path: Pat
     with torch.no_grad():
         after = sum(lp.sum() for lp in trainer.policy.completion_logprobs(pairs))
     assert after > before and trainer.version == 1 and metrics["nll"] > 0
+
+
+def test_an_episodes_turns_scored_as_one_row_match_each_turn_scored_alone(settings):
+    """Turn two's prompt extends turn one (prompt, completion, then a tool result): the trainer
+    scores both in one forward over turn two and must get what two forwards give."""
+    policy = PolicyTrainer(CONFIG, settings).policy
+    stop = policy.tokenizer.eos_token_id
+    first = policy.prompt_ids([{"role": "user", "content": "Name one prime number."}], [])
+    reply = [*policy.tokenizer("Seven.")["input_ids"], stop]
+    result = policy.tokenizer("\n<|im_start|>user\nAnother one?<|im_end|>\n"
+                              "<|im_start|>assistant\n")["input_ids"]
+    second = [*first, *reply, *result]
+    answer = [*policy.tokenizer("Eleven.")["input_ids"], stop]
+    samples = [Sample(first, reply, [0.0] * len(reply), 0),
+               Sample(second, answer, [0.0] * len(answer), 0),
+               Sample(first, answer, [0.0] * len(answer), 0)]  # another episode: its own row
+    rows = rows_of(samples)
+    assert [len(r.spans) for r in rows] == [2, 1]
+    with torch.no_grad():
+        together = [lp for spans in policy.row_logprobs(rows) for lp in spans]
+        alone = policy.completion_logprobs([(s.prompt_ids, s.completion_ids) for s in samples])
+    for a, b in zip(together, alone, strict=True):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4)

@@ -120,9 +120,11 @@ class WarmStartConfig(BaseModel):
 
     model_config = _STRICT
     steps: int = Field(0, ge=0, description="supervised steps on the solver's episodes")
-    episodes: int = Field(16, ge=1, description="solver episodes on train tasks (the "
-                                                "successful ones are imitated)")
-    batch: int = Field(8, ge=1, description="samples (model turns) per step")
+    episodes: int = Field(16, ge=1, description="solver episodes on train tasks (those "
+                                                "scoring min_reward or more are imitated)")
+    min_reward: float = Field(1.0, gt=0, le=1, description="the least reward of an imitated "
+                                                           "episode (1: solved only)")
+    batch: int = Field(4, ge=1, description="episodes per step (all their turns)")
     lr: float | None = Field(None, gt=0, description="learning rate of these steps "
                                                      "(default: the trainer's)")
 

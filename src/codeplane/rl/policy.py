@@ -45,6 +45,15 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass(frozen=True)
+class Row:
+    """One sequence of a forward pass and the spans of it that are scored, as (start,
+    length): each span's tokens are scored given everything before them."""
+
+    ids: list[int]
+    spans: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
 class LoraShape:
     rank: int = 16
     alpha: float = 32.0
@@ -146,34 +155,50 @@ class Policy:
                             ) -> list[torch.Tensor]:
         """Log-prob of each completion token given its prompt, one tensor per (prompt,
         completion) pair, in one padded forward pass. Gradients flow unless called under
-        no_grad; `reference=True` scores with the adapter disabled.
+        no_grad; `reference=True` scores with the adapter disabled."""
+        rows = [Row(prompt + completion, [(len(prompt), len(completion))])
+                for prompt, completion in pairs]
+        return [spans[0] for spans in self.row_logprobs(rows, temperature, reference)]
 
-        Left padding aligns every sequence's end, so the vocabulary projection (the largest
-        tensor here: 152k logits per row) is computed only for the last K positions."""
-        width = max(len(p) + len(c) for p, c in pairs)
-        keep = max(len(c) for _, c in pairs) + 1
+    def row_logprobs(self, rows: list[Row], temperature: float = 1.0,
+                     reference: bool = False) -> list[list[torch.Tensor]]:
+        """Log-probs of each row's scored spans, one padded forward pass for all rows.
+
+        Left padding aligns every sequence's end; the vocabulary projection (the largest
+        tensor here: 152k logits per position) is computed only at the positions that predict
+        a scored token."""
+        width = max(len(r.ids) for r in rows)
         pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((len(pairs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(pairs), width), dtype=torch.long)
-        for row, (prompt, completion) in enumerate(pairs):
-            seq = prompt + completion
-            ids[row, width - len(seq):] = torch.tensor(seq)
-            mask[row, width - len(seq):] = 1
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for n, row in enumerate(rows):
+            ids[n, width - len(row.ids):] = torch.tensor(row.ids)
+            mask[n, width - len(row.ids):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        # the position before each scored token predicts it; one set for the whole batch
+        wanted = sorted({width - len(row.ids) + start - 1 + i for row in rows
+                         for start, length in row.spans for i in range(length)})
+        keep = torch.tensor(wanted, dtype=torch.long)
         if reference:
             with self.model.disable_adapter():
                 logits = self._logits(ids, mask, positions, keep)
         else:
             logits = self._logits(ids, mask, positions, keep)
+        column = {p: c for c, p in enumerate(wanted)}
         out = []
-        for row, (_, completion) in enumerate(pairs):
-            n = len(completion)
-            rows = logits[row, keep - 1 - n: keep - 1]
-            out.append(token_logprobs(rows, torch.tensor(completion), temperature))
+        for n, row in enumerate(rows):
+            offset = width - len(row.ids)
+            spans = []
+            for start, length in row.spans:
+                at = column[offset + start - 1]
+                spans.append(token_logprobs(logits[n, at:at + length],
+                                            torch.tensor(row.ids[start:start + length]),
+                                            temperature))
+            out.append(spans)
         return out
 
     def _logits(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                keep: int) -> torch.Tensor:
+                keep: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                           logits_to_keep=keep, use_cache=False).logits
 

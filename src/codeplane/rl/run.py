@@ -392,17 +392,16 @@ class TrainingRun:
             data = manager.collect(0, 0)
         finally:
             manager.stop()
-        demos = demonstrations(data.episodes)
+        demos = demonstrations(data.episodes, ws.min_reward)
         if not demos:
-            raise ConfigError(f"the {solver.name} solved none of the warm-start episodes")
+            raise ConfigError(f"no {solver.name} episode scored {ws.min_reward} or more")
         order = random.Random(cfg.rollout.seed)
         with (self.out / "warmstart.jsonl").open("a", encoding="utf-8") as log:
             for step in range(ws.steps):
                 batch = order.sample(demos, min(ws.batch, len(demos)))
-                metrics = trainer.imitate(batch, ws.lr)
-                log.write(json.dumps({"step": step, "demos": len(demos),
-                                      "solved": len(demos) and sum(
-                                          e.reward == 1.0 for e in data.episodes),
+                metrics = trainer.imitate([s for turns in batch for s in turns], ws.lr)
+                log.write(json.dumps({"step": step, "imitated": len(demos),
+                                      "solved": sum(e.reward == 1.0 for e in data.episodes),
                                       "episodes": len(data.episodes), **metrics,
                                       "time": time.time()}) + "\n")
                 log.flush()

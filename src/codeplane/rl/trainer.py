@@ -37,7 +37,7 @@ from codeplane.rl.algorithms import (
     policy_loss,
     token_weights,
 )
-from codeplane.rl.policy import LoraShape, Policy, model_weights
+from codeplane.rl.policy import LoraShape, Policy, Row, model_weights
 from codeplane.rl.types import Episode, Sample
 
 CHECKPOINT = "trainer.pt"
@@ -61,8 +61,9 @@ class TrainerConfig(BaseModel):
     kl_beta: float = Field(0.0, ge=0)  # 0: no reference forward at all
     tis_cap: float | None = Field(2.0, gt=0)  # None: no importance correction
     temperature: float = Field(1.0, gt=0)  # must equal the samplers' temperature
-    # samples (model turns) per forward/backward: activations grow with the square of a turn's
-    # length, and a product agent's turn is long (docs/rl.md, "The trainer": 4 ran out of memory)
+    # rows (`rows_of`: an episode's turns, or one turn) per forward/backward: activations grow
+    # with a row's length, and a product agent's turn is long (docs/rl.md, "The trainer": 4
+    # ran out of memory)
     micro_batch: int = Field(1, ge=1)
     epochs: int = Field(1, ge=1)  # optimiser steps per batch; clipping acts from the 2nd
     max_grad_norm: float = Field(1.0, gt=0)
@@ -82,6 +83,34 @@ class _Item:
                                      dtype=torch.float64)
         self.weights = weights
         self.sampler_logp = torch.tensor(sample.logprobs, dtype=torch.float64)
+
+
+def rows_of(samples: list[Sample]) -> list[Row]:
+    """Samples as forward-pass rows. A turn whose prompt begins with the row before it (the
+    next turn of one episode, when the chat template re-renders the history token for token)
+    extends that row: attention is causal, so each completion is scored given only what
+    precedes it, and one pass over an episode's last turn scores all its turns, at the cost of
+    the longest turn instead of the sum of them."""
+    rows: list[Row] = []
+    for s in samples:
+        ids, span = [*s.prompt_ids, *s.completion_ids], (len(s.prompt_ids), len(s.completion_ids))
+        last = rows[-1] if rows else None
+        if last is not None and s.prompt_ids[:len(last.ids)] == last.ids:
+            rows[-1] = Row(ids, [*last.spans, span])
+        else:
+            rows.append(Row(ids, [span]))
+    return rows
+
+
+def micro_batches(samples: list[Sample], size: int) -> list[list[int]]:
+    """Sample indices, `size` rows (`rows_of`) per micro-batch, a row never split."""
+    chunks, at = [], 0
+    rows = rows_of(samples)
+    for start in range(0, len(rows), size):
+        count = sum(len(r.spans) for r in rows[start:start + size])
+        chunks.append(list(range(at, at + count)))
+        at += count
+    return chunks
 
 
 class PolicyTrainer:
@@ -148,15 +177,20 @@ class PolicyTrainer:
         }
 
     def _chunks(self, items: list[_Item]) -> list[list[_Item]]:
-        size = self.config.micro_batch
-        return [items[i:i + size] for i in range(0, len(items), size)]
+        return [[items[i] for i in chunk]
+                for chunk in micro_batches([it.sample for it in items], self.config.micro_batch)]
 
     def _score(self, items: list[_Item], grad: bool, reference: bool = False
                ) -> list[torch.Tensor]:
-        pairs = [(it.sample.prompt_ids, it.sample.completion_ids) for it in items]
+        return self._logprobs([it.sample for it in items], self.config.temperature, grad,
+                              reference)
+
+    def _logprobs(self, samples: list[Sample], temperature: float, grad: bool,
+                  reference: bool = False) -> list[torch.Tensor]:
+        """Each sample's completion log-probs, one tensor per sample, in sample order."""
         with torch.set_grad_enabled(grad):
-            return [lp.double() for lp in self.policy.completion_logprobs(
-                pairs, self.config.temperature, reference=reference)]
+            scored = self.policy.row_logprobs(rows_of(samples), temperature, reference)
+        return [lp.double() for spans in scored for lp in spans]
 
     def _old_logprobs(self, items: list[_Item]) -> list[torch.Tensor] | None:
         """The policy's log-probs before this step's update: needed separately only when
@@ -214,11 +248,9 @@ class PolicyTrainer:
             return {"skipped": 1.0, "version": float(self.version)}
         self.optimizer.zero_grad(set_to_none=True)
         nll = 0.0
-        size = self.config.micro_batch
-        for at in range(0, len(samples), size):
-            pairs = [(s.prompt_ids, s.completion_ids) for s in samples[at:at + size]]
-            loss = -torch.cat(self.policy.completion_logprobs(pairs, 1.0)).double().sum() \
-                / tokens
+        for chunk in micro_batches(samples, self.config.micro_batch):
+            loss = -torch.cat(self._logprobs([samples[i] for i in chunk], 1.0, grad=True)
+                              ).sum() / tokens
             loss.backward()
             nll += float(loss.detach())
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -230,7 +262,7 @@ class PolicyTrainer:
             group["lr"] = self.config.lr
         self.version += 1
         return {"nll": nll, "grad_norm": grad_norm, "tokens": float(tokens),
-                "samples": float(len(samples)), "seconds": time.perf_counter() - started,
+                "samples": float(len(samples)), "rows": float(len(rows_of(samples))), "seconds": time.perf_counter() - started,
                 "version": float(self.version)}
 
     # -- weights and checkpoints ---------------------------------------------------------

@@ -147,6 +147,8 @@ def solver_for(family: str, instruction: str | None) -> type[Solver] | None:
     return SOLVERS.get((family, instruction if family == "locate" else None))
 
 
-def demonstrations(episodes: list[Episode]) -> list[Sample]:
-    """The turns of the solved episodes (reward 1, no fault): what is imitated."""
-    return [s for e in episodes if e.reward == 1.0 and e.fault is None for s in e.samples]
+def demonstrations(episodes: list[Episode], min_reward: float = 1.0) -> list[list[Sample]]:
+    """What is imitated: the turns of each episode that scored at least `min_reward` without
+    a fault, one list per episode. Kept whole, in order, so the trainer scores an episode's
+    turns in one forward pass (rl/trainer.py `rows_of`)."""
+    return [e.samples for e in episodes if e.reward >= min_reward and e.fault is None]
