@@ -472,6 +472,20 @@ def test_new_code_does_not_split_a_run_of_blank_lines(mirrored: bool) -> None:
     assert_merges(original, sketch, expected, "t.py")
 
 
+@pytest.mark.parametrize("mirrored", [False, True])
+def test_new_code_inside_a_blank_run_shown_whole_declines(mirrored: bool) -> None:
+    """The file has three blank lines after `x = 1`; the sketch shows one, a new function,
+    then two before the marker: every line of the run, split around the new code (as the
+    commit did, funcy c2777b8050), or one new blank line with the run of three kept whole
+    after it (as "new code does not split a run" reads a run the marker partly elides).
+    Nothing says which: declined, never written. Same at a segment's start (mirrored)."""
+    new = "def f():\n    return 2\n"
+    original = "x = 1\n\n\n\ndef g():\n    pass\n"
+    sketch = f"# ... existing code ...\n\n\n{new}\ndef g():\n    pass\n" if mirrored \
+        else f"x = 1\n\n{new}\n\n# ... existing code ...\n"
+    assert_declines(original, sketch, "shows whole", "t.py")
+
+
 def test_edit_that_only_strips_trailing_whitespace_is_taken_as_written() -> None:
     """Matched lines keep the file's trailing whitespace (models drop it), but an edit that
     would then change nothing is a whitespace edit: its lines are taken as written."""

@@ -186,10 +186,11 @@ def test_repeated_line_without_layout_to_restore_still_merges() -> None:
         "\n\n\nclass", "\n\n\ndef second(job):\n    return job.run()\n\n\nclass")
 
 
-def _bench_apply():
-    """bench/apply.py, imported by path (the benchmark is not a package)."""
-    path = Path(__file__).parents[1] / "bench" / "apply.py"
-    spec = importlib.util.spec_from_file_location("bench_apply_filter", path)
+def _bench_apply(name: str = "apply.py"):
+    """bench/apply.py (or another script under bench/), imported by path (the benchmark is
+    not a package)."""
+    path = Path(__file__).parents[1] / "bench" / name
+    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}_filter", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -234,3 +235,14 @@ def test_layout_only_the_other_pairing_would_give_back_is_left_as_sketched() -> 
     sketch = ("# ... existing code ...\n        return wrapper\n    return decorator\n\n\n"
               f"{added}class Last:\n# ... existing code ...\n")
     assert merged(original, sketch, "deco.py") == original.replace("class Last", added + "class Last")
+
+
+def test_end_to_end_benchmark_caps_declines_per_style_smallest_file_first() -> None:
+    """`wild.py --model M --model-cases N` runs the product's full path on at most N
+    declines of each style, the smallest files first (the model path's time grows with
+    the window), so a capped run on a slow box still covers every style."""
+    wild = _bench_apply("apply/wild.py")
+    declined = [(style, {"original": "x\n" * size}, f"{style}{size}")
+                for style, size in (("body", 9), ("drift", 3), ("body", 2), ("body", 5))]
+    assert [d[2] for d in wild.capped(declined, 2)] == ["body2", "body5", "drift3"]
+    assert wild.capped(declined, None) == declined

@@ -38,6 +38,7 @@ Usage:
   python bench/apply/wild.py --set fifth         # the fifth (session apply5) held-out slice
   python bench/apply/sets.py select OWNER/NAME... --name NAME   # a new held-out slice
   python bench/apply/wild.py --model code-small  # declines also end to end (model path)
+  python bench/apply/wild.py --set fifth --model code-small --model-cases 2   # capped
 """
 
 from __future__ import annotations
@@ -406,7 +407,8 @@ def category(reason: str) -> str:
                 "other")
 
 
-def run(cases: list[dict], verbose: bool, model: str | None = None) -> None:
+def run(cases: list[dict], verbose: bool, model: str | None = None,
+        per_style: int | None = None) -> None:
     """Every case in every style, deterministic path only; with `model`, every declined
     one again through the product's whole pipeline (`apply_edit` with the engine: the
     deterministic merge, else the model path), which is what a user gets."""
@@ -445,20 +447,38 @@ def run(cases: list[dict], verbose: bool, model: str | None = None) -> None:
         if miss[0] == "wrong" or verbose:
             print("  ", *miss)
     if model:
-        end_to_end(declined, kinds, model)
+        end_to_end(declined, kinds, model, per_style)
+
+
+def capped(declined: list[tuple[str, dict, str]], per_style: int | None
+           ) -> list[tuple[str, dict, str]]:
+    """At most `per_style` declines of each style, smallest file first (the model path's
+    time grows with the window it rewrites); all of them, in order, without a cap."""
+    if per_style is None:
+        return declined
+    chosen: dict[str, list[tuple[str, dict, str]]] = defaultdict(list)
+    for item in sorted(declined, key=lambda d: len(d[1]["original"])):
+        if len(chosen[item[0]]) < per_style:
+            chosen[item[0]].append(item)
+    return [item for style in STYLES for item in chosen[style]]
 
 
 def end_to_end(declined: list[tuple[str, dict, str]], kinds: dict[tuple[str, str], list[str]],
-               model: str) -> None:
+               model: str, per_style: int | None = None) -> None:
     """The declined sketches through `apply_edit` with the engine, and per style what a
-    user gets in the end: exact / wrong / not applied, over all of the style's cases."""
+    user gets in the end: exact / wrong / not applied, over all of the style's cases (a
+    decline left out by `per_style` counts as not applied)."""
     from codeplane.config import load_settings
     from codeplane.models.engine import Engine
 
     engine = Engine(load_settings())
     rescued: dict[str, list[str]] = defaultdict(list)
+    chosen = capped(declined, per_style)
+    if len(chosen) < len(declined):
+        print(f"  end to end: {len(chosen)} of {len(declined)} declines, at most {per_style} "
+              f"per style, smallest file first")
     try:
-        for style, case, text in declined:
+        for style, case, text in chosen:
             result = apply_edit(case["original"], text, case["path"], engine, model)
             kind = BA.kind_of(result, case, failed="rejected")
             rescued[style].append(kind)
@@ -479,7 +499,8 @@ def end_to_end(declined: list[tuple[str, dict, str]], kinds: dict[tuple[str, str
         print(f"    {style:9s} {got.count('exact'):3d} / {got.count('wrong'):3d} / "
               f"{got.count('rejected'):3d}   final {100 * exact / len(every):5.1f}% / "
               f"{100 * wrong / len(every):4.1f}% / "
-              f"{100 * (len(every) - exact - wrong) / len(every):4.1f}%")
+              f"{100 * (len(every) - exact - wrong) / len(every):4.1f}%"
+              f"   ({sum(d[0] == style for d in declined) - len(got)} declines not run)")
 
 
 def main() -> None:
@@ -492,6 +513,8 @@ def main() -> None:
     parser.add_argument("--case", type=int, default=0)
     parser.add_argument("--model", help="also run the declines end to end with this model "
                         "(the product's model path, e.g. code-small)")
+    parser.add_argument("--model-cases", type=int, metavar="N",
+                        help="with --model: at most N declines per style, smallest file first")
     args = parser.parse_args()
     try:
         cases = load_all(args.set)
@@ -500,7 +523,9 @@ def main() -> None:
     if args.style:
         print(sketches(cases[args.case], args.case).get(args.style, "(not well posed)"))
         return
-    run(cases, args.verbose, args.model)
+    if args.model_cases is not None and (args.model_cases < 1 or not args.model):
+        parser.exit(2, "error: --model-cases needs --model and N >= 1\n")
+    run(cases, args.verbose, args.model, args.model_cases)
 
 
 if __name__ == "__main__":

@@ -352,7 +352,9 @@ def _finish(original: list[str], sketch: Sketch, items: list[str | None], owner:
             ) -> MergeOutcome:
     for number in range(len(sketch.segments)):
         for step in (-1, 1):
-            _new_lines_before_blank_run(original, items, owner, best, number, step)
+            split = _new_lines_before_blank_run(original, items, owner, best, number, step)
+            if split:
+                return MergeOutcome(None, reasons=[f"segment {number + 1}: {split}"])
     return _build(original, sketch, items, owner, best, regions, keep_layout)
 
 
@@ -478,14 +480,19 @@ def _insertion_elsewhere(aligner: Aligner, items: list[str | None], owner: list[
 
 def _new_lines_before_blank_run(original: list[str], items: list[str | None],
                                 owner: list[int], best: Alignment, number: int,
-                                step: int) -> None:
+                                step: int) -> str | None:
     """A segment that ends (step -1; starts: +1) with new lines and then blank lines before
     its marker, placed inside a run of the file's blank lines: the cheapest alignment
     splits the run (some of it before the new lines, some after), so the code after the
     marker loses part of its separation. The new lines go to the run's edge instead and the
     run stays whole next to the elided code: the blank lines shown between the context and
     the new lines are new, and those at the marker are the run's (the sketch's last line
-    is the file's line after the insertion, as in a diff). Rewrites `best.ops` in place."""
+    is the file's line after the insertion, as in a diff). Rewrites `best.ops` in place.
+    When the sketch's blank lines on both sides of the new lines are each a line of the run
+    and together the whole run (the marker elides none of it, none is new), the sketch
+    reads as much as the run split as it does as new blank lines next to a whole run, so
+    the reason it is ambiguous is returned instead (funcy c2777b8050, fourth slice: a run
+    of three split one and two by the commit, written as one and three)."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     seq = rows[::-1] if step == -1 else rows  # from the marker inward
     blank = [not items[k].strip() for k in seq]  # type: ignore[union-attr]
@@ -497,18 +504,24 @@ def _new_lines_before_blank_run(original: list[str], items: list[str | None],
     new, inner = seq[i:new_end], seq[new_end:inner_end]
     if not edge or not inner or all(blank[j] for j in range(i, new_end)) \
             or any(best.ops[k][0] not in ("match", "drop") for k in edge):
-        return
+        return None
     lines = [best.ops[k][1] for k in inner]  # from the new lines outward into the run
     if lines != [lines[0] + step * j for j in range(len(lines))]:
-        return
+        return None
     shown = sorted(best.ops[k][1] for k in edge if best.ops[k][0] == "match")
     near = lines[0]  # the run's line next to the new lines
     if shown != list(range(near + 1, near + 1 + len(shown)) if step == -1
                      else range(near - len(shown), near)):
-        return
+        return None
     far = lines[-1]  # where the new lines go: before (after) the whole run
     if best.deleted & set(range(min(far, near), max(far, near) + 1)):
-        return
+        return None
+    if _whole_run(original, [*lines, *shown]) and _blank_shown_all_matched(
+            items, best, edge, new, seq[inner_end:]):
+        first, last = min(lines + shown) + 1, max(lines + shown) + 1
+        return (f"new lines go inside the run of blank lines between lines {first} and "
+                f"{last}, which it shows whole: the run split around them, or new blank "
+                f"lines with the run kept whole next to the marker? ambiguous")
     order = edge[::-1]  # the edge rows, from the new lines toward the marker
     at, taken = far, 0
     for k in order:
@@ -524,6 +537,23 @@ def _new_lines_before_blank_run(original: list[str], items: list[str | None],
     op = best.ops[marker]
     best.ops[marker] = ("marker", far + taken, op[2]) if step == -1 else \
         ("marker", op[1], far + 1 - taken)
+    return None
+
+
+def _blank_shown_all_matched(items: list[str | None], best: Alignment, edge: list[int],
+                             new: list[int], beyond: list[int]) -> bool:
+    """Every blank line the sketch shows next to the new lines, on either side, is matched
+    to a line of the file: none of them is read as new (`beyond`: the rows past the matched
+    blank lines on the context side)."""
+    return all(best.ops[k][0] == "match" for k in edge) and \
+        bool(items[new[-1]].strip()) and (not beyond or bool(items[beyond[0]].strip()))  # type: ignore[union-attr]
+
+
+def _whole_run(original: list[str], lines: list[int]) -> bool:
+    """`lines` (blank lines of the file) are a whole run of them: no blank line next to it."""
+    lo, hi = min(lines), max(lines)
+    return (lo == 0 or bool(original[lo - 1].strip())) and \
+        (hi == len(original) - 1 or bool(original[hi + 1].strip()))
 
 
 def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
