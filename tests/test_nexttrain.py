@@ -30,7 +30,7 @@ OLD = "".join(f"value_{n} = compute({n})\n" if n % 9 == 3 else f"other_{n} = {n}
 
 def history(root: Path) -> Path:
     """A repository whose second commit renames `compute` at each of its call sites (four
-    hunks: three next-edit cases)."""
+    hunks; the cutter keeps two cases of a file)."""
     root.mkdir(parents=True)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(root)]
     subprocess.run([*git, "init", "-q"], check=True)
@@ -85,7 +85,7 @@ def test_examples_are_the_served_prompt_and_an_answer_parsed_into_the_next_state
     tokens = Tokens(AutoTokenizer.from_pretrained(TORCH_COPY))
     vocab = Llama(str(WEIGHTS_HOME / "models" / GGUF), vocab_only=True, verbose=False)
     cases = cases_of(history(tmp_path / "calc"), 10)
-    assert len(cases) == 3
+    assert len(cases) == 2  # tab.replay.PER_FILE
     for case in cases:
         example = tokens.example(case, "calc", 4096)
         assert example is not None and example.changed
