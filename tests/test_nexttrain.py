@@ -69,6 +69,9 @@ def test_benchmark_repositories_and_no_repository_are_refused(tmp_path):
     refused = cli(tmp_path / "home", "rl", "train-next-edit", "--out", str(tmp_path / "a.gguf"),
                   "--git", str(git.parent))
     assert refused.exit_code == 2 and "benchmark" in refused.output
+    named = cli(tmp_path / "home", "rl", "train-next-edit", "--out", str(tmp_path / "a.gguf"),
+                "--repo", "pallets/click")  # refused before any clone
+    assert named.exit_code == 2 and "benchmark" in named.output
     empty = cli(tmp_path / "home", "rl", "train-next-edit", "--out", str(tmp_path / "a.gguf"))
     assert empty.exit_code == 2 and "--git" in empty.output
     assert not (tmp_path / "a.gguf").exists()

@@ -94,8 +94,9 @@ def train_next_edit_cmd(
     cfg = settings(config)
     try:
         check_repositories(specs)
-        gits = {repo_name(s): git_dir(s if s in (repo or []) else str(Path(s).absolute()),
-                                      cfg.home / "cache", None) for s in specs}
+        # a --git value is always a path (git_dir would read a relative "a/b" as owner/name)
+        wheres = [str(Path(g).absolute()) for g in git or []] + list(repo or [])
+        gits = {repo_name(s): git_dir(s, cfg.home / "cache", None) for s in wheres}
     except (NextEditError, CommitsError) as exc:
         fail(str(exc))
     spec = TrainSpec(run or out.with_name(out.name + ".run"), out, steps, batch, lr, rank,
