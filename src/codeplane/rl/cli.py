@@ -12,7 +12,8 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from codeplane.clikit import JsonOption, err_console, fail, print_json
+from codeplane.clikit import ConfigOption, JsonOption, err_console, fail, print_json, settings
+from codeplane.rl.commits import repo_name
 from codeplane.rl.config import ConfigError, load_config
 from codeplane.rl.run import TrainingRun
 
@@ -55,3 +56,67 @@ def train_cmd(
     else:
         for key, value in summary.items():
             err_console.print(f"{key}: {value}", highlight=False)
+
+
+@rl_app.command("train-next-edit")
+def train_next_edit_cmd(
+    out: Annotated[Path, typer.Option(dir_okay=False, help="The adapter file to write (GGUF).")],
+    git: Annotated[list[str] | None, typer.Option(
+        help="A repository's git directory (or work tree) to cut cases from; repeatable.")
+    ] = None,
+    repo: Annotated[list[str] | None, typer.Option(
+        help="owner/name of a GitHub repository, cloned once into the cache; repeatable.")
+    ] = None,
+    run: Annotated[Path | None, typer.Option(
+        file_okay=False, help="Run directory: examples, checkpoint, steps.jsonl (default: "
+                              "OUT's name + .run beside it). Run again to resume.")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Supervised steps in all.")] = 60,
+    batch: Annotated[int, typer.Option(min=1, help="Examples per step.")] = 4,
+    lr: Annotated[float, typer.Option(min=1e-8, help="Learning rate.")] = 2e-4,
+    rank: Annotated[int, typer.Option(min=1, help="LoRA rank.")] = 16,
+    cases: Annotated[int, typer.Option(min=1, help="Replayed cases cut per repository.")] = 200,
+    max_tokens: Annotated[int, typer.Option(
+        min=64, help="Longest example kept (prompt and answer tokens).")] = 1536,
+    model: Annotated[str, typer.Option(help="The base model the adapter is trained on.")
+                     ] = "code-small",
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Train next-edit Tab's LoRA adapter: replayed commits of the repositories, the prompt
+    Tab builds at serve time, supervised steps with RL's trainer; writes OUT and prints the
+    `codeplane model add` line that serves it."""
+    from codeplane.rl.commits import CommitsError, git_dir
+    from codeplane.rl.nextedit import NextEditError, TrainSpec, check_repositories, train
+
+    specs = [*(git or []), *(repo or [])]
+    if not specs:
+        fail("give at least one --git DIR or --repo owner/name")
+    cfg = settings(config)
+    try:
+        check_repositories(specs)
+        # a --git value is always a path (git_dir would read a relative "a/b" as owner/name)
+        wheres = [str(Path(g).absolute()) for g in git or []] + list(repo or [])
+        gits = {repo_name(s): git_dir(s, cfg.home / "cache", None) for s in wheres}
+    except (NextEditError, CommitsError) as exc:
+        fail(str(exc))
+    spec = TrainSpec(run or out.with_name(out.name + ".run"), out, steps, batch, lr, rank,
+                     2.0 * rank, cases, max_tokens, model)
+
+    def on_step(record: dict) -> None:
+        err_console.print(f"step {record['step'] + 1}/{steps} nll {record.get('nll', 0):.4f} "
+                          f"({record.get('seconds', 0):.1f} s)", highlight=False)
+
+    try:
+        summary = train(spec, gits, cfg, on_step)
+    except NextEditError as exc:
+        fail(str(exc))
+    except ImportError as exc:  # torch, peft, transformers: the [rl] extra
+        fail(f"{exc.name or exc} is missing: install the RL extra, pip install -e '.[rl]'")
+    line = f"codeplane model add NAME --adapter {out} --base {model}"
+    if as_json:
+        print_json({**summary, "register": line})
+    else:
+        err_console.print(f"wrote {out} ({summary['adapter_bytes']} bytes) after "
+                          f"{summary['steps']} steps on {summary['examples']} examples",
+                          highlight=False)
+        print(line)
