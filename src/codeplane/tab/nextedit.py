@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -395,9 +396,12 @@ class NextResult:
     suggestion: Suggestion | None
     jump: dict | None
     source: str  # "model" | "repeat" (the baseline, the model proposed nothing) | "none" |
-    # "cancelled"
+    # "hidden" (the show/hide rule said no) | "cancelled"
     latency_ms: float
     request_id: str | None = None
+    id: str | None = None  # a shown suggestion's, for `POST /v1/tab/feedback`
+    probability: float | None = None  # the show/hide rule's P(exact)
+    signals: dict | None = None  # what the rule read (NextSignals)
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -427,9 +431,18 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
     suggestion, source = got.suggestion, "model"
     if suggestion is None:
         suggestion, source = near_repeat(req), "repeat"
-    return NextResult(suggestion, jump_for(req, suggestion), source if suggestion else "none",
-                      _ms(start), req.request_id, got.prompt_tokens, got.cached_tokens,
-                      got.completion_tokens, got.drafted, got.accepted, got.model_ms)
+    signals = next_signals(req, got, suggestion, source) if suggestion else None
+    probability = next_probability(signals) if signals else None
+    shown = probability is not None and probability >= NEXT_MIN_PROBABILITY
+    if signals and not shown:  # the rule's no hides the jump too: nothing is shown
+        suggestion, source = None, "hidden"
+    jump = jump_for(req, suggestion) if shown or not signals else None  # or a jump alone
+    return NextResult(suggestion, jump, source if suggestion else "hidden" if signals else "none",
+                      _ms(start), req.request_id, f"n{secrets.token_hex(8)}" if shown else None,
+                      round(probability, 4) if probability is not None else None,
+                      signals.to_json() if signals else None, got.prompt_tokens,
+                      got.cached_tokens, got.completion_tokens, got.drafted, got.accepted,
+                      got.model_ms)
 
 
 def _ms(start: float) -> float:

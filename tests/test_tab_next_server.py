@@ -1,0 +1,122 @@
+"""Next-edit Tab against the real model: superseded requests are cancelled (as FIM Tab's,
+tests/test_tab_server.py), the show/hide rule hides what it says no to, and shown
+suggestions and their outcomes land in the event lake with the rule's signals."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from upstreams.scripted import caller, run_server, wait_for
+
+from codeplane.core.principal import LOCAL_TENANT
+from codeplane.core.schemas import ChatCompletionRequest
+from codeplane.events import query
+from codeplane.storage import ObjectStore
+from codeplane.tab import nextedit
+from codeplane.tab.nextedit import NextRequest, next_edit
+from codeplane.tab.service import TabService, TabSettings
+
+pytestmark = pytest.mark.model
+
+SHAPES = '''def area(width, height):
+    return width * height
+
+
+def report(shapes):
+    total = 0
+    for w, h in shapes:
+        total += surface(w, h)
+    small = area(1, 2)
+    return total + small
+'''
+RENAME = {"path": "shapes.py", "line": 7, "before": "        total += area(w, h)\n",
+          "after": "        total += surface(w, h)\n"}
+
+
+def body(**extra) -> dict:
+    return {"path": "shapes.py", "text": SHAPES, "cursor": {"line": 7, "character": 0},
+            "edits": [RENAME], "max_tokens": 24, **extra}
+
+
+def test_newer_next_edit_cancels_the_older_one(engine):
+    """A newer next-edit request for the same document (cursor) drops the older one while
+    it waits for the model; the newer one is answered."""
+    svc = TabService(engine, TabSettings())
+    running, gate = threading.Event(), threading.Event()
+
+    def occupy(_chunk: dict) -> None:  # its first streamed chunk holds the model's queue
+        running.set()
+        gate.wait(60)
+
+    chat = ChatCompletionRequest(model="code-small", max_tokens=2, messages=[
+        {"role": "user", "content": "hi"}])
+    blocker = threading.Thread(target=engine.run_sync, args=("code-small", "openai.chat", chat,
+                                                             True), kwargs={"on_event": occupy})
+    blocker.start()  # occupy the model so the next-edit request has to queue
+    assert running.wait(60)
+    results: dict[str, nextedit.NextResult] = {}
+
+    def ask(name: str) -> None:
+        req = NextRequest(**body(cursor_id="file:///shapes.py", request_id=name))
+        results[name] = asyncio.run(next_edit(svc, req, LOCAL_TENANT))
+
+    older = threading.Thread(target=ask, args=("older",))
+    newer = threading.Thread(target=ask, args=("newer",))
+    try:
+        older.start()
+        wait_for(lambda: engine.status()["code-small"].waiting == 1, what="for the queue")
+        newer.start()  # the user edited again: a newer request for the same document
+        wait_for(lambda: engine.status()["code-small"].waiting == 2 or not older.is_alive(),
+                 what="for the newer request")
+    finally:
+        gate.set()
+        blocker.join()
+    older.join(timeout=120)
+    newer.join(timeout=300)
+    assert results["older"].source == "cancelled" and results["older"].suggestion is None
+    assert results["older"].prompt_tokens == 0  # dropped before touching the model
+    assert results["newer"].source != "cancelled" and results["newer"].request_id == "newer"
+
+
+def test_the_rule_hides_and_shown_edits_reach_the_lake(tmp_path: Path, engine, monkeypatch):
+    server = run_server(tmp_path / "home", None, engine=engine)
+    try:
+        alice, bob = caller(server, "alice"), caller(server, "bob")
+        url = f"{server.url}/v1/tab/next"
+        monkeypatch.setattr(nextedit, "NEXT_MIN_PROBABILITY", 1.01)  # the rule says no
+        hidden = httpx.post(url, headers=alice, json=body(), timeout=300).json()
+        assert hidden["source"] == "hidden" and hidden["suggestion"] is None, hidden
+        assert hidden["jump"] is None and hidden["id"] is None
+        assert set(hidden["signals"]) == set(nextedit.NextSignals.__dataclass_fields__)
+        monkeypatch.setattr(nextedit, "NEXT_MIN_PROBABILITY", 0.0)  # the rule says yes
+        shown = httpx.post(url, headers=alice, json=body(), timeout=300).json()
+        assert shown["suggestion"] and shown["id"] and shown["probability"] is not None, shown
+        assert 0.0 <= shown["probability"] <= 1.0
+        feedback = {"id": shown["id"], "outcome": "accepted", "shown_ms": 900}
+        stolen = httpx.post(f"{server.url}/v1/tab/feedback", headers=bob, json=feedback,
+                            timeout=30)
+        assert stolen.status_code == 404  # another tenant cannot report on it
+        took = httpx.post(f"{server.url}/v1/tab/feedback", headers=alice, json=feedback,
+                            timeout=30)
+        assert took.status_code == 200, took.text
+        again = httpx.post(f"{server.url}/v1/tab/feedback", headers=alice, json=feedback,
+                            timeout=30)
+        assert again.status_code == 404  # once
+        bad = httpx.post(url, headers=alice, timeout=30,
+                         json={**body(), "cursor": {"line": 99, "character": 0}})
+        assert bad.status_code in (400, 422)
+    finally:
+        server.stop()  # the shutdown flushes the event log
+    con = query.connect(ObjectStore.open(str(server.app.state.settings.server_dir / "objects")))
+    rows = con.execute("SELECT tenant, suggestion_id, source, probability, changed_lines, "
+                       "distance FROM tab_next_shown").fetchall()
+    assert rows == [("alice", shown["id"], shown["source"], shown["probability"],
+                     shown["signals"]["changed_lines"], shown["signals"]["distance"])]
+    accepted = con.execute("SELECT tenant, suggestion_id, after_ms, min_logprob "
+                           "FROM tab_next_accepted").fetchall()
+    assert accepted == [("alice", shown["id"], 900.0, shown["signals"]["min_logprob"])]
+    assert con.execute("SELECT count(*) FROM tab_shown").fetchone()[0] == 0  # FIM's own
