@@ -10,10 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_lsp_nextedit import SHAPES
+from test_tab_server import occupied
 from upstreams.scripted import caller, run_server, wait_for
 
 from codeplane.core.principal import LOCAL_TENANT
-from codeplane.core.schemas import ChatCompletionRequest
 from codeplane.events import query
 from codeplane.storage import ObjectStore
 from codeplane.tab import nextedit
@@ -22,23 +23,13 @@ from codeplane.tab.service import TabService, TabSettings
 
 pytestmark = pytest.mark.model
 
-SHAPES = '''def area(width, height):
-    return width * height
-
-
-def report(shapes):
-    total = 0
-    for w, h in shapes:
-        total += surface(w, h)
-    small = area(1, 2)
-    return total + small
-'''
-RENAME = {"path": "shapes.py", "line": 7, "before": "        total += area(w, h)\n",
+TEXT = SHAPES.replace("total += area(", "total += surface(")  # the user renamed one call
+RENAME = {"path": "shapes.py", "line": 8, "before": "        total += area(w, h)\n",
           "after": "        total += surface(w, h)\n"}
 
 
 def body(**extra) -> dict:
-    return {"path": "shapes.py", "text": SHAPES, "cursor": {"line": 7, "character": 0},
+    return {"path": "shapes.py", "text": TEXT, "cursor": {"line": 8, "character": 0},
             "edits": [RENAME], "max_tokens": 24, **extra}
 
 
@@ -46,18 +37,6 @@ def test_newer_next_edit_cancels_the_older_one(engine):
     """A newer next-edit request for the same document (cursor) drops the older one while
     it waits for the model; the newer one is answered."""
     svc = TabService(engine, TabSettings())
-    running, gate = threading.Event(), threading.Event()
-
-    def occupy(_chunk: dict) -> None:  # its first streamed chunk holds the model's queue
-        running.set()
-        gate.wait(60)
-
-    chat = ChatCompletionRequest(model="code-small", max_tokens=2, messages=[
-        {"role": "user", "content": "hi"}])
-    blocker = threading.Thread(target=engine.run_sync, args=("code-small", "openai.chat", chat,
-                                                             True), kwargs={"on_event": occupy})
-    blocker.start()  # occupy the model so the next-edit request has to queue
-    assert running.wait(60)
     results: dict[str, nextedit.NextResult] = {}
 
     def ask(name: str) -> None:
@@ -66,15 +45,12 @@ def test_newer_next_edit_cancels_the_older_one(engine):
 
     older = threading.Thread(target=ask, args=("older",))
     newer = threading.Thread(target=ask, args=("newer",))
-    try:
+    with occupied(engine):  # the model is busy: the older request queues
         older.start()
         wait_for(lambda: engine.status()["code-small"].waiting == 1, what="for the queue")
         newer.start()  # the user edited again: a newer request for the same document
         wait_for(lambda: engine.status()["code-small"].waiting == 2 or not older.is_alive(),
                  what="for the newer request")
-    finally:
-        gate.set()
-        blocker.join()
     older.join(timeout=120)
     newer.join(timeout=300)
     assert results["older"].source == "cancelled" and results["older"].suggestion is None
