@@ -15,7 +15,8 @@ state), shown (a suggestion at all), precision (exact / shown), located (the sug
 touches the target's lines), split by target near the cursor (within 10 lines) or farther;
 latency p50/p95 of the engine job. `served` is what `/v1/tab/next` answers without its rule:
 the model's rewrite, or the baseline's when it proposes nothing and the baseline's lies in
-the window; `ruled` is `served` after the show/hide rule (`tab/nextedit.py`).
+the window; `ruled` is `served` after the show/hide rule (`tab/nextedit.py`). The markdown table goes
+to stderr, the JSON (per repository, and "all" pooled) to stdout.
 
     python bench/nextedit.py --set heldout --cases 20 --formats window diff --model code-small
     python bench/nextedit.py --set tuning --cases 40 --formats window --rows /tmp/tune.jsonl
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         engine.close()
     results = report(rows, cases)
-    print(table(results, args.model))
+    print(table(results, args.model), file=sys.stderr)  # stdout stays one JSON document
     return results
 
 
