@@ -16,6 +16,7 @@ from upstreams.scripted import caller, run_server, wait_for
 
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.events import query
+from codeplane.models.speculative import decode
 from codeplane.storage import ObjectStore
 from codeplane.tab import nextedit
 from codeplane.tab.nextedit import NextRequest, next_edit
@@ -96,3 +97,19 @@ def test_the_rule_hides_and_shown_edits_reach_the_lake(tmp_path: Path, engine, m
                            "FROM tab_next_accepted").fetchall()
     assert accepted == [("alice", shown["id"], 900.0, shown["signals"]["min_logprob"])]
     assert con.execute("SELECT count(*) FROM tab_shown").fetchone()[0] == 0  # FIM's own
+
+
+def test_decoded_logprobs_do_not_depend_on_drafting(local_model):
+    """The log-probabilities the rule reads are each kept token's own: the same whether the
+    token came in an accepted draft (many rows a pass) or one pass each."""
+    model = local_model
+    prompt = model.tokenize("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n")
+    draft = model.tokenize("    return a - b\n\n\ndef mul(a, b):\n    return a * b\n")
+    fast = decode(model, prompt, [draft], 16, True, logprobs=True)
+    model.kv.truncate(0)
+    plain = decode(model, prompt, [draft], 16, False, logprobs=True)
+    assert fast.accepted > 0 and fast.text == plain.text
+    assert len(fast.logprobs) == fast.output_tokens == len(plain.logprobs)
+    assert fast.logprobs == pytest.approx(plain.logprobs, abs=1e-2)
+    assert all(lp <= 0 for lp in fast.logprobs) and min(fast.logprobs) < -1e-6
+    assert decode(model, prompt, [draft], 4, True).logprobs == []  # apply's: not asked
