@@ -131,8 +131,9 @@ class NextSignals:
 
 NEXT_FEATURES = ("min_logprob", "sum_logprob", "log_changed_lines", "log_distance", "agrees",
                  "repeat")
-# Fitted by `bench/nextedit.py --fit` on the tuning repositories' `window` rows (docs/tab.md,
-# "Next edit: the show/hide rule"); a suggestion is shown when P(exact) >= NEXT_MIN_PROBABILITY.
+# To be fitted by `bench/nextedit.py --fit` on the tuning repositories' `window` rows
+# (docs/tab.md, "Next edit", "Show or hide"); a suggestion is shown when P(exact) >=
+# NEXT_MIN_PROBABILITY. Not fitted yet: every suggestion scores 0.5 and is shown.
 NEXT_COEFFICIENTS = {"intercept": 0.0, "min_logprob": 0.0, "sum_logprob": 0.0,
                      "log_changed_lines": 0.0, "log_distance": 0.0, "agrees": 0.0,
                      "repeat": 0.0}
@@ -436,8 +437,10 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
     shown = probability is not None and probability >= NEXT_MIN_PROBABILITY
     if signals and not shown:  # the rule's no hides the jump too: nothing is shown
         suggestion, source = None, "hidden"
-    jump = jump_for(req, suggestion) if shown or not signals else None  # or a jump alone
-    return NextResult(suggestion, jump, source if suggestion else "hidden" if signals else "none",
+    elif suggestion is None:
+        source = "none"
+    jump = jump_for(req, suggestion) if source != "hidden" else None  # or a jump alone
+    return NextResult(suggestion, jump, source,
                       _ms(start), req.request_id, f"n{secrets.token_hex(8)}" if shown else None,
                       round(probability, 4) if probability is not None else None,
                       signals.to_json() if signals else None, got.prompt_tokens,
