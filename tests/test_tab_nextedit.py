@@ -3,6 +3,7 @@ format, the repeat-the-last-edit baseline, jumps, request validation."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -87,3 +88,13 @@ def test_rule_signals_of_a_served_suggestion():
     assert next_probability(s, coef) > next_probability(other, coef)
     assert next_probability(s, coef) == pytest.approx(
         decision.logistic(next_features(s), coef))
+
+
+def test_the_rule_is_fitted_as_fims_decision_is():
+    """`bench/nextedit.py --fit` and `bench/tab.py --fit` share decision.fit_logistic: on
+    data drawn from a known logistic model it finds that model's coefficients."""
+    rng = np.random.default_rng(34)
+    x = rng.normal(size=2000)
+    y = (rng.random(2000) < 1 / (1 + np.exp(-(0.5 + 2.0 * x)))).astype(float)
+    w = decision.fit_logistic(np.column_stack([np.ones_like(x), x]), y, l2=0.0)
+    assert list(w) == pytest.approx([0.5, 2.0], abs=0.3)
