@@ -170,7 +170,7 @@ def report(rows: list[dict], cases: dict[str, list[Case]]) -> dict:
                 "ruled": summary([ruled(r, NEXT_COEFFICIENTS, NEXT_MIN_PROBABILITY)
                                   for r in part]),
                 "p50_ms": round(statistics.median(times)),
-                "p95_ms": round(times[int(0.95 * (len(times) - 1))])}
+                "p95_ms": round(times[round(0.95 * (len(times) - 1))])}
     return out
 
 
@@ -188,7 +188,7 @@ def table(results: dict, model: str) -> str:
         for name, s, timing in variants:
             a, n, f = s["all"], s["near"], s["far"]
             lines.append(f"| {repo} | {r['cases']} | {name} | {a['exact']} | {a['shown']} | "
-                         f"{a['precision']} | {a['located']} | {n['exact']}/{n['shown']} of "
+                         f"{a['precision'] if a['shown'] else '-'} | {a['located']} | {n['exact']}/{n['shown']} of "
                          f"{n['cases']} | {f['exact']}/{f['shown']} of {f['cases']} | {timing} |")
     return "\n".join(lines)
 
