@@ -1,36 +1,68 @@
-"""Next-edit Tab on replayed commits: prompt formats on the base model, and the baseline.
+"""Next-edit Tab on replayed commits: prompt formats on the base model, the show/hide rule,
+and the baseline.
 
-Cases come from a public repository's history (issue 34): for a commit that changes a
-Python file in several places (hunks), the first k hunks are applied as the user's recent
-edits, the cursor sits at the end of the k-th, and the answer is the file after hunk k+1.
-The repository is read from a git directory (`--git`, e.g. a clone) and must not be one any
-benchmark or RL example uses; nothing of it is committed here.
+Cases come from public repositories' histories (issue 34, cut by `codeplane.tab.replay`):
+for a commit that changes a Python file in several places (hunks), the first k hunks are
+applied as the user's recent edits, the cursor sits at the end of the k-th, and the answer is
+the file after hunk k+1. The repositories are read from git directories (`--git`) or cloned
+at run time into a cache (`--repo`, `--set`); nothing of them is committed here. The tuning
+set fits the show/hide rule (`--rows` saves each case's signals, `--fit` fits them); the
+held-out set is measured only, and is in rl/commits.py's BENCHMARK_REPOSITORIES, so no
+training or RL example is cut from it.
 
-Metrics per format: exact (the file after the suggestion is the commit's next state), shown
-(a suggestion at all), precision (exact / shown), located (the suggestion touches the
-target's lines), split by target near the cursor (within 10 lines) or farther; latency
-p50/p95 of the engine job. `served` is what `/v1/tab/next` answers: the model's rewrite, or
-the baseline's when it proposes nothing and the baseline's lies in the window.
+Metrics per repository and format: exact (the file after the suggestion is the commit's next
+state), shown (a suggestion at all), precision (exact / shown), located (the suggestion
+touches the target's lines), split by target near the cursor (within 10 lines) or farther;
+latency p50/p95 of the engine job. `served` is what `/v1/tab/next` answers without its rule:
+the model's rewrite, or the baseline's when it proposes nothing and the baseline's lies in
+the window; `ruled` is `served` after the show/hide rule (`tab/nextedit.py`). The markdown table goes
+to stderr, the JSON (per repository, and "all" pooled) to stdout.
 
-    python bench/nextedit.py --git DIR --cases 20 --formats window diff --model code-small
+    python bench/nextedit.py --set heldout --cases 20 --formats window diff --model code-small
+    python bench/nextedit.py --set tuning --cases 40 --formats window --rows /tmp/tune.jsonl
+    python bench/nextedit.py --fit /tmp/tune.jsonl
+    python bench/nextedit.py --git DIR --cases 20  # any one repository's git directory
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from codeplane.config import load_settings
 from codeplane.models.engine import Engine
-from codeplane.tab.nextedit import NextRequest, Suggestion, near_repeat, repeat_last_edit
+from codeplane.sandbox.clone import git_env
+from codeplane.tab import decision
+from codeplane.tab.nextedit import (
+    NEXT_COEFFICIENTS,
+    NEXT_FEATURES,
+    NEXT_MIN_PROBABILITY,
+    NextRequest,
+    NextSignals,
+    Suggestion,
+    near_repeat,
+    next_features,
+    next_probability,
+    next_signals,
+    repeat_last_edit,
+)
 from codeplane.tab.replay import Case, cases_of
 
 NEAR = 10
+# The issue 34 split (docs/tab.md): the rule is fitted on TUNING, HELDOUT is only measured;
+# the next-edit adapter trains on neither.
+TUNING = ("martinblech/xmltodict", "dgilland/pydash")
+HELDOUT = ("erikrose/parsimonious", "jazzband/prettytable", "Pylons/webob")
+SETS = {"tuning": TUNING, "heldout": HELDOUT}
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "codeplane" / "nextedit"
 
 
 def score(case: Case, suggestion: Suggestion | None) -> dict:
@@ -63,48 +95,172 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def git_dir(repo: str, mirror: Path | None) -> Path:
+    """A git directory of `owner/name`: under `mirror` (OWNER+NAME/repo) when there, else a
+    bare clone from GitHub into the cache, made once."""
+    name = repo.replace("/", "+")
+    if mirror and (mirror / name / "repo").exists():
+        return mirror / name / "repo"
+    target = CACHE / f"{name}.git"
+    if not target.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "clone", "--bare", "--quiet", f"https://github.com/{repo}.git",
+                        str(target)], check=True, env=git_env())
+    return target
+
+
+def sources(args: argparse.Namespace) -> dict[str, Path]:
+    """Repository label -> git directory, from --git, --repo and --set."""
+    named = [*args.repo, *(r for s in args.set for r in SETS[s])]
+    found = {Path(g).resolve().parent.name if Path(g).name == "repo" else Path(g).name: Path(g)
+             for g in args.git}
+    found.update({r: git_dir(r, args.mirror) for r in named})
+    return found
+
+
+def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[Case],
+              fmt: str) -> list[dict]:
+    """One row per case: the model's and the served suggestion's scores, the rule's
+    signals and probability, the job's latency."""
+    rows = []
+    for case in cases:
+        req = request(case, fmt, args.max_tokens)
+        began = time.perf_counter()
+        got = engine.run_sync(args.model, "tab.next", req)
+        ms = (time.perf_counter() - began) * 1000
+        served, source = got.suggestion, "model"
+        if served is None:
+            served, source = near_repeat(req), "repeat"
+        signals = next_signals(req, got, served, source) if served else None
+        row = {"repo": repo, "format": fmt, "commit": case["commit"], "path": case["path"],
+               "ms": round(ms, 1), "source": source if served else "none",
+               "model": score(case, got.suggestion), "served": score(case, served),
+               "signals": signals.to_json() if signals else None,
+               "p": round(next_probability(signals), 4) if signals else None}
+        rows.append(row)
+        if args.rows:  # as it goes: a run stopped early keeps what it measured
+            with args.rows.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        if args.verbose:
+            print(json.dumps({**row, "raw": got.raw[:300]}), file=sys.stderr)
+    return rows
+
+
+def ruled(row: dict, coefficients: dict[str, float], threshold: float) -> dict:
+    """The served score after the show/hide rule."""
+    if row["signals"] is None or next_probability(NextSignals(**row["signals"]),
+                                                  coefficients) >= threshold:
+        return row["served"]
+    return {**row["served"], "shown": 0, "exact": 0, "located": 0}
+
+
+def report(rows: list[dict], cases: dict[str, list[Case]]) -> dict:
+    """Per repository and format, and pooled per format: baseline, model, served, ruled."""
+    out: dict = {}
+    for repo in [*cases, "all"]:
+        picked = cases[repo] if repo != "all" else [c for v in cases.values() for c in v]
+        base = [score(c, repeat_last_edit(request(c, "window", None))) for c in picked]
+        out[repo] = {"cases": len(picked), "baseline": summary(base)}
+        for fmt in sorted({r["format"] for r in rows}):
+            part = [r for r in rows if r["format"] == fmt and repo in (r["repo"], "all")]
+            times = sorted(r["ms"] for r in part)
+            out[repo][fmt] = {
+                "model": summary([r["model"] for r in part]),
+                "served": summary([r["served"] for r in part]),
+                "ruled": summary([ruled(r, NEXT_COEFFICIENTS, NEXT_MIN_PROBABILITY)
+                                  for r in part]),
+                "p50_ms": round(statistics.median(times)),
+                "p95_ms": round(times[round(0.95 * (len(times) - 1))])}
+    return out
+
+
+def table(results: dict, model: str) -> str:
+    """The report as a markdown table (one line per repository, format and variant)."""
+    head = ("| repository | cases | variant | exact | shown | precision | located | "
+            "near exact/shown | far exact/shown | p50 / p95 ms |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+    for repo, r in results.items():
+        variants = [("baseline", r["baseline"], "")]
+        for fmt in (k for k in r if k not in ("cases", "baseline")):
+            timing = f"{r[fmt]['p50_ms']} / {r[fmt]['p95_ms']}"
+            variants += [(f"{model} {fmt} {v}", r[fmt][v], timing)
+                         for v in ("model", "served", "ruled")]
+        for name, s, timing in variants:
+            a, n, f = s["all"], s["near"], s["far"]
+            lines.append(f"| {repo} | {r['cases']} | {name} | {a['exact']} | {a['shown']} | "
+                         f"{a['precision'] if a['shown'] else '-'} | {a['located']} | {n['exact']}/{n['shown']} of "
+                         f"{n['cases']} | {f['exact']}/{f['shown']} of {f['cases']} | {timing} |")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> dict:
-    cases = cases_of(Path(args.git), args.cases)
-    results: dict[str, dict] = {"cases": len(cases)}
-    results["baseline"] = summary([score(c, repeat_last_edit(request(c, "window", None)))
-                                   for c in cases])
-    with tempfile.TemporaryDirectory() as home:
-        settings = load_settings(home=Path(args.home) if args.home else Path(home))
-        engine = Engine(settings)
-        try:
-            engine.info(args.model)  # loaded outside the timings
+    repos = sources(args)
+    cases = {repo: cases_of(path, args.cases) for repo, path in repos.items()}
+    rows: list[dict] = []
+    if args.rows:
+        args.rows.write_text("")
+    engine = Engine(load_settings(home=args.home) if args.home else load_settings())
+    try:
+        engine.info(args.model)  # loaded outside the timings
+        for repo, found in cases.items():
             for fmt in args.formats:
-                model_rows, served_rows, times = [], [], []
-                for case in cases:
-                    req = request(case, fmt, args.max_tokens)
-                    began = time.perf_counter()
-                    got = engine.run_sync(args.model, "tab.next", req)
-                    times.append((time.perf_counter() - began) * 1000)
-                    model_rows.append(score(case, got.suggestion))
-                    served_rows.append(score(case, got.suggestion or near_repeat(req)))
-                    if args.verbose:
-                        print(json.dumps({"fmt": fmt, "case": case["path"],
-                                          "raw": got.raw[:300], **model_rows[-1]}),
-                              file=sys.stderr)
-                results[fmt] = {"model": summary(model_rows), "served": summary(served_rows),
-                                "p50_ms": round(statistics.median(times)),
-                                "p95_ms": round(sorted(times)[int(0.95 * (len(times) - 1))])}
-        finally:
-            engine.close()
+                rows += case_rows(engine, args, repo, found, fmt)
+    finally:
+        engine.close()
+    results = report(rows, cases)
+    print(table(results, args.model), file=sys.stderr)  # stdout stays one JSON document
     return results
+
+
+def fit(files: list[Path], fmt: str) -> dict:
+    """`--fit`: the rule's coefficients on saved tuning rows (served suggestions of `fmt`)
+    and the threshold: the lowest probability whose shown suggestions are right at least
+    half the time (the issue's precision goal), and what it keeps."""
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    rows = [r for r in rows if r["format"] == fmt and r["signals"]]
+    x = np.array([[1.0, *next_features(NextSignals(**r["signals"])).values()] for r in rows])
+    y = np.array([float(r["served"]["exact"]) for r in rows])
+    w = decision.fit_logistic(x, y)
+    coef = {"intercept": round(float(w[0]), 4),
+            **{k: round(float(v), 4) for k, v in zip(NEXT_FEATURES, w[1:])}}
+    curve = []
+    for threshold in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
+        kept = [ruled(r, coef, threshold) for r in rows]
+        shown, exact = sum(k["shown"] for k in kept), sum(k["exact"] for k in kept)
+        curve.append({"threshold": threshold, "shown": shown, "exact": exact,
+                      "precision": round(exact / shown, 3) if shown else None})
+    good = [c["threshold"] for c in curve if c["precision"] is not None and c["precision"] >= 0.5]
+    return {"rows": len(rows), "exact": int(y.sum()), "coefficients": coef,
+            "threshold": min(good, default=0.5), "curve": curve}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--git", required=True, help="git directory of the source repository")
-    parser.add_argument("--cases", type=int, default=20)
+    parser.add_argument("--git", nargs="+", default=[], help="git directories of repositories")
+    parser.add_argument("--repo", nargs="+", default=[], help="owner/name (cloned at run time)")
+    parser.add_argument("--set", nargs="+", default=[], choices=sorted(SETS),
+                        help="the tuning or held-out repositories (see TUNING, HELDOUT)")
+    parser.add_argument("--mirror", type=Path, help="a folder of OWNER+NAME/repo git "
+                        "directories to read before cloning")
+    parser.add_argument("--cases", type=int, default=20, help="cases per repository")
     parser.add_argument("--formats", nargs="+", default=["window", "diff"],
                         choices=["window", "diff"])
     parser.add_argument("--model", default="code-small")
     parser.add_argument("--max-tokens", type=int, default=None)
-    parser.add_argument("--home", help="CODEPLANE_HOME with the model weights")
+    parser.add_argument("--home", type=Path, help="CODEPLANE_HOME with the model weights "
+                        "(default: the usual one)")
+    parser.add_argument("--rows", type=Path, help="save each case's row (JSON lines)")
+    parser.add_argument("--fit", type=Path, nargs="+", help="fit the show/hide rule on "
+                        "saved tuning rows instead of running")
+    parser.add_argument("--fit-format", default="window", choices=["window", "diff"])
     parser.add_argument("--verbose", action="store_true")
-    print(json.dumps(run(parser.parse_args()), indent=1))
+    args = parser.parse_args()
+    if args.fit:
+        print(json.dumps(fit(args.fit, args.fit_format), indent=1))
+        return
+    if not (args.git or args.repo or args.set):
+        parser.error("name the repositories: --git, --repo or --set")
+    print(json.dumps(run(args), indent=1))
 
 
 if __name__ == "__main__":

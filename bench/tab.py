@@ -522,19 +522,11 @@ def pick_min_confidence(points: list[dict], plain: dict, margin: float = 0.0) ->
 
 def fit_decision(rows: list[dict], l2: float = 1.0) -> dict[str, float]:
     """L2-regularised logistic regression of "Tab's line is exactly right" on the decision's
-    features (Newton's method: ten coefficients do not need a machine-learning library)."""
+    features."""
     x = np.array([[1.0, *decision.features(decision.Signals(**r["signals"])).values()]
                   for r in rows])
     y = np.array([float(line_scores(r["tab"], r["reference"])["exact"]) for r in rows])
-    w = np.zeros(x.shape[1])
-    ridge = np.diag([0.0] + [l2] * (x.shape[1] - 1))  # the intercept is not shrunk
-    for _ in range(50):
-        p = 1 / (1 + np.exp(-x @ w))
-        step = np.linalg.solve(x.T @ (x * (p * (1 - p))[:, None]) + ridge,
-                               x.T @ (y - p) - ridge @ w)
-        w += step
-        if np.abs(step).max() < 1e-8:
-            break
+    w = decision.fit_logistic(x, y, l2)
     return {"intercept": round(float(w[0]), 4),
             **{k: round(float(v), 4) for k, v in zip(decision.FEATURES, w[1:])}}
 

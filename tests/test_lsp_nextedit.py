@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -26,6 +27,32 @@ def report(shapes):
 '''
 
 
+class Recorded(LspClient):
+    """The scripted client, keeping the JSON-RPC messages both ways (docs/tab.md shows the
+    transcript of a run)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.log: list[tuple[str, dict]] = []
+        self.shows: set = set()  # ids of the server's window/showDocument requests
+        super().__init__(args, env)
+        put = self._inbox.put
+        self._inbox.put = lambda message: (self._received(message), put(message))
+
+    def _received(self, message: dict) -> None:
+        self.log.append(("<-", message))
+        if message.get("method") == "window/showDocument":
+            self.shows.add(message["id"])
+
+    def _send(self, message: dict) -> None:
+        if message.get("id") in self.shows and "method" not in message:
+            message = {**message, "result": {"success": True}}  # the editor moved there
+        self.log.append(("->", message))
+        super()._send(message)
+
+    def transcript(self) -> str:
+        return "\n".join(f"{way} {json.dumps(m)}" for way, m in self.log)
+
+
 def apply_item(text: str, item: dict) -> str:
     """Replace the item's range with its text, as an editor accepting it does."""
     lines = text.splitlines(keepends=True)
@@ -41,7 +68,7 @@ def test_a_rename_gets_a_range_replacing_suggestion(live_server, tmp_path):
     source = tmp_path / "shapes.py"
     source.write_text(SHAPES)  # the editor opened it from disk
     env = {**os.environ, "CODEPLANE_HOME": str(tmp_path / "home")}
-    client = LspClient([sys.executable, "-m", "codeplane", "lsp", "--server", live_server.url,
+    client = Recorded([sys.executable, "-m", "codeplane", "lsp", "--server", live_server.url,
                         "--debounce-ms", "0", "--min-confidence", "0"], env)
     try:
         client.request("initialize", {"processId": os.getpid(), "rootUri": None,
@@ -82,8 +109,12 @@ def test_a_rename_gets_a_range_replacing_suggestion(live_server, tmp_path):
         applied = apply_item(text, item)
         # ... which the editor applies: the file changes, the user's own rename stays
         assert applied != text and "total += surface(w, h)" in applied, (item, applied)
-        if item.get("command"):
-            assert item["command"]["command"] == "codeplane.nextEdit.jump"
-        print("LSP next edit:", item, "\n--- applied ---\n" + applied)  # the transcript
+        command = item["command"]  # shown: its accept is reported, with the jump if any
+        assert command["command"] in ("codeplane.nextEdit.jump", "codeplane.tab.accepted")
+        client.request("workspace/executeCommand", {"command": command["command"],
+                                                    "arguments": command["arguments"]})
+        assert '"event": "accepted"' in (tmp_path / "home/client/tab/events.jsonl").read_text()
+        print("LSP next edit:", item, "\n--- applied ---\n" + applied)
+        print("--- JSON-RPC transcript ---\n" + client.transcript())
     finally:
         client.close()

@@ -3,14 +3,19 @@ format, the repeat-the-last-edit baseline, jumps, request validation."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from codeplane.tab import decision
 from codeplane.tab.nextedit import (
     NextRequest,
     Suggestion,
     jump_for,
     near_repeat,
+    next_features,
+    next_probability,
+    next_signals,
     parse,
     repeat_last_edit,
     window_of,
@@ -66,3 +71,30 @@ def test_cursor_outside_the_text_is_refused(line, character):
 def test_suggestion_applies_to_the_file():
     assert Suggestion(1, 2, "B\n").apply("a\nb\nc\n") == "a\nB\nc\n"
     assert Suggestion(1, 1, "new\n").apply("a\nb\n") == "a\nnew\nb\n"
+
+
+def test_rule_signals_of_a_served_suggestion():
+    text = TEXT.replace("line22 = 22", "line22 = old(22)")
+    r = req(text, edits=[RENAME])
+    found = near_repeat(r)
+    s = next_signals(r, None, found, "repeat")
+    assert (s.repeat, s.agrees, s.distance, s.changed_lines) == (True, True, 2, 2)
+    assert (s.min_logprob, s.sum_logprob) == (0.0, 0.0)  # no model output behind it
+    other = next_signals(r, None, Suggestion(30, 31, "x = 1\n"), "repeat")
+    assert not other.agrees and other.distance == 10
+    # the rule is tab/decision.py's logistic over these signals: sure answers score higher
+    coef = {"intercept": 0.0, "min_logprob": 1.0, "sum_logprob": 0.0, "log_changed_lines": 0.0,
+            "log_distance": -1.0, "agrees": 2.0, "repeat": 0.0}
+    assert next_probability(s, coef) > next_probability(other, coef)
+    assert next_probability(s, coef) == pytest.approx(
+        decision.logistic(next_features(s), coef))
+
+
+def test_the_rule_is_fitted_as_fims_decision_is():
+    """`bench/nextedit.py --fit` and `bench/tab.py --fit` share decision.fit_logistic: on
+    data drawn from a known logistic model it finds that model's coefficients."""
+    rng = np.random.default_rng(34)
+    x = rng.normal(size=2000)
+    y = (rng.random(2000) < 1 / (1 + np.exp(-(0.5 + 2.0 * x)))).astype(float)
+    w = decision.fit_logistic(np.column_stack([np.ones_like(x), x]), y, l2=0.0)
+    assert list(w) == pytest.approx([0.5, 2.0], abs=0.3)

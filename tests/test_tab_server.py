@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -104,10 +106,10 @@ def test_tab_bad_requests(live_server):
     assert unknown.status_code == 404
 
 
-def test_newer_request_drops_queued_and_cancels_running(engine):
-    svc = TabService(engine, TabSettings(max_tokens=4))
-    text = SOURCE.rstrip("\n") + ")\n"
-    req = TabRequest(**body(text, text.rindex("div") + 3, cursor_id="t3"))
+@contextmanager
+def occupied(engine) -> Iterator[None]:
+    """code-small busy with a streamed chat until the block ends, so what is submitted
+    meanwhile has to queue."""
     running, gate = threading.Event(), threading.Event()
 
     def occupy(_chunk: dict) -> None:  # its first streamed chunk holds the model's queue
@@ -118,9 +120,20 @@ def test_newer_request_drops_queued_and_cancels_running(engine):
         {"role": "user", "content": "hi"}])
     blocker = threading.Thread(target=engine.run_sync, args=("code-small", "openai.chat", chat,
                                                              True), kwargs={"on_event": occupy})
-    blocker.start()  # occupy the model so the next request has to queue
+    blocker.start()
     assert running.wait(60)  # the blocker holds the model before anything else is queued
     try:
+        yield
+    finally:
+        gate.set()
+        blocker.join()
+
+
+def test_newer_request_drops_queued_and_cancels_running(engine):
+    svc = TabService(engine, TabSettings(max_tokens=4))
+    text = SOURCE.rstrip("\n") + ")\n"
+    req = TabRequest(**body(text, text.rindex("div") + 3, cursor_id="t3"))
+    with occupied(engine):
         session, seq, cancel = svc.begin(req, LOCAL_TENANT)
         results = []
         queued = threading.Thread(target=lambda: results.append(
@@ -129,9 +142,6 @@ def test_newer_request_drops_queued_and_cancels_running(engine):
         wait_for(lambda: engine.status()["code-small"].waiting == 1, what="for the queue")
         svc.begin(req, LOCAL_TENANT)  # a newer keystroke from the same cursor
         assert cancel.is_set()
-    finally:
-        gate.set()
-        blocker.join()
     queued.join(timeout=60)
     assert results[0].source == "cancelled" and results[0].reason == "stale"
     assert results[0].prompt_tokens == 0  # dropped before touching the model

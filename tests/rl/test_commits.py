@@ -256,15 +256,18 @@ def test_a_repository_is_a_git_history_or_an_https_url(tmp_path) -> None:
 
 def test_every_benchmark_repository_is_refused() -> None:
     """The list in rl/commits.py covers what the benchmarks read today: bench/search's
-    repositories, bench/apply's sets, bench/tab's and bench/agent's sdists."""
+    repositories, bench/apply's sets, bench/tab's and bench/agent's sdists, bench/nextedit's
+    held-out repositories."""
     source = (ROOT / "bench/search/build.py").read_text()
     search = re.findall(r'"([\w.-]+/[\w.-]+)"', source.split("\nPINNED")[0])
     apply = {line.split("\t")[0] for f in (ROOT / "bench/apply/sets").glob("*.txt")
              for line in f.read_text().splitlines() if line and not line.startswith("#")}
     tab = re.findall(r'"([\w.-]+)==', (ROOT / "bench/tab.py").read_text())
     agent = re.findall(r'Sdist\("([\w.-]+)==', (ROOT / "bench/agent/snapshots.py").read_text())
-    assert len(search) == 8 and apply and tab and agent
-    assert {r.lower() for r in [*search, *apply]} <= BENCHMARK_REPOSITORIES
+    nextedit = re.findall(r'"([\w.-]+/[\w.-]+)"', (ROOT / "bench/nextedit.py").read_text()
+                          .split("\nHELDOUT = ")[1].split("\n")[0])
+    assert len(search) == 8 and apply and tab and agent and len(nextedit) == 3
+    assert {r.lower() for r in [*search, *apply, *nextedit]} <= BENCHMARK_REPOSITORIES
     assert {p.lower() for p in [*tab, *agent]} <= BENCHMARK_PROJECTS
 
 

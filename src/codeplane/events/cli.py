@@ -33,7 +33,9 @@ def _store(config: ConfigOption) -> ObjectStore:
 @events_app.command("query")
 def query_cmd(
     sql: Annotated[str, typer.Argument(help="SQL over the views tab_shown, tab_accepted, "
-                                            "tab_rejected, apply_outcome, agent_step, "
+                                            "tab_rejected, tab_next_shown, "
+                                            "tab_next_accepted, tab_next_rejected, "
+                                            "apply_outcome, agent_step, "
                                             "gateway_usage (each with day and tenant).")],
     as_json: JsonOption = False,
     config: ConfigOption = None,

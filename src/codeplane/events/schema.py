@@ -27,11 +27,19 @@ _TAB = {"suggestion_id": _TEXT, "model": _TEXT, "latency_ms": _FLOAT, "chars": _
         "tokens": _INT, "mid_line": _BOOL, "typed_chars": _INT, "truncated": _BOOL,
         "closes_bracket": _BOOL}
 _TAB_OUTCOME = {**_TAB, "after_ms": _FLOAT}  # how long the suggestion was on screen
+_TAB_NEXT = {"suggestion_id": _TEXT, "model": _TEXT, "latency_ms": _FLOAT,
+             "probability": _FLOAT, "source": _TEXT, "format": _TEXT, "jump": _BOOL,
+             # what next-edit Tab's show/hide rule read (codeplane.tab.nextedit.NextSignals)
+             "min_logprob": _FLOAT, "sum_logprob": _FLOAT, "changed_lines": _INT,
+             "distance": _INT, "agrees": _BOOL, "repeat": _BOOL}
 
 KINDS: dict[str, dict[str, pa.DataType]] = {
     "tab_shown": _TAB,
     "tab_accepted": _TAB_OUTCOME,
     "tab_rejected": _TAB_OUTCOME,
+    "tab_next_shown": _TAB_NEXT,
+    "tab_next_accepted": {**_TAB_NEXT, "after_ms": _FLOAT},
+    "tab_next_rejected": {**_TAB_NEXT, "after_ms": _FLOAT},
     "apply_outcome": {"model": _TEXT, "ok": _BOOL, "method": _TEXT, "format": _TEXT,
                       "seconds": _FLOAT, "output_tokens": _INT, "language": _TEXT},
     "agent_step": {"run_id": _TEXT, "step": _INT, "model": _TEXT, "tool": _TEXT,

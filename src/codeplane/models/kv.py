@@ -102,6 +102,19 @@ class KVCache:
                                      shape=(len(batch), llama.n_vocab()))
         return rows.argmax(axis=1)
 
+    def chosen_logprobs(self, rows: int) -> list[float]:
+        """Log-probability of each row's argmax token over the first `rows` rows of the last
+        `verify` (the tokens a greedy decode keeps; read before the next pass)."""
+        import llama_cpp
+
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._llama._ctx.ctx),
+                                       shape=(rows, self._llama.n_vocab()))
+        return _max_logprob(logits)
+
+    def last_logprob(self) -> float:
+        """Log-probability of the argmax token of the last row evaluated."""
+        return _max_logprob(self.last_logits()[None, :])[0]
+
     def commit(self, tokens: list[int]) -> None:
         """Record `tokens` (just verified) as cached and drop any rows after them (the
         logits buffer holds the batch's rows: `generate` evaluates before sampling)."""
@@ -168,3 +181,10 @@ class KVCache:
         llama.n_tokens = len(saved.tokens)
         llama._requires_eval = True  # the logits are another sequence's
         return True
+
+
+def _max_logprob(logits: np.ndarray) -> list[float]:
+    """log softmax(row)[argmax] per row: max - logsumexp, computed stably in float64."""
+    rows = logits.astype(np.float64)
+    peak = rows.max(axis=1)
+    return [float(x) for x in -np.log(np.exp(rows - peak[:, None]).sum(axis=1))]

@@ -58,6 +58,7 @@ class Decoded:
     accepted: int
     forced: int  # output tokens the guide forced (evaluated, not chosen by the model)
     trace: list[tuple[int, int, float]] = field(default_factory=list)  # rows, agreed, s
+    logprobs: list[float] = field(default_factory=list)  # per output token, when asked
 
     @property
     def tokens_per_second(self) -> float:
@@ -140,13 +141,16 @@ class Guide(Protocol):
 
 
 def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_tokens: int,
-           speculative: bool = True, guide: Guide | None = None) -> Decoded:
+           speculative: bool = True, guide: Guide | None = None,
+           logprobs: bool = False) -> Decoded:
     """Greedy decode after `prompt` until a closing ``` fence, an end token or `max_tokens`.
     `sources` are the drafts (the original region, then the edit's pieces);
     `speculative=False` is the plain baseline through the very same loop, one token per
     forward pass. A `guide` sees every completed line and may stop the decode (an output
     that can no longer be used costs no more tokens) or force the next lines, which are
-    then evaluated as one batch like an accepted draft."""
+    then evaluated as one batch like an accepted draft. `logprobs` also records each
+    chosen token's log-probability (next-edit Tab's show/hide signals; forced tokens get 0),
+    a log-softmax over the vocabulary per kept row that apply does not pay for."""
     kv = model.kv
     if len(prompt) + 1 > model.n_ctx:
         raise ContextOverflow(len(prompt), model.n_ctx)
@@ -154,6 +158,8 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
     start = time.perf_counter()
     cached = kv.prefill(prompt)
     pending = int(np.argmax(kv.last_logits()))
+    lps: list[float] = []
+    pending_lp = kv.last_logprob() if logprobs else 0.0
     prompt_done = time.perf_counter()
     drafter = Drafter(sources)
     history = prompt[-MATCH_CAP:]  # the pre-filled head lines are part of the copy
@@ -169,6 +175,7 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         stopping = pending in model.stop_ids
         if not stopping:
             out.append(pending)
+            lps.append(pending_lp)
             stopping = bool(_END.search(model.detokenize(out[-(fresh + 64):])))
         verdict = lines.check(out, stopping)
         if verdict is False:
@@ -186,7 +193,9 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
             kv.commit(batch)
             trace.append((len(batch), len(batch) - 1, time.perf_counter() - began))
             out = out[:keep] + tokens
+            lps = lps[:keep] + [0.0] * len(tokens)
             forced += len(tokens)
+            pending_lp = 0.0
             pending, fresh = int(preds[-1]), len(tokens) + 1
             continue
         if stopping or len(out) >= budget:
@@ -197,6 +206,9 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         began = time.perf_counter()
         preds = kv.verify([pending, *draft])
         agreed = _agreement(draft, preds, model.stop_ids)
+        if logprobs:
+            *kept, pending_lp = kv.chosen_logprobs(agreed + 1)
+            lps.extend(kept)
         kv.commit([pending, *draft[:agreed]])
         trace.append((len(draft) + 1, agreed, time.perf_counter() - began))
         drafted, accepted = drafted + len(draft), accepted + agreed
@@ -210,7 +222,8 @@ def decode(model: LocalModel, prompt: list[int], sources: list[list[int]], max_t
         text = text[:fence.start() + len(fence.group(1))]
     end = time.perf_counter()
     return Decoded(text, finish, len(prompt), cached, len(out), prompt_done - start,
-                   end - prompt_done, len(trace), drafted, accepted, forced, trace)
+                   end - prompt_done, len(trace), drafted, accepted, forced, trace,
+                   lps if logprobs else [])
 
 
 class _Lines:

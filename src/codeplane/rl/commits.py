@@ -47,7 +47,8 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", re.MULTILINE)
 Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
 # Every repository a benchmark reads (bench/search, bench/apply's sets, bench/tab's and
-# bench/agent's sdists, by project name): never a source of training or held-out tasks.
+# bench/agent's sdists, by project name, bench/nextedit's HELDOUT): never a source of
+# training or held-out tasks.
 # tests/rl/test_commits.py checks this list against the benchmarks' own.
 BENCHMARK_REPOSITORIES = frozenset({
     "pallets/click", "pallets/flask", "pallets/jinja", "psf/requests", "encode/httpx",
@@ -56,7 +57,8 @@ BENCHMARK_REPOSITORIES = frozenset({
     "jpadilla/pyjwt", "more-itertools/more-itertools", "msiemens/tinydb",
     "pallets/itsdangerous", "pallets/markupsafe", "pytest-dev/pluggy",
     "python/typing_extensions", "tkem/cachetools", "jmespath/jmespath.py",
-    "seperman/deepdiff", "alecthomas/voluptuous", "jab/bidict"})
+    "seperman/deepdiff", "alecthomas/voluptuous", "jab/bidict",
+    "erikrose/parsimonious", "jazzband/prettytable", "pylons/webob"})
 BENCHMARK_PROJECTS = frozenset({
     "h11", "werkzeug", "jinja2", "markdown", "sqlparse", "humanize", "pyparsing", "pyflakes",
     "mistune", "boltons", "parso", "python-dotenv", "colorama", "tomli", "docopt",

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from codeplane.tab import postprocess
 
 
@@ -59,9 +61,30 @@ def probability(s: Signals, coefficients: dict[str, float] = COEFFICIENTS) -> fl
     """P(exact line | signals) under the fitted model; 0 for an empty suggestion."""
     if s.tokens == 0:
         return 0.0
-    x = features(s)
-    z = coefficients["intercept"] + sum(coefficients[k] * x[k] for k in FEATURES)
+    return logistic(features(s), coefficients)
+
+
+def logistic(x: dict[str, float], coefficients: dict[str, float]) -> float:
+    """The show/hide mechanism FIM and next-edit Tab (`nextedit.py`) share: intercept plus
+    each feature times its coefficient, through the logistic function."""
+    z = coefficients["intercept"] + sum(coefficients[k] * v for k, v in x.items())
     return 1.0 / (1.0 + math.exp(-max(min(z, 60.0), -60.0)))
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0) -> np.ndarray:
+    """L2-regularised logistic regression (Newton's method: ten coefficients do not need a
+    machine-learning library) of `y` (0/1) on `x`, whose first column is the intercept's 1s
+    (not shrunk). The coefficients, in `x`'s column order."""
+    w = np.zeros(x.shape[1])
+    ridge = np.diag([0.0] + [l2] * (x.shape[1] - 1))
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-x @ w))
+        step = np.linalg.solve(x.T @ (x * (p * (1 - p))[:, None]) + ridge,
+                               x.T @ (y - p) - ridge @ w)
+        w += step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w
 
 
 def signals(text: str, prefix: str, logprobs: list[float], truncated: bool) -> Signals:

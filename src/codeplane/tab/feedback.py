@@ -33,17 +33,20 @@ class ShownLog:
 
     def __init__(self, size: int = KEPT) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, str], dict] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[str, dict]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(self, tenant: str, suggestion_id: str, fields: dict) -> None:
+    def remember(self, tenant: str, suggestion_id: str, fields: dict, kind: str = "tab"
+                 ) -> None:
+        """Keep a shown event's fields; `kind` names its outcome events (`KIND_accepted`):
+        "tab" for FIM, "tab_next" for next edits."""
         with self._lock:
-            self._items[(tenant, suggestion_id)] = fields
+            self._items[(tenant, suggestion_id)] = (kind, fields)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
 
-    def take(self, tenant: str, suggestion_id: str) -> dict | None:
-        """The shown event's fields, or None: unknown, expired, already reported, or shown
-        to another tenant (indistinguishable on purpose)."""
+    def take(self, tenant: str, suggestion_id: str) -> tuple[str, dict] | None:
+        """The shown event's kind and fields, or None: unknown, expired, already reported,
+        or shown to another tenant (indistinguishable on purpose)."""
         with self._lock:
             return self._items.pop((tenant, suggestion_id), None)

@@ -121,8 +121,15 @@ class TabLanguageServer(LanguageServer):
         found, jump = result.get("suggestion"), result.get("jump")
         if self._latest.get(uri) != ticket or not (found or jump):
             return None
+        sid = None
+        if result.get("id"):  # shown: logged, and its accept reported, as FIM's
+            sid = await self._record({"id": result["id"], "text": found["text"],
+                                      "latency_ms": result["latency_ms"],
+                                      "source": f"next_{result['source']}",
+                                      "confidence": result["probability"]}, doc.language_id)
         command = lsp.Command(title="codeplane: go to the next edit", command=JUMP_COMMAND,
-                              arguments=[uri, jump["line"]]) if jump else None
+                              arguments=[uri, jump["line"], sid]) if jump else \
+            _accept(sid) if sid else None
         if not found:  # a jump alone: nothing to insert, the command moves the cursor
             here = lsp.Range(position, position)
             return lsp.InlineCompletionItem(insert_text="", range=here, command=command)
@@ -145,6 +152,12 @@ class TabLanguageServer(LanguageServer):
                              chars=len(result["text"]), source=result["source"],
                              confidence=result.get("confidence"), language=language)
         return suggestion_id
+
+    async def accept(self, suggestion_id: str) -> bool:
+        """The editor took the suggestion (its item's command ran)."""
+        if self._shown == suggestion_id:
+            self._shown = None
+        return await self.report(suggestion_id, "accepted")
 
     async def report(self, suggestion_id: str, outcome: str) -> bool:
         """Record the outcome locally and send it to the server (unless telemetry is off);
@@ -310,8 +323,12 @@ def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
             command=_accept(sid))])
 
     @ls.command(JUMP_COMMAND)
-    async def jump(server: TabLanguageServer, uri: str, line: int) -> bool:
-        """Move the editor to the next edit's place (the client runs this on accept)."""
+    async def jump(server: TabLanguageServer, uri: str, line: int,
+                   suggestion_id: str | None = None) -> bool:
+        """Move the editor to the next edit's place (the client runs this on accept); the
+        rewrite the item carried, if any, was accepted."""
+        if suggestion_id:
+            await server.accept(suggestion_id)
         here = lsp.Range(lsp.Position(line, 0), lsp.Position(line, 0))
         shown = await server.window_show_document_async(
             lsp.ShowDocumentParams(uri, take_focus=True, selection=here))
@@ -319,9 +336,7 @@ def create_server(server_url: str, telemetry: Telemetry, debounce_ms: int = 120,
 
     @ls.command(ACCEPT_COMMAND)
     async def accepted(server: TabLanguageServer, suggestion_id: str) -> bool:
-        if server._shown == suggestion_id:
-            server._shown = None
-        return await server.report(suggestion_id, "accepted")
+        return await server.accept(suggestion_id)
 
     @ls.feature(lsp.SHUTDOWN)
     async def shutdown(server: TabLanguageServer, _: object) -> None:

@@ -21,10 +21,12 @@ outside the suggestion, where the last edit's one-word change is still due.
 
 from __future__ import annotations
 
+import math
 import re
+import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from difflib import SequenceMatcher
 from typing import Literal
 
@@ -32,6 +34,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from codeplane.models.engine import JobDropped
 from codeplane.models.jobs import JobContext
+from codeplane.tab import decision
 from codeplane.tab.service import Snippet, TabService
 
 WINDOW_BEFORE, WINDOW_AFTER = 10, 10  # a 21-line window around the cursor, as Sweep's
@@ -104,6 +107,65 @@ class Prediction:
     drafted: int
     accepted: int
     model_ms: float
+    min_logprob: float = 0.0  # over the output tokens the model chose
+    sum_logprob: float = 0.0  # log P(the whole output): copied tokens add almost nothing
+
+
+# -- show or hide (tab/decision.py's mechanism, next edit's signals) ---------------------------
+
+
+@dataclass(frozen=True)
+class NextSignals:
+    """What the show/hide rule reads about a next-edit suggestion; known when it is made."""
+
+    min_logprob: float  # the least likely output token (0 for the baseline's suggestion)
+    sum_logprob: float  # log P(output): the surprise of the changed part
+    changed_lines: int  # lines the suggestion removes plus lines it writes
+    distance: int  # lines between the cursor and the suggestion's first line
+    agrees: bool  # the model's suggestion is the repeat-the-last-edit baseline's
+    repeat: bool  # the suggestion is the baseline's (the model proposed nothing)
+
+    def to_json(self) -> dict:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+NEXT_FEATURES = ("min_logprob", "sum_logprob", "log_changed_lines", "log_distance", "agrees",
+                 "repeat")
+# To be fitted by `bench/nextedit.py --fit` on the tuning repositories' `window` rows
+# (docs/tab.md, "Next edit", "Show or hide"); a suggestion is shown when P(exact) >=
+# NEXT_MIN_PROBABILITY. Not fitted yet: every suggestion scores 0.5 and is shown.
+NEXT_COEFFICIENTS = {"intercept": 0.0, "min_logprob": 0.0, "sum_logprob": 0.0,
+                     "log_changed_lines": 0.0, "log_distance": 0.0, "agrees": 0.0,
+                     "repeat": 0.0}
+NEXT_MIN_PROBABILITY = 0.0
+
+
+def next_features(s: NextSignals) -> dict[str, float]:
+    return {"min_logprob": s.min_logprob, "sum_logprob": max(s.sum_logprob, -50.0),
+            "log_changed_lines": math.log1p(s.changed_lines),
+            "log_distance": math.log1p(s.distance), "agrees": float(s.agrees),
+            "repeat": float(s.repeat)}
+
+
+def next_signals(req: NextRequest, got: Prediction | None, suggestion: Suggestion,
+                 source: str) -> NextSignals:
+    """The signals of the suggestion served for `req` (`source`: "model" or "repeat")."""
+    baseline = repeat_last_edit(req)
+    model = source == "model" and got is not None
+    removed = suggestion.end_line - suggestion.start_line
+    return NextSignals(
+        min_logprob=got.min_logprob if model else 0.0,
+        sum_logprob=got.sum_logprob if model else 0.0,
+        changed_lines=removed + suggestion.text.count("\n"),
+        distance=abs(suggestion.start_line - req.cursor.line),
+        agrees=baseline is not None and baseline.apply(req.text) == suggestion.apply(req.text),
+        repeat=source == "repeat")
+
+
+def next_probability(s: NextSignals,
+                     coefficients: dict[str, float] = NEXT_COEFFICIENTS) -> float:
+    """P(the suggestion is exactly the next edit | signals) under the fitted rule."""
+    return decision.logistic(next_features(s), coefficients)
 
 
 # -- prompt and answer (pure) ----------------------------------------------------------------
@@ -318,12 +380,13 @@ def predict(ctx: JobContext, req: NextRequest, speculative: bool = True) -> Pred
     else:
         budget, max_lines = DIFF_MAX_TOKENS, 2 * (current.count("\n") + 1)
     run = decode(model, prompt, [draft], req.max_tokens or budget, speculative,
-                 _Watch(ctx.cancel, max_lines))
+                 _Watch(ctx.cancel, max_lines), logprobs=True)
     usable = run.finish_reason != "length" or req.format == "diff"
     suggestion = parse(lead + run.text, req.format, req) if usable else None
     return Prediction(suggestion, lead + run.text, run.prompt_tokens, run.cached_tokens,
                       run.output_tokens, run.drafted, run.accepted,
-                      round((time.perf_counter() - start) * 1000, 2))
+                      round((time.perf_counter() - start) * 1000, 2),
+                      min(run.logprobs, default=0.0), sum(run.logprobs))
 
 
 # -- the server side ------------------------------------------------------------------------
@@ -334,9 +397,12 @@ class NextResult:
     suggestion: Suggestion | None
     jump: dict | None
     source: str  # "model" | "repeat" (the baseline, the model proposed nothing) | "none" |
-    # "cancelled"
+    # "hidden" (the show/hide rule said no) | "cancelled"
     latency_ms: float
     request_id: str | None = None
+    id: str | None = None  # a shown suggestion's, for `POST /v1/tab/feedback`
+    probability: float | None = None  # the show/hide rule's P(exact)
+    signals: dict | None = None  # what the rule read (NextSignals)
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -366,9 +432,20 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
     suggestion, source = got.suggestion, "model"
     if suggestion is None:
         suggestion, source = near_repeat(req), "repeat"
-    return NextResult(suggestion, jump_for(req, suggestion), source if suggestion else "none",
-                      _ms(start), req.request_id, got.prompt_tokens, got.cached_tokens,
-                      got.completion_tokens, got.drafted, got.accepted, got.model_ms)
+    signals = next_signals(req, got, suggestion, source) if suggestion else None
+    probability = next_probability(signals) if signals else None
+    shown = probability is not None and probability >= NEXT_MIN_PROBABILITY
+    if signals and not shown:  # the rule's no hides the jump too: nothing is shown
+        suggestion, source = None, "hidden"
+    elif suggestion is None:
+        source = "none"
+    jump = jump_for(req, suggestion) if source != "hidden" else None  # or a jump alone
+    return NextResult(suggestion, jump, source,
+                      _ms(start), req.request_id, f"n{secrets.token_hex(8)}" if shown else None,
+                      round(probability, 4) if probability is not None else None,
+                      signals.to_json() if signals else None, got.prompt_tokens,
+                      got.cached_tokens, got.completion_tokens, got.drafted, got.accepted,
+                      got.model_ms)
 
 
 def _ms(start: float) -> float:

@@ -98,8 +98,9 @@ def _estimate(svc: TabService, body: TabRequest) -> int:
 @router.post("/v1/tab/next")
 async def tab_next(body: NextRequest, request: Request) -> dict:
     """Next-edit Tab (`tab/nextedit.py`): zero or one rewrite of lines near the cursor, and
-    maybe a jump. On the embedded engine only (the job decodes speculatively in the
-    model's worker); charged like a Tab model call."""
+    maybe a jump, when its show/hide rule says so. On the embedded engine only (the job
+    decodes speculatively in the model's worker); charged like a Tab model call. A shown
+    suggestion is an event in the lake; `POST /v1/tab/feedback` takes its outcome."""
     svc = service(request)
     if svc.remote(body.model):
         raise APIError(400, "next edit runs on the embedded engine, not on [tab] upstream",
@@ -112,6 +113,13 @@ async def tab_next(body: NextRequest, request: Request) -> dict:
     with _model_errors(), metered(request, estimate) as meter:
         result = await next_edit(svc, body, tenant)
         meter.used = result.prompt_tokens + result.completion_tokens
+    if result.id:  # shown: the rule's signals ride along to the accepted/rejected event
+        fields = {"suggestion_id": result.id, "model": body.model or svc.settings.model,
+                  "latency_ms": result.latency_ms, "probability": result.probability,
+                  "source": result.source, "format": body.format,
+                  "jump": result.jump is not None, **(result.signals or {})}
+        request.app.state.services.events.record("tab_next_shown", tenant, fields)
+        svc.shown.remember(tenant, result.id, fields, kind="tab_next")
     return result.to_json()
 
 
@@ -135,11 +143,12 @@ def tab_feedback(body: Feedback, request: Request) -> dict:
     """The editor's verdict on a shown suggestion, recorded in the event lake (the accept
     rate of `codeplane events stats`); only the tenant it was shown to may report, once."""
     tenant = principal_of(request).tenant
-    fields = service(request).shown.take(tenant, body.id)
-    if fields is None:
+    shown = service(request).shown.take(tenant, body.id)
+    if shown is None:
         raise not_found(f"no shown suggestion {body.id!r} awaits feedback (unknown, expired "
                         "or already reported)")
-    request.app.state.services.events.record(f"tab_{body.outcome}", tenant,
+    kind, fields = shown
+    request.app.state.services.events.record(f"{kind}_{body.outcome}", tenant,
                                              {**fields, "after_ms": body.shown_ms})
     return {"id": body.id, "outcome": body.outcome, "recorded": True}
 

@@ -1,0 +1,115 @@
+"""Next-edit Tab against the real model: superseded requests are cancelled (as FIM Tab's,
+tests/test_tab_server.py), the show/hide rule hides what it says no to, and shown
+suggestions and their outcomes land in the event lake with the rule's signals."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from test_lsp_nextedit import SHAPES
+from test_tab_server import occupied
+from upstreams.scripted import caller, run_server, wait_for
+
+from codeplane.core.principal import LOCAL_TENANT
+from codeplane.events import query
+from codeplane.models.speculative import decode
+from codeplane.storage import ObjectStore
+from codeplane.tab import nextedit
+from codeplane.tab.nextedit import NextRequest, next_edit
+from codeplane.tab.service import TabService, TabSettings
+
+pytestmark = pytest.mark.model
+
+TEXT = SHAPES.replace("total += area(", "total += surface(")  # the user renamed one call
+RENAME = {"path": "shapes.py", "line": 8, "before": "        total += area(w, h)\n",
+          "after": "        total += surface(w, h)\n"}
+
+
+def body(**extra) -> dict:
+    return {"path": "shapes.py", "text": TEXT, "cursor": {"line": 8, "character": 0},
+            "edits": [RENAME], "max_tokens": 24, **extra}
+
+
+def test_newer_next_edit_cancels_the_older_one(engine):
+    """A newer next-edit request for the same document (cursor) drops the older one while
+    it waits for the model; the newer one is answered."""
+    svc = TabService(engine, TabSettings())
+    results: dict[str, nextedit.NextResult] = {}
+
+    def ask(name: str) -> None:
+        req = NextRequest(**body(cursor_id="file:///shapes.py", request_id=name))
+        results[name] = asyncio.run(next_edit(svc, req, LOCAL_TENANT))
+
+    older = threading.Thread(target=ask, args=("older",))
+    newer = threading.Thread(target=ask, args=("newer",))
+    with occupied(engine):  # the model is busy: the older request queues
+        older.start()
+        wait_for(lambda: engine.status()["code-small"].waiting == 1, what="for the queue")
+        newer.start()  # the user edited again: a newer request for the same document
+        wait_for(lambda: engine.status()["code-small"].waiting == 2 or not older.is_alive(),
+                 what="for the newer request")
+    older.join(timeout=120)
+    newer.join(timeout=300)
+    assert results["older"].source == "cancelled" and results["older"].suggestion is None
+    assert results["older"].prompt_tokens == 0  # dropped before touching the model
+    assert results["newer"].source != "cancelled" and results["newer"].request_id == "newer"
+
+
+def test_the_rule_hides_and_shown_edits_reach_the_lake(tmp_path: Path, engine, monkeypatch):
+    server = run_server(tmp_path / "home", None, engine=engine)
+    try:
+        alice, bob = caller(server, "alice"), caller(server, "bob")
+        url = f"{server.url}/v1/tab/next"
+        monkeypatch.setattr(nextedit, "NEXT_MIN_PROBABILITY", 1.01)  # the rule says no
+        hidden = httpx.post(url, headers=alice, json=body(), timeout=300).json()
+        assert hidden["source"] == "hidden" and hidden["suggestion"] is None, hidden
+        assert hidden["jump"] is None and hidden["id"] is None
+        assert set(hidden["signals"]) == set(nextedit.NextSignals.__dataclass_fields__)
+        monkeypatch.setattr(nextedit, "NEXT_MIN_PROBABILITY", 0.0)  # the rule says yes
+        shown = httpx.post(url, headers=alice, json=body(), timeout=300).json()
+        assert shown["suggestion"] and shown["id"] and shown["probability"] is not None, shown
+        assert 0.0 <= shown["probability"] <= 1.0
+        feedback = {"id": shown["id"], "outcome": "accepted", "shown_ms": 900}
+        stolen = httpx.post(f"{server.url}/v1/tab/feedback", headers=bob, json=feedback,
+                            timeout=30)
+        assert stolen.status_code == 404  # another tenant cannot report on it
+        took = httpx.post(f"{server.url}/v1/tab/feedback", headers=alice, json=feedback,
+                            timeout=30)
+        assert took.status_code == 200, took.text
+        again = httpx.post(f"{server.url}/v1/tab/feedback", headers=alice, json=feedback,
+                            timeout=30)
+        assert again.status_code == 404  # once
+        bad = httpx.post(url, headers=alice, timeout=30,
+                         json={**body(), "cursor": {"line": 99, "character": 0}})
+        assert bad.status_code in (400, 422)
+    finally:
+        server.stop()  # the shutdown flushes the event log
+    con = query.connect(ObjectStore.open(str(server.app.state.settings.server_dir / "objects")))
+    rows = con.execute("SELECT tenant, suggestion_id, source, probability, changed_lines, "
+                       "distance FROM tab_next_shown").fetchall()
+    assert rows == [("alice", shown["id"], shown["source"], shown["probability"],
+                     shown["signals"]["changed_lines"], shown["signals"]["distance"])]
+    accepted = con.execute("SELECT tenant, suggestion_id, after_ms, min_logprob "
+                           "FROM tab_next_accepted").fetchall()
+    assert accepted == [("alice", shown["id"], 900.0, shown["signals"]["min_logprob"])]
+    assert con.execute("SELECT count(*) FROM tab_shown").fetchone()[0] == 0  # FIM's own
+
+
+def test_decoded_logprobs_do_not_depend_on_drafting(local_model):
+    """The log-probabilities the rule reads are each kept token's own: the same whether the
+    token came in an accepted draft (many rows a pass) or one pass each."""
+    model = local_model
+    prompt = model.tokenize("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n")
+    draft = model.tokenize("    return a - b\n\n\ndef mul(a, b):\n    return a * b\n")
+    fast = decode(model, prompt, [draft], 16, True, logprobs=True)
+    model.kv.truncate(0)
+    plain = decode(model, prompt, [draft], 16, False, logprobs=True)
+    assert fast.accepted > 0 and fast.text == plain.text
+    assert len(fast.logprobs) == fast.output_tokens == len(plain.logprobs)
+    assert fast.logprobs == pytest.approx(plain.logprobs, abs=1e-2)
+    assert all(lp <= 0 for lp in fast.logprobs) and min(fast.logprobs) < -1e-6
+    assert decode(model, prompt, [draft], 4, True).logprobs == []  # apply's: not asked
