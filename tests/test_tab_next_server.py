@@ -113,3 +113,14 @@ def test_decoded_logprobs_do_not_depend_on_drafting(local_model):
     assert fast.logprobs == pytest.approx(plain.logprobs, abs=1e-2)
     assert all(lp <= 0 for lp in fast.logprobs) and min(fast.logprobs) < -1e-6
     assert decode(model, prompt, [draft], 4, True).logprobs == []  # apply's: not asked
+
+
+def test_next_edit_runs_on_the_next_model_when_one_is_set(engine):
+    """`[tab] next_model` (a next-edit adapter) is the model next edit asks for; FIM's
+    `model` stays. A name the engine does not know is named in the error."""
+    svc = TabService(engine, TabSettings(next_model="no-such-next-model"))
+    with pytest.raises(Exception, match="no-such-next-model"):
+        asyncio.run(next_edit(svc, NextRequest(**body()), LOCAL_TENANT))
+    answered = asyncio.run(next_edit(TabService(engine, TabSettings()),
+                                     NextRequest(**body()), LOCAL_TENANT))
+    assert answered.source != "cancelled"

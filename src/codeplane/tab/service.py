@@ -59,6 +59,9 @@ class TabSettings(BaseModel):
 
     model_config = {"extra": "forbid"}
     model: str = "code-small"
+    next_model: str | None = Field(
+        None, description="the model next-edit Tab runs on, e.g. a next-edit adapter "
+                          "(`codeplane rl train-next-edit`); unset: `model`")
     max_tokens: int = Field(16, ge=1, le=256, description="single-line suggestion budget")
     max_tokens_multiline: int = Field(40, ge=1, le=512)
     max_lines: int = Field(6, ge=1, le=50)
