@@ -124,3 +124,20 @@ def test_next_edit_runs_on_the_next_model_when_one_is_set(engine):
     answered = asyncio.run(next_edit(TabService(engine, TabSettings()),
                                      NextRequest(**body()), LOCAL_TENANT))
     assert answered.source != "cancelled"
+
+
+def test_the_route_checks_the_model_next_edit_runs_on(tmp_path: Path, engine):
+    """`/v1/tab/next` checks and records `[tab] next_model`, not FIM's `[tab] model`: a next
+    model the engine does not know is a 404 naming it, never a 5xx."""
+    from conftest import LiveServer, free_port, make_settings
+
+    from codeplane.server.app import create_app
+
+    settings = make_settings(tmp_path / "home", tab={"next_model": "no-such-next-model"})
+    server = LiveServer(create_app(settings, engine=engine), free_port()).start()
+    try:
+        got = httpx.post(f"{server.url}/v1/tab/next", headers=caller(server, "alice"),
+                         json=body(), timeout=60)
+    finally:
+        server.stop()
+    assert got.status_code == 404 and "no-such-next-model" in got.text, got.text

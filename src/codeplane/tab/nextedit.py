@@ -423,7 +423,7 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
     start = time.perf_counter()
     session, seq, cancel = tab.begin(req, tenant)
     try:
-        got, _ = await tab.engine.run(req.model or tab.settings.next_model or tab.settings.model, "tab.next", req,
+        got, _ = await tab.engine.run(tab.next_model(req.model), "tab.next", req,
                                       cancel=cancel)
     except JobDropped:
         got = None

@@ -102,10 +102,11 @@ async def tab_next(body: NextRequest, request: Request) -> dict:
     decodes speculatively in the model's worker); charged like a Tab model call. A shown
     suggestion is an event in the lake; `POST /v1/tab/feedback` takes its outcome."""
     svc = service(request)
-    if svc.remote(body.model):
+    model = svc.next_model(body.model)
+    if svc.remote(model):
         raise APIError(400, "next edit runs on the embedded engine, not on [tab] upstream",
                        param="model")
-    _require_fim(svc.engine, body.model or svc.settings.model)
+    _require_fim(svc.engine, model)
     tenant = principal_of(request).tenant
     parts, _, _ = prompt_parts(body, body.format)
     estimate = 1 + sum(len(text) for text, _ in parts) // BYTES_PER_TOKEN \
@@ -114,7 +115,7 @@ async def tab_next(body: NextRequest, request: Request) -> dict:
         result = await next_edit(svc, body, tenant)
         meter.used = result.prompt_tokens + result.completion_tokens
     if result.id:  # shown: the rule's signals ride along to the accepted/rejected event
-        fields = {"suggestion_id": result.id, "model": body.model or svc.settings.model,
+        fields = {"suggestion_id": result.id, "model": model,
                   "latency_ms": result.latency_ms, "probability": result.probability,
                   "source": result.source, "format": body.format,
                   "jump": result.jump is not None, **(result.signals or {})}

@@ -228,6 +228,11 @@ class TabService:
 
     # -- public --------------------------------------------------------------------------
 
+    def next_model(self, requested: str | None) -> str:
+        """The model a next-edit request runs on: the request's, else `[tab] next_model`,
+        else FIM's `[tab] model`."""
+        return requested or self.settings.next_model or self.settings.model
+
     def remote(self, model: str | None) -> bool:
         """True when `model`'s Tab calls go to the configured upstream, not the engine."""
         return self.upstream is not None and (model or self.settings.model) == self.upstream.name
