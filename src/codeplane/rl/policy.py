@@ -1,11 +1,10 @@
 """The policy in torch: a registry model's GGUF weights, dequantized, with a LoRA adapter.
 
 Why a torch copy of a llama.cpp model: training needs gradients, which llama.cpp has not.
-transformers reads the GGUF directly (`gguf_file=`) but dequantizing takes minutes on two
-cores, and its GGUF tokenizer build most of a minute; the first load therefore writes a
-safetensors copy next to the GGUF (`<models>/torch/<stem>/`), after which a load takes about
-two seconds (measured: 174 s -> 2.3 s with code-small). The copy is derived data: delete it
-and the next load rebuilds it.
+transformers reads the GGUF directly (`gguf_file=`), but dequantizing it and building its
+tokenizer is slow on a CPU; the first load therefore writes a safetensors copy next to the GGUF
+(`<models>/torch/<stem>/`), which later loads read instead (docs/rl.md, "The policy", has both
+times). The copy is derived data: delete it and the next load rebuilds it.
 
 `TorchSampler` is a `Sampler` over a `Policy`: it renders prompts with the same chat template
 and tool format as the llama.cpp engine (`models.engine.render_chat_template`) and parses
