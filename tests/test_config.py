@@ -91,3 +91,13 @@ def test_fleet_and_background_sections_are_validated_at_load(tmp_path):
     cfg = load_settings(path, home=tmp_path)
     assert (cfg.fleet.pool_size, cfg.fleet.max_per_tenant) == (0, 16)
     assert (cfg.background.diff_bytes, cfg.background.patch_bytes) == (7, 16 << 20)
+
+
+def test_agent_section_is_validated_at_load(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[agent]\nmodel = "mine"\napply_modle = "code-small"\n')
+    with pytest.raises(ConfigError, match=r"agent.apply_modle \(line 3\)"):
+        load_settings(path, home=tmp_path)
+    path.write_text('[agent]\nmodel = "mine"\n')
+    cfg = load_settings(path, home=tmp_path)
+    assert (cfg.agent.model, cfg.agent.apply_model) == ("mine", "code-small")
