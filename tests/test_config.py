@@ -80,14 +80,16 @@ def test_the_composition_root_rejects_bad_sections_before_serving(tmp_path):
         create_app(load_settings(home=tmp_path, gateway={"auth": "maybe"}))
 
 
-def test_fleet_and_background_sections_are_validated_at_load(tmp_path):
+def test_fleet_background_and_agent_sections_are_validated_at_load(tmp_path):
     path = tmp_path / "c.toml"
     for text, where in (("[fleet]\npool_size = 1\nmax_per_tenant = 0\n", "fleet.max_per_tenant"),
-                        ("[background]\npatch_bytes = 1\ndif_bytes = 1\n", "background.dif_bytes")):
+                        ("[background]\npatch_bytes = 1\ndif_bytes = 1\n", "background.dif_bytes"),
+                        ('[agent]\nmodel = "mine"\napply_modle = "x"\n', "agent.apply_modle")):
         path.write_text(text)
         with pytest.raises(ConfigError, match=rf"{where} \(line 3\)"):
             load_settings(path, home=tmp_path)
-    path.write_text("[fleet]\npool_size = 0\n[background]\ndiff_bytes = 7\n")
+    path.write_text('[fleet]\npool_size = 0\n[background]\ndiff_bytes = 7\n[agent]\nmodel = "mine"\n')
     cfg = load_settings(path, home=tmp_path)
     assert (cfg.fleet.pool_size, cfg.fleet.max_per_tenant) == (0, 16)
     assert (cfg.background.diff_bytes, cfg.background.patch_bytes) == (7, 16 << 20)
+    assert (cfg.agent.model, cfg.agent.apply_model) == ("mine", "code-small")

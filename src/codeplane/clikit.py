@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import httpx
 import typer
 from rich.console import Console
 
 from codeplane.config import ConfigError, Settings, load_settings
+from codeplane.core.http import api_client
 
 console = Console()
 err_console = Console(stderr=True)
@@ -52,3 +54,31 @@ def server_url(server: str | None, config: Path | None = None) -> str:
 
 def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+class ServerApi:
+    """One API of the codeplane server, as a command calls it: with the caller's key, and any
+    error (no server, a 4xx or 5xx) a one-line failure that says why."""
+
+    def __init__(self, server: str | None, api_key: str | None, config: Path | None,
+                 prefix: str) -> None:
+        self.base = server_url(server, config) + prefix
+        self.http = api_client(api_key)
+
+    def call(self, method: str, path: str = "", **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, self.base + path, **kwargs)
+        except httpx.TransportError as exc:
+            fail(f"cannot reach the codeplane server at {self.base} ({exc}); start "
+                 "it with `codeplane serve` or pass --server")
+        if resp.status_code >= 400:
+            fail(error_message(resp))
+        return resp
+
+
+def error_message(resp: httpx.Response) -> str:
+    """The status and the message of the server's error envelope (its text if it sent none)."""
+    try:
+        return f"{resp.status_code}: {resp.json()['error']['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"{resp.status_code}: {resp.text[:300]}"

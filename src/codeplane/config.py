@@ -199,6 +199,18 @@ class BackgroundSettings(BaseModel):
                                                          "bundle only")
 
 
+class AgentSettings(BaseModel):
+    """`[agent]` in codeplane.toml: the models the coding agent uses unless told otherwise."""
+
+    model_config = {"extra": "forbid"}
+    model: str = Field("code-medium", min_length=1,
+                       description="chat model of `codeplane agent` without --model")
+    apply_model: str = Field("code-small", min_length=1,
+                             description="the model that merges a code_edit sketch the "
+                                         "deterministic merge declines, in a server's runs "
+                                         "(the model /v1/apply defaults to)")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CODEPLANE_", env_nested_delimiter="__", extra="forbid"
@@ -211,13 +223,13 @@ class Settings(BaseSettings):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)  # sandbox/fleet.py
     background: BackgroundSettings = Field(default_factory=BackgroundSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
     # Sections owned by other compartments are validated by them; kept raw here so one file
     # configures everything without this module importing every compartment.
     models: list[dict[str, Any]] = Field(default_factory=list)
     router: dict[str, Any] = Field(default_factory=dict)
     gateway: dict[str, Any] = Field(default_factory=dict)
     indexing: dict[str, Any] = Field(default_factory=dict)
-    agent: dict[str, Any] = Field(default_factory=dict)
     tab: dict[str, Any] = Field(default_factory=dict)
 
     config_file: Path | None = Field(None, exclude=True)

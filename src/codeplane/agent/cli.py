@@ -79,7 +79,7 @@ def agent_cmd(
     env = open_environment(path, no_sandbox, network, backend)
     if not task.strip():
         fail("task is empty")
-    name = model or cfg.agent.get("model", "code-medium")
+    name = model or cfg.agent.model
     chat = HttpChatModel(base_url or server_url(server, config) + "/v1", name, api_key)
     agent = Agent(chat, env, AgentConfig(max_steps=max_steps, max_tokens=max_tokens,
                                          parallel=not serial), services=tool_services(cfg))

@@ -2,13 +2,14 @@
 `GET /v1/agent/runs/{id}/events` (SSE, resumable with `Last-Event-ID`), `POST .../{id}/cancel`.
 
 A run executes the same `Agent` as the CLI on a thread of its own. What it may do is server
-policy, not the request's wish: it works in a directory under the caller's workspace roots
-(`sandbox/roots.py`: `serve.workspace_roots`, or the tenant's `serve.tenant_roots`), inside
-the sandbox and without network unless `serve.allow_unsandboxed` / `serve.allow_network` let
-a request ask otherwise, and it reaches models in-process through the gateway with the
-caller's key and priority (no loopback call, nothing taken from the Host header). Runs belong
-to the caller's tenant: another tenant's run id is reported missing (404). With the server
-database every replica answers for every run (its events are stored as they happen).
+policy (`check_policy` in `agent/requests.py`), not the request's wish: it works in a directory
+under the caller's workspace roots (`sandbox/roots.py`: `serve.workspace_roots`, or the
+tenant's `serve.tenant_roots`), inside the sandbox and without network unless
+`serve.allow_unsandboxed` / `serve.allow_network` let a request ask otherwise, and it reaches
+models in-process through the gateway with the caller's key and priority (no loopback call,
+nothing taken from the Host header). Runs belong to the caller's tenant: another tenant's run
+id is reported missing (404). With the server database every replica answers for every run (its
+events are stored as they happen).
 """
 
 from __future__ import annotations
@@ -21,23 +22,20 @@ from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
-from pydantic import Field
 
 from codeplane.agent.env import Environment, ToolError, local_environment
 from codeplane.agent.loop import Agent, AgentConfig
-from codeplane.agent.requests import RunSpec, Text, too_many_runs
+from codeplane.agent.requests import RunRequest, check_policy, run_not_found, too_many_runs
 from codeplane.agent.runs import ENDS, RunLimit, RunManager, Tail, result_of, status_of
 from codeplane.agent.services import for_caller
-from codeplane.config import ServeSettings
-from codeplane.core.errors import APIError, not_found
+from codeplane.core.errors import APIError
 from codeplane.core.principal import principal_of
 from codeplane.core.sse import Events, follow, resume_after
 from codeplane.events.adapters import agent_listener
 from codeplane.gateway.chat import run_models
-from codeplane.gateway.routes import gateway_of
+from codeplane.gateway.routes import gateway_of, require_model
 from codeplane.sandbox import SandboxUnavailable
 from codeplane.sandbox.fleet import FleetError
-from codeplane.sandbox.roots import Roots
 
 KEEPALIVE = 5.0  # seconds without an event before the stream sends a comment line
 POLL_S = 0.5  # how often a watcher reads a run another replica runs (its own wake it at once)
@@ -51,52 +49,13 @@ def runs_of(request: Request) -> RunManager:
     return request.app.state.services.runs
 
 
-class RunRequest(RunSpec):
-    path: Text = Field(min_length=1, max_length=4096,
-                       description="absolute workspace directory under one of the caller's "
-                                   "workspace roots on the server machine")
-    sandbox: bool = Field(True, description="false is refused unless serve.allow_unsandboxed")
-    network: bool = Field(False, description="true is refused unless serve.allow_network")
-    backend: str | None = Field(None, max_length=64,
-                                description="workspace backend (bwrap, pool, ...); one of "
-                                            "serve.backends. pool: a copy-on-write sandbox of "
-                                            "the repo at HEAD, removed when the run ends")
-    stream: bool = True
-
-
-def check_policy(body: RunRequest, serve: ServeSettings, tenant: str) -> Path:
-    """The run's workspace, if server policy allows this request; APIError otherwise."""
-    if body.backend == "host":  # the host backend is sandbox=false under another name
-        body = body.model_copy(update={"sandbox": False})
-    elif body.backend is not None and body.backend not in serve.backends:
-        raise APIError(403, f"backend {body.backend!r} is not allowed on this server (allowed: "
-                            f"{', '.join(serve.backends) or 'none'}; an operator sets "
-                            "serve.backends)", code="backend_not_allowed", param="backend")
-    if not body.sandbox and not serve.allow_unsandboxed:
-        raise APIError(403, "sandbox=false is not allowed on this server: agent commands "
-                            "always run in the sandbox (an operator can allow it with "
-                            "serve.allow_unsandboxed = true)", code="unsandboxed_not_allowed",
-                       param="sandbox")
-    if body.network and not serve.allow_network:
-        raise APIError(403, "network=true is not allowed on this server: sandboxed commands "
-                            "have no network (an operator can allow it with "
-                            "serve.allow_network = true)", code="network_not_allowed",
-                       param="network")
-    roots = Roots.of(serve, tenant)
-    if body.backend == "pool":  # a sandbox of the repository: it must be one, wholly ours
-        return roots.repository(body.path, param="path")
-    return roots.directory(body.path)
-
-
 @router.post("/v1/agent/runs")
 async def create_run(body: RunRequest, request: Request):
     principal = principal_of(request)
     settings = request.app.state.settings
     root = check_policy(body, settings.serve, principal.tenant)
     manager, gateway = runs_of(request), gateway_of(request)
-    if gateway.group(body.model) is None:
-        raise not_found(f"model {body.model!r} does not exist; available: "
-                        f"{', '.join(sorted(gateway.groups))}")
+    require_model(gateway, body.model)
     try:
         manager.admit(principal.tenant)  # before the sandbox probe; again at start
     except RunLimit as exc:
@@ -176,8 +135,7 @@ async def _sse(manager: RunManager, tenant: str, run_id: str, after: int,
 def _tail(request: Request, run_id: str, after: int = 0) -> Tail:
     tail = runs_of(request).tail(principal_of(request).tenant, run_id, after)
     if tail is None:
-        raise not_found(f"agent run {run_id!r} does not exist", code="run_not_found",
-                        param="run_id")
+        raise run_not_found("agent run", run_id)
     return tail
 
 

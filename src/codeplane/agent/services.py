@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from codeplane.models.embedders import Embedders
     from codeplane.models.engine import Engine
 
-APPLY_MODEL = "code-small"  # `[agent] apply_model` unset: the model /v1/apply defaults to
-
-
 class IndexSearch:
     """The index of a workspace, found by its root under the settings' client directory and
     ranked with the settings' search server; each snippet read through the workspace.
@@ -59,8 +56,8 @@ def tool_services(settings: Settings, engine: Engine | None = None,
                   embedders: Embedders | None = None) -> ToolServices:
     """Search over the settings' index; code_edit merged with `engine` (with the model
     `[agent] apply_model` names), or deterministically where the program holds none."""
-    model = settings.agent.get("apply_model", APPLY_MODEL)
-    return ToolServices(IndexSearch(settings, embedders), ApplyMerge(engine, model))
+    return ToolServices(IndexSearch(settings, embedders),
+                        ApplyMerge(engine, settings.agent.apply_model))
 
 
 def for_caller(tools: ToolServices, model: ChatModel) -> ToolServices:

@@ -16,35 +16,24 @@ from codeplane.clikit import (
     ApiKeyOption,
     ConfigOption,
     JsonOption,
+    ServerApi,
     ServerOption,
     console,
+    error_message,
     fail,
     print_json,
 )
-from codeplane.clikit import server_url as configured_url
-from codeplane.core.http import api_client
 
 agents_app = typer.Typer(help="Background agents on a codeplane server: launch, watch, pull.",
                          no_args_is_help=True)
 RunId = Annotated[str, typer.Argument(help="Run id (from `agents launch` or `agents list`).")]
 
 
-class Api:
-    """The server's background-agents API; any error becomes a one-line CLI failure."""
+class Api(ServerApi):
+    """The server's background-agents API."""
 
     def __init__(self, server: str | None, api_key: str | None, config: Path | None) -> None:
-        self.base = configured_url(server, config) + "/v1/background-agents"
-        self.http = api_client(api_key)
-
-    def call(self, method: str, path: str = "", **kwargs: Any) -> httpx.Response:
-        try:
-            resp = self.http.request(method, self.base + path, **kwargs)
-        except httpx.TransportError as exc:
-            fail(f"cannot reach the codeplane server at {self.base} ({exc}); start "
-                 "it with `codeplane serve` or pass --server")
-        if resp.status_code >= 400:
-            fail(_message(resp))
-        return resp
+        super().__init__(server, api_key, config, "/v1/background-agents")
 
     def events(self, run_id: str, follow: bool):
         """The run's events so far (and, with `follow`, until it ends)."""
@@ -56,19 +45,12 @@ class Api:
             with self.http.stream("GET", f"{self.base}/{run_id}/events", timeout=None) as resp:
                 if resp.status_code >= 400:
                     resp.read()
-                    fail(_message(resp))
+                    fail(error_message(resp))
                 for line in resp.iter_lines():
                     if line.startswith("data: "):
                         yield json.loads(line[6:])
         except httpx.TransportError as exc:
             fail(f"lost the connection to the server ({exc})")
-
-
-def _message(resp: httpx.Response) -> str:
-    try:
-        return f"{resp.status_code}: {resp.json()['error']['message']}"
-    except (ValueError, KeyError, TypeError):
-        return f"{resp.status_code}: {resp.text[:300]}"
 
 
 @agents_app.command("launch")

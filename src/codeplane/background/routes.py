@@ -18,14 +18,14 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from codeplane.agent.loop import AgentConfig
-from codeplane.agent.requests import RunSpec, Text, too_many_runs
+from codeplane.agent.requests import RunSpec, Text, run_not_found, too_many_runs
 from codeplane.agent.runs import RunLimit
 from codeplane.background.service import BackgroundService
-from codeplane.core.errors import APIError, not_found
+from codeplane.core.errors import APIError
 from codeplane.core.principal import principal_of
 from codeplane.core.sse import Events, follow, resume_after
 from codeplane.gateway.chat import run_models
-from codeplane.gateway.routes import gateway_of
+from codeplane.gateway.routes import gateway_of, require_model
 from codeplane.sandbox.fleet import FleetError
 from codeplane.sandbox.roots import Roots
 
@@ -58,9 +58,7 @@ async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
     principal = principal_of(request)
     repo = Roots.of(request.app.state.settings.serve, principal.tenant).repo(body.repo)
     gateway = gateway_of(request)
-    if gateway.group(body.model) is None:
-        raise not_found(f"model {body.model!r} does not exist; available: "
-                        f"{', '.join(sorted(gateway.groups))}", param="model")
+    require_model(gateway, body.model)
     models = run_models(request, gateway, body.model)
     config = AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens)
     try:
@@ -81,8 +79,7 @@ def get_run(request: Request, run_id: str) -> dict[str, Any]:
     """The caller's run, or 404 (another tenant's run does not exist)."""
     run = service_of(request).store.get(principal_of(request).tenant, run_id)
     if run is None:
-        raise not_found(f"background agent {run_id!r} does not exist", code="run_not_found",
-                        param="run_id")
+        raise run_not_found("background agent", run_id)
     return run
 
 

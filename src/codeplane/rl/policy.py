@@ -1,11 +1,10 @@
 """The policy in torch: a registry model's GGUF weights, dequantized, with a LoRA adapter.
 
 Why a torch copy of a llama.cpp model: training needs gradients, which llama.cpp has not.
-transformers reads the GGUF directly (`gguf_file=`) but dequantizing takes minutes on two
-cores, and its GGUF tokenizer build most of a minute; the first load therefore writes a
-safetensors copy next to the GGUF (`<models>/torch/<stem>/`), after which a load takes about
-two seconds (measured: 174 s -> 2.3 s with code-small). The copy is derived data: delete it
-and the next load rebuilds it.
+transformers reads the GGUF directly (`gguf_file=`), but dequantizing it and building its
+tokenizer is slow on a CPU; the first load therefore writes a safetensors copy next to the GGUF
+(`<models>/torch/<stem>/`), which later loads read instead (docs/rl.md, "The policy", has both
+times). The copy is derived data: delete it and the next load rebuilds it.
 
 `TorchSampler` is a `Sampler` over a `Policy`: it renders prompts with the same chat template
 and tool format as the llama.cpp engine (`models.engine.render_chat_template`) and parses
@@ -20,7 +19,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -203,9 +202,39 @@ class Policy:
                           logits_to_keep=keep, use_cache=False).logits
 
 
-class TorchSampler:
+class InProcessSampler:
+    """What the two samplers that run the policy in this process (`TorchSampler`,
+    `adapter.LlamaSampler`) share: how a transcript names them, and how a sampled reply
+    becomes the `Turn` the agent reads and the trainer scores."""
+
+    kind: ClassVar[str]
+    name: str
+    version: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "policy_version": self.version}
+
+    def close(self) -> None:
+        """Nothing to release: the engine belongs to the caller, a `Policy` goes with the
+        sampler."""
+
+    @staticmethod
+    def _turn(text: str, tools: list[dict], finish: str, prompt: list[int], ids: list[int],
+              logprobs: list[float], version: int) -> Turn:
+        """The reply's tool calls parsed as the product parses them, with the exact prompt
+        and sampled ids, their logprobs and the policy version that sampled them."""
+        message, reason = assistant_turn(text, tools, finish)
+        return Turn(message, reason,
+                    {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                     "total_tokens": len(prompt) + len(ids)},
+                    logprobs, prompt, ids, version)
+
+
+class TorchSampler(InProcessSampler):
     """`rl.types.Sampler` over a torch `Policy`: exact token ids and logprobs under the very
     numerics the trainer uses (so its only mismatch is staleness)."""
+
+    kind = "torch"
 
     def __init__(self, policy: Policy, name: str = "torch-policy", seed: int = 0) -> None:
         self.policy = policy
@@ -219,25 +248,16 @@ class TorchSampler:
             self.policy.load_lora_state(weights)
             self.version = version
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": "torch", "policy_version": self.version}
-
-    def close(self) -> None:
-        """Nothing to release: the model is freed with the sampler."""
-
     def complete(self, messages: list[dict], tools: list[dict], sampling: Sampling,
                  cancel: threading.Event | None = None) -> Turn:
-        tools_used = tools if sampling.tool_choice != "none" else []
+        shown = sampling.shown(tools)
         with self._lock:
-            prompt = self.policy.prompt_ids(messages, tools_used)
+            prompt = self.policy.prompt_ids(messages, shown)
             ids, logprobs, finish = self._sample(prompt, sampling, cancel)
             version = self.version
         text_ids = ids[:-1] if finish == "stop" else ids
-        message, reason = assistant_turn(self.policy.decode(text_ids), tools_used, finish)
-        return Turn(message, reason,
-                    {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                     "total_tokens": len(prompt) + len(ids)},
-                    logprobs, prompt, ids, version)
+        return self._turn(self.policy.decode(text_ids), shown, finish, prompt, ids, logprobs,
+                          version)
 
     @torch.inference_mode()
     def _sample(self, prompt: list[int], sampling: Sampling, cancel: threading.Event | None

@@ -30,9 +30,9 @@ from pathlib import Path
 ANSWER = re.compile(r"([\w./-]+\.py)\s*:\s*(\d+)")
 MAX_SOURCE_BYTES = 256 << 10  # larger files are generated code, not something to search
 # How the question is asked (`[tasks] instruction`). "search" leaves the search to the model;
-# "grep" names the call, pattern included, so one grep and one answer solve it: code-small's
-# base success with "search" is 0/20 (it invents tool names), and a policy at 0 never sees a
-# reward to learn from. What is verified is the same either way.
+# "grep" names the call, pattern included, so one grep and one answer solve it: code-small at
+# base does not solve the "search" wording (it invents tool names; docs/rl.md has the counts),
+# and a policy at 0 never sees a reward to learn from. What is verified is the same either way.
 INSTRUCTIONS = {
     "search": ("Which {kind} in this repository is documented as \"{summary}\"? Find it with "
                "grep (search for a few words of that sentence), then answer with its "
