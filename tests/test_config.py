@@ -93,3 +93,23 @@ def test_fleet_background_and_agent_sections_are_validated_at_load(tmp_path):
     assert (cfg.fleet.pool_size, cfg.fleet.max_per_tenant) == (0, 16)
     assert (cfg.background.diff_bytes, cfg.background.patch_bytes) == (7, 16 << 20)
     assert (cfg.agent.model, cfg.agent.apply_model) == ("mine", "code-small")
+
+
+def test_indexing_section_is_validated_at_load_and_keeps_its_defaults(tmp_path):
+    path = tmp_path / "c.toml"
+    for text, where in (("[indexing]\nbatch_chunks = 4\nsync_intreval = 60\n",
+                         "indexing.sync_intreval"),
+                        ('[indexing]\nbatch_chunks = 4\nembed = "cloud"\n', "indexing.embed"),
+                        ("[indexing]\nbatch_chunks = 4\nembed_concurrency = 0\n",
+                         "indexing.embed_concurrency")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=rf"{where} \(line 3\)"):
+            load_settings(path, home=tmp_path)
+    path.write_text("[indexing]\nbatch_chunks = 4\n")
+    cfg = load_settings(path, home=tmp_path).indexing
+    assert cfg.batch_chunks == 4
+    # the defaults each reader wrote where it read the key, before the section was typed
+    assert (cfg.sync_interval, cfg.max_file_bytes, cfg.key_file, cfg.fusion, cfg.embed) == (
+        180.0, 1_000_000, None, "hybrid", "server")
+    assert (cfg.lancedb_uri, cfg.ann_min_rows, cfg.max_workspaces_per_tenant) == ("", 20_000, 100)
+    assert (cfg.embed_concurrency, cfg.embed_wait, cfg.embedder) == (2, 60.0, {})

@@ -198,8 +198,8 @@ def test_planted_secrets_never_reach_the_server(indexed) -> None:
     assert b"quarterly_margin_projection" not in sent  # ignored file
     # the rest of a file with a secret stays on this machine too; lexical fusion still finds it
     assert b"list_backup_archives" not in sent and b"rotate_deploy_keys" not in sent
-    rrf = make_settings(cfg.home, server=cfg.server, indexing={"fusion": "rrf"})
-    hits = search_workspace(root, "list_backup_archives newest first", 3, rrf)
+    hybrid = make_settings(cfg.home, server=cfg.server, indexing={"fusion": "hybrid"})
+    hits = search_workspace(root, "list_backup_archives newest first", 3, hybrid)
     assert any("list_backup_archives" in h["snippet"] for h in hits)
 
 

@@ -211,6 +211,42 @@ class AgentSettings(BaseModel):
                                          "(the model /v1/apply defaults to)")
 
 
+EmbedMode = Literal["server", "client"]
+
+
+class IndexingSettings(BaseModel):
+    """`[indexing]` in codeplane.toml: the client-side indexer (`indexing/`: scan, sync,
+    search) and the server's private search (`search/`) read their knobs here."""
+
+    model_config = {"extra": "forbid"}
+    sync_interval: float = Field(180.0, gt=0, description="seconds between periodic syncs "
+                                                          "under `codeplane index --watch`")
+    max_file_bytes: int = Field(1_000_000, ge=1, description="larger files are not indexed")
+    batch_chunks: int = Field(256, ge=1, description="chunks per upload request: the server "
+                              "length-sorts a request's texts into embedding batches, so bigger "
+                              "ones pad less; smaller ones show dense results sooner")
+    key_file: Path | None = Field(None, description="a workspace key shared by a team; "
+                                                    "default: one per workspace")
+    fusion: Literal["hybrid", "dense"] = Field(
+        "hybrid", description="hybrid: the server's dense hits fused with the client's BM25; "
+                              "dense: the server's ranking alone")
+    embed: EmbedMode = Field("server", description="client: embed on the client and send "
+                                                   "only rotated vectors")
+    embedder: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the embedder table (`kind` and its keys), validated by its row in "
+                    "models/embedders.py when a program builds its embedders; empty: local")
+    lancedb_uri: str = Field("", description="server: where the vectors live; empty: "
+                                             "search/lancedb in the object store")
+    ann_min_rows: int = Field(20_000, ge=1, description="server: rows of a workspace before "
+                                                        "an IVF-PQ index is built")
+    max_workspaces_per_tenant: int = Field(100, ge=1, description="server: workspaces one "
+                                                                  "tenant may hold")
+    embed_concurrency: int = Field(2, ge=1, description="server: embedding calls at once")
+    embed_wait: float = Field(60.0, gt=0, description="server: seconds a request waits for an "
+                                                      "embedding slot before a 503")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CODEPLANE_", env_nested_delimiter="__", extra="forbid"
@@ -224,12 +260,12 @@ class Settings(BaseSettings):
     fleet: FleetSettings = Field(default_factory=FleetSettings)  # sandbox/fleet.py
     background: BackgroundSettings = Field(default_factory=BackgroundSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
+    indexing: IndexingSettings = Field(default_factory=IndexingSettings)
     # Sections owned by other compartments are validated by them; kept raw here so one file
     # configures everything without this module importing every compartment.
     models: list[dict[str, Any]] = Field(default_factory=list)
     router: dict[str, Any] = Field(default_factory=dict)
     gateway: dict[str, Any] = Field(default_factory=dict)
-    indexing: dict[str, Any] = Field(default_factory=dict)
     tab: dict[str, Any] = Field(default_factory=dict)
 
     config_file: Path | None = Field(None, exclude=True)

@@ -30,8 +30,6 @@ from codeplane.indexing.workspace_keys import KeyFileError
 from codeplane.models.embed import EmbedderUnavailable
 from codeplane.models.embedders import Embedders
 
-DEFAULT_INTERVAL = 180.0
-
 
 def _settings(config: Path | None, server: str | None) -> Settings:
     return settings(config, server=server) if server else settings(config)
@@ -43,8 +41,8 @@ def index_cmd(
     watch: Annotated[bool, typer.Option(
         "--watch", help="Keep running: re-sync on file changes and every --interval.")] = False,
     interval: Annotated[float | None, typer.Option(
-        help="Seconds between periodic syncs with --watch (default: indexing.sync_interval, "
-             "180).", min=1)] = None,
+        help="Seconds between periodic syncs with --watch (default: indexing.sync_interval).",
+        min=1)] = None,
     embed: Annotated[str | None, typer.Option(
         help="Where chunks are embedded: 'server' (text is sent) or 'client' (only rotated "
              "vectors leave this machine). Default: indexing.embed, else server.")] = None,
@@ -61,7 +59,7 @@ def index_cmd(
         fail(f"--embed must be one of {', '.join(MODES)}, not {embed!r}")
     cfg = _settings(config, server)
     if embed:
-        cfg = cfg.model_copy(update={"indexing": {**cfg.indexing, "embed": embed}})
+        cfg = cfg.model_copy(update={"indexing": cfg.indexing.model_copy(update={"embed": embed})})
     root = directory.resolve()
     embedders = _embedders(cfg)
     _run_once(root, cfg, json_, api_key, embedders)
@@ -69,7 +67,7 @@ def index_cmd(
         return
     import watchfiles
 
-    every = interval or float(cfg.indexing.get("sync_interval", DEFAULT_INTERVAL))
+    every = interval or cfg.indexing.sync_interval
     state_dir = cfg.client_dir.resolve()
     try:
         for _ in watchfiles.watch(root, rust_timeout=int(every * 1000), yield_on_timeout=True,
@@ -83,7 +81,7 @@ def index_cmd(
 def _embedders(cfg: Settings) -> Embedders:
     """This process's embedders (loaded only if it embeds: `embed = "client"`)."""
     try:
-        return Embedders(cfg.indexing.get("embedder"))
+        return Embedders(cfg.indexing.embedder)
     except EmbedderUnavailable as exc:
         fail(str(exc))
 

@@ -132,7 +132,7 @@ def _search(state: WorkspaceState, query: str, limit: int, settings: Settings,
         except (InvalidTag, ValueError):
             continue  # not ours: never shown
         dense.append((key, hit["score"]))
-    hybrid = settings.indexing.get("fusion", "hybrid") != "dense"
+    hybrid = settings.indexing.fusion == "hybrid"
     ranked = _rank(state, query, dense, max(LEXICAL_K, limit * 2), rel_prefix, files, hybrid,
                    read)
     if code:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pathspec
 
+from codeplane.config import IndexingSettings
 from codeplane.core.files import Refused, read_bytes
 
 IGNORE_FILES = (".gitignore", ".cursorignore", ".codeplaneignore")
@@ -37,7 +38,7 @@ DEFAULT_IGNORES = (
     "*.pb.go", "*_pb2.py", "*.generated.*",
     *SECRET_FILES,
 )
-DEFAULT_MAX_BYTES = 1_000_000
+DEFAULT_MAX_BYTES: int = IndexingSettings.model_fields["max_file_bytes"].default
 _NAMED = re.compile(r"\(\?P<\w+>")
 
 

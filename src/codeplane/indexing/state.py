@@ -68,9 +68,9 @@ class WorkspaceState:
         if not create and not (self.dir / "state.sqlite").is_file():
             raise FileNotFoundError(self.dir / "state.sqlite")
         self.dir.mkdir(parents=True, exist_ok=True)
-        key_file = settings.indexing.get("key_file")
+        key_file = settings.indexing.key_file
         self.keys: WorkspaceKeys = load_or_create(
-            Path(key_file).expanduser() if key_file else self.dir / "key")
+            key_file.expanduser() if key_file else self.dir / "key")
         self.cipher = PathCipher(self.keys)
         self.db = sqlite3.connect(self.dir / "state.sqlite", isolation_level=None, timeout=30)
         self.db.executescript(SCHEMA)

@@ -21,20 +21,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Self
 
-from codeplane.config import Settings
+from codeplane.config import IndexingSettings, Settings
 from codeplane.indexing.chunker import EMBED_FORMAT, chunk_text
 from codeplane.indexing.remote import Remote
-from codeplane.indexing.scan import DEFAULT_MAX_BYTES, looks_binary, scan
+from codeplane.indexing.scan import looks_binary, scan
 from codeplane.indexing.secretscan import find_secret
 from codeplane.indexing.state import WorkspaceState
-from codeplane.indexing.vectors import client_vectors, embed_mode
+from codeplane.indexing.vectors import client_vectors
 from codeplane.models.embed import MAX_TEXT_CHARS
 from codeplane.models.embedders import Embedders
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks to send)
-# Chunks per upload request: the server length-sorts each request's texts into ONNX batches, so
-# bigger requests pad less (docs/indexing.md, "Full index", has the rates per request size).
-BATCH_CHUNKS = 256
 # Per-mode cache keys: a vector rotated by the client's key never answers for one rotated by the
 # server's (teammates sharing a key file may use either mode).
 CACHE_LABEL = {"server": "cache", "client": "cache/client"}
@@ -223,18 +220,18 @@ def sync(root: Path, settings: Settings, progress: Progress | None = None,
     return report
 
 
-def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress | None
-          ) -> SyncReport:
+def _sync(state: WorkspaceState, remote: Remote, cfg: IndexingSettings,
+          progress: Progress | None) -> SyncReport:
     root = state.root
     report = SyncReport(workspace=state.workspace_id, root=str(root))
-    scanned = scan(root, int(cfg.get("max_file_bytes", DEFAULT_MAX_BYTES)))
+    scanned = scan(root, cfg.max_file_bytes)
     hashes, binary = hash_files(state, root, scanned.files)
     report.files_scanned = len(scanned.files)
     report.files_ignored = scanned.ignored
     report.files_skipped = binary + scanned.too_large
     tree = build_tree(hashes, state)
     report.root_hash = tree.hashes[""]
-    _open(state, remote, embed_mode(cfg))
+    _open(state, remote, cfg.embed)
     changed, deleted, dirty = diff(tree, remote, state)
     report.files_changed, report.files_deleted = len(changed), len(deleted)
     if deleted:
@@ -242,9 +239,9 @@ def _sync(state: WorkspaceState, remote: Remote, cfg: dict, progress: Progress |
         state.drop_chunks([state.cipher.decrypt(p) for p in deleted])
     # Files the user touched most recently go first: they are what the next query is about.
     changed.sort(key=lambda rel: -scanned.files[rel][0])
-    plan = _plan(state, root, changed, report, embed_mode(cfg))
+    plan = _plan(state, root, changed, report, cfg.embed)
     state.put("progress", {"running": True, "pid": os.getpid(), "files": len(changed)})
-    _upload(state, remote, plan, tree, int(cfg.get("batch_chunks", BATCH_CHUNKS)), report, progress)
+    _upload(state, remote, plan, tree, cfg.batch_chunks, report, progress)
     if dirty:
         enc = state.cipher.encrypt
         remote.commit([{"path": enc(d), "hash": tree.hashes[d]} for d in sorted(dirty)])

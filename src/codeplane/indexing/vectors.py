@@ -8,13 +8,15 @@ server key it receives). See docs/indexing.md, "Threat model", for what the vect
 from __future__ import annotations
 
 import base64
+from typing import get_args
 
 import numpy as np
 
+from codeplane.config import EmbedMode, IndexingSettings
 from codeplane.models.embed import Embedder, rotation
 from codeplane.models.embedders import Embedders
 
-MODES = ("server", "client")
+MODES: tuple[str, ...] = get_args(EmbedMode)
 
 
 class EmbedModeError(Exception):
@@ -40,19 +42,12 @@ class ClientVectors:
         return [base64.b64encode(np.ascontiguousarray(v).tobytes()).decode() for v in rotated]
 
 
-def embed_mode(config: dict) -> str:
-    mode = config.get("embed", "server")
-    if mode not in MODES:
-        raise EmbedModeError(f"indexing.embed must be one of {MODES}, not {mode!r}")
-    return mode
-
-
-def client_vectors(config: dict, rotation_key: str,
+def client_vectors(config: IndexingSettings, rotation_key: str,
                    embedders: Embedders | None = None) -> ClientVectors | None:
     """The client-side embedder when `indexing.embed` is "client", else None (server mode).
     `embedders`: the program's (`codeplane index --watch` syncs many times with one); without,
     the embedder `config` names is loaded for this call."""
-    if embed_mode(config) != "client":
+    if config.embed != "client":
         return None
-    embedders = embedders or Embedders(config.get("embedder"))
+    embedders = embedders or Embedders(config.embedder)
     return ClientVectors(embedders.index(), rotation_key)

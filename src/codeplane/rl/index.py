@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from codeplane.agent.services import IndexSearch
 from codeplane.agent.toolset import ToolServices
-from codeplane.config import Settings, load_settings
+from codeplane.config import IndexingSettings, Settings, load_settings
 from codeplane.core.serve import child_server
 from codeplane.indexing.sync import SyncReport, sync
 from codeplane.rl.commits import CommitTask
@@ -96,8 +96,10 @@ class RunIndex:
         # upload batches: on a loaded machine one of 256 chunks outlasted the client's HTTP
         # timeout (as bench/agent's search_setup found); the home's codeplane.toml may say
         # otherwise.
-        self.settings = settings.model_copy(update={"server": url, "indexing": {
-            "key_file": str(home / "key"), "batch_chunks": UPLOAD_BATCH, **settings.indexing}})
+        indexing = IndexingSettings.model_validate({
+            "key_file": home / "key", "batch_chunks": UPLOAD_BATCH,
+            **settings.indexing.model_dump(exclude_unset=True)})
+        self.settings = settings.model_copy(update={"server": url, "indexing": indexing})
         return self
 
     def index(self, snapshots: Iterable[str]) -> list[SyncReport]:

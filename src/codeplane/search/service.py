@@ -51,10 +51,6 @@ from codeplane.storage.tables import search_nodes as NODES
 from codeplane.storage.tables import search_workspaces as WORKSPACES
 
 log = logging.getLogger("codeplane.search")
-DEFAULT_ANN_MIN_ROWS = 20_000
-DEFAULT_MAX_WORKSPACES = 100  # per tenant; `indexing.max_workspaces_per_tenant`
-DEFAULT_EMBED_CONCURRENCY = 2  # embedding calls at once; `indexing.embed_concurrency`
-DEFAULT_EMBED_WAIT = 60.0  # seconds a request waits for an embedding slot before a 503
 
 
 class SearchError(Exception):
@@ -138,18 +134,17 @@ class SearchService:
         import lancedb
 
         cfg = settings.indexing
-        self.embedders = embedders or Embedders(cfg.get("embedder"))
-        self.ann_min_rows = int(cfg.get("ann_min_rows", DEFAULT_ANN_MIN_ROWS))
-        self.max_workspaces = int(cfg.get("max_workspaces_per_tenant", DEFAULT_MAX_WORKSPACES))
-        self._embed_slots = threading.BoundedSemaphore(
-            int(cfg.get("embed_concurrency", DEFAULT_EMBED_CONCURRENCY)))
-        self._embed_wait = float(cfg.get("embed_wait", DEFAULT_EMBED_WAIT))
+        self.embedders = embedders or Embedders(cfg.embedder)
+        self.ann_min_rows = cfg.ann_min_rows
+        self.max_workspaces = cfg.max_workspaces_per_tenant
+        self._embed_slots = threading.BoundedSemaphore(cfg.embed_concurrency)
+        self._embed_wait = cfg.embed_wait
         self._owns_sql = sql is None
         self.sql = sql or Database.from_settings(settings)
         store = store or ObjectStore.from_settings(settings)
         legacy = settings.server_dir / "search"
         _import_legacy(legacy / "meta.sqlite", self.sql)
-        uri = cfg.get("lancedb_uri") or _lance_uri(store, legacy / "lancedb")
+        uri = cfg.lancedb_uri or _lance_uri(store, legacy / "lancedb")
         # Interval 0: every read sees what other replicas committed (a table handle is cached).
         self.db = lancedb.connect(str(uri), read_consistency_interval=timedelta(0),
                                   storage_options=store.storage_options or None)

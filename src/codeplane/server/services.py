@@ -120,7 +120,7 @@ def build_services(settings: Settings, engine: Engine | None = None) -> Services
     owns_engine = engine is None
     engine = engine or Engine(settings)
     try:
-        embedders = Embedders(settings.indexing.get("embedder"), engine)
+        embedders = Embedders(settings.indexing.embedder, engine)
     except EmbedderUnavailable as exc:
         raise ConfigError(str(exc)) from None
     try:
