@@ -177,7 +177,9 @@ def test_slow_start_caps_parallelism_of_a_recovered_only_deployment(start, upstr
     up = upstreams[0]
     up.reset("500")
     server = start([dep("chat", up.url)],
-                   router={"cooldown_s": 0.3, "slow_start_s": 20.0, "slow_start_parallel": 20})
+                   # the cap is ceil(20 * elapsed / 200 s): 1 for the test's first 10 s, so a
+                   # loaded machine's slower requests never see it ramp past the assertion's 3
+                   router={"cooldown_s": 0.3, "slow_start_s": 200.0, "slow_start_parallel": 20})
     url = f"{server.url}/v1/chat/completions"
     for _ in range(3):
         httpx.post(url, json=CHAT)
