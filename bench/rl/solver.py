@@ -17,7 +17,7 @@ top file of `codebase_search`'s file ranking for the task's request, scored the 
 Prints one line per task (changed files, the search's ranked files, the answer, the reward),
 then per split: the solver's mean reward and success (reward 1), the episodes a warm start
 with `min_reward` would imitate, and search alone's top-1 success. --out gets one JSON line
-per task.
+per task, with every tool output the solver saw.
 """
 
 from __future__ import annotations
@@ -73,8 +73,7 @@ def episode(task: CommitTask, solver: Any, config: RolloutConfig, index: RunInde
             "searched": ranked, "answer": played.info.get("answer", ""),
             "status": played.info.get("status"), "reward": round(played.reward, 3),
             "search_top": alone, "search_reward": round(score(task, alone), 3),
-            "reads": sum(e["type"] == "tool_start" and e["name"] == "read_file"
-                         for e in events),
+            "tools": [[e["name"], e["output"]] for e in events if e["type"] == "tool_result"],
             "seconds": round(time.monotonic() - start, 1)}
 
 

@@ -15,22 +15,30 @@ the real environment servers are training samples. `SOLVERS` says which family e
 
 - `GrepSolver` (locate, "grep" instruction): grep with the pattern the instruction names,
   then the first `.py` hit's `path:line`.
-- `SearchSolver` (commits): what issue 31 asks the product's agent to learn - one
-  `codebase_search` for the change request (whole files ranked), the top hits read in ONE
-  turn of parallel `read_file` calls around their best lines, then the top file named. It
-  does not know the answer: only its solved episodes are imitated, so the policy learns the
-  protocol (search, parallel reads, a short answer) from the episodes where it works.
+- `SearchSolver` (commits): what issue 31 asks the product's agent to learn - two
+  `codebase_search` calls in ONE turn (the change request as written, and its words without
+  the filler; whole files ranked), the source files among the hits (tests, documentation
+  and configuration dropped; best first by reciprocal-rank sum over both rankings) read in
+  ONE turn of parallel `read_file` calls around their best lines, then the file whose path
+  and read lines hold most of the request's words named, and a second one when its evidence
+  is close. It uses only what the product's agent is shown (the request, the tools' output
+  as cut for the model) and does not know the answer: only its good episodes are imitated,
+  so the policy learns the protocol (search, parallel reads, a short answer) from the
+  episodes where it works.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
+from collections import Counter
 from typing import Any, Protocol
 
 from codeplane.core.chat import Sampling, Turn
 from codeplane.models.toolcalls import assistant_turn
+from codeplane.rl import changes
 from codeplane.rl.commits import INSTRUCTION
 from codeplane.rl.types import Episode, Sample
 
@@ -39,9 +47,23 @@ _HIT = re.compile(r"^([\w./-]+\.py):(\d+):", re.MULTILINE)
 # codebase_search's output: one "path:start-end (score s)" header per hit
 _SEARCH_HIT = re.compile(r"^(\S+):(\d+)-(\d+) \(score ", re.MULTILINE)
 _QUESTION = INSTRUCTION.split("{request}", 1)[1]  # what follows the request in the task
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")  # camelCase and snake_case parts
+# Words that say nothing about where a change goes (English filler and change-log verbs).
+_FILLER_WORDS = """a an the and or of to in on for with from by at as is are was were be
+been it its this that these those not no when if than then so but into out up use used
+using via all any can could should would will do does did has have had fix fixed fixes add
+added adds allow allowed make made now new support supported ensure instead also only
+more less some such which what who how why where there their they them"""
+_FILLER = frozenset(_FILLER_WORDS.split())
 # The search solver's turns stay short (each token of a turn's prompt is trainer time): five
-# files ranked, the top two read in one parallel turn, 30 lines from each one's best chunk.
-HITS, READS, READ_LINES = 5, 2, 30
+# files ranked per search, the top READS source files read in one parallel turn, READ_LINES
+# lines from each one's best chunk. Tuned on the train tasks of examples/rl/product.toml
+# (docs/rl.md, "Solver").
+HITS, READS, READ_LINES = 5, 3, 30
+RRF_K = 1  # reciprocal-rank constant: the top hit counts twice the second
+OVERLAP = 1.0  # weight of the read lines' share of the request's terms against the rank
+SECOND = 0.8  # a second file is named when its score is at least this share of the first's
 
 
 class Tokenizing(Protocol):
@@ -100,34 +122,103 @@ class GrepSolver(Solver):
 
 
 class SearchSolver(Solver):
-    """The commits family's solver: search, read the top hits in parallel, name the top file
-    (see the module docstring)."""
+    """The commits family's solver (see the module docstring): two searches in one turn,
+    the candidates read in one parallel turn, the file whose lines say most of the request
+    named (two when the second is close)."""
 
     name = "search-solver"
 
     @staticmethod
     def _reply(messages: list[dict]) -> str:
-        results = _results(messages)
-        if not results:
-            task = next(m.get("content") or "" for m in messages if m.get("role") == "user")
-            request = task.split(_QUESTION, 1)[0].strip()
-            return _calls([("codebase_search", {"query": request, "files": True,
-                                                "limit": HITS})])
-        best: dict[str, int] = {}  # each file's best hit's first line, best file first
-        for path, start, _ in _SEARCH_HIT.findall(results[0]):
-            best.setdefault(path, int(start))
-        top = list(best.items())[:READS]
-        if not top:
+        request = _request(messages)
+        searches, reads = _results(messages, "codebase_search"), _results(messages, "read_file")
+        if not searches:
+            return _calls([("codebase_search", {"query": q, "files": True, "limit": HITS})
+                           for q in queries(request)])
+        ranked = candidates(searches)
+        if not ranked:
             return "No file matches this change."
-        if len(results) == 1:
+        if not reads:
             return _calls([("read_file", {"path": path, "start_line": start,
                                           "end_line": start + READ_LINES - 1})
-                           for path, start in top])
-        return f"The change touches {top[0][0]}."
+                           for path, start in ranked[:READS]])
+        named = choose(request, [path for path, _ in ranked[:READS]], reads)
+        return f"The change touches {' and '.join(named)}."
 
 
-def _results(messages: list[dict]) -> list[str]:
-    return [m.get("content") or "" for m in messages if m.get("role") == "tool"]
+def queries(request: str) -> list[str]:
+    """What is searched: the request as written (the dense side finds its meaning), and its
+    words without the filler (the lexical side weighs identifiers and rare words more)."""
+    words = " ".join(w for w in _WORD.findall(request) if w.lower() not in _FILLER)
+    return [request] if words in ("", request) else [request, words]
+
+
+def candidates(searches: list[str]) -> list[tuple[str, int]]:
+    """Source files of the searches' file rankings as shown (the tool's output is cut, so
+    only its first hits count), best first by reciprocal-rank sum; each with the first line
+    of its best hit. Tests, documentation and configuration are never a change request's
+    answer here (rl/changes.py)."""
+    score: dict[str, float] = {}
+    start: dict[str, int] = {}
+    for output in searches:
+        shown: dict[str, int] = {}
+        for path, line, _ in _SEARCH_HIT.findall(output):
+            if changes.SOURCE.search(path) and not changes.is_test(path):
+                shown.setdefault(path, int(line))
+        for rank, (path, line) in enumerate(shown.items()):
+            score[path] = score.get(path, 0.0) + 1 / (RRF_K + rank)
+            start.setdefault(path, line)
+    return [(p, start[p]) for p in sorted(score, key=lambda p: -score[p])]
+
+
+def choose(request: str, ranked: list[str], reads: list[str]) -> list[str]:
+    """The file (or two) to name among the `ranked` candidates that were read: each scores
+    its search rank plus the share of the request's words its path and read lines hold
+    (two neighbouring words joined count as a bonus), a term counting less the more
+    candidates hold it (a word every file has says nothing)."""
+    wanted, words = terms(request, pairs=True), len(terms(request)) or 1
+    seen = {path: terms(path) for path in ranked}
+    for output in reads:
+        path = output.split(" (lines ", 1)[0]
+        if path in seen:
+            seen[path] |= terms(output)
+    holders = Counter(t for held in seen.values() for t in held & wanted)
+    score = {path: 1 / (RRF_K + rank) + OVERLAP * sum(1 / holders[t] for t in held & wanted)
+             / words for rank, (path, held) in enumerate(seen.items())}
+    best = sorted(score, key=lambda p: -score[p])
+    return best[:2] if len(best) > 1 and score[best[1]] >= SECOND * score[best[0]] else best[:1]
+
+
+def terms(text: str, pairs: bool = False) -> set[str]:
+    """Lower-case words of identifiers and prose (snake_case and camelCase split, the whole
+    identifier kept), filler and short words dropped, a plural "s" cut; with `pairs`, two
+    neighbours joined too ("import hook" also gives "importhook", as a module is named)."""
+    words = []
+    for token in _WORD.findall(text):
+        parts = [p.lower() for p in _PART.findall(token)]
+        words += [*parts, token.lower().replace("_", "")] if len(parts) > 1 else parts
+    kept = [_stem(w) for w in words if len(w) > 2 and w not in _FILLER]
+    joined = [_stem(a + b) for a, b in itertools.pairwise(kept)] if pairs else []
+    return set(kept) | set(joined)
+
+
+def _stem(word: str) -> str:
+    """A plural's singular, roughly ("retries" -> "retry", "hooks" -> "hook")."""
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    return word[:-1] if word.endswith("s") and not word.endswith("ss") and len(word) > 4 \
+        else word
+
+
+def _request(messages: list[dict]) -> str:
+    task = next(m.get("content") or "" for m in messages if m.get("role") == "user")
+    return task.split(_QUESTION, 1)[0].strip()
+
+
+def _results(messages: list[dict], tool: str | None = None) -> list[str]:
+    """The tool outputs the model was shown, in order (of one tool's calls, if named)."""
+    return [m.get("content") or "" for m in messages
+            if m.get("role") == "tool" and tool in (None, m.get("name"))]
 
 
 def _calls(calls: list[tuple[str, dict]]) -> str:
