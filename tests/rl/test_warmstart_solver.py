@@ -1,7 +1,7 @@
 """The search solver's choice rule (rl/warmstart.py SearchSolver) on a tiny repository
-written here: which searches it makes, which candidates it reads in one turn, and which file
+written here: the search it makes, which candidates it reads in one turn, and which file
 it names from what the product's tools showed it. The read lines come from the product's
-read_file in a sandbox on that repository; the file rankings are written in codebase_search's
+read_file in a sandbox on that repository; the file ranking is written in codebase_search's
 output format, so the ranking is fixed (the real index is exercised end to end in
 tests/rl/test_commits.py)."""
 
@@ -15,7 +15,7 @@ import pytest
 from codeplane.agent.env import local_environment
 from codeplane.agent.tools import default_toolset
 from codeplane.rl.commits import INSTRUCTION
-from codeplane.rl.warmstart import SearchSolver, candidates, choose, queries
+from codeplane.rl.warmstart import SearchSolver, candidates, choose
 
 REQUEST = "Wait longer between upload retries when the server answers busy"
 FILES = {
@@ -67,44 +67,46 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_it_searches_the_request_and_its_words_in_one_turn() -> None:
-    first = calls(SearchSolver._reply(messages()))
-    assert first == [("codebase_search", {"query": REQUEST, "files": True, "limit": 5}),
-                     ("codebase_search", {"query": "Wait longer between upload retries "
-                                          "server answers busy", "files": True, "limit": 5})]
-    assert queries("fix it") == ["fix it"]  # nothing but filler: one search
+def test_it_searches_the_request_ranking_files() -> None:
+    assert calls(SearchSolver._reply(messages())) == [
+        ("codebase_search", {"query": REQUEST, "files": True, "limit": 5})]
 
 
 def test_it_reads_the_source_candidates_in_one_turn_and_names_the_one_that_says_the_request(
         repo: Path) -> None:
-    """The decoy is the search's top file and the right file is third of four: tests and
-    documentation are dropped, both source files read in one turn (from their hits' first
-    line), and the file whose read lines hold the request's words is named."""
-    searches = [("codebase_search", ranking("docs/retries.md", "pkg/client.py",
-                                            "tests/test_retry.py", "pkg/retry.py")),
-                ("codebase_search", ranking("pkg/client.py", "pkg/retry.py", "pkg/util.py"))]
-    assert [p for p, _ in candidates([t for _, t in searches])] == [
-        "pkg/client.py", "pkg/retry.py", "pkg/util.py"]
-    reads = calls(SearchSolver._reply(messages(("search", searches))))
+    """The decoy is the search's top file and the right file comes after documentation and
+    a test: those are dropped, the three source files read in one turn (from their hits'
+    first line), and the file whose read lines hold the request's words is named."""
+    search = ranking("pkg/client.py", "docs/retries.md", "tests/test_retry.py", "pkg/util.py",
+                     "pkg/retry.py")
+    assert [p for p, _ in candidates(search)] == ["pkg/client.py", "pkg/util.py",
+                                                  "pkg/retry.py"]
+    reads = calls(SearchSolver._reply(messages(("search", [("codebase_search", search)]))))
     assert reads == [("read_file", {"path": p, "start_line": 1, "end_line": 30})
-                     for p in ("pkg/client.py", "pkg/retry.py", "pkg/util.py")]
+                     for p in ("pkg/client.py", "pkg/util.py", "pkg/retry.py")]
     env, tools = local_environment(repo), default_toolset()
     try:
         shown = [("read_file", tools.execute(env, name, args).output) for name, args in reads]
     finally:
         env.close()
-    assert shown[1][1].startswith("pkg/retry.py (lines 1-")
-    answer = SearchSolver._reply(messages(("search", searches), ("read", shown)))
+    assert shown[2][1].startswith("pkg/retry.py (lines 1-")
+    answer = SearchSolver._reply(messages(("search", [("codebase_search", search)]),
+                                          ("read", shown)))
     assert answer == "The change touches pkg/retry.py."
 
 
-def test_a_close_second_is_named_too_and_a_weak_one_is_not() -> None:
-    """Naming two files costs a third of the reward when one is right (F1 2/3), so the
-    second is named only when its evidence is close to the first's."""
-    both = ["pkg/a.py (lines 1-3 of 3):\nupload retries busy server",
+def test_the_rank_breaks_ties_and_a_word_every_candidate_holds_says_nothing() -> None:
+    same = ["pkg/a.py (lines 1-3 of 3):\nupload retries busy server",
             "pkg/b.py (lines 1-3 of 3):\nupload retries busy server"]
-    assert choose(REQUEST, ["pkg/a.py", "pkg/b.py"], both) == ["pkg/a.py", "pkg/b.py"]
-    weak = [both[0], "pkg/b.py (lines 1-3 of 3):\nnothing related"]
-    assert choose(REQUEST, ["pkg/a.py", "pkg/b.py"], weak) == ["pkg/a.py"]
+    assert choose(REQUEST, ["pkg/a.py", "pkg/b.py"], same) == "pkg/a.py"
+    assert choose(REQUEST, ["pkg/b.py", "pkg/a.py"], same) == "pkg/b.py"
+    # "upload" is in both: only the second's "wait" and "busy" tell them apart
+    told = ["pkg/a.py (lines 1-3 of 3):\nupload", "pkg/b.py (lines 1-3 of 3):\nupload wait busy"]
+    assert choose(REQUEST, ["pkg/a.py", "pkg/b.py"], told) == "pkg/b.py"
+    # a path is evidence too: "retries" names pkg/retry.py
+    assert choose(REQUEST, ["pkg/a.py", "pkg/retry.py"], []) == "pkg/retry.py"
+
+
+def test_no_source_file_among_the_hits_is_answered_not_guessed() -> None:
     assert SearchSolver._reply(messages(("search", [("codebase_search", ranking(
         "docs/retries.md", "tests/test_retry.py"))]))) == "No file matches this change."
