@@ -97,7 +97,8 @@ def main() -> None:
                         help="train tasks (default: the config's max_train)")
     parser.add_argument("--heldout", type=int, default=None,
                         help="held-out tasks (default: the config's max_heldout; 0: none)")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/codeplane-solver.jsonl"))
+    parser.add_argument("--out", type=Path, default=Path("/tmp/codeplane-solver.jsonl"),
+                        help="one JSON line per task, with every tool output the solver saw")
     args = parser.parse_args()
     cfg = load_config(args.config)
     make = solver_for(cfg.tasks.family, cfg.tasks.instruction)
