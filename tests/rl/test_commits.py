@@ -282,8 +282,9 @@ def test_the_example_config_is_disjoint_from_the_benchmarks() -> None:
 def test_the_search_solver_searches_reads_in_parallel_and_names_the_file(
         tasks, history, tmp_path) -> None:
     """The warm start's solver for this family (rl/warmstart.py), through a real episode on
-    the product's index: one codebase_search for the request (files ranked), the top two
-    hits read in ONE turn, then the top file named; its three turns are what is imitated."""
+    the product's index: one codebase_search for the request (files ranked), the source
+    files among its hits read in ONE turn, then the file whose lines hold the request's
+    words named; its three turns are what is imitated."""
     pytest.importorskip("torch")
     from conftest import make_settings
     from test_trainer import CONFIG
@@ -315,11 +316,12 @@ def test_the_search_solver_searches_reads_in_parallel_and_names_the_file(
               for c in t.get("tool_calls") or []] for t in turns]
     assert calls[0] == [("codebase_search", {"query": REQUEST_AREA, "files": True,
                                                     "limit": 5})]
-    assert [name for name, _ in calls[1]] == ["read_file", "read_file"]
-    assert calls[1][0][1]["path"] == "pkg/shapes.py" and calls[2] == []
+    assert {name for name, _ in calls[1]} == {"read_file"} and len(calls[1]) >= 2
+    assert "pkg/shapes.py" in {args["path"] for _, args in calls[1]} and calls[2] == []
     assert turns[2]["content"] == "The change touches pkg/shapes.py."
     [demos] = demonstrations([episode])
-    assert [policy.decode(s.completion_ids).count("<tool_call>") for s in demos] == [1, 2, 0]
+    assert [policy.decode(s.completion_ids).count("<tool_call>") for s in demos] == [
+        1, len(calls[1]), 0]
     # each turn's prompt re-renders the turns before it token for token: the trainer scores
     # the whole episode in one forward pass (rl/trainer.py rows_of)
     assert [len(r.spans) for r in rows_of(demos)] == [3]
