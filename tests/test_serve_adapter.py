@@ -43,15 +43,23 @@ def own_home(root: Path) -> Path:
     return root
 
 
-def make_adapter(path: Path, seed: int) -> Path:
-    """A random LoRA on every layer's q and v projections of code-small (shapes read from
-    its GGUF), written as RL writes its policies."""
+def base_shapes() -> tuple[int, dict[str, list[int]]]:
+    """code-small's layer count and tensor shapes, read from its GGUF. Read once per module:
+    `GGUFReader` parses the whole header, the tokenizer's 151k-entry arrays included, which
+    takes tens of seconds on this machine (docs/testing.md)."""
     weights = next(spec for spec in BUILTIN if spec.name == BASE).filename
     reader = GGUFReader(str(WEIGHTS_HOME / "models" / weights))
-    shapes = {t.name: [int(n) for n in t.shape] for t in reader.tensors}
+    return (int(reader.fields["qwen2.block_count"].contents()),
+            {t.name: [int(n) for n in t.shape] for t in reader.tensors})
+
+
+def make_adapter(path: Path, seed: int, base: tuple[int, dict[str, list[int]]]) -> Path:
+    """A random LoRA on every layer's q and v projections of code-small (`base`: its layer
+    count and tensor shapes), written as RL writes its policies."""
+    layers, shapes = base
     gen = torch.Generator().manual_seed(seed)
     state = {}
-    for layer in range(int(reader.fields["qwen2.block_count"].contents())):
+    for layer in range(layers):
         for module, tensor in (("q_proj", "attn_q"), ("v_proj", "attn_v")):
             width, height = shapes[f"blk.{layer}.{tensor}.weight"]  # ggml order: in, out
             key = f"base_model.model.model.layers.{layer}.self_attn.{module}"
@@ -67,7 +75,8 @@ def cli(home: Path, *args: str):
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("adapters")
-    return make_adapter(root / "a.gguf", 1), make_adapter(root / "b.gguf", 2)
+    base = base_shapes()
+    return make_adapter(root / "a.gguf", 1, base), make_adapter(root / "b.gguf", 2, base)
 
 
 def test_an_adapter_model_is_served_swapped_per_request_and_recorded(tmp_path, adapters):
