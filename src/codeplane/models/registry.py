@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -255,16 +256,70 @@ def check_gguf_header(path: Path) -> None:
 
 def gguf_summary(path: Path) -> dict:
     """Architecture, context length and chat-template presence from the GGUF header only
-    (memory-mapped by the `gguf` package; no weights are loaded)."""
-    from gguf import GGUFReader
+    (no weights, no vocabulary read)."""
+    meta = gguf_metadata(path)
+    arch = meta.get("general.architecture")
+    return {"architecture": arch, "context_length": meta.get(f"{arch}.context_length"),
+            "quantization_version": meta.get("general.quantization_version"),
+            "has_chat_template": "tokenizer.chat_template" in meta}
 
-    reader = GGUFReader(str(path))
 
-    def value(key: str):
-        fld = reader.fields.get(key)
-        return None if fld is None else fld.contents()
+# Scalar value types of the GGUF header: struct format of each (`gguf.GGUFValueType` numbers).
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
 
-    arch = value("general.architecture")
-    return {"architecture": arch, "context_length": value(f"{arch}.context_length"),
-            "quantization_version": value("general.quantization_version"),
-            "has_chat_template": "tokenizer.chat_template" in reader.fields}
+
+def gguf_metadata(path: Path) -> dict[str, Any]:
+    """The header's key-value pairs; arrays (the vocabulary, merges) are skipped, not read.
+
+    Hand-written rather than `gguf.GGUFReader`: the reader builds every array element, and a
+    Qwen tokenizer's ~300,000 strings made one call take about half a minute (docs/testing.md),
+    where this walk reads a few hundred bytes and seeks past the arrays. Raises ValueError on
+    anything that is not a well-formed GGUF header."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        def take(fmt: str):
+            raw = f.read(struct.calcsize(fmt))
+            if len(raw) != struct.calcsize(fmt):
+                raise ValueError(f"{path}: truncated GGUF header")
+            return struct.unpack(fmt, raw)[0]
+
+        def string() -> str:
+            n = take("<Q")
+            if n > size:
+                raise ValueError(f"{path}: bad GGUF string length")
+            raw = f.read(n)
+            if len(raw) != n:
+                raise ValueError(f"{path}: truncated GGUF header")
+            return raw.decode("utf-8", "replace")
+
+        def skip(kind: int, count: int) -> None:
+            if kind == _STRING:
+                for _ in range(count):
+                    f.seek(take("<Q"), 1)
+            elif kind == _ARRAY:
+                for _ in range(count):
+                    skip(take("<I"), take("<Q"))
+            elif kind in _SCALARS:
+                f.seek(struct.calcsize(_SCALARS[kind]) * count, 1)
+            else:
+                raise ValueError(f"{path}: unknown GGUF value type {kind}")
+            if f.tell() > size:
+                raise ValueError(f"{path}: truncated GGUF header")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        take("<I")  # version
+        take("<Q")  # tensor count
+        meta: dict[str, Any] = {}
+        for _ in range(take("<Q")):
+            key, kind = string(), take("<I")
+            if kind == _STRING:
+                meta[key] = string()
+            elif kind in _SCALARS:
+                meta[key] = take(_SCALARS[kind])
+            else:
+                skip(kind, 1)  # an array (or an unknown type: ValueError)
+                meta[key] = None
+        return meta
