@@ -47,6 +47,7 @@ from codeplane.tab.nextedit import (
     NEXT_MIN_PROBABILITY,
     NextRequest,
     NextSignals,
+    Prediction,
     Suggestion,
     near_repeat,
     next_features,
@@ -133,7 +134,7 @@ def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[C
             served, source = near_repeat(req), "repeat"
         signals = next_signals(req, got, served, source) if served else None
         row = {"repo": repo, "format": fmt, "commit": case["commit"], "path": case["path"],
-               "ms": round(ms, 1), "source": source if served else "none",
+               "ms": round(ms, 1), "split": split(got), "source": source if served else "none",
                "model": score(case, got.suggestion), "served": score(case, served),
                "signals": signals.to_json() if signals else None,
                "p": round(next_probability(signals), 4) if signals else None}
@@ -144,6 +145,29 @@ def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[C
         if args.verbose:
             print(json.dumps({**row, "raw": got.raw[:300]}), file=sys.stderr)
     return rows
+
+
+def split(got: Prediction) -> dict:
+    """Where one call's time went: prompt tokens evaluated (`prompt_tokens` - `cached`) and
+    their milliseconds, the answer's tokens and the decode's milliseconds, draft tokens
+    proposed and accepted."""
+    return {"prompt_tokens": got.prompt_tokens, "cached": got.cached_tokens,
+            "prompt_ms": got.prompt_ms, "output_tokens": got.completion_tokens,
+            "decode_ms": got.decode_ms, "drafted": got.drafted, "accepted": got.accepted}
+
+
+def split_table(rows: list[dict]) -> str:
+    """One line per call: where its time went (`split`)."""
+    head = ("| repository | format | commit | ms | prompt tokens (cached) | prompt ms | "
+            "output tokens | decode ms | drafted / accepted |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r["split"]
+        lines.append(f"| {r['repo']} | {r['format']} | {r['commit'][:8]} | {r['ms']} | "
+                     f"{s['prompt_tokens']} ({s['cached']}) | {s['prompt_ms']} | "
+                     f"{s['output_tokens']} | {s['decode_ms']} | "
+                     f"{s['drafted']} / {s['accepted']} |")
+    return "\n".join(lines)
 
 
 def ruled(row: dict, coefficients: dict[str, float], threshold: float) -> dict:
@@ -209,6 +233,7 @@ def run(args: argparse.Namespace) -> dict:
         engine.close()
     results = report(rows, cases)
     print(table(results, args.model), file=sys.stderr)  # stdout stays one JSON document
+    print(split_table(rows), file=sys.stderr)
     return results
 
 

@@ -107,6 +107,8 @@ class Prediction:
     drafted: int
     accepted: int
     model_ms: float
+    prompt_ms: float = 0.0  # evaluating the prompt tokens the KV cache did not hold
+    decode_ms: float = 0.0  # writing the answer (forward passes over drafts)
     min_logprob: float = 0.0  # over the output tokens the model chose
     sum_logprob: float = 0.0  # log P(the whole output): copied tokens add almost nothing
 
@@ -386,6 +388,7 @@ def predict(ctx: JobContext, req: NextRequest, speculative: bool = True) -> Pred
     return Prediction(suggestion, lead + run.text, run.prompt_tokens, run.cached_tokens,
                       run.output_tokens, run.drafted, run.accepted,
                       round((time.perf_counter() - start) * 1000, 2),
+                      round(run.prompt_seconds * 1000, 2), round(run.decode_seconds * 1000, 2),
                       min(run.logprobs, default=0.0), sum(run.logprobs))
 
 
@@ -409,6 +412,8 @@ class NextResult:
     drafted: int = 0
     accepted: int = 0
     model_ms: float = 0.0
+    prompt_ms: float = 0.0
+    decode_ms: float = 0.0
 
     def to_json(self) -> dict:
         out = dict(self.__dict__)
@@ -445,7 +450,7 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
                       round(probability, 4) if probability is not None else None,
                       signals.to_json() if signals else None, got.prompt_tokens,
                       got.cached_tokens, got.completion_tokens, got.drafted, got.accepted,
-                      got.model_ms)
+                      got.model_ms, got.prompt_ms, got.decode_ms)
 
 
 def _ms(start: float) -> float:
