@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from codeplane.config import load_settings
+from codeplane.core.principal import LOCAL_TENANT
 from codeplane.models.engine import Engine
 from codeplane.sandbox.clone import git_env
 from codeplane.tab import decision
@@ -56,6 +57,7 @@ from codeplane.tab.nextedit import (
     repeat_last_edit,
 )
 from codeplane.tab.replay import Case, cases_of
+from codeplane.tab.service import TabSettings
 
 NEAR = 10
 # The issue 34 split (docs/tab.md): the rule is fitted on TUNING, HELDOUT is only measured;
@@ -127,7 +129,7 @@ def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[C
     for case in cases:
         req = request(case, fmt, args.max_tokens)
         began = time.perf_counter()
-        got = engine.run_sync(args.model, "tab.next", req)
+        got = engine.run_sync(args.model, "tab.next", TabSettings(), req, LOCAL_TENANT)
         ms = (time.perf_counter() - began) * 1000
         served, source = got.suggestion, "model"
         if served is None:

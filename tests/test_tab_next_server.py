@@ -20,7 +20,7 @@ from codeplane.models.speculative import decode
 from codeplane.storage import ObjectStore
 from codeplane.tab import nextedit
 from codeplane.tab.nextedit import NextRequest, next_edit
-from codeplane.tab.service import TabService, TabSettings
+from codeplane.tab.service import TabRequest, TabService, TabSettings
 
 pytestmark = pytest.mark.model
 
@@ -141,3 +141,29 @@ def test_the_route_checks_the_model_next_edit_runs_on(tmp_path: Path, engine):
     finally:
         server.stop()
     assert got.status_code == 404 and "no-such-next-model" in got.text, got.text
+
+
+def test_a_documents_next_request_reuses_its_prompt_across_fim(engine, local_model):
+    """The second next-edit request in a document evaluates only what changed since the
+    first (its newest edit and the window), though a FIM request in another file used the
+    model in between: the prompt's KV is kept in the tenant's slot for the document. Another
+    tenant's request for the same document reuses none of it."""
+    svc = TabService(engine, TabSettings())
+    doc = "    \"\"\"Area of a rectangle of the given width and height, in square units.\"\"\"\n"
+    first_edit = {"path": "shapes.py", "line": 1, "before": "    \"\"\"Area of a rectangle.\"\"\"\n",
+                  "after": doc}
+    text = TEXT.replace(first_edit["before"], doc)
+    first = NextRequest(**{**body(), "text": text, "edits": [first_edit],
+                           "cursor": {"line": 1, "character": 0}})
+    second = NextRequest(**{**body(), "text": text, "edits": [first_edit, RENAME]})
+    prompts = [[t for piece, control in nextedit.prompt_parts(r, "window")[0]
+                for t in local_model.tokenize(piece, special=control)] for r in (first, second)]
+    shared = local_model.kv.common_prefix(*prompts)
+    assert shared > 32  # the history the two share is worth a slot (slots.MIN_GAIN)
+    asyncio.run(next_edit(svc, first, LOCAL_TENANT))
+    fim = TabRequest(path="other.py", prefix="def double(x):\n    return ", suffix="\n")
+    assert asyncio.run(svc.complete(fim, LOCAL_TENANT)).source == "model"
+    again = asyncio.run(next_edit(svc, second, LOCAL_TENANT))
+    assert again.prompt_tokens == len(prompts[1]) and again.cached_tokens == shared
+    other = asyncio.run(next_edit(svc, second, "bob"))
+    assert other.cached_tokens == 0

@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field, model_validator
 from codeplane.models.engine import JobDropped
 from codeplane.models.jobs import JobContext
 from codeplane.tab import decision
-from codeplane.tab.service import Snippet, TabService
+from codeplane.tab.service import Snippet, TabService, TabSettings, worker_slots
 
 WINDOW_BEFORE, WINDOW_AFTER = 10, 10  # a 21-line window around the cursor, as Sweep's
 MAX_HISTORY_CHARS = 6000  # edits beyond this (oldest first) are left out of the prompt
@@ -367,8 +367,12 @@ class _Watch:
         return None
 
 
-def predict(ctx: JobContext, req: NextRequest, speculative: bool = True) -> Prediction:
-    """The engine job `tab.next`: prompt, decode with the window as the draft, parse."""
+def predict(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: str,
+            speculative: bool = True) -> Prediction:
+    """The engine job `tab.next`: prompt, decode with the window as the draft, parse. The
+    prompt's KV is kept in the tenant's slot for the document (`slots.py`, FIM's slots), so
+    the document's next request evaluates only what changed since: the newest edit and
+    the window, when a FIM request or another document used the model in between."""
     from codeplane.models.speculative import decode  # the worker's import, not the server's
 
     start = time.perf_counter()
@@ -381,8 +385,11 @@ def predict(ctx: JobContext, req: NextRequest, speculative: bool = True) -> Pred
         max_lines = current.count("\n") + 8
     else:
         budget, max_lines = DIFF_MAX_TOKENS, 2 * (current.count("\n") + 1)
+    slots = worker_slots(ctx, settings)
+    slots.prepare(model, prompt, tenant)
     run = decode(model, prompt, [draft], req.max_tokens or budget, speculative,
                  _Watch(ctx.cancel, max_lines), logprobs=True)
+    slots.finished(model, tenant, slot_key(model.name, req.path))
     usable = run.finish_reason != "length" or req.format == "diff"
     suggestion = parse(lead + run.text, req.format, req) if usable else None
     return Prediction(suggestion, lead + run.text, run.prompt_tokens, run.cached_tokens,
@@ -390,6 +397,11 @@ def predict(ctx: JobContext, req: NextRequest, speculative: bool = True) -> Pred
                       round((time.perf_counter() - start) * 1000, 2),
                       round(run.prompt_seconds * 1000, 2), round(run.decode_seconds * 1000, 2),
                       min(run.logprobs, default=0.0), sum(run.logprobs))
+
+
+def slot_key(model: str, path: str) -> str:
+    """Next edit's KV slot of a document: its own, beside FIM's slot of the same file."""
+    return f"next\0{model}\0{path}"
 
 
 # -- the server side ------------------------------------------------------------------------
@@ -428,8 +440,8 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
     start = time.perf_counter()
     session, seq, cancel = tab.begin(req, tenant)
     try:
-        got, _ = await tab.engine.run(tab.next_model(req.model), "tab.next", req,
-                                      cancel=cancel)
+        got, _ = await tab.engine.run(tab.next_model(req.model), "tab.next", tab.settings,
+                                      req, tenant, cancel=cancel)
     except JobDropped:
         got = None
     if got is None or session.seq != seq:

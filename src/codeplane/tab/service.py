@@ -493,8 +493,13 @@ def warm(ctx: JobContext, settings: TabSettings) -> None:
 def _local(ctx: JobContext, settings: TabSettings, tenant: str) -> LocalTab:
     """The worker's model as Tab uses it, for one tenant's request."""
     vocab = ctx.resident("tab.vocab", lambda: VocabIndex(ctx.model.vocab_pieces()))
-    slots = ctx.resident("tab.slots", lambda: KVSlots(settings.kv_slots))
-    return LocalTab(ctx.model, vocab, slots, tenant)
+    return LocalTab(ctx.model, vocab, worker_slots(ctx, settings), tenant)
+
+
+def worker_slots(ctx: JobContext, settings: TabSettings) -> KVSlots:
+    """The per-document, per-tenant KV slots of the worker's model: FIM's and next edit's
+    (`nextedit.predict`), so neither's request throws away the other's prompt."""
+    return ctx.resident("tab.slots", lambda: KVSlots(settings.kv_slots))
 
 
 def _anchors(ctx: JobContext, settings: TabSettings) -> Anchors:
