@@ -41,6 +41,7 @@ WINDOW_BEFORE, WINDOW_AFTER = 10, 10  # a 21-line window around the cursor, as S
 MAX_HISTORY_CHARS = 6000  # edits beyond this (oldest first) are left out of the prompt
 DIFF_MAX_TOKENS = 160
 WINDOW_SLACK_TOKENS = 48  # the updated window may be this much longer than the current one
+JOIN_LINES = 2  # a `window` rewrite that copies this many lines after a change is done
 Format = Literal["window", "diff"]
 _WORD = re.compile(r"\w+|\W")
 
@@ -350,15 +351,39 @@ def jump_for(req: NextRequest, suggestion: Suggestion | None) -> dict | None:
 
 class _Watch:
     """`models.speculative.Guide` for a next-edit decode: stops it when the request is
-    superseded (checked at each output line) or the output has outgrown the window."""
+    superseded (checked at each output line) or the output has outgrown the window, and,
+    for `window`, once the rewrite has re-joined the window for `join_lines` lines after its
+    last change: the rest would be a copy of the window, so it is spliced in (`spliced`)
+    instead of decoded. That is a guess that no second change follows; `parse` takes one
+    block spanning every change anyway (docs/tab.md, "Next edit", has what it saves)."""
 
-    def __init__(self, cancel: threading.Event, max_lines: int) -> None:
+    def __init__(self, cancel: threading.Event, max_lines: int, window: list[str] | None = None,
+                 lead: str = "", join_lines: int | None = None) -> None:
         self.cancel, self.max_lines, self.lines = cancel, max_lines, 0
         self.blanks: list[str] = []
+        self.window, self.join_lines = window or [], join_lines
+        self.old = [line.removesuffix("\n") for line in self.window]
+        self.new = lead.split("\n")[:-1]  # the rewrite's lines the prompt already holds
+        self.spliced: str | None = None  # the whole rewrite, when it stopped on a re-join
 
     def feed(self, line: str) -> bool:
         self.lines += 1
+        self.new.append(line)
+        if self.join_lines and self._rejoined():
+            return False
         return not self.cancel.is_set() and self.lines <= self.max_lines
+
+    def _rejoined(self) -> bool:
+        """True (and `spliced` set) when the rewrite so far changed the window and its last
+        `join_lines` lines are, by difflib's alignment, the window's again."""
+        ops = SequenceMatcher(None, self.old, self.new, autojunk=False).get_opcodes()
+        while ops and ops[-1][0] == "delete":  # the window's lines still to come
+            ops.pop()
+        tag, _, i2, j1, j2 = ops[-1]
+        if tag != "equal" or j2 != len(self.new) or j2 - j1 < self.join_lines or len(ops) < 2:
+            return False
+        self.spliced = "".join(f"{line}\n" for line in self.new) + "".join(self.window[i2:])
+        return True
 
     def force(self, stopping: bool) -> str | None:
         return None
@@ -368,7 +393,7 @@ class _Watch:
 
 
 def predict(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: str,
-            speculative: bool = True) -> Prediction:
+            speculative: bool = True, join_lines: int | None = JOIN_LINES) -> Prediction:
     """The engine job `tab.next`: prompt, decode with the window as the draft, parse. The
     prompt's KV is kept in the tenant's slot for the document (`slots.py`, FIM's slots), so
     the document's next request evaluates only what changed since: the newest edit and
@@ -387,12 +412,15 @@ def predict(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: st
         budget, max_lines = DIFF_MAX_TOKENS, 2 * (current.count("\n") + 1)
     slots = worker_slots(ctx, settings)
     slots.prepare(model, prompt, tenant)
-    run = decode(model, prompt, [draft], req.max_tokens or budget, speculative,
-                 _Watch(ctx.cancel, max_lines), logprobs=True)
+    window = window_of(req.text, req.cursor.line)[1] if req.format == "window" else []
+    watch = _Watch(ctx.cancel, max_lines, window, lead, join_lines if window else None)
+    run = decode(model, prompt, [draft], req.max_tokens or budget, speculative, watch,
+                 logprobs=True)
     slots.finished(model, tenant, slot_key(model.name, req.path))
-    usable = run.finish_reason != "length" or req.format == "diff"
-    suggestion = parse(lead + run.text, req.format, req) if usable else None
-    return Prediction(suggestion, lead + run.text, run.prompt_tokens, run.cached_tokens,
+    raw = watch.spliced if watch.spliced is not None else lead + run.text
+    usable = run.finish_reason != "length" or req.format == "diff" or watch.spliced is not None
+    suggestion = parse(raw, req.format, req) if usable else None
+    return Prediction(suggestion, raw, run.prompt_tokens, run.cached_tokens,
                       run.output_tokens, run.drafted, run.accepted,
                       round((time.perf_counter() - start) * 1000, 2),
                       round(run.prompt_seconds * 1000, 2), round(run.decode_seconds * 1000, 2),
