@@ -13,7 +13,10 @@ training or RL example is cut from it.
 Metrics per repository and format: exact (the file after the suggestion is the commit's next
 state), shown (a suggestion at all), precision (exact / shown), located (the suggestion
 touches the target's lines), split by target near the cursor (within 10 lines) or farther;
-latency p50/p95 of the engine job. `served` is what `/v1/tab/next` answers without its rule:
+latency p50/p95 of the engine job, and where each call's time went (prompt tokens evaluated
+and cached, prompt and decode milliseconds, draft tokens proposed and accepted); with
+`--prefilled`, the prompt is evaluated by an untimed call first, so the timings are what a
+request costs once the editor's pause has prefilled its prompt. `served` is what `/v1/tab/next` answers without its rule:
 the model's rewrite, or the baseline's when it proposes nothing and the baseline's lies in
 the window; `ruled` is `served` after the show/hide rule (`tab/nextedit.py`). The markdown table goes
 to stderr, the JSON (per repository, and "all" pooled) to stdout.
@@ -128,6 +131,9 @@ def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[C
     rows = []
     for case in cases:
         req = request(case, fmt, args.max_tokens)
+        if args.prefilled:  # the editor paused after the edit: its prompt is in the KV cache
+            engine.run_sync(args.model, "tab.next", TabSettings(),
+                            req.model_copy(update={"max_tokens": 1}), LOCAL_TENANT)
         began = time.perf_counter()
         got = engine.run_sync(args.model, "tab.next", TabSettings(), req, LOCAL_TENANT)
         ms = (time.perf_counter() - began) * 1000
@@ -280,6 +286,9 @@ def main() -> None:
     parser.add_argument("--fit", type=Path, nargs="+", help="fit the show/hide rule on "
                         "saved tuning rows instead of running")
     parser.add_argument("--fit-format", default="window", choices=["window", "diff"])
+    parser.add_argument("--prefilled", action="store_true", help="before each timed call, "
+                        "evaluate its prompt (an untimed one-token call), as a prefill "
+                        "when the editor pauses would: the timings are then the decode's")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.fit:
