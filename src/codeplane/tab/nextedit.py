@@ -32,10 +32,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from codeplane.models.engine import JobDropped
+from codeplane.models.engine import JobDropped, LocalModel
 from codeplane.models.jobs import JobContext
 from codeplane.tab import decision
-from codeplane.tab.service import Snippet, TabService, TabSettings, worker_slots
+from codeplane.tab.backend import Prefilled
+from codeplane.tab.service import Snippet, TabService, TabSettings, local_tab, worker_slots
 
 WINDOW_BEFORE, WINDOW_AFTER = 10, 10  # a 21-line window around the cursor, as Sweep's
 MAX_HISTORY_CHARS = 6000  # edits beyond this (oldest first) are left out of the prompt
@@ -403,7 +404,7 @@ def predict(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: st
     start = time.perf_counter()
     model = ctx.model
     parts, current, lead = prompt_parts(req, req.format)
-    prompt = [t for text, control in parts for t in model.tokenize(text, special=control)]
+    prompt = _tokens(model, parts)
     draft = model.tokenize(current)
     if req.format == "window":
         budget = len(draft) + WINDOW_SLACK_TOKENS
@@ -425,6 +426,21 @@ def predict(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: st
                       round((time.perf_counter() - start) * 1000, 2),
                       round(run.prompt_seconds * 1000, 2), round(run.decode_seconds * 1000, 2),
                       min(run.logprobs, default=0.0), sum(run.logprobs))
+
+
+def prefill(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: str
+            ) -> Prefilled:
+    """The engine job `tab.next_prefill`: the prompt `predict` would build for `req`,
+    evaluated into the tenant's slot for the document without decoding (the editor paused
+    after an edit: the request that follows pays for its decode only). It yields to any
+    completion as FIM's prefill does (`TabService.prefill`)."""
+    parts, _, _ = prompt_parts(req, req.format)
+    return local_tab(ctx, settings, tenant).prefill(_tokens(ctx.model, parts), ctx.cancel,
+                                                    slot_key(ctx.model.name, req.path))
+
+
+def _tokens(model: LocalModel, parts: list[tuple[str, bool]]) -> list[int]:
+    return [t for text, control in parts for t in model.tokenize(text, special=control)]
 
 
 def slot_key(model: str, path: str) -> str:
