@@ -490,6 +490,9 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
         got = None
     if got is None or session.seq != seq:
         return NextResult(None, None, "cancelled", _ms(start), req.request_id)
+    tab.stats["next_calls"] += 1
+    tab.stats["next_prompt_tokens"] += got.prompt_tokens
+    tab.stats["next_cached_tokens"] += got.cached_tokens
     suggestion, source = got.suggestion, "model"
     if suggestion is None:
         suggestion, source = near_repeat(req), "repeat"

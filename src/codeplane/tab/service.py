@@ -227,7 +227,9 @@ class TabService:
         self._prefills: dict[tuple[str, str], threading.Event] = {}
         self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
                       "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
-                      "slot_restores": 0, "prefills": 0, "prefills_yielded": 0}
+                      "slot_restores": 0, "prefills": 0, "prefills_yielded": 0,
+                      "next_calls": 0, "next_prompt_tokens": 0, "next_cached_tokens": 0,
+                      "next_prefills": 0}
 
     # -- public --------------------------------------------------------------------------
 
@@ -295,8 +297,10 @@ class TabService:
     async def prefill_next(self, req: NextRequest, tenant: str) -> Prefilled:
         """`prefill` for a next-edit request: its prompt, into the tenant's next-edit slot
         of the document (the job `tab.next_prefill`)."""
-        return await self._prefill(tenant, req.path, self.next_model(req.model),
-                                   "tab.next_prefill", req)
+        got = await self._prefill(tenant, req.path, self.next_model(req.model),
+                                  "tab.next_prefill", req)
+        self.stats["next_prefills"] += 1
+        return got
 
     async def _prefill(self, tenant: str, path: str, model: str, job: str,
                        req: BaseModel) -> Prefilled:
