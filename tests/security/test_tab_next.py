@@ -87,15 +87,16 @@ def test_next_prefill_is_gated_and_refuses_bad_input(server):
 
 
 def test_a_next_prefill_serves_its_tenant_only(server):
-    """Alice's prefill puts her request's whole prompt in her slot for the document: her
-    request then evaluates only its last prompt token. Bob's same request reuses none of it."""
-    alice, bob = caller(server, "alice"), caller(server, "bob")
-    pre = httpx.post(f"{server.url}/v1/tab/next/prefill", json=BODY, headers=alice,
+    """Carol's prefill puts her request's whole prompt in her slot for the document: her
+    request then evaluates only its last prompt token. Dave's same request reuses none of it.
+    (Tenants no other test uses: the engine and its slots live for the session.)"""
+    carol, dave = caller(server, "carol"), caller(server, "dave")
+    pre = httpx.post(f"{server.url}/v1/tab/next/prefill", json=BODY, headers=carol,
                      timeout=300)
     assert pre.status_code == 200, pre.text
     assert pre.json()["evaluated_tokens"] == pre.json()["prompt_tokens"] > 0
-    theirs = post(server, BODY, bob).json()
+    theirs = post(server, BODY, dave).json()
     assert theirs["cached_tokens"] == 0, theirs
-    ours = post(server, BODY, alice).json()
+    ours = post(server, BODY, carol).json()
     assert ours["prompt_tokens"] == pre.json()["prompt_tokens"]
     assert ours["cached_tokens"] == ours["prompt_tokens"] - 1, ours
