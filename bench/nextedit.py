@@ -13,7 +13,10 @@ training or RL example is cut from it.
 Metrics per repository and format: exact (the file after the suggestion is the commit's next
 state), shown (a suggestion at all), precision (exact / shown), located (the suggestion
 touches the target's lines), split by target near the cursor (within 10 lines) or farther;
-latency p50/p95 of the engine job. `served` is what `/v1/tab/next` answers without its rule:
+latency p50/p95 of the engine job, and where each call's time went (prompt tokens evaluated
+and cached, prompt and decode milliseconds, draft tokens proposed and accepted); with
+`--prefilled`, the prompt is evaluated by an untimed call first, so the timings are what a
+request costs once the editor's pause has prefilled its prompt. `served` is what `/v1/tab/next` answers without its rule:
 the model's rewrite, or the baseline's when it proposes nothing and the baseline's lies in
 the window; `ruled` is `served` after the show/hide rule (`tab/nextedit.py`). The markdown table goes
 to stderr, the JSON (per repository, and "all" pooled) to stdout.
@@ -38,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from codeplane.config import load_settings
+from codeplane.core.principal import LOCAL_TENANT
 from codeplane.models.engine import Engine
 from codeplane.sandbox.clone import git_env
 from codeplane.tab import decision
@@ -47,6 +51,7 @@ from codeplane.tab.nextedit import (
     NEXT_MIN_PROBABILITY,
     NextRequest,
     NextSignals,
+    Prediction,
     Suggestion,
     near_repeat,
     next_features,
@@ -55,6 +60,7 @@ from codeplane.tab.nextedit import (
     repeat_last_edit,
 )
 from codeplane.tab.replay import Case, cases_of
+from codeplane.tab.service import TabSettings
 
 NEAR = 10
 # The issue 34 split (docs/tab.md): the rule is fitted on TUNING, HELDOUT is only measured;
@@ -125,15 +131,18 @@ def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[C
     rows = []
     for case in cases:
         req = request(case, fmt, args.max_tokens)
+        if args.prefilled:  # the editor paused after the edit: its prompt is in the KV cache
+            engine.run_sync(args.model, "tab.next", TabSettings(),
+                            req.model_copy(update={"max_tokens": 1}), LOCAL_TENANT)
         began = time.perf_counter()
-        got = engine.run_sync(args.model, "tab.next", req)
+        got = engine.run_sync(args.model, "tab.next", TabSettings(), req, LOCAL_TENANT)
         ms = (time.perf_counter() - began) * 1000
         served, source = got.suggestion, "model"
         if served is None:
             served, source = near_repeat(req), "repeat"
         signals = next_signals(req, got, served, source) if served else None
         row = {"repo": repo, "format": fmt, "commit": case["commit"], "path": case["path"],
-               "ms": round(ms, 1), "source": source if served else "none",
+               "ms": round(ms, 1), "split": split(got), "source": source if served else "none",
                "model": score(case, got.suggestion), "served": score(case, served),
                "signals": signals.to_json() if signals else None,
                "p": round(next_probability(signals), 4) if signals else None}
@@ -144,6 +153,29 @@ def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[C
         if args.verbose:
             print(json.dumps({**row, "raw": got.raw[:300]}), file=sys.stderr)
     return rows
+
+
+def split(got: Prediction) -> dict:
+    """Where one call's time went: prompt tokens evaluated (`prompt_tokens` - `cached`) and
+    their milliseconds, the answer's tokens and the decode's milliseconds, draft tokens
+    proposed and accepted."""
+    return {"prompt_tokens": got.prompt_tokens, "cached": got.cached_tokens,
+            "prompt_ms": got.prompt_ms, "output_tokens": got.completion_tokens,
+            "decode_ms": got.decode_ms, "drafted": got.drafted, "accepted": got.accepted}
+
+
+def split_table(rows: list[dict]) -> str:
+    """One line per call: where its time went (`split`)."""
+    head = ("| repository | format | commit | ms | prompt tokens (cached) | prompt ms | "
+            "output tokens | decode ms | drafted / accepted |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r["split"]
+        lines.append(f"| {r['repo']} | {r['format']} | {r['commit'][:8]} | {r['ms']} | "
+                     f"{s['prompt_tokens']} ({s['cached']}) | {s['prompt_ms']} | "
+                     f"{s['output_tokens']} | {s['decode_ms']} | "
+                     f"{s['drafted']} / {s['accepted']} |")
+    return "\n".join(lines)
 
 
 def ruled(row: dict, coefficients: dict[str, float], threshold: float) -> dict:
@@ -209,6 +241,7 @@ def run(args: argparse.Namespace) -> dict:
         engine.close()
     results = report(rows, cases)
     print(table(results, args.model), file=sys.stderr)  # stdout stays one JSON document
+    print(split_table(rows), file=sys.stderr)
     return results
 
 
@@ -253,6 +286,9 @@ def main() -> None:
     parser.add_argument("--fit", type=Path, nargs="+", help="fit the show/hide rule on "
                         "saved tuning rows instead of running")
     parser.add_argument("--fit-format", default="window", choices=["window", "diff"])
+    parser.add_argument("--prefilled", action="store_true", help="before each timed call, "
+                        "evaluate its prompt (an untimed one-token call), as a prefill "
+                        "when the editor pauses would: the timings are then the decode's")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.fit:

@@ -8,8 +8,10 @@ import os
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from test_lsp_tab import LspClient
+from upstreams.scripted import wait_for
 
 pytestmark = pytest.mark.model
 
@@ -116,5 +118,46 @@ def test_a_rename_gets_a_range_replacing_suggestion(live_server, tmp_path):
         assert '"event": "accepted"' in (tmp_path / "home/client/tab/events.jsonl").read_text()
         print("LSP next edit:", item, "\n--- applied ---\n" + applied)
         print("--- JSON-RPC transcript ---\n" + client.transcript())
+    finally:
+        client.close()
+
+
+def test_a_pause_after_an_edit_prefills_the_next_edit_prompt(live_server, tmp_path):
+    """When the user pauses after an edit the next request will answer with a next edit,
+    the LSP prefills that request's prompt: the request then evaluates one prompt token."""
+    source = tmp_path / "pause.py"
+    source.write_text(SHAPES)
+    env = {**os.environ, "CODEPLANE_HOME": str(tmp_path / "home")}
+    client = LspClient([sys.executable, "-m", "codeplane", "lsp", "--server", live_server.url,
+                        "--debounce-ms", "0", "--min-confidence", "0"], env)
+
+    def stats() -> dict:
+        return httpx.get(f"{live_server.url}/v1/tab/stats", timeout=30).json()
+
+    try:
+        client.request("initialize", {"processId": os.getpid(), "rootUri": None,
+                                      "capabilities": {}})
+        client.notify("initialized", {})
+        uri = Path(source).as_uri()
+        client.notify("textDocument/didOpen", {"textDocument": {
+            "uri": uri, "languageId": "python", "version": 1, "text": SHAPES}})
+        line = SHAPES.splitlines().index("        total += area(w, h)")
+        col = len("        total += ")
+        before = stats()
+        client.notify("textDocument/didChange", {  # a rename pasted in one change
+            "textDocument": {"uri": uri, "version": 2},
+            "contentChanges": [{"range": {"start": {"line": line, "character": col},
+                                          "end": {"line": line, "character": col + 4}},
+                                "text": "surface"}]})
+        wait_for(lambda: stats()["next_prefills"] > before["next_prefills"], timeout=300,
+                 what="the idle prefill of the next edit")
+        where = {"textDocument": {"uri": uri},
+                 "position": {"line": line, "character": col + len("surface")},
+                 "context": {"triggerKind": 2}}
+        client.request("textDocument/inlineCompletion", where, timeout=300)
+        after = stats()
+        assert after["next_calls"] == before["next_calls"] + 1, after
+        prompt = after["next_prompt_tokens"] - before["next_prompt_tokens"]
+        assert after["next_cached_tokens"] - before["next_cached_tokens"] == prompt - 1
     finally:
         client.close()

@@ -16,11 +16,12 @@ from upstreams.scripted import caller, run_server, wait_for
 
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.events import query
+from codeplane.models.jobs import JobContext
 from codeplane.models.speculative import decode
 from codeplane.storage import ObjectStore
 from codeplane.tab import nextedit
 from codeplane.tab.nextedit import NextRequest, next_edit
-from codeplane.tab.service import TabService, TabSettings
+from codeplane.tab.service import TabRequest, TabService, TabSettings
 
 pytestmark = pytest.mark.model
 
@@ -141,3 +142,67 @@ def test_the_route_checks_the_model_next_edit_runs_on(tmp_path: Path, engine):
     finally:
         server.stop()
     assert got.status_code == 404 and "no-such-next-model" in got.text, got.text
+
+
+def test_a_documents_next_request_reuses_its_prompt_across_fim(engine, local_model):
+    """The second next-edit request in a document evaluates only what changed since the
+    first (its newest edit and the window), though a FIM request in another file used the
+    model in between: the prompt's KV is kept in the tenant's slot for the document. Another
+    tenant's request for the same document reuses none of it."""
+    svc = TabService(engine, TabSettings())
+    doc = '    """Area of a rectangle of the given width and height, in square units."""\n'
+    first_edit = {"path": "shapes.py", "line": 1, "after": doc,
+                  "before": '    """Area of a rectangle."""\n'}
+    text = TEXT.replace(first_edit["before"], doc)
+    first = NextRequest(**{**body(), "text": text, "edits": [first_edit],
+                           "cursor": {"line": 1, "character": 0}})
+    second = NextRequest(**{**body(), "text": text, "edits": [first_edit, RENAME]})
+    prompts = [[t for piece, control in nextedit.prompt_parts(r, "window")[0]
+                for t in local_model.tokenize(piece, special=control)] for r in (first, second)]
+    shared = local_model.kv.common_prefix(*prompts)
+    assert shared > 32  # the history the two share is worth a slot (slots.MIN_GAIN)
+    asyncio.run(next_edit(svc, first, LOCAL_TENANT))
+    fim = TabRequest(path="other.py", prefix="def double(x):\n    return ", suffix="\n")
+    assert asyncio.run(svc.complete(fim, LOCAL_TENANT)).source == "model"
+    again = asyncio.run(next_edit(svc, second, LOCAL_TENANT))
+    assert again.prompt_tokens == len(prompts[1]) and again.cached_tokens == shared
+    other = asyncio.run(next_edit(svc, second, "bob"))
+    assert other.cached_tokens == 0
+
+
+RUN = '''import sys
+
+
+def main(args):
+    print("starting")
+    print("reading %d files" % len(args))
+    print "parsing"
+    data = parse(args)
+    if not data:
+        return 1
+    write(data)
+    return 0
+'''
+
+
+def test_a_rewrite_that_rejoins_the_window_stops_and_is_the_same_file(local_model):
+    """Once the `window` rewrite has copied `JOIN_LINES` window lines after its change, the
+    rest of the window is spliced in instead of decoded: the suggestion makes the same file
+    as a full decode's, from fewer output tokens. (On this case code-small adds an import
+    at the top and copies the rest; the point is the copy, not the import.)"""
+    edits = [{"path": "run.py", "line": 4, "before": '    print "starting"\n',
+              "after": '    print("starting")\n'},
+             {"path": "run.py", "line": 5, "before": '    print "reading %d files" % len(args)\n',
+              "after": '    print("reading %d files" % len(args))\n'}]
+    req = NextRequest(path="run.py", text=RUN, cursor={"line": 5, "character": 0}, edits=edits)
+    settings = TabSettings()
+
+    def run(join_lines: int | None) -> nextedit.Prediction:
+        local_model.kv.truncate(0)
+        ctx = JobContext(local_model, threading.Event(), lambda _event: None)
+        return nextedit.predict(ctx, settings, req, LOCAL_TENANT, join_lines=join_lines)
+
+    full, early = run(None), run(nextedit.JOIN_LINES)
+    assert full.suggestion is not None, full.raw  # the model changes a line, copies the rest
+    assert early.suggestion.apply(RUN) == full.suggestion.apply(RUN)
+    assert early.completion_tokens < full.completion_tokens, (early.raw, full.raw)

@@ -3,6 +3,8 @@ format, the repeat-the-last-edit baseline, jumps, request validation."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -11,6 +13,7 @@ from codeplane.tab import decision
 from codeplane.tab.nextedit import (
     NextRequest,
     Suggestion,
+    _Watch,
     jump_for,
     near_repeat,
     next_features,
@@ -98,3 +101,19 @@ def test_the_rule_is_fitted_as_fims_decision_is():
     y = (rng.random(2000) < 1 / (1 + np.exp(-(0.5 + 2.0 * x)))).astype(float)
     w = decision.fit_logistic(np.column_stack([np.ones_like(x), x]), y, l2=0.0)
     assert list(w) == pytest.approx([0.5, 2.0], abs=0.3)
+
+
+def test_a_window_rewrite_stops_once_it_rejoins_the_window():
+    """The decode's guide stops a `window` rewrite after JOIN_LINES copied lines that follow
+    a change, and splices the window's remaining lines in; a rewrite that has changed
+    nothing yet, or copied fewer lines since its change, goes on."""
+    _, window = window_of(TEXT, 20)
+    watch = _Watch(threading.Event(), 40, window, window[0], 2)
+    assert all(watch.feed(line.rstrip("\n")) for line in window[1:5])  # a copy so far
+    assert watch.feed("inserted = 1") and watch.feed("line15 = changed")  # the edit
+    assert watch.feed("line16 = 16") and watch.spliced is None  # one line copied
+    assert not watch.feed("line17 = 17")  # two: the rest is the window's
+    new = [*window[:5], "inserted = 1\n", "line15 = changed\n", *window[6:]]
+    assert watch.spliced == "".join(new)
+    assert parse(watch.spliced, "window", req()) == Suggestion(15, 16,
+                                                               "inserted = 1\nline15 = changed\n")

@@ -74,3 +74,29 @@ def test_two_tenants_on_one_cursor_id_each_get_their_answer(server):
         assert got["source"] != "cancelled", (who, got)
         if got["suggestion"]:
             assert got["suggestion"]["start_line"] <= got["suggestion"]["end_line"]
+
+
+def test_next_prefill_is_gated_and_refuses_bad_input(server):
+    url = f"{server.url}/v1/tab/next/prefill"
+    assert httpx.post(url, json=BODY, timeout=60).status_code == 401
+    alice = caller(server, "alice")
+    for change in ({"cursor": {"line": 99, "character": 0}}, {"surprise": True},
+                   {"edits": [BODY["edits"][0]] * 33}, {"format": "sed"}):
+        reply = httpx.post(url, json={**BODY, **change}, headers=alice, timeout=60)
+        assert 400 <= reply.status_code < 500, (change, reply.status_code, reply.text[:200])
+
+
+def test_a_next_prefill_serves_its_tenant_only(server):
+    """Carol's prefill puts her request's whole prompt in her slot for the document: her
+    request then evaluates only its last prompt token. Dave's same request reuses none of it.
+    (Tenants no other test uses: the engine and its slots live for the session.)"""
+    carol, dave = caller(server, "carol"), caller(server, "dave")
+    pre = httpx.post(f"{server.url}/v1/tab/next/prefill", json=BODY, headers=carol,
+                     timeout=300)
+    assert pre.status_code == 200, pre.text
+    assert pre.json()["evaluated_tokens"] == pre.json()["prompt_tokens"] > 0
+    theirs = post(server, BODY, dave).json()
+    assert theirs["cached_tokens"] == 0, theirs
+    ours = post(server, BODY, carol).json()
+    assert ours["prompt_tokens"] == pre.json()["prompt_tokens"]
+    assert ours["cached_tokens"] == ours["prompt_tokens"] - 1, ours

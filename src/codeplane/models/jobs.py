@@ -37,6 +37,7 @@ JOBS: dict[str, str] = {
     "tab.prefill": "codeplane.tab.service:prefill",
     "tab.warm": "codeplane.tab.service:warm",
     "tab.next": "codeplane.tab.nextedit:predict",
+    "tab.next_prefill": "codeplane.tab.nextedit:prefill",
     "apply.rank": "codeplane.apply.rank:rank",
     "apply.rewrite": "codeplane.apply.rewrite:rewrite",
 }

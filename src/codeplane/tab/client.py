@@ -85,6 +85,9 @@ class AsyncTabClient:
     async def prefill(self, body: dict) -> dict:
         return await self._post("/v1/tab/prefill", body)
 
+    async def next_prefill(self, body: dict) -> dict:
+        return await self._post("/v1/tab/next/prefill", body)
+
     async def _post(self, route: str, body: dict, timeout: float | None = None) -> dict:
         try:
             response = await self._http.post(f"{self.url}{route}", json=body,

@@ -110,9 +110,7 @@ class TabLanguageServer(LanguageServer):
         """The server's next edit as an inline item replacing a range, or None."""
         doc = self.workspace.get_text_document(uri)
         ticket = self._latest[uri] = self._latest.get(uri, 0) + 1
-        body = {"path": self._path(uri), "text": doc.source, "cursor_id": uri,
-                "cursor": {"line": position.line, "character": position.character},
-                "edits": [e.to_json() for e in self.history.recent()]}
+        body = self._next_body(uri, doc.source, position)
         try:  # the rewrite decodes a whole window: it may take longer than FIM
             result = await self.tab.next_edit(body)
         except TabClientError as exc:
@@ -138,6 +136,12 @@ class TabLanguageServer(LanguageServer):
         end = sum(len(x) for x in lines[:found["end_line"]])
         rng = lsp.Range(_position(doc.source, start), _position(doc.source, end))
         return lsp.InlineCompletionItem(insert_text=found["text"], range=rng, command=command)
+
+    def _next_body(self, uri: str, source: str, position: lsp.Position) -> dict:
+        """The next-edit request at `position` (`POST /v1/tab/next` and its prefill)."""
+        return {"path": self._path(uri), "text": source, "cursor_id": uri,
+                "cursor": {"line": position.line, "character": position.character},
+                "edits": [e.to_json() for e in self.history.recent()]}
 
     async def _record(self, result: dict, language: str | None) -> str:
         """Log a newly shown suggestion; the one it replaces counts as rejected. The server
@@ -185,17 +189,23 @@ class TabLanguageServer(LanguageServer):
             self._prefill(uri, offset))
 
     async def _prefill(self, uri: str, offset: int | None) -> None:
+        """The prompt the next request at `offset` will send: next edit's when the history
+        says the request there will be a next edit (`wants_next_edit`), FIM's otherwise."""
         await asyncio.sleep(self.prefill_idle_s)
         doc = self.workspace.get_text_document(uri)
         source = doc.source
-        if offset is None:  # where the first window of the file ends (context.window)
-            offset = source.rfind("\n", 0, Budget().prefix_tokens * CHARS_PER_TOKEN) + 1
         path = self._path(uri)
-        body = build_request(path, source, min(offset, len(source)), self.ring, Budget(),
-                             self._related(path), cursor_id=uri, language=doc.language_id)
-        prefix = body.pop("prefix")
-        body.update(text=prefix + body.pop("suffix"), cursor=len(prefix))
+        at = _position(source, min(offset, len(source))) if offset is not None else None
         try:
+            if at is not None and self.history.wants_next_edit(path, at.line):
+                await self.tab.next_prefill(self._next_body(uri, source, at))
+                return
+            if offset is None:  # where the first window of the file ends (context.window)
+                offset = source.rfind("\n", 0, Budget().prefix_tokens * CHARS_PER_TOKEN) + 1
+            body = build_request(path, source, min(offset, len(source)), self.ring, Budget(),
+                                 self._related(path), cursor_id=uri, language=doc.language_id)
+            prefix = body.pop("prefix")
+            body.update(text=prefix + body.pop("suffix"), cursor=len(prefix))
             await self.tab.prefill(body)
         except TabClientError as exc:
             self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Log, str(exc)))

@@ -32,15 +32,17 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from codeplane.models.engine import JobDropped
+from codeplane.models.engine import JobDropped, LocalModel
 from codeplane.models.jobs import JobContext
 from codeplane.tab import decision
-from codeplane.tab.service import Snippet, TabService
+from codeplane.tab.backend import Prefilled
+from codeplane.tab.service import Snippet, TabService, TabSettings, local_tab, worker_slots
 
 WINDOW_BEFORE, WINDOW_AFTER = 10, 10  # a 21-line window around the cursor, as Sweep's
 MAX_HISTORY_CHARS = 6000  # edits beyond this (oldest first) are left out of the prompt
 DIFF_MAX_TOKENS = 160
 WINDOW_SLACK_TOKENS = 48  # the updated window may be this much longer than the current one
+JOIN_LINES = 2  # a `window` rewrite that copies this many lines after a change is done
 Format = Literal["window", "diff"]
 _WORD = re.compile(r"\w+|\W")
 
@@ -107,6 +109,8 @@ class Prediction:
     drafted: int
     accepted: int
     model_ms: float
+    prompt_ms: float = 0.0  # evaluating the prompt tokens the KV cache did not hold
+    decode_ms: float = 0.0  # writing the answer (forward passes over drafts)
     min_logprob: float = 0.0  # over the output tokens the model chose
     sum_logprob: float = 0.0  # log P(the whole output): copied tokens add almost nothing
 
@@ -348,15 +352,39 @@ def jump_for(req: NextRequest, suggestion: Suggestion | None) -> dict | None:
 
 class _Watch:
     """`models.speculative.Guide` for a next-edit decode: stops it when the request is
-    superseded (checked at each output line) or the output has outgrown the window."""
+    superseded (checked at each output line) or the output has outgrown the window, and,
+    for `window`, once the rewrite has re-joined the window for `join_lines` lines after its
+    last change: the rest would be a copy of the window, so it is spliced in (`spliced`)
+    instead of decoded. That is a guess that no second change follows; `parse` takes one
+    block spanning every change anyway (docs/tab.md, "Next edit", has what it saves)."""
 
-    def __init__(self, cancel: threading.Event, max_lines: int) -> None:
+    def __init__(self, cancel: threading.Event, max_lines: int, window: list[str] | None = None,
+                 lead: str = "", join_lines: int | None = None) -> None:
         self.cancel, self.max_lines, self.lines = cancel, max_lines, 0
         self.blanks: list[str] = []
+        self.window, self.join_lines = window or [], join_lines
+        self.old = [line.removesuffix("\n") for line in self.window]
+        self.new = lead.split("\n")[:-1]  # the rewrite's lines the prompt already holds
+        self.spliced: str | None = None  # the whole rewrite, when it stopped on a re-join
 
     def feed(self, line: str) -> bool:
         self.lines += 1
+        self.new.append(line)
+        if self.join_lines and self._rejoined():
+            return False
         return not self.cancel.is_set() and self.lines <= self.max_lines
+
+    def _rejoined(self) -> bool:
+        """True (and `spliced` set) when the rewrite so far changed the window and its last
+        `join_lines` lines are, by difflib's alignment, the window's again."""
+        ops = SequenceMatcher(None, self.old, self.new, autojunk=False).get_opcodes()
+        while ops and ops[-1][0] == "delete":  # the window's lines still to come
+            ops.pop()
+        tag, _, i2, j1, j2 = ops[-1]
+        if tag != "equal" or j2 != len(self.new) or j2 - j1 < self.join_lines or len(ops) < 2:
+            return False
+        self.spliced = "".join(f"{line}\n" for line in self.new) + "".join(self.window[i2:])
+        return True
 
     def force(self, stopping: bool) -> str | None:
         return None
@@ -365,28 +393,59 @@ class _Watch:
         return None
 
 
-def predict(ctx: JobContext, req: NextRequest, speculative: bool = True) -> Prediction:
-    """The engine job `tab.next`: prompt, decode with the window as the draft, parse."""
+def predict(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: str,
+            speculative: bool = True, join_lines: int | None = JOIN_LINES) -> Prediction:
+    """The engine job `tab.next`: prompt, decode with the window as the draft, parse. The
+    prompt's KV is kept in the tenant's slot for the document (`slots.py`, FIM's slots), so
+    the document's next request evaluates only what changed since: the newest edit and
+    the window, when a FIM request or another document used the model in between."""
     from codeplane.models.speculative import decode  # the worker's import, not the server's
 
     start = time.perf_counter()
     model = ctx.model
     parts, current, lead = prompt_parts(req, req.format)
-    prompt = [t for text, control in parts for t in model.tokenize(text, special=control)]
+    prompt = _tokens(model, parts)
     draft = model.tokenize(current)
     if req.format == "window":
         budget = len(draft) + WINDOW_SLACK_TOKENS
         max_lines = current.count("\n") + 8
     else:
         budget, max_lines = DIFF_MAX_TOKENS, 2 * (current.count("\n") + 1)
-    run = decode(model, prompt, [draft], req.max_tokens or budget, speculative,
-                 _Watch(ctx.cancel, max_lines), logprobs=True)
-    usable = run.finish_reason != "length" or req.format == "diff"
-    suggestion = parse(lead + run.text, req.format, req) if usable else None
-    return Prediction(suggestion, lead + run.text, run.prompt_tokens, run.cached_tokens,
+    slots = worker_slots(ctx, settings)
+    slots.prepare(model, prompt, tenant)
+    window = window_of(req.text, req.cursor.line)[1] if req.format == "window" else []
+    watch = _Watch(ctx.cancel, max_lines, window, lead, join_lines if window else None)
+    run = decode(model, prompt, [draft], req.max_tokens or budget, speculative, watch,
+                 logprobs=True)
+    slots.finished(model, tenant, slot_key(model.name, req.path))
+    raw = watch.spliced if watch.spliced is not None else lead + run.text
+    usable = run.finish_reason != "length" or req.format == "diff" or watch.spliced is not None
+    suggestion = parse(raw, req.format, req) if usable else None
+    return Prediction(suggestion, raw, run.prompt_tokens, run.cached_tokens,
                       run.output_tokens, run.drafted, run.accepted,
                       round((time.perf_counter() - start) * 1000, 2),
+                      round(run.prompt_seconds * 1000, 2), round(run.decode_seconds * 1000, 2),
                       min(run.logprobs, default=0.0), sum(run.logprobs))
+
+
+def prefill(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: str
+            ) -> Prefilled:
+    """The engine job `tab.next_prefill`: the prompt `predict` would build for `req`,
+    evaluated into the tenant's slot for the document without decoding (the editor paused
+    after an edit: the request that follows pays for its decode only). It yields to any
+    completion as FIM's prefill does (`TabService.prefill`)."""
+    parts, _, _ = prompt_parts(req, req.format)
+    return local_tab(ctx, settings, tenant).prefill(_tokens(ctx.model, parts), ctx.cancel,
+                                                    slot_key(ctx.model.name, req.path))
+
+
+def _tokens(model: LocalModel, parts: list[tuple[str, bool]]) -> list[int]:
+    return [t for text, control in parts for t in model.tokenize(text, special=control)]
+
+
+def slot_key(model: str, path: str) -> str:
+    """Next edit's KV slot of a document: its own, beside FIM's slot of the same file."""
+    return f"next\0{model}\0{path}"
 
 
 # -- the server side ------------------------------------------------------------------------
@@ -409,6 +468,8 @@ class NextResult:
     drafted: int = 0
     accepted: int = 0
     model_ms: float = 0.0
+    prompt_ms: float = 0.0
+    decode_ms: float = 0.0
 
     def to_json(self) -> dict:
         out = dict(self.__dict__)
@@ -423,12 +484,15 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
     start = time.perf_counter()
     session, seq, cancel = tab.begin(req, tenant)
     try:
-        got, _ = await tab.engine.run(tab.next_model(req.model), "tab.next", req,
-                                      cancel=cancel)
+        got, _ = await tab.engine.run(tab.next_model(req.model), "tab.next", tab.settings,
+                                      req, tenant, cancel=cancel)
     except JobDropped:
         got = None
     if got is None or session.seq != seq:
         return NextResult(None, None, "cancelled", _ms(start), req.request_id)
+    tab.stats["next_calls"] += 1
+    tab.stats["next_prompt_tokens"] += got.prompt_tokens
+    tab.stats["next_cached_tokens"] += got.cached_tokens
     suggestion, source = got.suggestion, "model"
     if suggestion is None:
         suggestion, source = near_repeat(req), "repeat"
@@ -445,7 +509,7 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
                       round(probability, 4) if probability is not None else None,
                       signals.to_json() if signals else None, got.prompt_tokens,
                       got.cached_tokens, got.completion_tokens, got.drafted, got.accepted,
-                      got.model_ms)
+                      got.model_ms, got.prompt_ms, got.decode_ms)
 
 
 def _ms(start: float) -> float:

@@ -102,16 +102,9 @@ async def tab_next(body: NextRequest, request: Request) -> dict:
     decodes speculatively in the model's worker); charged like a Tab model call. A shown
     suggestion is an event in the lake; `POST /v1/tab/feedback` takes its outcome."""
     svc = service(request)
-    model = svc.next_model(body.model)
-    if svc.remote(model):
-        raise APIError(400, "next edit runs on the embedded engine, not on [tab] upstream",
-                       param="model")
-    _require_fim(svc.engine, model)
+    model = _next_model(svc, body)
     tenant = principal_of(request).tenant
-    parts, _, _ = prompt_parts(body, body.format)
-    estimate = 1 + sum(len(text) for text, _ in parts) // BYTES_PER_TOKEN \
-        + (body.max_tokens or 512)
-    with _model_errors(), metered(request, estimate) as meter:
+    with _model_errors(), metered(request, _next_estimate(body)) as meter:
         result = await next_edit(svc, body, tenant)
         meter.used = result.prompt_tokens + result.completion_tokens
     if result.id:  # shown: the rule's signals ride along to the accepted/rejected event
@@ -122,6 +115,38 @@ async def tab_next(body: NextRequest, request: Request) -> dict:
         request.app.state.services.events.record("tab_next_shown", tenant, fields)
         svc.shown.remember(tenant, result.id, fields, kind="tab_next")
     return result.to_json()
+
+
+@router.post("/v1/tab/next/prefill")
+async def tab_next_prefill(body: NextRequest, request: Request) -> dict:
+    """Evaluate the prompt of the next-edit request `body` before it is asked for (the
+    editor paused after an edit), into this tenant's next-edit slot of the document, so
+    that request pays for its decode only; metered like a model call, charged with the
+    tokens it evaluated. It yields to completions as `/v1/tab/prefill` does."""
+    svc = service(request)
+    model = _next_model(svc, body)
+    start = time.perf_counter()
+    with _model_errors(), metered(request, _next_estimate(body)) as meter:
+        got = await svc.prefill_next(body, principal_of(request).tenant)
+        meter.used = got.evaluated_tokens - got.cached_tokens
+    return {**got.to_json(), "model": model,
+            "latency_ms": round((time.perf_counter() - start) * 1000, 2)}
+
+
+def _next_model(svc: TabService, body: NextRequest) -> str:
+    """The model a next-edit request runs on, checked: embedded, known, with FIM tokens."""
+    model = svc.next_model(body.model)
+    if svc.remote(model):
+        raise APIError(400, "next edit runs on the embedded engine, not on [tab] upstream",
+                       param="model")
+    _require_fim(svc.engine, model)
+    return model
+
+
+def _next_estimate(body: NextRequest) -> int:
+    """At most the prompt the job builds plus the longest answer it may decode."""
+    parts, _, _ = prompt_parts(body, body.format)
+    return 1 + sum(len(text) for text, _ in parts) // BYTES_PER_TOKEN + (body.max_tokens or 512)
 
 
 @contextmanager

@@ -37,7 +37,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -50,6 +50,9 @@ from codeplane.tab.feedback import ShownLog
 from codeplane.tab.healing import Healing, VocabIndex, back_off
 from codeplane.tab.postprocess import Mode
 from codeplane.tab.slots import KVSlots
+
+if TYPE_CHECKING:
+    from codeplane.tab.nextedit import NextRequest
 
 MAX_TYPED_CHARS = 1500  # beyond this T is long enough that re-anchoring is cheaper overall
 
@@ -224,7 +227,9 @@ class TabService:
         self._prefills: dict[tuple[str, str], threading.Event] = {}
         self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
                       "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
-                      "slot_restores": 0, "prefills": 0, "prefills_yielded": 0}
+                      "slot_restores": 0, "prefills": 0, "prefills_yielded": 0,
+                      "next_calls": 0, "next_prompt_tokens": 0, "next_cached_tokens": 0,
+                      "next_prefills": 0}
 
     # -- public --------------------------------------------------------------------------
 
@@ -286,15 +291,30 @@ class TabService:
         tab = req.as_tab()
         if self.remote(tab.model):
             return Prefilled(0, 0, 0, False)
-        key = (tenant, req.path)
+        return await self._prefill(tenant, req.path, tab.model or self.settings.model,
+                                   "tab.prefill", tab)
+
+    async def prefill_next(self, req: NextRequest, tenant: str) -> Prefilled:
+        """`prefill` for a next-edit request: its prompt, into the tenant's next-edit slot
+        of the document (the job `tab.next_prefill`)."""
+        got = await self._prefill(tenant, req.path, self.next_model(req.model),
+                                  "tab.next_prefill", req)
+        self.stats["next_prefills"] += 1
+        return got
+
+    async def _prefill(self, tenant: str, path: str, model: str, job: str,
+                       req: BaseModel) -> Prefilled:
+        """Run the prefill `job`, yielding to completions and to a newer prefill of the
+        same document."""
+        key = (tenant, path)
         cancel = threading.Event()
         with self._lock:
             if (older := self._prefills.pop(key, None)) is not None:
                 older.set()
             self._prefills[key] = cancel
         try:
-            got, _ = await self.engine.run(tab.model or self.settings.model, "tab.prefill",
-                                           self.settings, tab, tenant, cancel=cancel)
+            got, _ = await self.engine.run(model, job, self.settings, req, tenant,
+                                           cancel=cancel)
         except JobDropped:
             got = Prefilled(0, 0, 0, True)
         finally:
@@ -467,7 +487,7 @@ class Anchors:
 def suggest(ctx: JobContext, settings: TabSettings, req: TabRequest, tenant: str) -> Answer:
     """The engine job `tab.suggest`: `answer` on the worker's model, with the anchors, KV
     slots and vocabulary index kept in the worker."""
-    return answer(_local(ctx, settings, tenant), settings, req, _anchors(ctx, settings),
+    return answer(local_tab(ctx, settings, tenant), settings, req, _anchors(ctx, settings),
                   (tenant, req.cursor_id), ctx.cancel)
 
 
@@ -475,7 +495,7 @@ def prefill(ctx: JobContext, settings: TabSettings, req: TabRequest, tenant: str
             ) -> Prefilled:
     """The engine job `tab.prefill`: the prompt `suggest` would build for `req` (anchoring
     its session there), evaluated into the KV cache without decoding."""
-    model = _local(ctx, settings, tenant)
+    model = local_tab(ctx, settings, tenant)
     heal, slot = _prompt(model, settings, req, _anchors(ctx, settings),
                          (tenant, req.cursor_id))
     return model.prefill(heal.tokens, ctx.cancel, slot)
@@ -484,17 +504,22 @@ def prefill(ctx: JobContext, settings: TabSettings, req: TabRequest, tenant: str
 def warm(ctx: JobContext, settings: TabSettings) -> None:
     """The engine job `tab.warm`: build the worker's Tab state and decode one token of a
     tiny FIM prompt (llama.cpp's first decode allocates its compute buffers)."""
-    fim = _local(ctx, settings, LOCAL_TENANT).fim()
+    fim = local_tab(ctx, settings, LOCAL_TENANT).fim()
     if fim is not None:
         ctx.model.generate([fim[0], *ctx.model.tokenize("x = 1\n"), fim[1], fim[2]],
                            Decoding(max_tokens=1))
 
 
-def _local(ctx: JobContext, settings: TabSettings, tenant: str) -> LocalTab:
+def local_tab(ctx: JobContext, settings: TabSettings, tenant: str) -> LocalTab:
     """The worker's model as Tab uses it, for one tenant's request."""
     vocab = ctx.resident("tab.vocab", lambda: VocabIndex(ctx.model.vocab_pieces()))
-    slots = ctx.resident("tab.slots", lambda: KVSlots(settings.kv_slots))
-    return LocalTab(ctx.model, vocab, slots, tenant)
+    return LocalTab(ctx.model, vocab, worker_slots(ctx, settings), tenant)
+
+
+def worker_slots(ctx: JobContext, settings: TabSettings) -> KVSlots:
+    """The per-document, per-tenant KV slots of the worker's model: FIM's and next edit's
+    (`nextedit.predict`), so neither's request throws away the other's prompt."""
+    return ctx.resident("tab.slots", lambda: KVSlots(settings.kv_slots))
 
 
 def _anchors(ctx: JobContext, settings: TabSettings) -> Anchors:
