@@ -66,22 +66,31 @@ def apply_item(text: str, item: dict) -> str:
     return text[:offset(rng["start"])] + item["insertText"] + text[offset(rng["end"]):]
 
 
-def test_a_rename_gets_a_range_replacing_suggestion(live_server, tmp_path):
-    source = tmp_path / "shapes.py"
-    source.write_text(SHAPES)  # the editor opened it from disk
+def _lsp(kind: type[LspClient], live_server, tmp_path: Path) -> LspClient:
+    """`codeplane lsp` against the live server, answering without debounce or hiding."""
     env = {**os.environ, "CODEPLANE_HOME": str(tmp_path / "home")}
-    client = Recorded([sys.executable, "-m", "codeplane", "lsp", "--server", live_server.url,
-                        "--debounce-ms", "0", "--min-confidence", "0"], env)
+    return kind([sys.executable, "-m", "codeplane", "lsp", "--server", live_server.url,
+                 "--debounce-ms", "0", "--min-confidence", "0"], env)
+
+
+def _open_shapes(client: LspClient, source: Path) -> tuple[str, int, int]:
+    """Initialize, open SHAPES (written to `source`: the editor opened it from disk) and
+    return its URI and the first call site of `area` (line, column)."""
+    source.write_text(SHAPES)
+    client.request("initialize", {"processId": os.getpid(), "rootUri": None,
+                                  "capabilities": {}})
+    client.notify("initialized", {})
+    uri = source.as_uri()
+    client.notify("textDocument/didOpen", {"textDocument": {
+        "uri": uri, "languageId": "python", "version": 1, "text": SHAPES}})
+    return uri, SHAPES.splitlines().index("        total += area(w, h)"), len("        total += ")
+
+
+def test_a_rename_gets_a_range_replacing_suggestion(live_server, tmp_path):
+    client = _lsp(Recorded, live_server, tmp_path)
     try:
-        client.request("initialize", {"processId": os.getpid(), "rootUri": None,
-                                      "capabilities": {}})
-        client.notify("initialized", {})
-        uri = Path(source).as_uri()
-        client.notify("textDocument/didOpen", {"textDocument": {
-            "uri": uri, "languageId": "python", "version": 1, "text": SHAPES}})
+        uri, line, col = _open_shapes(client, tmp_path / "shapes.py")
         # the user renames the first call site: `area` -> `surface`, one keystroke at a time
-        line = SHAPES.splitlines().index("        total += area(w, h)")
-        col = len("        total += ")
         version = 1
         for n in range(4):  # backspace over "area"
             version += 1
@@ -125,24 +134,13 @@ def test_a_rename_gets_a_range_replacing_suggestion(live_server, tmp_path):
 def test_a_pause_after_an_edit_prefills_the_next_edit_prompt(live_server, tmp_path):
     """When the user pauses after an edit the next request will answer with a next edit,
     the LSP prefills that request's prompt: the request then evaluates one prompt token."""
-    source = tmp_path / "pause.py"
-    source.write_text(SHAPES)
-    env = {**os.environ, "CODEPLANE_HOME": str(tmp_path / "home")}
-    client = LspClient([sys.executable, "-m", "codeplane", "lsp", "--server", live_server.url,
-                        "--debounce-ms", "0", "--min-confidence", "0"], env)
+    client = _lsp(LspClient, live_server, tmp_path)
 
     def stats() -> dict:
         return httpx.get(f"{live_server.url}/v1/tab/stats", timeout=30).json()
 
     try:
-        client.request("initialize", {"processId": os.getpid(), "rootUri": None,
-                                      "capabilities": {}})
-        client.notify("initialized", {})
-        uri = Path(source).as_uri()
-        client.notify("textDocument/didOpen", {"textDocument": {
-            "uri": uri, "languageId": "python", "version": 1, "text": SHAPES}})
-        line = SHAPES.splitlines().index("        total += area(w, h)")
-        col = len("        total += ")
+        uri, line, col = _open_shapes(client, tmp_path / "pause.py")
         before = stats()
         client.notify("textDocument/didChange", {  # a rename pasted in one change
             "textDocument": {"uri": uri, "version": 2},
