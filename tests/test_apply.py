@@ -609,6 +609,63 @@ def test_repeated_edge_line_after_blank_context_does_not_delete() -> None:
     assert_declines(original, sketch, "occurs several times", "h.py")
 
 
+RETRIED = ("@retry(a)\ndef old_name(thing):\n    return thing.go()\n\n\n"
+           "@retry(b)\ndef other(thing):\n    return thing.go()\n\n\ndef tail():\n    pass\n")
+
+
+def test_repeated_edge_line_that_reads_the_same_as_a_new_copy_merges() -> None:
+    """`return thing.go()` ends the segment and the file has it twice. As context, the
+    renamed `def` line above it is replaced; as a new copy after a new `def`, with the
+    blank line below as context, the old `def` and `return` are: the same file, so there
+    is one reading, not two (tenacity daaaebe80c, third slice: declined before)."""
+    sketch = ("# ... existing code ...\n\n@retry(a)\ndef new_name(thing):\n"
+              "    return thing.go()\n\n# ... existing code ...\n")
+    assert_merges(RETRIED, sketch, RETRIED.replace("old_name", "new_name"), "r.py")
+
+
+def test_repeated_edge_line_whose_two_readings_differ_still_declines() -> None:
+    """A new function after `old_name` ends in `return thing.go()`: as context (the cost
+    model's reading) that is `other`'s line and `other`'s header is deleted; as a new
+    copy, `other` stays. Two files: declined."""
+    sketch = ("# ... existing code ...\n\n@retry(a)\ndef old_name(thing):\n"
+              "    return thing.go()\n\n\n@retry(c)\ndef added(thing):\n"
+              "    return thing.go()\n\n# ... existing code ...\n")
+    assert_declines(RETRIED, sketch, "occurs several times", "r.py")
+
+
+FROZEN = ("class Frozen(dict):\n    def _immutable(self, *args):\n"
+          "        raise TypeError('immutable')\n\n    clear = _immutable\n"
+          "    update = _immutable\n    pop = _immutable\n\n\ndef freeze(obj):\n"
+          "    return obj\n")
+
+
+@pytest.mark.parametrize("last", ["raise TypeError('immutable')", "raise ValueError('frozen')"])
+def test_new_edge_line_copying_a_line_only_above_it_is_new(last: str) -> None:
+    """The segment ends with a new method whose last line copies `_immutable`'s, which
+    the file has only above the segment: as context it would be out of order, so it can
+    only be new. And `update = _immutable`, dropped between two context lines, is shown
+    deleted, which the open end does not make unsure (with a last line the file does not
+    have, only that). tinydb 63fcad66a5, fourth slice: declined before, first as "does
+    not fit as context", then as an open end."""
+    sketch = ("# ... existing code ...\n    clear = _immutable\n    pop = _immutable\n\n"
+              f"    def update(self, e=None):\n        {last}\n\n\n# ... existing code ...\n")
+    expected = FROZEN.replace("    update = _immutable\n", "").replace(
+        "    pop = _immutable\n", "    pop = _immutable\n\n    def update(self, e=None):\n"
+        f"        {last}\n")
+    assert_merges(FROZEN, sketch, expected, "f.py")
+
+
+def test_new_edge_line_with_a_copy_the_marker_skips_declines() -> None:
+    """The same new method's last line, but the file has it again below, within the
+    stretch the marker skips: it may be the context there (the lines up to it deleted),
+    so the merge still declines."""
+    original = FROZEN.replace("    return obj\n", "    raise TypeError('immutable')\n")
+    sketch = ("# ... existing code ...\n    clear = _immutable\n    pop = _immutable\n\n"
+              "    def update(self, e=None):\n        raise TypeError('immutable')\n\n\n"
+              "# ... existing code ...\n")
+    assert_declines(original, sketch, "", "f.py")
+
+
 def _validator_tests(name: str, validator: str) -> str:
     """A class of tests for one validator, as attrs' test_validators.py writes them: each
     class copies the one above it with another name."""

@@ -19,6 +19,7 @@ import numpy as np
 
 from codeplane.apply.align import (
     DELETE_EXTEND,
+    INF,
     INSERT_EDGE,
     SUB_BASE,
     SUB_MIN_SIMILARITY,
@@ -696,7 +697,13 @@ def _open_end(original: list[str], items: list[str | None], owner: list[int],
     marker = best.ops[rows[-1] + 1]
     if not content or best.ops[content[-1]][0] == "match" or not marker_after:
         return None
-    start = best.ops[rows[0] - 1][2]
+    # Lines deleted before a distinctive context line are shown deleted; only those after
+    # the last one are left unsaid by the open end (a line dropped from a list of
+    # assignments, then a new method below it: tinydb 63fcad66a5 in the fourth slice). A
+    # common line (`pass`, `)`) may be matched to a far copy, so it pins nothing.
+    start = max([best.ops[rows[0] - 1][2]] + [
+        best.ops[k][1] + 1 for k in content if best.ops[k][0] == "match"
+        and not trivial(norm(items[k]))])  # type: ignore[arg-type]
     gone = sorted(o for o in best.deleted if start <= o < marker[1] and original[o].strip())
     if gone:
         return (f"ends without context and would delete line {gone[0] + 1} "
@@ -775,6 +782,48 @@ def _at_file_edge(original: list[str], sketch: Sketch, best: Alignment, number: 
     return False
 
 
+def _copy_beyond(aligner: Aligner, best: Alignment, k: int, step: int) -> bool:
+    """Whether the file has a copy of edge row `k`'s line, taken as new, where it could
+    still be the segment's context: past the segment's end (`step` 1; before its start:
+    -1) within the stretch the marker there skips. Without one, the line can only be a
+    new copy (a new method that ends like a neighbour above it, tinydb 63fcad66a5 in the
+    fourth slice): reading it as context would put it out of order."""
+    marker = next(j for j in itertools.count(k + step, step) if aligner.items[j] is None)
+    at, (_, start, end) = best.ops[k][1], best.ops[marker]
+    lo, hi = (at, end) if step == 1 else (start, at)
+    return bool(np.any(aligner.ocode[lo:hi] == aligner.icode[k]))
+
+
+def _same_as_new_copy(aligner: Aligner, best: Alignment, k: int, outward: int) -> bool:
+    """Whether reading edge row `k` (a line the file has several times) as a new copy, with
+    the blank row `outward` next to it as the context instead, merges the same file as
+    reading it as context: the two readings then are one (a renamed function whose
+    `return thing.go()` ends the segment: as context the old `def` line is deleted, as a
+    new copy that line and the old `return` are; tenacity daaaebe80c in the third
+    slice)."""
+    saved = list(aligner.icost)
+    aligner.icost[k] = aligner.plain_cost(k)
+    aligner.icost[outward] = INF  # a blank line matched, never left out
+    try:
+        other = aligner.align({k: np.ones(len(aligner.original), dtype=bool)})
+    finally:
+        aligner.icost = saved
+    return other is not None and _text(aligner, other) == _text(aligner, best)
+
+
+def _text(aligner: Aligner, alignment: Alignment) -> list[str]:
+    """The file an alignment merges, whitespace collapsed (layout is the guard's)."""
+    out: list[str] = []
+    for item, op in zip(aligner.items, alignment.ops):
+        if op[0] == "marker":
+            out += aligner.onorm[op[1]:op[2]]
+        elif op[0] == "match":
+            out.append(aligner.onorm[op[1]])
+        elif op[0] in ("sub", "insert"):
+            out.append(norm(item or ""))
+    return out
+
+
 def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: int,
                    label: str, n: int, at_edge: bool = False, tie_ok: bool = False
                    ) -> str | _Tie | None:
@@ -790,7 +839,8 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
     edges = [k for k in aligner.edges() if owner[k] == number]
     for k in edges:  # a segment's edge lines are its context: see align.py
         which = "first" if k == edges[0] else "last"
-        if best.ops[k][0] == "insert" and aligner.icost[k] == INSERT_EDGE:
+        if best.ops[k][0] == "insert" and aligner.icost[k] == INSERT_EDGE \
+                and _copy_beyond(aligner, best, k, -1 if which == "first" else 1):
             return (f"{label}: its {which} line {aligner.items[k].strip()[:60]!r} is in the "
                     f"file but does not fit as context anywhere the rest of the segment does")
         # Forced to be context, a line the file has several times may be a new copy when
@@ -800,7 +850,8 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
         outward = k - 1 if which == "first" else k + 1
         if best.ops[k][0] == "match" and aligner.icost[k] == INSERT_EDGE \
                 and outward in aligner.optional and inward in best.deleted and len(edges) > 1 \
-                and np.count_nonzero(aligner.ocode == aligner.icode[k]) > 1:
+                and np.count_nonzero(aligner.ocode == aligner.icode[k]) > 1 \
+                and not _same_as_new_copy(aligner, best, k, outward):
             return (f"{label}: its {which} line {aligner.items[k].strip()[:60]!r} occurs "
                     f"several times in the file, and as context here it would delete line "
                     f"{inward + 1} ({aligner.original[inward].strip()[:60]!r}): ambiguous")
