@@ -637,22 +637,29 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
 def _context_run(original: list[str], items: list[str | None], best: Alignment,
                  rows: list[int], step: int) -> int:
     """How many lines of context the segment opens (`step` 1) or closes (-1) on, counted in
-    the file, its blank lines included (as a diff counts them): its first (last) rows that
-    match file lines that are neighbours there, blank lines aside. Blank lines the sketch
-    adds or leaves out between them are layout (optional blank lines left out at the marker
-    aside)."""
+    the file, its blank lines included (as a diff counts them): from its first (last) row
+    with code, matched to a file line, the rows whose text is the file's next lines with
+    code, in order. Blank lines the sketch adds or leaves out between them are layout
+    (optional blank lines left out at the marker aside). By text, not by the alignment's
+    matches: where a later new line repeats a context line, the alignment may match that
+    one and take the context's copy as new, the same file either way (cachetools
+    083ee5ffdf in the third slice: a new test appended after three lines of context)."""
     edge: int | None = None  # the file line of the run's row next to the marker
     inner: int | None = None  # and of its innermost row so far
     for k in rows[::step]:
-        op = best.ops[k]
-        if op[0] == "drop" or op[0] == "insert" and not (items[k] or "").strip():
-            continue
-        if op[0] != "match" or inner is not None and (
-                (op[1] - inner) * step <= 0 or any(line.strip() for line in original[
-                    min(op[1], inner) + 1:max(op[1], inner)])):
-            break
-        edge = op[1] if edge is None else edge
-        inner = op[1]
+        op, text = best.ops[k], norm(items[k] or "")
+        if edge is None or inner is None:
+            if op[0] == "drop" or op[0] == "insert" and not text:
+                continue
+            if op[0] != "match":
+                break
+            edge = inner = op[1]
+        elif text:
+            after = range(inner + step, len(original) if step == 1 else -1, step)
+            nxt = next((o for o in after if original[o].strip()), None)
+            if nxt is None or norm(original[nxt]) != text:
+                break
+            inner = nxt
     return 0 if edge is None or inner is None else abs(inner - edge) + 1
 
 
