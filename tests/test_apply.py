@@ -633,6 +633,23 @@ def test_repeated_edge_line_whose_two_readings_differ_still_declines() -> None:
     assert_declines(RETRIED, sketch, "occurs several times", "r.py")
 
 
+def test_repeated_edge_line_that_only_drops_a_blank_line_is_context() -> None:
+    """The sketch closes on `def _deserialize(...)`, which both classes have, and the
+    model dropped the blank line above it: as context it deletes that blank line only,
+    which is layout (the file keeps it), not code (marshmallow b5fdb3eb7d, third slice,
+    `layout` style: declined before)."""
+    original = ("class A:\n    def _serialize(self, value):\n        if value is None:\n"
+                "            return None\n        if is_list(value):\n"
+                "            return list(value)\n        return [value]\n\n"
+                "    def _deserialize(self, value):\n        return value\n\n\n"
+                "class B:\n    def _deserialize(self, value):\n        return value\n")
+    sketch = ("    # ... existing code ...\n\n        if value is None:\n            return None\n"
+              "        return [value]\n    def _deserialize(self, value):\n\n"
+              "    # ... existing code ...\n")
+    expected = original.replace("        if is_list(value):\n            return list(value)\n", "")
+    assert_merges(original, sketch, expected, "fields.py")
+
+
 FROZEN = ("class Frozen(dict):\n    def _immutable(self, *args):\n"
           "        raise TypeError('immutable')\n\n    clear = _immutable\n"
           "    update = _immutable\n    pop = _immutable\n\n\ndef freeze(obj):\n"

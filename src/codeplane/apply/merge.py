@@ -853,15 +853,19 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
         # Forced to be context, a line the file has several times may be a new copy when
         # the segment shows blank lines before it at the marker (those may be the context):
         # when taking it as context means deleting the lines next to it, it is not trusted.
-        inward = best.ops[k][1] + (1 if which == "first" else -1)
-        outward = k - 1 if which == "first" else k + 1
+        # Blank lines deleted there are the model's layout (the file keeps its own).
+        step = 1 if which == "first" else -1
+        outward = k - step
+        gone = next((o for o in itertools.takewhile(
+            lambda o: o in best.deleted, itertools.count(best.ops[k][1] + step, step))
+            if aligner.original[o].strip()), None)
         if best.ops[k][0] == "match" and aligner.icost[k] == INSERT_EDGE \
-                and outward in aligner.optional and inward in best.deleted and len(edges) > 1 \
+                and outward in aligner.optional and gone is not None and len(edges) > 1 \
                 and np.count_nonzero(aligner.ocode == aligner.icode[k]) > 1 \
                 and not _same_as_new_copy(aligner, best, k, outward):
             return (f"{label}: its {which} line {aligner.items[k].strip()[:60]!r} occurs "
                     f"several times in the file, and as context here it would delete line "
-                    f"{inward + 1} ({aligner.original[inward].strip()[:60]!r}): ambiguous")
+                    f"{gone + 1} ({aligner.original[gone].strip()[:60]!r}): ambiguous")
     if not matched:
         return None  # at the file's edge, by its edited lines alone (nothing to forbid)
     rival = _rival(aligner, best, rows, matched)
