@@ -654,7 +654,11 @@ def _context_run(original: list[str], items: list[str | None], best: Alignment,
             if op[0] != "match":
                 break
             edge = inner = op[1]
-        elif text:
+        elif not text:  # a blank line of the file next to the run counts, as in a diff
+            if op[0] == "match" and (op[1] - inner) * step > 0 and not any(
+                    line.strip() for line in original[min(op[1], inner) + 1:max(op[1], inner)]):
+                inner = op[1]
+        else:
             after = range(inner + step, len(original) if step == 1 else -1, step)
             nxt = next((o for o in after if original[o].strip()), None)
             if nxt is None or norm(original[nxt]) != text:
