@@ -683,6 +683,26 @@ def test_new_edge_line_with_a_copy_the_marker_skips_declines() -> None:
     assert_declines(original, sketch, "", "f.py")
 
 
+def test_open_end_with_new_lines_between_its_context_lines_declines() -> None:
+    """A new test after `test_a` whose lines repeat `test_b`'s (`def grp():`,
+    `@grp.command`): the alignment reads it as rewriting `test_b`'s first lines, deleting
+    its header, with no context after the new code. Only a deletion between two context
+    lines the sketch shows next to each other is shown; this one has new lines between,
+    so the open end declines (click 7ed114f89a, `tight`: a wrong merge on this session's
+    first version of the open-end rule, declined on main)."""
+    original = ('def test_a(runner):\n    result = runner.invoke(cli)\n'
+                '    assert result.output == "a\\n"\n\n\ndef test_b(runner):\n'
+                '    @click.group\n    def grp():\n        click.echo("grp1")\n\n'
+                '    @grp.command\n    def cmd1():\n        pass\n\n'
+                '    result = runner.invoke(grp)\n    assert result.exception is None\n')
+    sketch = ('    # ... existing code ...\n    assert result.output == "a\\n"\n\n\n'
+              'def test_c(runner):\n    @click.group(cls=Custom)\n    def grp():\n'
+              '        pass\n\n    @grp.command\n    def cli():\n        click.echo("c")\n\n'
+              '    result = runner.invoke(cli)\n    assert result.output == "c\\n"\n\n'
+              '    # ... existing code ...\n')
+    assert_declines(original, sketch, "ends without context", "test_c.py")
+
+
 def _validator_tests(name: str, validator: str) -> str:
     """A class of tests for one validator, as attrs' test_validators.py writes them: each
     class copies the one above it with another name."""

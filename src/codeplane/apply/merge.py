@@ -708,14 +708,20 @@ def _open_end(original: list[str], items: list[str | None], owner: list[int],
     marker = best.ops[rows[-1] + 1]
     if not content or best.ops[content[-1]][0] == "match" or not marker_after:
         return None
-    # Lines deleted before a distinctive context line are shown deleted; only those after
-    # the last one are left unsaid by the open end (a line dropped from a list of
-    # assignments, then a new method below it: tinydb 63fcad66a5 in the fourth slice). A
-    # common line (`pass`, `)`) may be matched to a far copy, so it pins nothing.
-    start = max([best.ops[rows[0] - 1][2]] + [
-        best.ops[k][1] + 1 for k in content if best.ops[k][0] == "match"
-        and not trivial(norm(items[k]))])  # type: ignore[arg-type]
-    gone = sorted(o for o in best.deleted if start <= o < marker[1] and original[o].strip())
+    # Lines deleted between two context lines the sketch shows next to each other (only
+    # blank lines between) are shown deleted, not left unsaid by the open end (a line
+    # dropped from a list of assignments, then a new method below it: tinydb 63fcad66a5 in
+    # the fourth slice). With new lines between them it may be a rewrite of code the
+    # sketch never shows (new code repeating lines of the next test, matched there, its
+    # header deleted: click 7ed114f89a, `tight`), and a common line (`pass`) pins nothing.
+    start = best.ops[rows[0] - 1][2]
+    shown = set()
+    for a, b in itertools.pairwise(content):
+        if all(best.ops[k][0] == "match" and not trivial(norm(items[k]))  # type: ignore[arg-type]
+               for k in (a, b)):
+            shown.update(range(best.ops[a][1] + 1, best.ops[b][1]))
+    gone = sorted(o for o in best.deleted if start <= o < marker[1] and original[o].strip()
+                  and o not in shown)
     if gone:
         return (f"ends without context and would delete line {gone[0] + 1} "
                 f"({original[gone[0]].strip()[:60]!r}): replaced or kept? ambiguous")
