@@ -609,6 +609,100 @@ def test_repeated_edge_line_after_blank_context_does_not_delete() -> None:
     assert_declines(original, sketch, "occurs several times", "h.py")
 
 
+RETRIED = ("@retry(a)\ndef old_name(thing):\n    return thing.go()\n\n\n"
+           "@retry(b)\ndef other(thing):\n    return thing.go()\n\n\ndef tail():\n    pass\n")
+
+
+def test_repeated_edge_line_that_reads_the_same_as_a_new_copy_merges() -> None:
+    """`return thing.go()` ends the segment and the file has it twice. As context, the
+    renamed `def` line above it is replaced; as a new copy after a new `def`, with the
+    blank line below as context, the old `def` and `return` are: the same file, so there
+    is one reading, not two (tenacity daaaebe80c, third slice: declined before)."""
+    sketch = ("# ... existing code ...\n\n@retry(a)\ndef new_name(thing):\n"
+              "    return thing.go()\n\n# ... existing code ...\n")
+    assert_merges(RETRIED, sketch, RETRIED.replace("old_name", "new_name"), "r.py")
+
+
+def test_repeated_edge_line_whose_two_readings_differ_still_declines() -> None:
+    """A new function after `old_name` ends in `return thing.go()`: as context (the cost
+    model's reading) that is `other`'s line and `other`'s header is deleted; as a new
+    copy, `other` stays. Two files: declined."""
+    sketch = ("# ... existing code ...\n\n@retry(a)\ndef old_name(thing):\n"
+              "    return thing.go()\n\n\n@retry(c)\ndef added(thing):\n"
+              "    return thing.go()\n\n# ... existing code ...\n")
+    assert_declines(RETRIED, sketch, "occurs several times", "r.py")
+
+
+def test_repeated_edge_line_that_only_drops_a_blank_line_is_context() -> None:
+    """The sketch closes on `def _deserialize(...)`, which both classes have, and the
+    model dropped the blank line above it: as context it deletes that blank line only,
+    which is layout (the file keeps it), not code (marshmallow b5fdb3eb7d, third slice,
+    `layout` style: declined before)."""
+    original = ("class A:\n    def _serialize(self, value):\n        if value is None:\n"
+                "            return None\n        if is_list(value):\n"
+                "            return list(value)\n        return [value]\n\n"
+                "    def _deserialize(self, value):\n        return value\n\n\n"
+                "class B:\n    def _deserialize(self, value):\n        return value\n")
+    sketch = ("    # ... existing code ...\n\n        if value is None:\n            return None\n"
+              "        return [value]\n    def _deserialize(self, value):\n\n"
+              "    # ... existing code ...\n")
+    expected = original.replace("        if is_list(value):\n            return list(value)\n", "")
+    assert_merges(original, sketch, expected, "fields.py")
+
+
+FROZEN = ("class Frozen(dict):\n    def _immutable(self, *args):\n"
+          "        raise TypeError('immutable')\n\n    clear = _immutable\n"
+          "    update = _immutable\n    pop = _immutable\n\n\ndef freeze(obj):\n"
+          "    return obj\n")
+
+
+@pytest.mark.parametrize("last", ["raise TypeError('immutable')", "raise ValueError('frozen')"])
+def test_new_edge_line_copying_a_line_only_above_it_is_new(last: str) -> None:
+    """The segment ends with a new method whose last line copies `_immutable`'s, which
+    the file has only above the segment: as context it would be out of order, so it can
+    only be new. And `update = _immutable`, dropped between two context lines, is shown
+    deleted, which the open end does not make unsure (with a last line the file does not
+    have, only that). tinydb 63fcad66a5, fourth slice: declined before, first as "does
+    not fit as context", then as an open end."""
+    sketch = ("# ... existing code ...\n    clear = _immutable\n    pop = _immutable\n\n"
+              f"    def update(self, e=None):\n        {last}\n\n\n# ... existing code ...\n")
+    expected = FROZEN.replace("    update = _immutable\n", "").replace(
+        "    pop = _immutable\n", "    pop = _immutable\n\n    def update(self, e=None):\n"
+        f"        {last}\n")
+    assert_merges(FROZEN, sketch, expected, "f.py")
+
+
+def test_new_edge_line_with_a_copy_the_marker_skips_declines() -> None:
+    """The same new method's last line, but the file has it again below, within the
+    stretch the marker skips: it may be the context there (the lines up to it deleted),
+    so the merge still declines."""
+    original = FROZEN.replace("    return obj\n", "    raise TypeError('immutable')\n")
+    sketch = ("# ... existing code ...\n    clear = _immutable\n    pop = _immutable\n\n"
+              "    def update(self, e=None):\n        raise TypeError('immutable')\n\n\n"
+              "# ... existing code ...\n")
+    assert_declines(original, sketch, "", "f.py")
+
+
+def test_open_end_with_new_lines_between_its_context_lines_declines() -> None:
+    """A new test after `test_a` whose lines repeat `test_b`'s (`def grp():`,
+    `@grp.command`): the alignment reads it as rewriting `test_b`'s first lines, deleting
+    its header, with no context after the new code. Only a deletion between two context
+    lines the sketch shows next to each other is shown; this one has new lines between,
+    so the open end declines (click 7ed114f89a, `tight`: a wrong merge on this session's
+    first version of the open-end rule, declined on main)."""
+    original = ('def test_a(runner):\n    result = runner.invoke(cli)\n'
+                '    assert result.output == "a\\n"\n\n\ndef test_b(runner):\n'
+                '    @click.group\n    def grp():\n        click.echo("grp1")\n\n'
+                '    @grp.command\n    def cmd1():\n        pass\n\n'
+                '    result = runner.invoke(grp)\n    assert result.exception is None\n')
+    sketch = ('    # ... existing code ...\n    assert result.output == "a\\n"\n\n\n'
+              'def test_c(runner):\n    @click.group(cls=Custom)\n    def grp():\n'
+              '        pass\n\n    @grp.command\n    def cli():\n        click.echo("c")\n\n'
+              '    result = runner.invoke(cli)\n    assert result.output == "c\\n"\n\n'
+              '    # ... existing code ...\n')
+    assert_declines(original, sketch, "ends without context", "test_c.py")
+
+
 def _validator_tests(name: str, validator: str) -> str:
     """A class of tests for one validator, as attrs' test_validators.py writes them: each
     class copies the one above it with another name."""

@@ -400,6 +400,28 @@ def test_blank_line_added_under_a_marker_with_wide_context_is_layout() -> None:
     assert result.merged == COMPLETE.replace("click.bashcomplete", "click._bashcomplete")
 
 
+def test_context_width_counts_lines_a_new_line_repeats() -> None:
+    """Three lines of context, then a new test whose body repeats the third. The
+    alignment may match the new test's copy and take the context's as new (the same
+    file), which left the context one line short of wide, so the blank line under the
+    marker was not read as layout (cachetools 083ee5ffdf, third slice: declined before).
+    The width is counted by text, as a diff counts it."""
+    original = ("class TestCache:\n    def test_expire(self):\n        cache = make()\n"
+                "        cache[1] = 1\n        self.assertEqual(1, len(cache))\n\n"
+                "        cache.tick()\n        expired = cache.expire()\n"
+                "        self.assertEqual(4, len(expired))\n        self.assertEqual(0, len(cache))\n")
+    added = ("\n    def test_clear(self):\n        cache = make()\n\n        cache[1] = 1\n"
+             "        cache.clear()\n\n        self.assertEqual(0, len(cache))\n"
+             "        self.assertEqual(0, cache.size)\n\n        cache[3] = 3\n"
+             "        self.assertIn(3, cache)\n")
+    sketch = ("        # ... existing code ...\n\n        expired = cache.expire()\n"
+              "        self.assertEqual(4, len(expired))\n        self.assertEqual(0, len(cache))\n"
+              + added)
+    result = apply_edit(original, sketch, "test_cache.py")
+    assert result.ok, result.diagnostics
+    assert result.merged == original + added
+
+
 def test_blank_line_as_the_only_context_of_a_deletion_still_declines() -> None:
     """A one-line-context diff deleting the import: the blank line above it, then the line
     after it. The same sketch as a model's layout would keep the import; not guessed."""

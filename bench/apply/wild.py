@@ -388,17 +388,28 @@ def sketches(case: dict, index: int) -> dict[str, str]:
 
 # -- running ---------------------------------------------------------------------------------
 
-# Why a sketch declined, from the merge's reason (first match wins).
+# Why a sketch declined, from the merge's reason (first match wins): one name per check that
+# declines (docs/apply.md, "Deterministic path").
 CATEGORIES = (
     ("blank line next to a marker", ("shows a blank line",)),
-    ("open end (no context at a marker)", ("without context", "with new lines")),
-    ("fits two places", ("equally well", "two equally good", "opens like", "closes like",
-                         "are the file's lines",
-                         "occurs several times")),
+    ("blank run split", ("run of blank lines",)),
+    ("open end deletes", ("without context and would delete",)),
+    ("open end rewrites", ("without context and would rewrite",)),
+    ("open end inside a block", ("with new lines", "in the same block")),
+    ("repeated edge line", ("occurs several times",)),
+    ("edge line does not fit", ("does not fit as context",)),
+    ("common line split from context", ("are the file's lines",)),
+    ("least code: context repeats", ("opens like", "closes like")),
+    ("tie: two places", ("equally well", "two equally good")),
+    ("insertion or rewrite", ("reads as new lines after",)),
     ("no distinctive line", ("no distinctive line",)),
+    ("no-op through a repeated line", ("read as it fits best",)),
     ("no-op with blank context", ("changes nothing",)),
-    ("wrong-merge guard", ("wrong-merge guard",)),
+    ("guard: defines a name twice", ("times in one scope", "would define")),
+    ("guard: unshown change", ("wrong-merge guard",)),
+    ("layout guard: two pairings", ("layout guard",)),
     ("marker-less edge", ("no elision marker at its",)),
+    ("does not parse", ("no longer parses",)),
 )
 
 

@@ -362,6 +362,10 @@ class Aligner:
         for k, flag in ((edges[0], start), (edges[-1], end)) if edges else ():
             self.icost[k] = self._plain_cost[k] if flag else self._edge_cost[k]
 
+    def plain_cost(self, k: int) -> int:
+        """Item k's cost as a new line, were it not a segment's edge."""
+        return self._plain_cost[k]
+
     def unplaced_context(self, alignment: Alignment) -> list[int]:
         """Run edge lines that exist in the file but were taken as new."""
         return [k for k in self.edges() if alignment.ops[k][0] == "insert"

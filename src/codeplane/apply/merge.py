@@ -19,6 +19,7 @@ import numpy as np
 
 from codeplane.apply.align import (
     DELETE_EXTEND,
+    INF,
     INSERT_EDGE,
     SUB_BASE,
     SUB_MIN_SIMILARITY,
@@ -636,22 +637,33 @@ def _missing_blank(original: list[str], items: list[str | None], owner: list[int
 def _context_run(original: list[str], items: list[str | None], best: Alignment,
                  rows: list[int], step: int) -> int:
     """How many lines of context the segment opens (`step` 1) or closes (-1) on, counted in
-    the file, its blank lines included (as a diff counts them): its first (last) rows that
-    match file lines that are neighbours there, blank lines aside. Blank lines the sketch
-    adds or leaves out between them are layout (optional blank lines left out at the marker
-    aside)."""
+    the file, its blank lines included (as a diff counts them): from its first (last) row
+    with code, matched to a file line, the rows whose text is the file's next lines with
+    code, in order. Blank lines the sketch adds or leaves out between them are layout
+    (optional blank lines left out at the marker aside). By text, not by the alignment's
+    matches: where a later new line repeats a context line, the alignment may match that
+    one and take the context's copy as new, the same file either way (cachetools
+    083ee5ffdf in the third slice: a new test appended after three lines of context)."""
     edge: int | None = None  # the file line of the run's row next to the marker
     inner: int | None = None  # and of its innermost row so far
     for k in rows[::step]:
-        op = best.ops[k]
-        if op[0] == "drop" or op[0] == "insert" and not (items[k] or "").strip():
-            continue
-        if op[0] != "match" or inner is not None and (
-                (op[1] - inner) * step <= 0 or any(line.strip() for line in original[
-                    min(op[1], inner) + 1:max(op[1], inner)])):
-            break
-        edge = op[1] if edge is None else edge
-        inner = op[1]
+        op, text = best.ops[k], norm(items[k] or "")
+        if edge is None or inner is None:
+            if op[0] == "drop" or op[0] == "insert" and not text:
+                continue
+            if op[0] != "match":
+                break
+            edge = inner = op[1]
+        elif not text:  # a blank line of the file next to the run counts, as in a diff
+            if op[0] == "match" and (op[1] - inner) * step > 0 and not any(
+                    line.strip() for line in original[min(op[1], inner) + 1:max(op[1], inner)]):
+                inner = op[1]
+        else:
+            after = range(inner + step, len(original) if step == 1 else -1, step)
+            nxt = next((o for o in after if original[o].strip()), None)
+            if nxt is None or norm(original[nxt]) != text:
+                break
+            inner = nxt
     return 0 if edge is None or inner is None else abs(inner - edge) + 1
 
 
@@ -696,8 +708,20 @@ def _open_end(original: list[str], items: list[str | None], owner: list[int],
     marker = best.ops[rows[-1] + 1]
     if not content or best.ops[content[-1]][0] == "match" or not marker_after:
         return None
+    # Lines deleted between two context lines the sketch shows next to each other (only
+    # blank lines between) are shown deleted, not left unsaid by the open end (a line
+    # dropped from a list of assignments, then a new method below it: tinydb 63fcad66a5 in
+    # the fourth slice). With new lines between them it may be a rewrite of code the
+    # sketch never shows (new code repeating lines of the next test, matched there, its
+    # header deleted: click 7ed114f89a, `tight`), and a common line (`pass`) pins nothing.
     start = best.ops[rows[0] - 1][2]
-    gone = sorted(o for o in best.deleted if start <= o < marker[1] and original[o].strip())
+    shown = set()
+    for a, b in itertools.pairwise(content):
+        if all(best.ops[k][0] == "match" and not trivial(norm(items[k]))  # type: ignore[arg-type]
+               for k in (a, b)):
+            shown.update(range(best.ops[a][1] + 1, best.ops[b][1]))
+    gone = sorted(o for o in best.deleted if start <= o < marker[1] and original[o].strip()
+                  and o not in shown)
     if gone:
         return (f"ends without context and would delete line {gone[0] + 1} "
                 f"({original[gone[0]].strip()[:60]!r}): replaced or kept? ambiguous")
@@ -775,6 +799,48 @@ def _at_file_edge(original: list[str], sketch: Sketch, best: Alignment, number: 
     return False
 
 
+def _copy_beyond(aligner: Aligner, best: Alignment, k: int, step: int) -> bool:
+    """Whether the file has a copy of edge row `k`'s line, taken as new, where it could
+    still be the segment's context: past the segment's end (`step` 1; before its start:
+    -1) within the stretch the marker there skips. Without one, the line can only be a
+    new copy (a new method that ends like a neighbour above it, tinydb 63fcad66a5 in the
+    fourth slice): reading it as context would put it out of order."""
+    marker = next(j for j in itertools.count(k + step, step) if aligner.items[j] is None)
+    at, (_, start, end) = best.ops[k][1], best.ops[marker]
+    lo, hi = (at, end) if step == 1 else (start, at)
+    return bool(np.any(aligner.ocode[lo:hi] == aligner.icode[k]))
+
+
+def _same_as_new_copy(aligner: Aligner, best: Alignment, k: int, outward: int) -> bool:
+    """Whether reading edge row `k` (a line the file has several times) as a new copy, with
+    the blank row `outward` next to it as the context instead, merges the same file as
+    reading it as context: the two readings then are one (a renamed function whose
+    `return thing.go()` ends the segment: as context the old `def` line is deleted, as a
+    new copy that line and the old `return` are; tenacity daaaebe80c in the third
+    slice)."""
+    saved = list(aligner.icost)
+    aligner.icost[k] = aligner.plain_cost(k)
+    aligner.icost[outward] = INF  # a blank line matched, never left out
+    try:
+        other = aligner.align({k: np.ones(len(aligner.original), dtype=bool)})
+    finally:
+        aligner.icost = saved
+    return other is not None and _text(aligner, other) == _text(aligner, best)
+
+
+def _text(aligner: Aligner, alignment: Alignment) -> list[str]:
+    """The file an alignment merges, whitespace collapsed (layout is the guard's)."""
+    out: list[str] = []
+    for item, op in zip(aligner.items, alignment.ops):
+        if op[0] == "marker":
+            out += aligner.onorm[op[1]:op[2]]
+        elif op[0] == "match":
+            out.append(aligner.onorm[op[1]])
+        elif op[0] in ("sub", "insert"):
+            out.append(norm(item or ""))
+    return out
+
+
 def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: int,
                    label: str, n: int, at_edge: bool = False, tie_ok: bool = False
                    ) -> str | _Tie | None:
@@ -790,20 +856,26 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
     edges = [k for k in aligner.edges() if owner[k] == number]
     for k in edges:  # a segment's edge lines are its context: see align.py
         which = "first" if k == edges[0] else "last"
-        if best.ops[k][0] == "insert" and aligner.icost[k] == INSERT_EDGE:
+        if best.ops[k][0] == "insert" and aligner.icost[k] == INSERT_EDGE \
+                and _copy_beyond(aligner, best, k, -1 if which == "first" else 1):
             return (f"{label}: its {which} line {aligner.items[k].strip()[:60]!r} is in the "
                     f"file but does not fit as context anywhere the rest of the segment does")
         # Forced to be context, a line the file has several times may be a new copy when
         # the segment shows blank lines before it at the marker (those may be the context):
         # when taking it as context means deleting the lines next to it, it is not trusted.
-        inward = best.ops[k][1] + (1 if which == "first" else -1)
-        outward = k - 1 if which == "first" else k + 1
+        # Blank lines deleted there are the model's layout (the file keeps its own).
+        step = 1 if which == "first" else -1
+        outward = k - step
+        gone = next((o for o in itertools.takewhile(
+            lambda o: o in best.deleted, itertools.count(best.ops[k][1] + step, step))
+            if aligner.original[o].strip()), None)
         if best.ops[k][0] == "match" and aligner.icost[k] == INSERT_EDGE \
-                and outward in aligner.optional and inward in best.deleted and len(edges) > 1 \
-                and np.count_nonzero(aligner.ocode == aligner.icode[k]) > 1:
+                and outward in aligner.optional and gone is not None and len(edges) > 1 \
+                and np.count_nonzero(aligner.ocode == aligner.icode[k]) > 1 \
+                and not _same_as_new_copy(aligner, best, k, outward):
             return (f"{label}: its {which} line {aligner.items[k].strip()[:60]!r} occurs "
                     f"several times in the file, and as context here it would delete line "
-                    f"{inward + 1} ({aligner.original[inward].strip()[:60]!r}): ambiguous")
+                    f"{gone + 1} ({aligner.original[gone].strip()[:60]!r}): ambiguous")
     if not matched:
         return None  # at the file's edge, by its edited lines alone (nothing to forbid)
     rival = _rival(aligner, best, rows, matched)
