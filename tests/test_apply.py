@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from applykit import merges
 
 from codeplane.apply.formats import is_marker
 from codeplane.apply.service import apply_edit
@@ -73,9 +74,7 @@ def func_0401(value):
 def test_dedented_snippet_with_other_comment_syntax_is_reindented() -> None:
     original = "class A:\n    def f(self):\n        return 1\n\n    def g(self):\n        return 2\n"
     sketch = "// ... existing code ...\ndef g(self):\n    return 3\n// ... existing code ...\n"
-    result = apply_edit(original, sketch, "a.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original.replace("return 2", "return 3")
+    merges(original, sketch, "a.py", original.replace("return 2", "return 3"))
 
 
 def test_search_replace_blocks() -> None:
@@ -115,10 +114,9 @@ def test_search_blocks_in_file_order_pin_a_repeated_block() -> None:
     original = HEADER + "".join(function(k) for k in range(2, 4))
     alone = apply_edit(original, first, "gen.py")
     assert not alone.ok and any("ambiguous" in d for d in alone.diagnostics)
-    result = apply_edit(original, first + second, "gen.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == HEADER + function(2).replace("return result", "return result + 1") \
-        + function(3).replace("by 3.", "by three.")
+    merges(original, first + second, "gen.py",
+           HEADER + function(2).replace("return result", "return result + 1")
+           + function(3).replace("by 3.", "by three."))
 
 
 def test_unified_diff_with_drifted_line_numbers() -> None:
@@ -177,9 +175,8 @@ def test_unplaceable_segment_is_declined() -> None:
 def test_marker_less_edge_keeps_the_code_beyond_it() -> None:
     sketch = f"# ... existing code ...\ndef func_0150(value):\n    \"\"\"Scale value by 150.\"\"\"\n" \
              f"{NEW_BODY}    return result\n"  # no closing marker, 2,500 lines before EOF
-    result = apply_edit(ORIGINAL, sketch, "gen.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == ORIGINAL.replace(function(150), function(150, NEW_BODY))
+    result = merges(ORIGINAL, sketch, "gen.py",
+                    ORIGINAL.replace(function(150), function(150, NEW_BODY)))
     assert any("were kept" in d for d in result.diagnostics)
 
 
@@ -195,9 +192,7 @@ SMALL = "import os\n\n\ndef add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n  
     "```python\ndef add(a, b):\n    return a + b\n# ... existing code ...\n```\n",
 ])
 def test_changed_only_line_replaces_and_edges_are_kept(edit: str) -> None:
-    result = apply_edit(SMALL, edit, "m.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == SMALL.replace("a - b", "a + b")
+    merges(SMALL, edit, "m.py", SMALL.replace("a - b", "a + b"))
 
 
 @pytest.mark.parametrize(("path", "original", "edit", "expected"), [
@@ -217,9 +212,7 @@ def test_changed_only_line_replaces_and_edges_are_kept(edit: str) -> None:
 ])
 def test_short_edits_in_other_languages(path: str, original: str, edit: str,
                                         expected: str | None) -> None:
-    result = apply_edit(original, edit, path)
-    assert result.ok, result.diagnostics
-    assert result.merged == (expected or original.replace("a - b", "a + b"))
+    merges(original, edit, path, (expected or original.replace("a - b", "a + b")))
 
 
 def test_edge_lines_touching_the_sketch_are_not_guessed() -> None:
@@ -246,9 +239,7 @@ def test_new_function_copied_from_a_neighbour_is_added_not_rewritten() -> None:
     original = f"{head}def test_z():\n    pass\n"
     sketch = (f"# ... existing code ...\n    assert 'Usage' in result.output\n\n\n{test_b}\n\n"
               f"def test_z():\n# ... existing code ...\n")
-    result = apply_edit(original, sketch, "t.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == f"{head}{test_b}\n\ndef test_z():\n    pass\n"
+    merges(original, sketch, "t.py", f"{head}{test_b}\n\ndef test_z():\n    pass\n")
 
 
 def test_segment_without_closing_context_does_not_guess() -> None:
@@ -433,9 +424,7 @@ def test_http_apply(live_server) -> None:
 # -- wrong merges found by the benchmark (bench/apply.py), reduced -------------------------------
 
 def assert_merges(original: str, sketch: str, expected: str, path: str) -> None:
-    result = apply_edit(original, sketch, path)
-    assert result.ok, result.diagnostics
-    assert result.merged == expected
+    merges(original, sketch, path, expected)
 
 
 def assert_declines(original: str, sketch: str, reason: str, path: str) -> None:
@@ -787,9 +776,7 @@ def test_short_edge_line_is_context_when_reading_it_as_new_breaks_the_syntax() -
     original = head + "@attrs.frozen\nclass Diag:\n    severity: str\n" + tail % "Diag(d)"
     sketch = ("# ... existing code ...\n]\n\n\ndef parse(out):\n    found = run(out)\n"
               "    return {d for d in found}\n\n\ndef main():\n# ... existing code ...\n")
-    result = apply_edit(original, sketch, "t.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == head.removesuffix("\n\n") + tail % "d"
+    result = merges(original, sketch, "t.py", head.removesuffix("\n\n") + tail % "d")
     assert any("break the syntax" in note for note in result.diagnostics)
     # Without a grammar nothing tells the readings apart: declined, not guessed.
     assert not apply_edit(original, sketch, "t.txt").ok

@@ -10,6 +10,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from applykit import merges
+
 from codeplane.apply.guard import restore_layout
 from codeplane.apply.service import apply_edit
 
@@ -63,9 +65,7 @@ def load(root):
     return items
 # ... existing code ...
 '''
-    result = apply_edit(MODULE, sketch, "store.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == FIXED
+    result = merges(MODULE, sketch, "store.py", FIXED)
     assert any("layout guard" in note for note in result.diagnostics)
 
 

@@ -6,6 +6,7 @@ file keeps its own bytes) and the wrong-merge guard. Deterministic path only (no
 from __future__ import annotations
 
 import pytest
+from applykit import merges
 
 from codeplane.apply.formats import parse_edit
 from codeplane.apply.guard import check
@@ -72,9 +73,7 @@ class Store:
 
 @pytest.mark.parametrize("wording", WORDINGS)
 def test_marker_wording_in_body_and_under_headers_merges(wording: str) -> None:
-    result = apply_edit(STORE, _sketch(wording), "store.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == EXPECTED
+    merges(STORE, _sketch(wording), "store.py", EXPECTED)
 
 
 @pytest.mark.parametrize("wording", WORDINGS)
@@ -86,9 +85,7 @@ def test_marker_wording_between_context_keeps_the_elided_lines(wording: str) -> 
         return dict(self.items)
 {wording}
 """
-    result = apply_edit(STORE, sketch, "store.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == EXPECTED
+    merges(STORE, sketch, "store.py", EXPECTED)
 
 
 JS = """import fs from "fs";
@@ -120,9 +117,7 @@ export function load(root) {{
 }}
 {wording}
 """
-    result = apply_edit(JS, sketch, "store.js")
-    assert result.ok, result.diagnostics
-    assert result.merged == JS.replace("  return items;", "  return { ...items };")
+    merges(JS, sketch, "store.js", JS.replace("  return items;", "  return { ...items };"))
 
 
 SQL = """-- schema
@@ -147,9 +142,7 @@ CREATE TABLE users (
 );
 {wording}
 """
-    result = apply_edit(SQL, sketch, "schema.sql")
-    assert result.ok, result.diagnostics
-    assert result.merged == SQL.replace("email TEXT\n", "email TEXT UNIQUE\n")
+    merges(SQL, sketch, "schema.sql", SQL.replace("email TEXT\n", "email TEXT UNIQUE\n"))
 
 
 HTML = """<html>
@@ -175,9 +168,7 @@ def test_html_markers_keep_the_markup(wording: str) -> None:
 </body>
 {wording}
 """
-    result = apply_edit(HTML, sketch, "page.html")
-    assert result.ok, result.diagnostics
-    assert result.merged == HTML.replace("old", "new")
+    merges(HTML, sketch, "page.html", HTML.replace("old", "new"))
 
 
 def test_new_stub_body_is_code_not_a_marker() -> None:
@@ -217,11 +208,9 @@ def test_body_marker_keeps_the_rest_of_the_body_before_new_code() -> None:
     def save(self, name, text):
 # ... existing code ...
 """
-    result = apply_edit(STORE, sketch, "store.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == STORE.replace(
+    merges(STORE, sketch, "store.py", STORE.replace(
         "    def save(", "    def reload(self):\n        self.items = {}\n"
-        "        return self.load()\n\n    def save(")
+        "        return self.load()\n\n    def save("))
 
 
 def test_guard_declines_code_replaced_by_a_comment_or_not_shown() -> None:
@@ -252,18 +241,14 @@ def test_joined_call_in_context_keeps_the_files_lines() -> None:
                 '    )\n    store.load()\n    return store\n\n\ndef other():\n    pass\n')
     sketch = ('def build(root):\n    store = Store(root, cache=True)\n    store.load()\n'
               '    store.check()\n    return store\n# ... existing code ...\n')
-    result = apply_edit(original, sketch, "b.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original.replace("    store.load()\n",
-                                             "    store.load()\n    store.check()\n")
+    merges(original, sketch, "b.py", original.replace("    store.load()\n",
+                                                      "    store.load()\n    store.check()\n"))
 
 
 def test_context_without_trailing_whitespace_keeps_the_files_bytes() -> None:
     original = "def f(x):   \n    y = x + 1  \n    return y\n\n\ndef g():\n    pass\n"
     sketch = "def f(x):\n    y = x + 1\n    return y * 2\n# ... existing code ...\n"
-    result = apply_edit(original, sketch, "f.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original.replace("return y\n", "return y * 2\n")
+    merges(original, sketch, "f.py", original.replace("return y\n", "return y * 2\n"))
 
 
 def test_blank_line_added_under_a_marker_is_layout_where_it_can_be_nothing_else() -> None:
@@ -278,9 +263,7 @@ def test_blank_line_added_under_a_marker_is_layout_where_it_can_be_nothing_else(
         return dict(self.items)
 # ... existing code ...
 """
-    result = apply_edit(STORE, sketch, "store.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == EXPECTED
+    merges(STORE, sketch, "store.py", EXPECTED)
 
 
 @pytest.mark.parametrize("wording", WORDINGS)
@@ -351,10 +334,8 @@ class TestB:
     """
 # ... existing code ...
 '''
-    result = apply_edit(MATCH_ARGS, sketch, "test_m.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == MATCH_ARGS.replace(MATCH_ARGS[MATCH_ARGS.index(
-        "    @pytest.mark.skipif(OLD"):MATCH_ARGS.index("class TestB")], "\n")
+    merges(MATCH_ARGS, sketch, "test_m.py", MATCH_ARGS.replace(MATCH_ARGS[MATCH_ARGS.index(
+        "    @pytest.mark.skipif(OLD"):MATCH_ARGS.index("class TestB")], "\n"))
 
 
 COMPLETE = '''import os
@@ -395,9 +376,8 @@ def test_blank_line_added_under_a_marker_with_wide_context_is_layout() -> None:
 
 # ... existing code ...
 '''
-    result = apply_edit(COMPLETE, sketch, "complete.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == COMPLETE.replace("click.bashcomplete", "click._bashcomplete")
+    merges(COMPLETE, sketch, "complete.py",
+           COMPLETE.replace("click.bashcomplete", "click._bashcomplete"))
 
 
 def test_context_width_counts_lines_a_new_line_repeats() -> None:
@@ -417,9 +397,7 @@ def test_context_width_counts_lines_a_new_line_repeats() -> None:
     sketch = ("        # ... existing code ...\n\n        expired = cache.expire()\n"
               "        self.assertEqual(4, len(expired))\n        self.assertEqual(0, len(cache))\n"
               + added)
-    result = apply_edit(original, sketch, "test_cache.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original + added
+    merges(original, sketch, "test_cache.py", original + added)
 
 
 def test_blank_line_as_the_only_context_of_a_deletion_still_declines() -> None:
@@ -473,9 +451,7 @@ def test_new_line_copying_one_at_another_depth_does_not_set_the_shift() -> None:
     old = '            if attr in getattr(base, "__annotations__", {}):\n'
     new = ('            annotations = getattr(base, "__annotations__", {})\n'
            '            if attr in annotations:\n')
-    result = apply_edit(PROTOCOL, sketch, "protocol.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == PROTOCOL.replace(old, new)
+    merges(PROTOCOL, sketch, "protocol.py", PROTOCOL.replace(old, new))
 
 
 def test_line_moved_to_the_files_start_is_not_copied_twice() -> None:
@@ -491,10 +467,8 @@ def test_line_moved_to_the_files_start_is_not_copied_twice() -> None:
     sketch = ("from random import seed\nfrom unittest import TestCase\n\n"
               "from nose.tools import eq_\n\nfrom more_itertools import *\n\n\n"
               "def setup_module():\n# ... rest of the function unchanged ...\n")
-    result = apply_edit(original, sketch, "test_recipes.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == "from random import seed\n" + original.replace(
-        "\nfrom random import seed\n", "")
+    merges(original, sketch, "test_recipes.py", "from random import seed\n" + original.replace(
+        "\nfrom random import seed\n", ""))
 
 
 RECIPES = '''def quantify(iterable, pred=bool):
@@ -616,9 +590,8 @@ def test_new_function_after_a_body_marker_goes_below_the_block(wording: str) -> 
 # ... rest of the file unchanged ...
 '''
     at = OPTION_TESTS.index("def test_aliases_for_flags")
-    result = apply_edit(OPTION_TESTS, sketch, "test_options.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == OPTION_TESTS[:at] + NEW_TEST + OPTION_TESTS[at:]
+    merges(OPTION_TESTS, sketch, "test_options.py",
+           OPTION_TESTS[:at] + NEW_TEST + OPTION_TESTS[at:])
 
 
 def test_code_appended_at_the_files_end_may_copy_lines_the_file_has_together() -> None:
@@ -636,9 +609,7 @@ def test_code_appended_at_the_files_end_may_copy_lines_the_file_has_together() -
     original = test.format(name="usage") + "\n\n" + test.format(name="other")
     sketch = "# ... existing code ...\n" + test.format(name="other") + "\n\n" + \
         test.format(name="appended")
-    result = apply_edit(original, sketch, "test_formatting.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == original + "\n\n" + test.format(name="appended")
+    merges(original, sketch, "test_formatting.py", original + "\n\n" + test.format(name="appended"))
 
 
 PARSER = '''import argparse
@@ -759,6 +730,5 @@ def test_an_insertion_reading_that_copies_a_line_the_file_has_once_is_no_rival()
     else:
 # ... existing code ...
 '''
-    result = apply_edit(PICK, sketch, "pick.py")
-    assert result.ok, result.diagnostics
-    assert result.merged == PICK.replace("writer = sink", "writer = functools.partial(sink, **kwargs)")
+    merges(PICK, sketch, "pick.py",
+           PICK.replace("writer = sink", "writer = functools.partial(sink, **kwargs)"))
