@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from codeplane.tab import decision
+from codeplane.tab import decision, lsp
 from codeplane.tab.nextedit import (
     MAX_OPEN_FILE_CHARS,
     MAX_OPEN_FILES,
@@ -152,3 +152,8 @@ def test_a_jump_goes_to_the_first_open_file_that_still_has_the_old_word():
 def test_bad_open_files_are_refused(open_files):
     with pytest.raises(ValidationError):
         req(TEXT, edits=[RENAME], open_files=open_files)
+
+
+def test_the_lsp_sends_no_more_open_files_than_the_api_takes():
+    assert lsp.JUMP_DOCUMENTS <= MAX_OPEN_FILES
+    assert lsp.JUMP_DOCUMENT_CHARS <= MAX_OPEN_FILE_CHARS
