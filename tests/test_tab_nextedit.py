@@ -138,6 +138,7 @@ def test_a_jump_goes_to_the_first_open_file_that_still_has_the_old_word():
     whole_words = [{"path": "b.py", "text": "older(1)\nbold = 2\n"}]
     assert jump_for(req(TEXT, line=5, edits=[RENAME], open_files=whole_words), None) is None
     assert jump_for(req(TEXT, line=5, open_files=OPEN), None) is None  # no rename, no jump
+    assert r.for_model().open_files == [] and r.open_files  # their text stays on the server
 
 
 @pytest.mark.parametrize("open_files", [
