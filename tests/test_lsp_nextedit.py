@@ -159,3 +159,52 @@ def test_a_pause_after_an_edit_prefills_the_next_edit_prompt(live_server, tmp_pa
         assert after["next_cached_tokens"] - before["next_cached_tokens"] == prompt - 1
     finally:
         client.close()
+
+
+MAIN = "import shapes\n\n\ndef run():\n    return shapes.area(1, 2)\n"
+USES = "import shapes\n\n\ndef both():\n    return shapes.area(3, 4)\n"
+
+
+def test_a_rename_jumps_to_the_most_recently_edited_open_file_still_calling_it(live_server,
+                                                                             tmp_path):
+    """main.py's only call of `area` is renamed; shapes.py and uses.py, both open, still
+    call it, uses.py edited last: the suggestion's jump command carries uses.py's URI, and
+    running it sends `window/showDocument` for uses.py at its first `area`."""
+    client = _lsp(Recorded, live_server, tmp_path)
+    try:
+        _open_shapes(client, tmp_path / "shapes.py")
+        docs = {}
+        for name, text in (("uses.py", USES), ("main.py", MAIN)):
+            (tmp_path / name).write_text(text)
+            docs[name] = (tmp_path / name).as_uri()
+            client.notify("textDocument/didOpen", {"textDocument": {
+                "uri": docs[name], "languageId": "python", "version": 1, "text": text}})
+        client.notify("textDocument/didChange", {  # uses.py: a line added at the top
+            "textDocument": {"uri": docs["uses.py"], "version": 2},
+            "contentChanges": [{"range": {"start": {"line": 0, "character": 0},
+                                          "end": {"line": 0, "character": 0}},
+                                "text": "# uses\n"}]})
+        line, col = 4, len("    return shapes.")
+        client.notify("textDocument/didChange", {  # main.py: the rename, pasted in
+            "textDocument": {"uri": docs["main.py"], "version": 2},
+            "contentChanges": [{"range": {"start": {"line": line, "character": col},
+                                          "end": {"line": line, "character": col + 4}},
+                                "text": "surface"}]})
+        where = {"textDocument": {"uri": docs["main.py"]},
+                 "position": {"line": line, "character": col + len("surface")},
+                 "context": {"triggerKind": 2}}
+        items = client.request("textDocument/inlineCompletion", where, timeout=300)["items"]
+        assert items, "no suggestion after the rename"
+        command = items[0]["command"]
+        assert command["command"] == "codeplane.nextEdit.jump", items[0]
+        assert command["arguments"][:2] == [docs["uses.py"], 5], items[0]
+        shown = client.request("workspace/executeCommand", {"command": command["command"],
+                                                            "arguments": command["arguments"]})
+        assert shown is True
+        shows = [m for way, m in client.log
+                 if way == "<-" and m.get("method") == "window/showDocument"]
+        assert [(m["params"]["uri"], m["params"]["selection"]["start"]["line"])
+                for m in shows] == [(docs["uses.py"], 5)]
+        print("--- JSON-RPC transcript ---\n" + client.transcript())
+    finally:
+        client.close()

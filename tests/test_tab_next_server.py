@@ -206,3 +206,30 @@ def test_a_rewrite_that_rejoins_the_window_stops_and_is_the_same_file(local_mode
     assert full.suggestion is not None, full.raw  # the model changes a line, copies the rest
     assert early.suggestion.apply(RUN) == full.suggestion.apply(RUN)
     assert early.completion_tokens < full.completion_tokens, (early.raw, full.raw)
+
+
+MAIN = "import shapes\n\n\ndef run():\n    return shapes.area(1, 2)\n"
+
+
+def test_a_rename_with_none_left_in_its_file_jumps_into_another_open_file(tmp_path: Path,
+                                                                        engine):
+    """The user renamed the only call in main.py; shapes.py, open beside it, still has the
+    old name: the answer's jump is shapes.py's first occurrence (the `def`). The other
+    file's text serves this request only: it is not in the prompt."""
+    server = run_server(tmp_path / "home", None, engine=engine)
+    text = MAIN.replace("shapes.area(", "shapes.surface(")
+    rename = {"path": "main.py", "line": 4, "before": "    return shapes.area(1, 2)\n",
+              "after": "    return shapes.surface(1, 2)\n"}
+    ask = {"path": "main.py", "text": text, "cursor": {"line": 4, "character": 24},
+           "edits": [rename], "max_tokens": 24,
+           "open_files": [{"path": "notes.md", "text": "nothing to rename here\n"},
+                          {"path": "shapes.py", "text": SHAPES}]}
+    try:
+        got = httpx.post(f"{server.url}/v1/tab/next", headers=caller(server, "alice"),
+                         json=ask, timeout=300)
+    finally:
+        server.stop()
+    assert got.status_code == 200, got.text
+    assert got.json()["jump"] == {"path": "shapes.py", "line": 0}, got.json()
+    parts, _, _ = nextedit.prompt_parts(NextRequest(**ask), "window")
+    assert not any("def area" in piece for piece, _ in parts)

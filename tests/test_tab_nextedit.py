@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from codeplane.tab import decision
+from codeplane.tab import decision, lsp
 from codeplane.tab.nextedit import (
+    MAX_OPEN_FILE_CHARS,
+    MAX_OPEN_FILES,
     NextRequest,
     Suggestion,
     _Watch,
@@ -117,3 +119,42 @@ def test_a_window_rewrite_stops_once_it_rejoins_the_window():
     assert watch.spliced == "".join(new)
     assert parse(watch.spliced, "window", req()) == Suggestion(15, 16,
                                                                "inserted = 1\nline15 = changed\n")
+
+
+OPEN = [{"path": "b.py", "text": "x = 1\n"},
+        {"path": "c.py", "text": "import a\n\ny = a.old(2)\nold()\n"},
+        {"path": "d.py", "text": "old(3)\n"}]
+
+
+def test_a_jump_goes_to_the_first_open_file_that_still_has_the_old_word():
+    """The current file first (as the rename's next call site there); when it has none
+    left, the first occurrence in the first of the editor's other open files, in the order
+    given (the LSP sends the most recently edited first)."""
+    r = req(TEXT, line=5, edits=[RENAME], open_files=OPEN)
+    assert jump_for(r, None) == {"path": "c.py", "line": 2}
+    here = req(TEXT.replace("line35 = 35", "line35 = old(1)"), line=5, edits=[RENAME],
+               open_files=OPEN)
+    assert jump_for(here, None) == {"path": "a.py", "line": 35}
+    whole_words = [{"path": "b.py", "text": "older(1)\nbold = 2\n"}]
+    assert jump_for(req(TEXT, line=5, edits=[RENAME], open_files=whole_words), None) is None
+    assert jump_for(req(TEXT, line=5, open_files=OPEN), None) is None  # no rename, no jump
+    assert r.for_model().open_files == [] and r.open_files  # their text stays on the server
+
+
+@pytest.mark.parametrize("open_files", [
+    [{"path": f"f{n}.py", "text": ""} for n in range(MAX_OPEN_FILES + 1)],  # too many
+    [{"path": "b.py", "text": "x" * (MAX_OPEN_FILE_CHARS + 1)}],  # too long
+    [{"path": "", "text": "old()\n"}],  # no path
+    [{"path": "b\x00.py", "text": "old()\n"}],  # a control character
+    [{"path": "a.py", "text": "old()\n"}],  # the current file is not another open file
+    [{"path": "b.py", "text": "old()\n"}, {"path": "b.py", "text": "x\n"}],  # twice
+    [{"path": "b.py", "text": "old()\n", "uri": "file:///b.py"}],  # unknown field
+])
+def test_bad_open_files_are_refused(open_files):
+    with pytest.raises(ValidationError):
+        req(TEXT, edits=[RENAME], open_files=open_files)
+
+
+def test_the_lsp_sends_no_more_open_files_than_the_api_takes():
+    assert lsp.JUMP_DOCUMENTS <= MAX_OPEN_FILES
+    assert lsp.JUMP_DOCUMENT_CHARS <= MAX_OPEN_FILE_CHARS

@@ -47,6 +47,18 @@ def test_no_key_or_a_wrong_key_is_refused(server):
     {"max_tokens": 0},
     {"surprise": True},  # unknown fields are refused, not ignored
     {"cursor": "4:0"},
+    {"open_files": [{"path": f"f{n}.py", "text": ""} for n in range(9)]},  # too many
+    {"open_files": [{"path": "b.py", "text": "x" * 100_001}]},  # too long
+    {"open_files": [{"path": "", "text": "area(1, 2)\n"}]},  # bad paths
+    {"open_files": [{"path": "b\x00.py", "text": "area(1, 2)\n"}]},
+    {"open_files": [{"path": "b\n.py", "text": "area(1, 2)\n"}]},
+    {"open_files": [{"path": "x" * 4097, "text": ""}]},
+    {"open_files": [{"path": "app.py", "text": "area(1, 2)\n"}]},  # the current file
+    {"open_files": [{"path": "b.py", "text": ""}, {"path": "b.py", "text": ""}]},
+    {"open_files": [{"path": "b.py"}]},
+    {"open_files": [{"path": "b.py", "text": "", "uri": "file:///b.py"}]},
+    {"open_files": [["b.py", "area(1, 2)"]]},
+    {"open_files": {"path": "b.py", "text": ""}},
 ])
 def test_bad_input_is_a_4xx(server, change):
     reply = post(server, {**BODY, **change}, caller(server, "alice"))

@@ -14,13 +14,16 @@ Next edit (docs/tab.md, "Next edit"): every `didChange` goes into the edit histo
 (`tab/history.py`); when the newest edit is near the cursor and not plain typing, the inline
 completion is the server's next edit (`POST /v1/tab/next`): an item whose `range` is the
 lines it rewrites, and, when the same change is due elsewhere, the `codeplane.nextEdit.jump`
-command (arguments: uri, 0-based line), which moves the editor there (`window/showDocument`).
+command (arguments: uri, 0-based line), which moves the editor there (`window/showDocument`):
+in this document, or in another open one (the request carries them, most recently edited
+first, and the answer's path is mapped back to its URI).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections import OrderedDict
 from pathlib import Path
 
@@ -41,6 +44,12 @@ ACCEPT_COMMAND = "codeplane.tab.accepted"
 JUMP_COMMAND = "codeplane.nextEdit.jump"
 MAX_SNAPSHOTS = 64  # documents whose last text is kept to diff the next didChange against
 MAX_DISK_BYTES = 1 << 20  # a document's first "before" may be read from disk up to this
+# other open documents sent with a next-edit request (for its jump), and the largest sent:
+# within `/v1/tab/next`'s bounds (nextedit.MAX_OPEN_FILES, MAX_OPEN_FILE_CHARS; a test
+# checks), kept here so the editor's process does not import the server's modules
+JUMP_DOCUMENTS = 8
+JUMP_DOCUMENT_CHARS = 100_000
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class TabLanguageServer(LanguageServer):
@@ -110,14 +119,19 @@ class TabLanguageServer(LanguageServer):
         """The server's next edit as an inline item replacing a range, or None."""
         doc = self.workspace.get_text_document(uri)
         ticket = self._latest[uri] = self._latest.get(uri, 0) + 1
-        body = self._next_body(uri, doc.source, position)
+        others = self._other_documents(uri)
+        body = {**self._next_body(uri, doc.source, position),
+                "open_files": [{"path": path, "text": text}
+                               for path, (_, text) in others.items()]}
         try:  # the rewrite decodes a whole window: it may take longer than FIM
             result = await self.tab.next_edit(body)
         except TabClientError as exc:
             self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Warning, str(exc)))
             return None
         found, jump = result.get("suggestion"), result.get("jump")
-        if self._latest.get(uri) != ticket or not (found or jump):
+        targets = {body["path"]: uri, **{path: u for path, (u, _) in others.items()}}
+        jump_uri = targets.get(jump["path"]) if jump else None  # a path not sent: no jump
+        if self._latest.get(uri) != ticket or not (found or jump_uri):
             return None
         sid = None
         if result.get("id"):  # shown: logged, and its accept reported, as FIM's
@@ -126,7 +140,7 @@ class TabLanguageServer(LanguageServer):
                                       "source": f"next_{result['source']}",
                                       "confidence": result["probability"]}, doc.language_id)
         command = lsp.Command(title="codeplane: go to the next edit", command=JUMP_COMMAND,
-                              arguments=[uri, jump["line"], sid]) if jump else \
+                              arguments=[jump_uri, jump["line"], sid]) if jump_uri else \
             _accept(sid) if sid else None
         if not found:  # a jump alone: nothing to insert, the command moves the cursor
             here = lsp.Range(position, position)
@@ -136,6 +150,26 @@ class TabLanguageServer(LanguageServer):
         end = sum(len(x) for x in lines[:found["end_line"]])
         rng = lsp.Range(_position(doc.source, start), _position(doc.source, end))
         return lsp.InlineCompletionItem(insert_text=found["text"], range=rng, command=command)
+
+    def _other_documents(self, uri: str) -> dict[str, tuple[str, str]]:
+        """The editor's other open documents a jump may lead to, as path -> (uri, text):
+        the most recently edited first, then the rest as opened; bounded in count, a
+        document over the API's size left out, and a path that names two documents (or the
+        current one: basenames outside the workspace root) kept for the first only."""
+        docs = self.workspace.text_documents
+        edited = [u for u in reversed(self._texts) if u in docs]
+        taken = {self._path(uri)}
+        found: dict[str, tuple[str, str]] = {}
+        for other in dict.fromkeys([*edited, *docs]):
+            path, text = self._path(other), docs[other].source
+            if (other == uri or path in taken or len(text) > JUMP_DOCUMENT_CHARS
+                    or _CONTROL.search(path)):  # no editor's path: the API refuses it
+                continue
+            taken.add(path)
+            found[path] = (other, text)
+            if len(found) == JUMP_DOCUMENTS:
+                break
+        return found
 
     def _next_body(self, uri: str, source: str, position: lsp.Position) -> dict:
         """The next-edit request at `position` (`POST /v1/tab/next` and its prefill)."""

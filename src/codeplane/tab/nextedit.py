@@ -16,7 +16,8 @@ edit", has their numbers):
 Either way the answer is the smallest line range of the window that changed, and its new
 text. The rewrite mostly copies the window, so it is decoded speculatively with the window as
 the draft (the prompt-lookup decoder apply also uses, `models/speculative.py`). A jump is the next place,
-outside the suggestion, where the last edit's one-word change is still due.
+outside the suggestion, where the last edit's one-word change is still due: in this file,
+else in the editor's other open files (`open_files`, which serve the jump only).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from codeplane.tab.service import Snippet, TabService, TabSettings, local_tab, w
 
 WINDOW_BEFORE, WINDOW_AFTER = 10, 10  # a 21-line window around the cursor, as Sweep's
 MAX_HISTORY_CHARS = 6000  # edits beyond this (oldest first) are left out of the prompt
+MAX_OPEN_FILES = 8  # the editor's other open files a request may carry (for jumps only)
+MAX_OPEN_FILE_CHARS = 100_000
 DIFF_MAX_TOKENS = 160
 WINDOW_SLACK_TOKENS = 48  # the updated window may be this much longer than the current one
 JOIN_LINES = 2  # a `window` rewrite that copies this many lines after a change is done
@@ -62,6 +65,16 @@ class Position(BaseModel):
     character: int = Field(ge=0)
 
 
+class OpenFile(BaseModel):
+    """Another document open in the editor, where a jump may lead. `path` is a label the
+    answer's jump names, never opened on the host; a control character in it is refused
+    as no editor's path."""
+
+    model_config = {"extra": "forbid"}
+    path: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$")
+    text: str = Field(max_length=MAX_OPEN_FILE_CHARS)
+
+
 class NextRequest(BaseModel):
     model_config = {"extra": "forbid"}
     path: str = Field(max_length=4096)
@@ -69,6 +82,9 @@ class NextRequest(BaseModel):
     cursor: Position
     edits: list[EditIn] = Field(default_factory=list, max_length=32)
     context: list[Snippet] = Field(default_factory=list, max_length=16)
+    # where a jump may go when the current file has no occurrence left, in the order to
+    # look (most recently edited first); used for this request only, not in the prompt
+    open_files: list[OpenFile] = Field(default_factory=list, max_length=MAX_OPEN_FILES)
     format: Format = "window"
     cursor_id: str = Field("default", max_length=200)
     request_id: str | None = Field(None, max_length=200)
@@ -82,6 +98,19 @@ class NextRequest(BaseModel):
             raise ValueError(f"cursor {self.cursor.line}:{self.cursor.character} is outside "
                              f"the text ({len(lines)} lines)")
         return self
+
+    @model_validator(mode="after")
+    def _other_files(self) -> NextRequest:
+        """A jump names one file: each open file once, none of them the current one."""
+        paths = [f.path for f in self.open_files]
+        if self.path in paths or len(set(paths)) != len(paths):
+            raise ValueError("open_files must be other files than `path`, each named once")
+        return self
+
+    def for_model(self) -> NextRequest:
+        """The request the engine job gets: the open files serve the jump, found on the
+        server, so their text does not travel to the model's worker."""
+        return self.model_copy(update={"open_files": []}) if self.open_files else self
 
 
 @dataclass
@@ -332,8 +361,10 @@ def near_repeat(req: NextRequest) -> Suggestion | None:
 
 
 def jump_for(req: NextRequest, suggestion: Suggestion | None) -> dict | None:
-    """Where the newest edit's one-word change is due next, outside what `suggestion`
-    rewrites (in the file as it will be): {path, line}, or None."""
+    """Where the newest edit's one-word change is due next: {path, line}, or None. In the
+    current file (as it will be) outside what `suggestion` rewrites, the next occurrence
+    after it, else the last before; when there is none, the first occurrence in the first
+    of the other open files that has one (the rename's next call site elsewhere)."""
     change = word_change(req.edits)
     if change is None:
         return None
@@ -341,10 +372,13 @@ def jump_for(req: NextRequest, suggestion: Suggestion | None) -> dict | None:
     lo, hi = (suggestion.start_line, suggestion.start_line + suggestion.text.count("\n")) \
         if suggestion else (req.cursor.line, req.cursor.line)
     spots = [n for n in occurrences(text, change[0]) if not lo <= n <= hi]
-    if not spots:
-        return None
-    after = [n for n in spots if n > hi]
-    return {"path": req.path, "line": after[0] if after else spots[-1]}
+    if spots:
+        after = [n for n in spots if n > hi]
+        return {"path": req.path, "line": after[0] if after else spots[-1]}
+    for other in req.open_files:
+        if found := occurrences(other.text, change[0]):
+            return {"path": other.path, "line": found[0]}
+    return None
 
 
 # -- the model path (the engine job `tab.next`, in the model's worker) -----------------------
@@ -485,7 +519,7 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
     session, seq, cancel = tab.begin(req, tenant)
     try:
         got, _ = await tab.engine.run(tab.next_model(req.model), "tab.next", tab.settings,
-                                      req, tenant, cancel=cancel)
+                                      req.for_model(), tenant, cancel=cancel)
     except JobDropped:
         got = None
     if got is None or session.seq != seq:

@@ -127,7 +127,7 @@ async def tab_next_prefill(body: NextRequest, request: Request) -> dict:
     model = _next_model(svc, body)
     start = time.perf_counter()
     with _model_errors(), metered(request, _next_estimate(body)) as meter:
-        got = await svc.prefill_next(body, principal_of(request).tenant)
+        got = await svc.prefill_next(body.for_model(), principal_of(request).tenant)
         meter.used = got.evaluated_tokens - got.cached_tokens
     return {**got.to_json(), "model": model,
             "latency_ms": round((time.perf_counter() - start) * 1000, 2)}
