@@ -53,3 +53,16 @@ def test_a_file_that_is_not_a_whole_gguf_header_is_a_value_error(tmp_path):
     cut.write_bytes(data[:200])  # inside the key-value pairs
     with pytest.raises(ValueError, match="truncated"):
         gguf_metadata(cut)
+
+
+def test_arrays_nested_past_any_real_file_are_a_value_error(tmp_path):
+    """A crafted header: one key whose array holds an array holding an array ... 10,000 deep."""
+    import struct
+
+    key = b"k"
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    nested = struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 10_000 + struct.pack("<IQ", 0, 0)
+    path = tmp_path / "deep.gguf"
+    path.write_bytes(head + nested)
+    with pytest.raises(ValueError, match="nested too deep"):
+        gguf_metadata(path)

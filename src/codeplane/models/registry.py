@@ -268,6 +268,7 @@ def gguf_summary(path: Path) -> dict:
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_MAX_NESTING = 8  # real files nest none; llama.cpp reads no array of arrays
 
 
 def gguf_metadata(path: Path) -> dict[str, Any]:
@@ -294,13 +295,15 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
                 raise ValueError(f"{path}: truncated GGUF header")
             return raw.decode("utf-8", "replace")
 
-        def skip(kind: int, count: int) -> None:
+        def skip(kind: int, count: int, depth: int = 0) -> None:
             if kind == _STRING:
                 for _ in range(count):
                     f.seek(take("<Q"), 1)
             elif kind == _ARRAY:
+                if depth >= _MAX_NESTING:  # a crafted file would otherwise hit RecursionError
+                    raise ValueError(f"{path}: GGUF arrays nested too deep")
                 for _ in range(count):
-                    skip(take("<I"), take("<Q"))
+                    skip(take("<I"), take("<Q"), depth + 1)
             elif kind in _SCALARS:
                 f.seek(struct.calcsize(_SCALARS[kind]) * count, 1)
             else:
