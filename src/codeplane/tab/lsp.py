@@ -15,8 +15,9 @@ Next edit (docs/tab.md, "Next edit"): every `didChange` goes into the edit histo
 completion is the server's next edit (`POST /v1/tab/next`): an item whose `range` is the
 lines it rewrites, and, when the same change is due elsewhere, the `codeplane.nextEdit.jump`
 command (arguments: uri, 0-based line), which moves the editor there (`window/showDocument`):
-in this document, or in another open one (the request carries them, most recently edited
-first, and the answer's path is mapped back to its URI).
+in this document, or in another open one (the request carries the first of them, most
+recently edited first, that still has the edit's old word, and the answer's path is mapped
+back to its URI).
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ from codeplane.tab.context import CHARS_PER_TOKEN, Budget, Ring, build_request
 from codeplane.tab.history import History
 from codeplane.tab.related import Related, WorkspaceDefs
 from codeplane.tab.telemetry import Telemetry
+from codeplane.tab.words import occurrences, word_change
 
 ACCEPT_COMMAND = "codeplane.tab.accepted"
 JUMP_COMMAND = "codeplane.nextEdit.jump"
 MAX_SNAPSHOTS = 64  # documents whose last text is kept to diff the next didChange against
 MAX_DISK_BYTES = 1 << 20  # a document's first "before" may be read from disk up to this
-# other open documents sent with a next-edit request (for its jump), and the largest sent:
-# within `/v1/tab/next`'s bounds (nextedit.MAX_OPEN_FILES, MAX_OPEN_FILE_CHARS; a test
+# other open documents looked at for a next-edit request's jump (the first still holding the
+# edit's old word is sent), and the largest sent: within `/v1/tab/next`'s bounds (nextedit.MAX_OPEN_FILES, MAX_OPEN_FILE_CHARS; a test
 # checks), kept here so the editor's process does not import the server's modules
 JUMP_DOCUMENTS = 8
 JUMP_DOCUMENT_CHARS = 100_000
@@ -121,8 +123,7 @@ class TabLanguageServer(LanguageServer):
         ticket = self._latest[uri] = self._latest.get(uri, 0) + 1
         others = self._other_documents(uri)
         body = {**self._next_body(uri, doc.source, position),
-                "open_files": [{"path": path, "text": text}
-                               for path, (_, text) in others.items()]}
+                "open_files": self._jump_files(others)}
         try:  # the rewrite decodes a whole window: it may take longer than FIM
             result = await self.tab.next_edit(body)
         except TabClientError as exc:
@@ -170,6 +171,20 @@ class TabLanguageServer(LanguageServer):
             if len(found) == JUMP_DOCUMENTS:
                 break
         return found
+
+    def _jump_files(self, others: dict[str, tuple[str, str]]) -> list[dict]:
+        """The one open document the server's jump can lead to: the first of `others` where
+        the newest edit's old word still occurs (`nextedit.jump_for` reads no other), or
+        none when that edit is not a one-word change. Sending every open document would
+        cost each request up to JUMP_DOCUMENTS x JUMP_DOCUMENT_CHARS for the same answer."""
+        recent = self.history.recent()
+        change = word_change(recent[-1].before, recent[-1].after) if recent else None
+        if change is None:
+            return []
+        for path, (_, text) in others.items():
+            if occurrences(text, change[0]):
+                return [{"path": path, "text": text}]
+        return []
 
     def _next_body(self, uri: str, source: str, position: lsp.Position) -> dict:
         """The next-edit request at `position` (`POST /v1/tab/next` and its prefill)."""

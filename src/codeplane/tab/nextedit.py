@@ -35,9 +35,10 @@ from pydantic import BaseModel, Field, model_validator
 
 from codeplane.models.engine import JobDropped, LocalModel
 from codeplane.models.jobs import JobContext
-from codeplane.tab import decision
+from codeplane.tab import decision, words
 from codeplane.tab.backend import Prefilled
 from codeplane.tab.service import Snippet, TabService, TabSettings, local_tab, worker_slots
+from codeplane.tab.words import occurrences
 
 WINDOW_BEFORE, WINDOW_AFTER = 10, 10  # a 21-line window around the cursor, as Sweep's
 MAX_HISTORY_CHARS = 6000  # edits beyond this (oldest first) are left out of the prompt
@@ -47,7 +48,6 @@ DIFF_MAX_TOKENS = 160
 WINDOW_SLACK_TOKENS = 48  # the updated window may be this much longer than the current one
 JOIN_LINES = 2  # a `window` rewrite that copies this many lines after a change is done
 Format = Literal["window", "diff"]
-_WORD = re.compile(r"\w+|\W")
 
 
 class EditIn(BaseModel):
@@ -316,22 +316,7 @@ def _changed(start: int, old: list[str], new: list[str]) -> Suggestion | None:
 
 def word_change(edits: list[EditIn]) -> tuple[str, str] | None:
     """(old word, new word) when the newest edit replaced exactly one identifier."""
-    if not edits:
-        return None
-    a, b = _WORD.findall(edits[-1].before), _WORD.findall(edits[-1].after)
-    ops = [op for op in SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-           if op[0] != "equal"]
-    if len(ops) != 1 or ops[0][0] != "replace":
-        return None
-    _, i1, i2, j1, j2 = ops[0]
-    old, new = "".join(a[i1:i2]), "".join(b[j1:j2])
-    return (old, new) if re.fullmatch(r"\w+", old) and re.fullmatch(r"\w+", new) else None
-
-
-def occurrences(text: str, word: str) -> list[int]:
-    """0-based lines where `word` occurs as a whole word."""
-    pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)")
-    return [n for n, line in enumerate(text.split("\n")) if pattern.search(line)]
+    return words.word_change(edits[-1].before, edits[-1].after) if edits else None
 
 
 def repeat_last_edit(req: NextRequest) -> Suggestion | None:
