@@ -141,3 +141,19 @@ def test_models_router_gateway_and_tab_are_validated_at_load(tmp_path):
     assert (cfg.tab.max_tokens, cfg.tab.model, cfg.tab.model_fields_set) == (
         8, "code-small", {"max_tokens"})
     assert load_settings(home=tmp_path).tab.model_fields_set == set()  # no [tab]: no preload
+
+
+def test_a_command_shows_the_bad_section_as_the_file_writes_it(tmp_path, monkeypatch):
+    """The message goes through rich: `[tab]` and `[[models]]` are text, not markup."""
+    from typer.testing import CliRunner
+
+    from codeplane.cli import app
+
+    monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path))
+    (tmp_path / "codeplane.toml").write_text(
+        '[[models]]\nname = "a"\nprovider = "local"\nrpn = 3\n[tab]\nmax_tokenz = 3\n')
+    result = CliRunner().invoke(app, ["keys", "list"])
+    assert result.exit_code == 2
+    assert "invalid settings in [[models]], [tab] (" in result.output
+    assert "models.0.rpn (line 4)" in result.output
+    assert "tab.max_tokenz (line 6)" in result.output
