@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codeplane.config import load_settings
+from codeplane.config import TabSettings, load_settings
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.models.engine import Engine
 from codeplane.sandbox.clone import git_env
@@ -60,7 +60,6 @@ from codeplane.tab.nextedit import (
     repeat_last_edit,
 )
 from codeplane.tab.replay import Case, cases_of
-from codeplane.tab.service import TabSettings
 
 NEAR = 10
 # The issue 34 split (docs/tab.md): the rule is fitted on TUNING, HELDOUT is only measured;

@@ -58,14 +58,14 @@ import numpy as np
 import rich
 import uvicorn
 
-from codeplane.config import load_settings
+from codeplane.config import TabSettings, load_settings
 from codeplane.models.engine import Decoding, Engine, LocalModel
 from codeplane.models.registry import ModelRegistry
 from codeplane.server.app import create_app
 from codeplane.tab import decision, postprocess
 from codeplane.tab.context import Budget, build_request
 from codeplane.tab.related import Related, WorkspaceDefs
-from codeplane.tab.service import TabRequest, TabService, TabSettings
+from codeplane.tab.service import TabRequest, TabService
 
 FILES = [Path(httpx.__file__).parent / "_client.py", Path(rich.__file__).parent / "table.py",
          Path(httpx.__file__).parent / "_models.py", Path(rich.__file__).parent / "text.py"]

@@ -71,13 +71,12 @@ def test_server_policy_settings_are_validated(tmp_path, monkeypatch):
         load_settings()
 
 
-def test_the_composition_root_rejects_bad_sections_before_serving(tmp_path):
-    from codeplane.server.app import create_app
-
+def test_bad_tab_and_gateway_values_fail_at_load_naming_the_section(tmp_path):
+    """Checked when settings load, so no server (and no client command) starts on them."""
     with pytest.raises(ConfigError, match=r"\[tab\]"):
-        create_app(load_settings(home=tmp_path, tab={"max_tokens": 0}))
+        load_settings(home=tmp_path, tab={"max_tokens": 0})
     with pytest.raises(ConfigError, match="gateway"):
-        create_app(load_settings(home=tmp_path, gateway={"auth": "maybe"}))
+        load_settings(home=tmp_path, gateway={"auth": "maybe"})
 
 
 def test_fleet_background_and_agent_sections_are_validated_at_load(tmp_path):
@@ -113,3 +112,48 @@ def test_indexing_section_is_validated_at_load_and_keeps_its_defaults(tmp_path):
         180.0, 1_000_000, None, "hybrid", "server")
     assert (cfg.lancedb_uri, cfg.ann_min_rows, cfg.max_workspaces_per_tenant) == ("", 20_000, 100)
     assert (cfg.embed_concurrency, cfg.embed_wait, cfg.embedder) == (2, 60.0, {})
+
+
+def test_models_router_gateway_and_tab_are_validated_at_load(tmp_path):
+    """A misspelled key in any of the four sections fails when settings load, named with its
+    line; inside a section its own line, not the same key's line in another section."""
+    path = tmp_path / "c.toml"
+    first = '[[models]]\nname = "a"\nprovider = "openai"\nbase_url = "http://x/v1"\n\n'
+    for text, where in (
+            (first + '[[models]]\nname = "b"\nprovider = "local"\nmax_paralel = 2\n',
+             r"models\.1\.max_paralel \(line 9\)"),
+            ('[router]\ncooldown_s = 1\nretires = 3\n', r"router\.retires \(line 3\)"),
+            ('[gateway]\nauth = "on"\nip_rmp = 5\n', r"gateway\.ip_rmp \(line 3\)"),
+            ('[router]\ncooldown_s = 1\n[gateway]\nauth = "on"\ncooldown_s = 2\n',
+             r"gateway\.cooldown_s \(line 5\)"),
+            ('[tab]\nmodel = "code-small"\nmax_token = 8\n', r"tab\.max_token \(line 3\)"),
+            ('[tab]\nmax_tokens = 8\n[agent]\nmodel = "x"\nmax_tokens = 0\n',
+             r"agent\.max_tokens \(line 5\)")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=where):
+            load_settings(path, home=tmp_path)
+    path.write_text(first + '[router]\ncooldown_s = 1\n[gateway]\nauth = "on"\n'
+                    '[tab]\nmax_tokens = 8\n')
+    cfg = load_settings(path, home=tmp_path)
+    assert (cfg.models[0].provider, cfg.models[0].base_url) == ("openai", "http://x/v1")
+    assert (cfg.router.cooldown_s, cfg.router.allowed_fails) == (1.0, 3)
+    assert (cfg.gateway.auth, cfg.gateway.queue["batch"]) == ("on", 32)
+    assert (cfg.tab.max_tokens, cfg.tab.model, cfg.tab.model_fields_set) == (
+        8, "code-small", {"max_tokens"})
+    assert load_settings(home=tmp_path).tab.model_fields_set == set()  # no [tab]: no preload
+
+
+def test_a_command_shows_the_bad_section_as_the_file_writes_it(tmp_path, monkeypatch):
+    """The message goes through rich: `[tab]` and `[[models]]` are text, not markup."""
+    from typer.testing import CliRunner
+
+    from codeplane.cli import app
+
+    monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path))
+    (tmp_path / "codeplane.toml").write_text(
+        '[[models]]\nname = "a"\nprovider = "local"\nrpn = 3\n[tab]\nmax_tokenz = 3\n')
+    result = CliRunner().invoke(app, ["keys", "list"])
+    assert result.exit_code == 2
+    assert "invalid settings in [[models]], [tab] (" in result.output
+    assert "models.0.rpn (line 4)" in result.output
+    assert "tab.max_tokenz (line 6)" in result.output

@@ -13,8 +13,9 @@ from conftest import LiveServer, free_port, make_settings
 from upstreams.server import Upstream
 
 from codeplane.config import ConfigError, load_settings
-from codeplane.gateway import config as gwconfig
+from codeplane.config.gateway import DEPLOYMENTS
 from codeplane.gateway.keys import KeyStore
+from codeplane.gateway.providers.table import PROVIDERS
 from codeplane.models.engine import Engine
 from codeplane.server.app import create_app
 
@@ -354,17 +355,23 @@ def test_invalid_config_names_key_and_line(tmp_path):
                     '[[models]]\nname = "b"\nprovider = "openai"\nbase_url = "http://x/v1"\n'
                     'rpm = -5\n')
     with pytest.raises(ConfigError, match=r"models\.1\.rpm \(line 10\)"):
-        gwconfig.load(load_settings(home=home))
+        load_settings(home=home)
     toml.write_text('[[models]]\nname = "a"\nprovider = "openai"\nbase_url = "http://x/v1"\n'
                     'api_key = "sk-123"\n')
     with pytest.raises(ConfigError, match="api_key_env"):
-        gwconfig.load(load_settings(home=home))
+        load_settings(home=home)
     toml.write_text('[router]\ncooldown_s = 1\nretries = 3\n')
     with pytest.raises(ConfigError, match=r"router\.retries \(line 3\)"):
-        gwconfig.load(load_settings(home=home))
+        load_settings(home=home)
     toml.write_text('[gateway]\nqueue = { urgent = 3 }\n')
     with pytest.raises(ConfigError, match="urgent"):
-        gwconfig.load(load_settings(home=home))
+        load_settings(home=home)
+
+
+def test_every_provider_kind_settings_accept_has_a_provider_that_builds_it():
+    """`[[models]]` is checked at load by `config/gateway.py`'s table; the gateway builds from
+    its own. A kind in one and not the other would load and then fail to build."""
+    assert {kind: row.settings for kind, row in PROVIDERS.items()} == DEPLOYMENTS
 
 
 def _bearer(key: str) -> dict:

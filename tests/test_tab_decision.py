@@ -9,10 +9,10 @@ import math
 import httpx
 import pytest
 
+from codeplane.config import TabSettings
 from codeplane.tab import decision, postprocess
 from codeplane.tab.context import Budget, build_request
 from codeplane.tab.decision import Signals
-from codeplane.tab.service import TabSettings
 
 
 def sure(**change) -> Signals:

@@ -14,6 +14,7 @@ from test_lsp_nextedit import SHAPES
 from test_tab_server import occupied
 from upstreams.scripted import caller, run_server, wait_for
 
+from codeplane.config import TabSettings
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.events import query
 from codeplane.models.jobs import JobContext
@@ -21,7 +22,7 @@ from codeplane.models.speculative import decode
 from codeplane.storage import ObjectStore
 from codeplane.tab import nextedit
 from codeplane.tab.nextedit import NextRequest, next_edit
-from codeplane.tab.service import TabRequest, TabService, TabSettings
+from codeplane.tab.service import TabRequest, TabService
 
 pytestmark = pytest.mark.model
 

@@ -16,10 +16,11 @@ from test_lsp_tab import LspClient
 from test_tab_server import SOURCE
 from upstreams.scripted import caller, run_server, wait_for
 
+from codeplane.config import TabSettings
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.server.app import create_app
 from codeplane.tab.context import Budget, build_request
-from codeplane.tab.service import PrefillRequest, TabRequest, TabService, TabSettings
+from codeplane.tab.service import PrefillRequest, TabRequest, TabService
 
 pytestmark = pytest.mark.model
 

@@ -14,10 +14,11 @@ import httpx
 import pytest
 from upstreams.scripted import wait_for
 
+from codeplane.config import TabSettings
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.core.schemas import ChatCompletionRequest
 from codeplane.tab.context import Budget, build_request
-from codeplane.tab.service import TabRequest, TabService, TabSettings
+from codeplane.tab.service import TabRequest, TabService
 
 pytestmark = pytest.mark.model
 

@@ -147,8 +147,9 @@ def test_multiline_only_where_a_block_body_starts():
 
 
 def test_fast_only_and_mid_line_never_touch_the_model(settings):
+    from codeplane.config import TabSettings
     from codeplane.models.engine import Engine
-    from codeplane.tab.service import TabRequest, TabService, TabSettings
+    from codeplane.tab.service import TabRequest, TabService
 
     engine = Engine(settings)
     svc = TabService(engine, TabSettings())

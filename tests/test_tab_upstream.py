@@ -13,9 +13,10 @@ import httpx
 import pytest
 from conftest import WEIGHTS_HOME, LiveServer, free_port, make_settings
 
+from codeplane.config import TabSettings
 from codeplane.models.engine import Engine
 from codeplane.tab.backend import constrained_logprobs, healing_grammar
-from codeplane.tab.service import TabRequest, TabService, TabSettings
+from codeplane.tab.service import TabRequest, TabService
 
 LLAMA_SERVER = WEIGHTS_HOME / "bin" / "llama-server"
 WEIGHTS = WEIGHTS_HOME / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"  # code-small

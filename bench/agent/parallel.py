@@ -38,7 +38,7 @@ BATCHES = {
         ("read_file", {"path": "src/codeplane/agent/loop.py"}),
         ("read_file", {"path": "src/codeplane/rl/rollout.py"}),  # 400 lines, as tools.py
         ("read_file", {"path": "src/codeplane/sandbox/runner.py"}),
-        ("read_file", {"path": "src/codeplane/config.py"}))),
+        ("read_file", {"path": "src/codeplane/config/__init__.py"}))),
     "4x grep (repo)": (REPO, calls(
         ("grep", {"pattern": r"def \w+\(", "include": "*.py"}),
         ("grep", {"pattern": "import httpx"}),

@@ -87,7 +87,7 @@ def serve(
     try:
         run(cfg, host or cfg.serve.host, port or cfg.serve.port, log_level,
             workers or cfg.serve.workers)
-    except ConfigError as exc:  # bad [[models]]/[router]/[gateway]/[tab], or an unsafe bind
+    except ConfigError as exc:  # bad router.fallbacks/[storage]/embedder, or an unsafe bind
         fail(str(exc))
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, NoReturn
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from codeplane.config import ConfigError, Settings, load_settings
 from codeplane.core.http import api_client
@@ -37,7 +38,9 @@ ApiKeyOption = Annotated[
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print `message` as it is (escaped: a settings error names `[tab]`, which rich would
+    read as markup and drop) and exit with `code`."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

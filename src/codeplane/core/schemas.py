@@ -1,5 +1,4 @@
-"""OpenAI request bodies, and `BaseUrl`, the address of an OpenAI-compatible endpoint in settings.
-Unknown fields are ignored, as OpenAI-compatible servers do.
+"""OpenAI request bodies. Unknown fields are ignored, as OpenAI-compatible servers do.
 
 Every field is bounded, and `WireModel` refuses, anywhere in a body, lone UTF-16 surrogates
 (JSON may carry them, `"\\ud800"`, but they have no UTF-8 form, so the first `.encode()` deep
@@ -9,27 +8,15 @@ in a handler would turn a client's bad input into a 500) and nesting deeper than
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     field_validator,
     model_validator,
 )
-
-
-def _http_base(value: str) -> str:
-    if not value.startswith(("http://", "https://")):
-        raise ValueError(f"must start with http:// or https://: {value}")
-    return value.rstrip("/")
-
-
-# An OpenAI-compatible endpoint's base address in settings (a gateway deployment's, an
-# embeddings server's): http(s) only, no trailing slash.
-BaseUrl = Annotated[str, AfterValidator(_http_base)]
 
 MAX_TOKENS = 1 << 20  # more than any context window; bounds what a client can ask for
 INT64 = 2**63 - 1

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Column, Table, case, delete, select, update
 
-from codeplane.gateway.config import PRIORITIES, GatewayConfig
+from codeplane.config.gateway import PRIORITIES, GatewayConfig
 from codeplane.storage.database import Database
 
 

@@ -104,7 +104,7 @@ def run_models(request: Request, gateway: Gateway,
                     if k.id == principal.key_id and not k.revoked), None)
         if key is None:
             raise APIError(401, "the API key was revoked", code="invalid_api_key")
-    priority = key.priority if key else gateway.cfg.gateway.default_priority
+    priority = key.priority if key else gateway.settings.gateway.default_priority
     ip = request.client.host if request.client else "unknown"
     loop = asyncio.get_running_loop()
 

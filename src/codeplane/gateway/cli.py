@@ -19,7 +19,7 @@ from codeplane.clikit import (
     print_json,
     settings,
 )
-from codeplane.gateway.config import PRIORITIES
+from codeplane.config.gateway import PRIORITIES
 from codeplane.gateway.keys import KeyStore
 
 keys_app = typer.Typer(help="Issue, list and revoke the server's API keys.",

@@ -16,9 +16,9 @@ import math
 import time
 from collections import deque
 
+from codeplane.config.gateway import DeploymentConfig, RouterConfig
 from codeplane.gateway.admission import TokenBucket
-from codeplane.gateway.config import RouterConfig
-from codeplane.gateway.providers.base import DeploymentConfig, Provider, UpstreamError
+from codeplane.gateway.providers.base import Provider, UpstreamError
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 MIN_RAMP = 0.05

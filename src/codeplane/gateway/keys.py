@@ -39,8 +39,8 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection
 
 from codeplane.config import ConfigError, Settings
+from codeplane.config.gateway import PRIORITIES
 from codeplane.gateway.admission import SharedBuckets
-from codeplane.gateway.config import PRIORITIES
 from codeplane.storage.database import Database, DatabaseError, Replica
 from codeplane.storage.tables import api_keys, key_holds, key_rate, key_usage, ui_sessions
 

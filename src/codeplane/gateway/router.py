@@ -19,20 +19,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from codeplane.config import ConfigError, Settings
+from codeplane.config import ConfigError, Settings, where
+from codeplane.config.gateway import DeploymentConfig, GatewayConfig, LocalDeployment
 from codeplane.core.metrics import Metrics
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.events.log import EventLog
-from codeplane.gateway import config as gwconfig
 from codeplane.gateway.admission import PriorityGate, SharedBuckets, Shed
-from codeplane.gateway.config import Config
 from codeplane.gateway.deployment import Deployment
 from codeplane.gateway.keys import ApiKey, KeyStore
 from codeplane.gateway.metrics import GatewayMetrics
 from codeplane.gateway.providers import table
 from codeplane.gateway.providers.base import (
     Call,
-    DeploymentConfig,
     ProviderServices,
     UpstreamError,
     Usage,
@@ -67,11 +65,11 @@ class Unavailable(Exception):
 class Group:
     """One logical model: its deployments and the gate in front of them."""
 
-    def __init__(self, name: str, cfg: Config) -> None:
+    def __init__(self, name: str, admission: GatewayConfig) -> None:
         self.name = name
         self.deployments: list[Deployment] = []
-        self.max_inflight = cfg.gateway.max_inflight
-        self.gate = PriorityGate(name, cfg.gateway, self.capacity)
+        self.max_inflight = admission.max_inflight
+        self.gate = PriorityGate(name, admission, self.capacity)
 
     def capacity(self) -> float:
         now = time.monotonic()
@@ -101,13 +99,11 @@ class Gateway:
     engine, whose models it serves by name, its metrics, and the program's embedders)."""
 
     def __init__(self, settings: Settings, services: ProviderServices, metrics: Metrics,
-                 cfg: Config | None = None, keys: KeyStore | None = None,
-                 events: EventLog | None = None) -> None:
+                 keys: KeyStore | None = None, events: EventLog | None = None) -> None:
         self.settings, self.services, self.engine = settings, services, services.engine
         self.events = events  # usage per request goes to the event lake when there is one
-        self.cfg = cfg or gwconfig.load(settings)
         self.groups: dict[str, Group] = {}
-        for index, dep in enumerate(self.cfg.models):
+        for index, dep in enumerate(settings.models):
             self._add(dep, dep.id or f"{dep.name}#{index}")
         for spec in self.engine.registry.all():
             self._add_local(spec.name)
@@ -129,22 +125,21 @@ class Gateway:
     def _add(self, dep: DeploymentConfig, dep_id: str) -> None:
         dep = dep.share(self.settings.serve.workers)
         provider = table.build(dep, self.services)
-        group = self.groups.setdefault(dep.name, Group(dep.name, self.cfg))
-        group.deployments.append(Deployment(dep, provider, self.cfg.router, dep_id,
+        group = self.groups.setdefault(dep.name, Group(dep.name, self.settings.gateway))
+        group.deployments.append(Deployment(dep, provider, self.settings.router, dep_id,
                                             dep.timeouts()))
 
     def _add_local(self, name: str) -> None:
         """Built-in and registered local models serve their own name unless the file
         configures deployments for that name (then it lists `provider = "local"` itself)."""
         if name not in self.groups:
-            self._add(table.PROVIDERS["local"].settings(name=name, provider="local"),
-                      f"local:{name}")
+            self._add(LocalDeployment(name=name), f"local:{name}")
 
     def _check_fallbacks(self) -> None:
-        for model, chain in self.cfg.router.fallbacks.items():
+        for model, chain in self.settings.router.fallbacks.items():
             for name in [model, *chain]:
                 if self.group(name) is None:
-                    raise ConfigError(f"router.fallbacks{gwconfig.where(self.settings, 'fallbacks')}"
+                    raise ConfigError(f"router.fallbacks{where(self.settings, 'router', 'fallbacks')}"
                                       f": unknown model {name!r}; "
                                       f"known: {', '.join(sorted(self.groups))}")
 
@@ -173,7 +168,7 @@ class Gateway:
     def admit(self, client: Client) -> None:
         """Per-key and per-IP request rates; raise Shed (429) naming when to retry. Tokens
         are reserved later, per call (`_reserve`), when the call's size is known."""
-        key, gw = client.key, self.cfg.gateway
+        key, gw = client.key, self.settings.gateway
         if key is not None and key.rpm:
             self._take(f"rpm:{key.id}", key.rpm, 1, client,
                        f"key {key.name!r} is over {key.rpm} requests/min")
@@ -192,7 +187,7 @@ class Gateway:
         starts; returns what is held, for `settle`. Each is one atomic step, and a later
         refusal gives back what earlier ones took. Routes that run a model themselves (Tab,
         apply) call this too, after `admit`: one set of limits for every model route."""
-        key, gw = client.key, self.cfg.gateway
+        key, gw = client.key, self.settings.gateway
         if gw.ip_tpm:
             self._take(f"ip_tpm:{client.ip}", gw.ip_tpm, tokens, client,
                        f"client {client.ip} is over {gw.ip_tpm} tokens/min")
@@ -222,8 +217,8 @@ class Gateway:
         """Replace what `hold` held by the tokens the call used (0: it ran nothing)."""
         if client.key is not None:
             self.keys.settle(client.key, held, used)
-        if self.cfg.gateway.ip_tpm:
-            self.limits.spend(f"ip_tpm:{client.ip}", self.cfg.gateway.ip_tpm, used - held)
+        if self.settings.gateway.ip_tpm:
+            self.limits.spend(f"ip_tpm:{client.ip}", self.settings.gateway.ip_tpm, used - held)
 
     def _take(self, bucket: str, per_minute: int, cost: int, client: Client,
               message: str) -> None:
@@ -239,7 +234,7 @@ class Gateway:
         first = self.group(model)
         if first is None:
             raise KeyError(model)
-        names = [first.name, *self.cfg.router.fallbacks.get(first.name, [])]
+        names = [first.name, *self.settings.router.fallbacks.get(first.name, [])]
         return [g for g in map(self.group, names) if g is not None]
 
     async def complete(self, call: Call, client: Client) -> dict[str, Any]:
@@ -411,7 +406,7 @@ class Gateway:
         return {"models": [{"name": g.name, **g.gate.snapshot(),
                             "deployments": [d.status(now) for d in g.deployments]}
                            for g in self.groups.values()],
-                "fallbacks": self.cfg.router.fallbacks}
+                "fallbacks": self.settings.router.fallbacks}
 
 
 DEFAULT_RESERVE = 1024  # completion tokens held for a chat request that names no max_tokens

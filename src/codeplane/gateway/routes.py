@@ -21,11 +21,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ConfigDict, Field
 
+from codeplane.config.gateway import PRIORITIES
 from codeplane.core.errors import APIError, not_found
 from codeplane.core.principal import principal_of
 from codeplane.core.schemas import ChatCompletionRequest, CompletionRequest, WireModel
 from codeplane.gateway.admission import Shed
-from codeplane.gateway.config import PRIORITIES
 from codeplane.gateway.providers.base import Call, UpstreamError, json_bytes
 from codeplane.gateway.router import Client, Gateway
 from codeplane.models.embed import LOCAL_MODELS
@@ -190,7 +190,7 @@ def _client(request: Request, gateway: Gateway) -> Client:
     request_id = headers.get("x-request-id") or uuid.uuid4().hex[:16]
     principal = principal_of(request)
     key = gateway.keys.by_id(principal.key_id) if principal.key_id else None
-    default = key.priority if key else gateway.cfg.gateway.default_priority
+    default = key.priority if key else gateway.settings.gateway.default_priority
     wanted = headers.get(PRIORITY_HEADER, default)
     if wanted not in PRIORITIES:
         raise APIError(400, f"{PRIORITY_HEADER} must be one of {', '.join(PRIORITIES)}",

@@ -16,8 +16,8 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, Field
 
+from codeplane.config.gateway import BaseUrl
 from codeplane.core.http import api_client
-from codeplane.core.schemas import BaseUrl
 from codeplane.models.embed import DEFAULT_LOCAL, EmbedderUnavailable
 
 

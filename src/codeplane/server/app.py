@@ -22,7 +22,6 @@ from codeplane.background import routes as background_routes
 from codeplane.background import web as background_web
 from codeplane.config import Settings
 from codeplane.core import errors, metrics
-from codeplane.gateway import config as gwconfig
 from codeplane.gateway import routes as gateway_routes
 from codeplane.gateway.keys import KeyStore
 from codeplane.models.engine import Engine
@@ -60,7 +59,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     errors.install(app)
     # Starlette runs the last-added middleware first: metrics, then the gate, then the limit.
     app.add_middleware(BodyLimit, limit=settings.serve.max_body_bytes)
-    app.add_middleware(AuthGate, keys=services.keys, mode=services.gateway.cfg.gateway.auth,
+    app.add_middleware(AuthGate, keys=services.keys, mode=settings.gateway.auth,
                        serve=settings.serve, open_paths=open_paths(settings))
     metrics.install(app, services.metrics)
     app.include_router(gateway_routes.router)  # /v1/chat/completions, completions, ...
@@ -111,7 +110,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str = "info",
         update={"host": host, "port": port, "workers": workers})})  # the gate decides
     # "loopback" by the real bind; the gateway splits deployment limits between workers
     keys = KeyStore.from_settings(settings)
-    check_exposure(settings.serve, host, gwconfig.load(settings).gateway.auth, keys)
+    check_exposure(settings.serve, host, settings.gateway.auth, keys)
     keys.db.close()
     app = create_app(settings)
     logging.basicConfig(level=log_level.upper(),

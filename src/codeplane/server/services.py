@@ -13,8 +13,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from codeplane.agent.records import RunRecords
 from codeplane.agent.runs import RunManager
 from codeplane.agent.services import tool_services
@@ -37,7 +35,7 @@ from codeplane.sandbox import Backends, BackendServices
 from codeplane.sandbox.fleet import Fleet
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.storage import Database, ObjectStore, Replica, StorageError
-from codeplane.tab.service import TabService, TabSettings
+from codeplane.tab.service import TabService
 
 if TYPE_CHECKING:
     from codeplane.search.service import SearchService
@@ -82,11 +80,11 @@ class Services:
 
     def start(self) -> asyncio.Task:
         """Background work of a starting server, on its event loop: the Tab model loads when
-        codeplane.toml has a `[tab]` section (and `preload` is not off)."""
+        codeplane.toml (or the environment) sets a key of `[tab]` (and `preload` is not off)."""
         return asyncio.create_task(self._preload_tab())
 
     async def _preload_tab(self) -> None:
-        if not self.settings.tab or not self.tab.settings.preload:
+        if not self.settings.tab.model_fields_set or not self.tab.settings.preload:
             return
         try:
             await self.tab.warm()
@@ -115,18 +113,16 @@ class Services:
 
 
 def build_services(settings: Settings, engine: Engine | None = None) -> Services:
-    """Everything a server needs; a bad `[[models]]`, `[router]`, `[gateway]`, `[tab]` or
-    `[indexing] embedder` section raises ConfigError here, before the server takes traffic."""
+    """Everything a server needs; a bad `[indexing] embedder` table, `[storage]` or
+    `router.fallbacks` raises ConfigError here, before the server takes traffic (the other
+    sections were checked when settings loaded)."""
     owns_engine = engine is None
     engine = engine or Engine(settings)
     try:
         embedders = Embedders(settings.indexing.embedder, engine)
     except EmbedderUnavailable as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        tab = TabService(engine, TabSettings(**settings.tab))
-    except ValidationError as exc:
-        raise ConfigError(f"invalid [tab] settings: {exc}") from None
+    tab = TabService(engine, settings.tab)
     try:
         store = ObjectStore.from_settings(settings)
         store.sweep_staging()  # what a writer killed mid-put left behind

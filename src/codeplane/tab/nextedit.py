@@ -33,11 +33,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from codeplane.config import TabSettings
 from codeplane.models.engine import JobDropped, LocalModel
 from codeplane.models.jobs import JobContext
 from codeplane.tab import decision, words
 from codeplane.tab.backend import Prefilled
-from codeplane.tab.service import Snippet, TabService, TabSettings, local_tab, worker_slots
+from codeplane.tab.service import Snippet, TabService, local_tab, worker_slots
 from codeplane.tab.words import occurrences
 
 WINDOW_BEFORE, WINDOW_AFTER = 10, 10  # a 21-line window around the cursor, as Sweep's

@@ -37,10 +37,11 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, model_validator
 
+from codeplane.config import TabSettings
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.models.engine import Decoding, Engine, JobDropped, Unsupported
 from codeplane.models.jobs import JobContext
@@ -55,45 +56,6 @@ if TYPE_CHECKING:
     from codeplane.tab.nextedit import NextRequest
 
 MAX_TYPED_CHARS = 1500  # beyond this T is long enough that re-anchoring is cheaper overall
-
-
-class TabSettings(BaseModel):
-    """`[tab]` section of codeplane.toml."""
-
-    model_config = {"extra": "forbid"}
-    model: str = "code-small"
-    next_model: str | None = Field(
-        None, description="the model next-edit Tab runs on, e.g. a next-edit adapter "
-                          "(`codeplane rl train-next-edit`); unset: `model`")
-    max_tokens: int = Field(16, ge=1, le=256, description="single-line suggestion budget")
-    max_tokens_multiline: int = Field(40, ge=1, le=512)
-    max_lines: int = Field(6, ge=1, le=50)
-    # A threshold on tab/decision.py's P(exact line), picked by `bench/tab.py --fit` on the
-    # pooled tuning positions (docs/tab.md, "Session 9"): the highest threshold at
-    # which Tab leads the plain FIM call by a safety margin, in-sample and leaving each
-    # project out. That is 0 - nothing hidden: a hidden answer scores nothing, most wrong
-    # ones a near miss. Every answer carries its `confidence`; clients wanting fewer, surer
-    # suggestions filter on it (per request, or `codeplane lsp --min-confidence`).
-    min_confidence: float = Field(0.0, ge=0.0, le=1.0,
-                                  description="hide suggestions less likely right than this")
-    max_prompt_tokens: int = Field(3072, ge=64)
-    cache_size: int = Field(1000, ge=0)
-    sessions: int = Field(256, ge=1)
-    typed_ahead_chars: int = Field(128, ge=0, description="how far back typed-ahead looks")
-    mid_line_chars: int = Field(8, ge=0, description="skip when more code is right of cursor")
-    kv_slots: int = Field(6, ge=0, le=64, description="per-file KV caches kept in memory")
-    layout: Literal["anchor", "psm", "spm"] = Field(
-        "anchor", description="where the typed part of the line goes (see docs/tab.md)")
-    upstream: str | None = Field(
-        None, pattern=r"^https?://",
-        description="base URL of a llama.cpp llama-server serving `model` (parallel slots, "
-                    "continuous batching): Tab's model calls go there instead of the "
-                    "embedded engine")
-    upstream_parallel: int = Field(4, ge=1, le=256,
-                                   description="concurrent calls to the upstream (its -np)")
-    upstream_timeout_s: float = Field(30.0, gt=0)
-    preload: bool = Field(True, description="load the Tab model when the server starts "
-                                            "(with a [tab] section in codeplane.toml)")
 
 
 class Snippet(BaseModel):

@@ -1,15 +1,15 @@
-"""What every provider implements: the deployment fields it is configured with, the services
-it may be given, the usage it reports, and the one error type the router reasons about."""
+"""What every provider implements: the services it may be given, the usage it reports, and the
+one error type the router reasons about. The deployment fields it is configured with are
+settings (`config/gateway.py`: `DeploymentConfig`), checked when settings load."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-from pydantic import BaseModel, Field, model_validator
 
 if TYPE_CHECKING:
     from codeplane.core.metrics import Metrics
@@ -17,52 +17,6 @@ if TYPE_CHECKING:
     from codeplane.models.engine import Engine
 
 Kind = str  # "chat" | "completions" | "embeddings"
-
-
-class DeploymentConfig(BaseModel):
-    """The fields of a `[[models]]` entry every provider has: which logical model it serves
-    (`name`), under which upstream name (`model`), and the router's limits for it. A provider's
-    settings model (its row in `providers/table.py`) subclasses this with `provider` fixed to
-    its kind and the fields only it knows; any other key is refused."""
-
-    model_config = {"extra": "forbid"}
-    name: str = Field(min_length=1)
-    provider: str
-    model: str | None = None
-    id: str | None = None
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    timeout_s: float = Field(60.0, gt=0)
-    first_token_timeout_s: float | None = Field(None, gt=0)
-    max_parallel: int | None = Field(None, ge=1)
-    weight: float = Field(1.0, gt=0)
-    # what `/v1/models` lists for this provider's models (local ones: the engine's registry)
-    capabilities: ClassVar[tuple[str, ...]] = ()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_inline_key(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "api_key" in data:
-            raise ValueError("api_key: put the key in an environment variable and name it "
-                             "with api_key_env; keys never belong in the file")
-        return data
-
-    @property
-    def upstream_model(self) -> str:
-        return self.model or self.name
-
-    @property
-    def address(self) -> str:
-        """Where the deployment's model runs, for status pages."""
-        return f"local:{self.upstream_model}"
-
-    def timeouts(self) -> bool:
-        """Whether the router puts its deadlines on this deployment's calls."""
-        return True
-
-    def share(self, workers: int) -> DeploymentConfig:
-        """This deployment as one of `workers` server processes runs it (its own copy)."""
-        return self
 
 
 @dataclass(frozen=True)

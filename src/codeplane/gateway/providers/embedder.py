@@ -11,9 +11,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from codeplane.config.gateway import DeploymentConfig
 from codeplane.gateway.providers.base import (
     Call,
-    DeploymentConfig,
     ProviderServices,
     Reply,
     UpstreamError,

@@ -4,6 +4,12 @@ Precedence (highest first): explicit arguments, environment, the TOML file, defa
 The TOML file is `$CODEPLANE_HOME/codeplane.toml` unless a command names another with
 `--config`. Nested groups use `__` in environment names: `CODEPLANE_SERVE__PORT=9000`.
 
+Every section is a typed model, checked when settings load: a bad value or an unknown key fails
+then, named with its line (the one table left raw, `[indexing] embedder`, is checked by its row
+of `models/embedders.py` when a program builds its embedders). The gateway's sections
+(`[[models]]`, `[router]`, `[gateway]`) are in `config/gateway.py`, the rest here: settings
+only, below every compartment that reads them, so that this package imports none.
+
 `CODEPLANE_HOME` splits into `models/` (weights), `server/` (every byte the server persists) and
 `client/` (every byte the client persists), so the privacy boundary is visible on disk too.
 """
@@ -15,7 +21,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -23,6 +29,14 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
+)
+
+from codeplane.config.gateway import (
+    DEPLOYMENTS,
+    AnyDeploymentConfig,
+    DeploymentConfig,
+    GatewayConfig,
+    RouterConfig,
 )
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8300"
@@ -247,6 +261,45 @@ class IndexingSettings(BaseModel):
                                                       "embedding slot before a 503")
 
 
+class TabSettings(BaseModel):
+    """`[tab]` in codeplane.toml: Tab and next edit (`tab/service.py`, `tab/nextedit.py`)."""
+
+    model_config = {"extra": "forbid"}
+    model: str = "code-small"
+    next_model: str | None = Field(
+        None, description="the model next-edit Tab runs on, e.g. a next-edit adapter "
+                          "(`codeplane rl train-next-edit`); unset: `model`")
+    max_tokens: int = Field(16, ge=1, le=256, description="single-line suggestion budget")
+    max_tokens_multiline: int = Field(40, ge=1, le=512)
+    max_lines: int = Field(6, ge=1, le=50)
+    # A threshold on tab/decision.py's P(exact line), picked by `bench/tab.py --fit` on the
+    # pooled tuning positions (docs/tab.md, "Session 9"): the highest threshold at
+    # which Tab leads the plain FIM call by a safety margin, in-sample and leaving each
+    # project out. That is 0 - nothing hidden: a hidden answer scores nothing, most wrong
+    # ones a near miss. Every answer carries its `confidence`; clients wanting fewer, surer
+    # suggestions filter on it (per request, or `codeplane lsp --min-confidence`).
+    min_confidence: float = Field(0.0, ge=0.0, le=1.0,
+                                  description="hide suggestions less likely right than this")
+    max_prompt_tokens: int = Field(3072, ge=64)
+    cache_size: int = Field(1000, ge=0)
+    sessions: int = Field(256, ge=1)
+    typed_ahead_chars: int = Field(128, ge=0, description="how far back typed-ahead looks")
+    mid_line_chars: int = Field(8, ge=0, description="skip when more code is right of cursor")
+    kv_slots: int = Field(6, ge=0, le=64, description="per-file KV caches kept in memory")
+    layout: Literal["anchor", "psm", "spm"] = Field(
+        "anchor", description="where the typed part of the line goes (see docs/tab.md)")
+    upstream: str | None = Field(
+        None, pattern=r"^https?://",
+        description="base URL of a llama.cpp llama-server serving `model` (parallel slots, "
+                    "continuous batching): Tab's model calls go there instead of the "
+                    "embedded engine")
+    upstream_parallel: int = Field(4, ge=1, le=256,
+                                   description="concurrent calls to the upstream (its -np)")
+    upstream_timeout_s: float = Field(30.0, gt=0)
+    preload: bool = Field(True, description="load the Tab model when the server starts "
+                                            "(with a [tab] section in codeplane.toml)")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CODEPLANE_", env_nested_delimiter="__", extra="forbid"
@@ -261,12 +314,10 @@ class Settings(BaseSettings):
     background: BackgroundSettings = Field(default_factory=BackgroundSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     indexing: IndexingSettings = Field(default_factory=IndexingSettings)
-    # Sections owned by other compartments are validated by them; kept raw here so one file
-    # configures everything without this module importing every compartment.
-    models: list[dict[str, Any]] = Field(default_factory=list)
-    router: dict[str, Any] = Field(default_factory=dict)
-    gateway: dict[str, Any] = Field(default_factory=dict)
-    tab: dict[str, Any] = Field(default_factory=dict)
+    models: list[AnyDeploymentConfig] = Field(default_factory=list)  # config/gateway.py
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    tab: TabSettings = Field(default_factory=TabSettings)
 
     config_file: Path | None = Field(None, exclude=True)
 
@@ -280,6 +331,14 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    @field_validator("models")
+    @classmethod
+    def _ids_unique(cls, models: list[DeploymentConfig]) -> list[DeploymentConfig]:
+        ids = [d.id for d in models if d.id]
+        if len(ids) != len(set(ids)):
+            raise ValueError("duplicate deployment id in [[models]]")
+        return models
 
     @property
     def models_dir(self) -> Path:
@@ -320,15 +379,60 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     return Settings.model_construct(**{**settings.__dict__, "config_file": path})
 
 
+def where(settings: Settings, *loc: str) -> str:
+    """` (line N)` for the key at `loc` (`"router", "fallbacks"`) in the settings file, for
+    checks that can only be made after settings load (a fallback naming an unknown model)."""
+    path = settings.config_file
+    line = _locate(path.read_text().splitlines() if path and path.is_file() else [], list(loc))
+    return f" (line {line})" if line else ""
+
+
 def _describe(exc: ValidationError, path: Path) -> str:
-    lines = [f"invalid settings ({path} or CODEPLANE_* environment):"]
     text = path.read_text().splitlines() if path.is_file() else []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"])
-        where = _line_of(text, str(err["loc"][-1])) if err["loc"] else None
-        at = f" (line {where})" if where else ""
-        lines.append(f"  {key}{at}: {err['msg']}")
+    errors = [(err, [str(p) for p in err["loc"]]) for err in exc.errors()]
+    sections = ", ".join(dict.fromkeys(_spelled(loc[0]) for _, loc in errors if loc))
+    named = f" in {sections}" if sections else ""
+    lines = [f"invalid settings{named} ({path} or CODEPLANE_* environment):"]
+    for err, loc in errors:
+        if loc[:1] == ["models"] and len(loc) > 2 and loc[2] in DEPLOYMENTS:
+            del loc[2]  # the union's tag: the entry's own `provider` already says it
+        line = _locate(text, loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {'.'.join(loc)}{f' (line {line})' if line else ''}: {msg}")
     return "\n".join(lines)
+
+
+def _spelled(name: str) -> str:
+    """A top-level key as the file writes it: `[serve]`, `[[models]]`, or `server`."""
+    field = Settings.model_fields.get(name)
+    if field is None:
+        return name
+    if get_origin(field.annotation) is list:
+        return f"[[{name}]]"
+    is_table = isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    return f"[{name}]" if is_table else name
+
+
+def _locate(text: list[str], loc: list[str]) -> int | None:
+    """The line of the key at `loc`: looked up inside its table (`[serve]`, the n-th
+    `[[models]]`) where the file has one, so a key two sections share is found in the right
+    one; else the last part of `loc` the file sets anywhere (inline tables, dotted keys)."""
+    if not loc:
+        return None
+    headers = [i for i, line in enumerate(text)
+               if re.match(rf"^\s*\[+\s*{re.escape(loc[0])}\s*\]+", line)]
+    nth, rest = (int(loc[1]), loc[2:]) if len(loc) > 1 and loc[1].isdigit() else (0, loc[1:])
+    if nth < len(headers):
+        start = headers[nth]
+        end = next((i for i, line in enumerate(text[start + 1:], start + 1)
+                    if re.match(r"^\s*\[", line)), len(text))
+        key = next((part for part in reversed(rest) if not part.isdigit()), None)
+        found = _line_of(text[start:end], key) if key else None
+        return start + found if found else start + 1
+    found = None
+    for part in loc:
+        found = _line_of(text, part) or found
+    return found
 
 
 def _line_of(text: list[str], key: str) -> int | None:
