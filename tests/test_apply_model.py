@@ -169,6 +169,16 @@ def test_watch_stops_bad_lines_and_forces_the_rest_of_a_started_piece() -> None:
     later = Watch(region, [["def g():", "    return 0"]], ["def f():"])
     assert not later.feed("    # ... existing code ...")
     assert later.repair("    # ... existing code ...") == "    x = 1\n    return x\n\n"
+    # A marker right after a piece: the original goes on after the piece's last line.
+    done = Watch(region + ["", "def h():", "    return 2"], [piece[:1] + piece[2:]], [])
+    assert all(done.feed(x) for x in ["def f():", "    x = 1", "    z = 3", "    return x"])
+    assert not done.feed("# ... existing code ...")
+    assert done.repair("# ... existing code ...") == \
+        "\ndef g():\n    pass\n\ndef h():\n    return 2\n"
+    two = Watch(region + ["", "def h():", "    return 2"],
+                [piece[:1] + piece[2:], ["def h():", "    return 3"]], [])
+    assert all(two.feed(x) for x in ["def f():", "    x = 1", "    z = 3", "    return x"])
+    assert two.repair("# ... existing code ...") == "\ndef g():\n    pass\n\n"
     # A piece written at column 0 is forced at the indentation the model gave it.
     flat = Watch(region, [["x = 1", "y = 2", "return x"]], ["def f():"])
     assert flat.feed("    x = 1") and flat.feed("    y = 2")
