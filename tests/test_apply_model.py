@@ -233,28 +233,17 @@ def test_model_result_that_leaves_the_file_unchanged_is_rejected(engine, monkeyp
     assert any("original file unchanged" in d for d in result.diagnostics), result.diagnostics
 
 
-CLIENT_TESTS = '''import os
-
-
-class TestClient:
-    def test_get(self):
+CLIENT_TEST = '''    def test_{0}(self):
         url = "https://example.com/data.json"
 
         with mocked():
             client = Client(url)
-            data = client.get()
+            {0} = client.{0}()
 
-        assert len(data) == 1
-
-    def test_keys(self):
-        url = "https://example.com/data.json"
-
-        with mocked():
-            client = Client(url)
-            keys = client.keys()
-
-        assert len(keys) == 1
+        assert len({0}) == 1
 '''
+CLIENT_TESTS = ("import os\n\n\nclass TestClient:\n" + CLIENT_TEST.format("get") + "\n"
+                + CLIENT_TEST.format("keys"))
 NEW_TEST = '''# ... existing code ...
 class TestClient:
     def test_headers(self):
