@@ -246,3 +246,22 @@ def test_end_to_end_benchmark_caps_declines_per_style_smallest_file_first() -> N
                 for style, size in (("body", 9), ("drift", 3), ("body", 2), ("body", 5))]
     assert [d[2] for d in wild.capped(declined, 2)] == ["body2", "body5", "drift3"]
     assert wild.capped(declined, None) == declined
+
+
+def test_end_to_end_benchmark_resumes_from_its_log(tmp_path, capsys) -> None:
+    """`wild.py --model M --resume FILE` appends each end-to-end outcome to FILE and takes
+    the applies already there from it instead of running them again, so a long run splits
+    over short holds of the CPU lock. Every decline here is recorded: no model is loaded."""
+    wild = _bench_apply("apply/wild.py")
+    case = {"repo": "o/r", "commit": "c" * 40, "path": "a.py", "original": "x\n"}
+    declined = [("body", case, "sketch one\n"), ("body", case, "sketch two\n")]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(
+        wild.json.dumps({"key": wild.case_key("body", case, text), "kind": kind}) + "\n"
+        for (_, _, text), kind in zip(declined, ("exact", "rejected"), strict=True)))
+    kinds = {("body", "tune"): [], ("body", "held-out"): ["exact", "declined", "declined"]}
+    wild.end_to_end(declined, wild.defaultdict(list, kinds), "code-small", log=log)
+    printed = capsys.readouterr().out
+    assert printed.count("(recorded)") == 2
+    assert "body        1 /   0 /   1   final  66.7% /  0.0% /" in printed
+    assert wild.case_key("body", case, "sketch three\n") not in wild.recorded(log)

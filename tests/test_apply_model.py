@@ -169,6 +169,16 @@ def test_watch_stops_bad_lines_and_forces_the_rest_of_a_started_piece() -> None:
     later = Watch(region, [["def g():", "    return 0"]], ["def f():"])
     assert not later.feed("    # ... existing code ...")
     assert later.repair("    # ... existing code ...") == "    x = 1\n    return x\n\n"
+    # A marker right after a piece: the original goes on after the piece's last line.
+    done = Watch(region + ["", "def h():", "    return 2"], [piece[:1] + piece[2:]], [])
+    assert all(done.feed(x) for x in ["def f():", "    x = 1", "    z = 3", "    return x"])
+    assert not done.feed("# ... existing code ...")
+    assert done.repair("# ... existing code ...") == \
+        "\ndef g():\n    pass\n\ndef h():\n    return 2\n"
+    two = Watch(region + ["", "def h():", "    return 2"],
+                [piece[:1] + piece[2:], ["def h():", "    return 3"]], [])
+    assert all(two.feed(x) for x in ["def f():", "    x = 1", "    z = 3", "    return x"])
+    assert two.repair("# ... existing code ...") == "\ndef g():\n    pass\n\n"
     # A piece written at column 0 is forced at the indentation the model gave it.
     flat = Watch(region, [["x = 1", "y = 2", "return x"]], ["def f():"])
     assert flat.feed("    x = 1") and flat.feed("    y = 2")
@@ -221,3 +231,59 @@ def test_model_result_that_leaves_the_file_unchanged_is_rejected(engine, monkeyp
     result = apply_edit(original, sketch, "f.py", engine, "code-small")
     assert not result.ok and result.merged is None
     assert any("original file unchanged" in d for d in result.diagnostics), result.diagnostics
+
+
+CLIENT_TEST = '''    def test_{0}(self):
+        url = "https://example.com/data.json"
+
+        with mocked():
+            client = Client(url)
+            {0} = client.{0}()
+
+        assert len({0}) == 1
+'''
+CLIENT_TESTS = ("import os\n\n\nclass TestClient:\n" + CLIENT_TEST.format("get") + "\n"
+                + CLIENT_TEST.format("keys"))
+NEW_TEST = '''# ... existing code ...
+class TestClient:
+    def test_headers(self):
+        url = "https://example.com/data.json"
+        assert Client(url, headers={}).headers == {}
+
+    def test_get(self):
+        url = "https://example.com/data.json"
+
+# ... existing code ...
+'''
+
+
+@pytest.mark.parametrize("drift", ["", "   "])
+def test_model_result_that_deletes_code_the_sketch_does_not_show_is_rejected(
+        engine, monkeypatch, drift) -> None:
+    """The model path's result passes the deterministic merge's guards: the shape check
+    lets a piece replace any run of original lines, so the model may splice the new test
+    in and go on from the second copy of its last context line, deleting `test_get`'s body
+    and `def test_keys` (pyjwt 300348f7bc, the full-path benchmark's wrong merges, in four
+    styles). And context it wrote with the sketch's layout gets the file's back."""
+    from codeplane.apply.rewrite import Rewrite
+
+    lines = CLIENT_TESTS.removesuffix("\n").split("\n")
+    new = NEW_TEST.split("\n")[2:6]
+    wrong = lines[:4] + new + lines[4:6] + lines[15:]
+    right = lines[:4] + new + [lines[4] + drift] + lines[5:]
+    run_sync = engine.run_sync
+
+    def answer(merged: list[str]):
+        def rewrite(model: str, job: str, *args, **kwargs):
+            return Rewrite(list(merged)) if job == "apply.rewrite" else run_sync(
+                model, job, *args, **kwargs)
+        return rewrite
+
+    monkeypatch.setattr(engine, "run_sync", answer(wrong))
+    result = apply_edit(CLIENT_TESTS, NEW_TEST, "test_client.py", engine, method="model")
+    assert not result.ok and result.merged is None
+    assert any("wrong-merge guard" in d for d in result.diagnostics), result.diagnostics
+    monkeypatch.setattr(engine, "run_sync", answer(right))
+    result = apply_edit(CLIENT_TESTS, NEW_TEST, "test_client.py", engine, method="model")
+    assert result.ok and result.method == "model", result.diagnostics
+    assert result.merged == "\n".join(lines[:4] + new + lines[4:]) + "\n"

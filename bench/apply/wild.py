@@ -39,13 +39,16 @@ Usage:
   python bench/apply/sets.py select OWNER/NAME... --name NAME   # a new held-out slice
   python bench/apply/wild.py --model code-small  # declines also end to end (model path)
   python bench/apply/wild.py --set fifth --model code-small --model-cases 2   # capped
+  python bench/apply/wild.py --set fifth --model code-small --resume fifth.jsonl  # in parts
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import io
+import json
 import random
 import re
 import sys
@@ -419,7 +422,7 @@ def category(reason: str) -> str:
 
 
 def run(cases: list[dict], verbose: bool, model: str | None = None,
-        per_style: int | None = None) -> None:
+        per_style: int | None = None, log: Path | None = None) -> None:
     """Every case in every style, deterministic path only; with `model`, every declined
     one again through the product's whole pipeline (`apply_edit` with the engine: the
     deterministic merge, else the model path), which is what a user gets."""
@@ -458,7 +461,7 @@ def run(cases: list[dict], verbose: bool, model: str | None = None,
         if miss[0] == "wrong" or verbose:
             print("  ", *miss)
     if model:
-        end_to_end(declined, kinds, model, per_style)
+        end_to_end(declined, kinds, model, per_style, log)
 
 
 def capped(declined: list[tuple[str, dict, str]], per_style: int | None
@@ -474,30 +477,61 @@ def capped(declined: list[tuple[str, dict, str]], per_style: int | None
     return [item for style in STYLES for item in chosen[style]]
 
 
+def case_key(style: str, case: dict, text: str) -> str:
+    """One end-to-end apply's name in a `--resume` log: the style, the case and a hash of
+    the sketch (so a log written for other sketches matches nothing)."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return f"{style} {case['repo']} {case['commit']} {case['path']} {digest}"
+
+
+def recorded(log: Path | None) -> dict[str, str]:
+    """Key -> outcome (exact / wrong / rejected) of the applies an earlier run wrote to
+    `log`: a long end-to-end run split over several short holds of the CPU lock."""
+    if log is None or not log.exists():
+        return {}
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return {row["key"]: row["kind"] for row in rows}
+
+
 def end_to_end(declined: list[tuple[str, dict, str]], kinds: dict[tuple[str, str], list[str]],
-               model: str, per_style: int | None = None) -> None:
+               model: str, per_style: int | None = None, log: Path | None = None) -> None:
     """The declined sketches through `apply_edit` with the engine, and per style what a
     user gets in the end: exact / wrong / not applied, over all of the style's cases (a
-    decline left out by `per_style` counts as not applied)."""
+    decline left out by `per_style` counts as not applied). With `log`, each outcome is
+    appended there and applies already in it are not run again (`--resume`)."""
     from codeplane.config import load_settings
     from codeplane.models.engine import Engine
 
-    engine = Engine(load_settings())
     rescued: dict[str, list[str]] = defaultdict(list)
     chosen = capped(declined, per_style)
     if len(chosen) < len(declined):
         print(f"  end to end: {len(chosen)} of {len(declined)} declines, at most {per_style} "
               f"per style, smallest file first")
+    done = recorded(log)
+    engine = None
     try:
         for style, case, text in chosen:
+            key = case_key(style, case, text)
+            if key in done:
+                rescued[style].append(done[key])
+                print(f"   model {style:8s} {done[key]:8s} {key} (recorded)", flush=True)
+                continue
+            engine = engine or Engine(load_settings())
             result = apply_edit(case["original"], text, case["path"], engine, model)
             kind = BA.kind_of(result, case, failed="rejected")
             rescued[style].append(kind)
+            route = "ranking" if "ranking" in result.stats else "rewrite"
             why = "" if result.ok else result.diagnostics[-1][:90]
             print(f"   model {style:8s} {kind:8s} {case['repo']} {case['commit'][:10]} "
-                  f"{case['path']} {result.seconds:5.1f}s {why}", flush=True)
+                  f"{case['path']} {result.seconds:5.1f}s {route} {why}", flush=True)
+            if log is not None:
+                with log.open("a") as out:
+                    out.write(json.dumps({"key": key, "kind": kind, "route": route,
+                                          "seconds": round(result.seconds, 1),
+                                          "why": why}) + "\n")
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
     print(f"  end to end with {model} on the declines (exact / wrong / rejected), and the "
           f"style's final exact / wrong / not applied:")
     for style in STYLES:
@@ -526,6 +560,9 @@ def main() -> None:
                         "(the product's model path, e.g. code-small)")
     parser.add_argument("--model-cases", type=int, metavar="N",
                         help="with --model: at most N declines per style, smallest file first")
+    parser.add_argument("--resume", type=Path, metavar="FILE",
+                        help="with --model: append each end-to-end outcome to FILE and skip "
+                             "the applies already in it (a long run in several short holds)")
     args = parser.parse_args()
     try:
         cases = load_all(args.set)
@@ -536,7 +573,9 @@ def main() -> None:
         return
     if args.model_cases is not None and (args.model_cases < 1 or not args.model):
         parser.exit(2, "error: --model-cases needs --model and N >= 1\n")
-    run(cases, args.verbose, args.model, args.model_cases)
+    if args.resume is not None and not args.model:
+        parser.exit(2, "error: --resume needs --model\n")
+    run(cases, args.verbose, args.model, args.model_cases, args.resume)
 
 
 if __name__ == "__main__":

@@ -80,17 +80,35 @@ def merge(original: list[str], parsed: ParsedEdit, breaks: Breaks | None = None
     elif joined:
         outcome.notes.append(f"{joined} joined line(s) matched the file's multi-line "
                              f"statement(s) through their tokens: the file's lines kept")
-    if outcome.merged is not None:
-        problem = check(original, sketch, outcome.merged)
-        if problem:
-            return MergeOutcome(None, reasons=[f"wrong-merge guard: {problem}"])
-        outcome.merged, restored, ambiguous = restore_layout(original, outcome.merged)
-        if ambiguous:
-            return MergeOutcome(None, reasons=[f"layout guard: {ambiguous}"])
-        if restored:
-            outcome.notes.append(f"layout guard: {restored} layout-only change(s) outside "
-                                 f"the edit's changes (blank lines, whitespace) were given "
-                                 f"the file's layout back")
+    return _guarded(original, sketch, outcome)
+
+
+def guard_sketch_merge(original: list[str], parsed: ParsedEdit, merged: list[str]
+                       ) -> MergeOutcome:
+    """A merge of `parsed` that another path wrote (the model's rewrite), through the same
+    guards as the alignment's: its shape check lets a piece replace any run of original
+    lines, so the model could delete code the sketch never shows (pyjwt 300348f7bc: a new
+    test spliced in, then the file resumed at a later copy of its last context line)."""
+    if parsed.sketch is None:
+        return MergeOutcome(merged)
+    sketch, _ = unjoin(original, parsed.sketch)
+    return _guarded(original, sketch, MergeOutcome(merged))
+
+
+def _guarded(original: list[str], sketch: Sketch, outcome: MergeOutcome) -> MergeOutcome:
+    """The wrong-merge guard, then the layout guard (context keeps the file's layout)."""
+    if outcome.merged is None:
+        return outcome
+    problem = check(original, sketch, outcome.merged)
+    if problem:
+        return MergeOutcome(None, reasons=[f"wrong-merge guard: {problem}"])
+    outcome.merged, restored, ambiguous = restore_layout(original, outcome.merged)
+    if ambiguous:
+        return MergeOutcome(None, reasons=[f"layout guard: {ambiguous}"])
+    if restored:
+        outcome.notes.append(f"layout guard: {restored} layout-only change(s) outside "
+                             f"the edit's changes (blank lines, whitespace) were given "
+                             f"the file's layout back")
     return outcome
 
 

@@ -408,7 +408,11 @@ class Watch:
         states = self.shape.states
         inside = {(done, j) for done, _, _, j in states if j >= 0}
         copying = {i for _, i, skip, j in states if j < 0 and not skip}
+        after = {(done, i) for done, i, skip, j in states if j < 0 and skip}
         options = []
+        if is_marker(line) and not inside and not copying and len(after) == 1:
+            resumed = self._resume(*after.pop())
+            options += [(line, resumed)] if resumed else []
         if len(inside) == 1:
             done, j = next(iter(inside))
             options.append((self.pieces[done][j], self.force(False, anyway=True)))
@@ -426,6 +430,26 @@ class Watch:
         self.blanks = []
         return max(options, key=lambda o: SequenceMatcher(None, norm(o[0]),
                                                           norm(line)).ratio())[1]
+
+    def _resume(self, done: int, start: int) -> str | None:
+        """A marker right after piece `done - 1` (which began at region line `start`): the
+        original goes on right after the piece's last line (its first copy from `start`
+        on: a later copy would delete code the marker stands for) up to the next piece's
+        first line, or to the window's end. None where the piece's last line is new or
+        the next piece's first line does not follow."""
+        last = next((norm(x) for x in reversed(self.pieces[done - 1]) if x.strip()), None) \
+            if done else None
+        at = next((b for b in self.shape.occurs.get(last, []) if b >= start), None) \
+            if last else None
+        if at is None:
+            return None
+        end: int | None = len(self.region)
+        if done < len(self.pieces) and self.shape.shown[done]:
+            end = next((b for b in self.shape.occurs.get(self.shape.shown[done][0], [])
+                        if b > at), None)
+        if end is None or end <= at + 1:
+            return None
+        return "".join(x + "\n" for x in self.region[at + 1:end])
 
     def force(self, stopping: bool, anyway: bool = False) -> str | None:
         states = self.shape.states

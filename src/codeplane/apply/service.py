@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from codeplane.apply.formats import join_lines, parse_edit, split_lines
-from codeplane.apply.merge import merge
+from codeplane.apply.merge import guard_sketch_merge, merge
 from codeplane.apply.validate import validate
 from codeplane.core.languages import first_error_line, language_for
 from codeplane.gateway.router import BYTES_PER_TOKEN
@@ -159,11 +159,16 @@ def _model_path(result: ApplyResult, engine: Engine, model: str, lines: list[str
     if done.merged is None:
         result.diagnostics.extend(f"model path declined: {r}" for r in done.reasons)
         return
-    if done.merged == lines:
+    guarded = guard_sketch_merge(lines, parsed, done.merged)
+    result.diagnostics.extend(guarded.notes)
+    if guarded.merged is None:
+        result.diagnostics.extend(f"model result rejected: {r}" for r in guarded.reasons)
+        return
+    if guarded.merged == lines:
         # The deterministic path merges an edit that changes nothing by itself; one that
         # reached the model differs from the file somewhere (a re-indent the alignment,
         # which collapses whitespace, cannot place), so an unchanged file is a failure.
         result.diagnostics.append("model result rejected: it is the original file "
                                   "unchanged, but the edit differs from it")
         return
-    _accept(result, original, join(done.merged), path)
+    _accept(result, original, join(guarded.merged), path)
