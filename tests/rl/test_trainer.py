@@ -34,19 +34,16 @@ def rollouts(settings) -> list[list[Episode]]:
     zero variance). Real token ids of the chat template, without paying for decoding."""
     policy = PolicyTrainer(CONFIG, settings).policy
     stop = policy.tokenizer.eos_token_id
-    groups = []
-    for g, (prompt, replies, rewards) in enumerate(zip(PROMPTS, REPLIES, ([1, 0], [0, 1], [1, 1]),
-                                                       strict=True)):
-        ids = policy.prompt_ids([{"role": "user", "content": prompt}], [])
-        group = []
-        for reply, reward in zip(replies, rewards, strict=True):
-            completion = [*policy.tokenizer(reply)["input_ids"], stop]
-            with torch.no_grad():
-                logprobs = policy.completion_logprobs([(ids, completion)])[0].tolist()
-            sample = Sample(ids, completion, logprobs, 0)
-            group.append(Episode(f"t{g}", f"g{g}", [sample], float(reward), steps=1))
-        groups.append(group)
-    return groups
+    pairs = [(policy.prompt_ids([{"role": "user", "content": prompt}], []),
+              [*policy.tokenizer(reply)["input_ids"], stop])
+             for prompt, replies in zip(PROMPTS, REPLIES, strict=True) for reply in replies]
+    with torch.no_grad():  # all six in one padded forward, as the trainer scores them
+        scored = policy.completion_logprobs(pairs)
+    samples = iter(Sample(ids, completion, logprobs.tolist(), 0)
+                   for (ids, completion), logprobs in zip(pairs, scored, strict=True))
+    return [[Episode(f"t{g}", f"g{g}", [next(samples)], float(reward), steps=1)
+             for reward in rewards]
+            for g, rewards in enumerate(([1, 0], [0, 1], [1, 1]))]
 
 
 def batch(rollouts, *indices):
@@ -57,8 +54,7 @@ def test_a_step_is_deterministic_and_moves_logprobs_with_the_advantage(settings,
     first, second = PolicyTrainer(CONFIG, settings), PolicyTrainer(CONFIG, settings)
     rewarded = rollouts[0][0].samples[0]
     pair = [(rewarded.prompt_ids, rewarded.completion_ids)]
-    with torch.no_grad():
-        before = first.policy.completion_logprobs(pair)[0].sum()
+    before = sum(rewarded.logprobs)  # scored by the same initial policy (the fixture)
     a, b = first.step(batch(rollouts, 0, 1, 2)), second.step(batch(rollouts, 0, 1, 2))
     assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]
     assert all(torch.equal(x, y) for x, y in zip(first.weights().values(),
@@ -79,13 +75,13 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_loss(settings, rollouts,
     trainer.step(batch(rollouts, 0))
     trainer.step(batch(rollouts, 1))
     trainer.save(str(tmp_path / "ckpt"))
-    expected = trainer.step(batch(rollouts, 0, 1))
+    expected = trainer.step(batch(rollouts, 1))  # one group: the checkpoint is under test
     del trainer
     # another seed: its fresh adapter differs, so only the checkpoint can make them agree
     resumed = PolicyTrainer(CONFIG.model_copy(update={"seed": 99}), settings)
     resumed.load(str(tmp_path / "ckpt"))
     assert resumed.version == 2
-    got = resumed.step(batch(rollouts, 0, 1))
+    got = resumed.step(batch(rollouts, 1))
     assert got["loss"] == expected["loss"] and got["grad_norm"] == expected["grad_norm"]
 
 
