@@ -115,6 +115,8 @@ def main() -> None:
                         help="comma-separated served model names (a trained adapter model "
                              "registered with `codeplane model add --from-run`)")
     parser.add_argument("--tasks", type=int, default=10, help="held-out tasks (the first N)")
+    parser.add_argument("--skip", type=int, default=0,
+                        help="leave out the first SKIP of those (a long measurement in parts)")
     parser.add_argument("--max-steps", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--no-search-alone", action="store_true")
@@ -124,7 +126,7 @@ def main() -> None:
     if cfg.search.server == "none":
         parser.error("the config's [search] server is \"none\": the harness indexes each task "
                      "copy in the run's index, so it needs one")
-    tasks = split_tasks(cfg, "heldout")[:args.tasks]
+    tasks = split_tasks(cfg, "heldout")[args.skip:args.tasks]
     models = [m for m in args.models.split(",") if m] + ([] if args.no_search_alone
                                                          else [SEARCH_ALONE])
     settings = load_settings()
