@@ -407,10 +407,7 @@ class TrainingRun:
                     heldout: list[Task], make_env: Callable[[int], RayEnv]) -> None:
         """Imitation steps on the scripted solver's solved train episodes (rl/warmstart.py),
         then the weights to the sampler, a checkpoint and a held-out evaluation; each step's
-        numbers go to `out/warmstart.jsonl`. The trainer's state is saved after every step,
-        so a warm start stopped half-way leaves a LoRA `codeplane model add --from-run` can
-        serve; without the run's step file (`run.json`, written at its end) a restarted run
-        still warm-starts from the beginning."""
+        numbers go to `out/warmstart.jsonl`."""
         from codeplane.rl.warmstart import batches, demonstrations, solver_for
 
         cfg, ws = self.config, self.config.warm_start
@@ -427,12 +424,10 @@ class TrainingRun:
         demos = demonstrations(data.episodes, ws.min_reward)
         if not demos:
             raise ConfigError(f"no {solver.name} episode scored {ws.min_reward} or more")
-        (self.out / "checkpoint").mkdir(exist_ok=True)
         with (self.out / "warmstart.jsonl").open("a", encoding="utf-8") as log:
             for step, batch in enumerate(batches(demos, ws.steps, ws.batch,
                                                  cfg.rollout.seed)):
                 metrics = trainer.imitate([s for turns in batch for s in turns], ws.lr)
-                trainer.save(str(self.out / "checkpoint"))  # a stopped warm start's LoRA
                 log.write(json.dumps({"step": step, "imitated": len(demos),
                                       "solved": sum(e.reward == 1.0 for e in data.episodes),
                                       "episodes": len(data.episodes), **metrics,
