@@ -32,7 +32,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from codeplane.agent.loop import Agent, AgentConfig
+from codeplane.agent.loop import Agent, AgentConfig, Transcript
 from codeplane.agent.services import tool_services
 from codeplane.config import Settings, load_settings
 from codeplane.core.chat import HttpChatModel
@@ -69,11 +69,16 @@ def episode(task: Task, model: str, client: Settings, chat_url: str,
         agent = Agent(chat, env, AgentConfig(max_steps=args.max_steps,
                                              max_tokens=args.max_tokens),
                       on_event=conduct, services=tool_services(client))
+        if args.transcripts:  # the product's transcript format (docs/agent.md)
+            record = Transcript(args.transcripts / f"{model}-{task.id.replace(':', '-')}.jsonl")
+            agent.listeners.append(record)
         indexed = time.monotonic()
         try:
             result = agent.run(task.instruction)
         finally:
             chat.close()
+            if args.transcripts:
+                record.close()
         reward = server.verify(result.answer) if result.status == "completed" else 0.0
         return {"task": task.id, "model": model, "status": result.status,
                 "answer": result.answer[-400:], "named": named_files(result.answer),
@@ -120,6 +125,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--no-search-alone", action="store_true")
+    parser.add_argument("--transcripts", type=Path,
+                        help="a folder for each agent episode's events (what the model said)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/codeplane-product.jsonl"))
     args = parser.parse_args()
     cfg = load_config(args.config)
