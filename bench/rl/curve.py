@@ -159,15 +159,16 @@ def evaluate_checkpoint(run_dir: Path, config_path: Path) -> dict[str, Any]:
                                config.rollout.seed)
         sampler.load_weights(state["lora"], int(state["version"]))
         started = time.monotonic()
-        success = evaluate(sampler, heldout, config, env_factory(config, scratch),
-                           int(state["version"]), index.services)
+        evaluation = evaluate(sampler, heldout, config, env_factory(config, scratch),
+                              int(state["version"]), index.services)
     finally:
         index.close()
         engine.close()
         ray.shutdown()
-    record = {"steps": trained, "heldout_success": success, "time": time.time(),
+    record = {"steps": trained, "heldout_success": evaluation.success, "time": time.time(),
               "checkpoint": True, "tasks": len(heldout),
-              "seconds": round(time.monotonic() - started, 1)}
+              "seconds": round(time.monotonic() - started, 1),
+              "episodes": evaluation.episodes}
     with (run_dir / "heldout.jsonl").open("a", encoding="utf-8") as log:
         log.write(json.dumps(record) + "\n")
     return record

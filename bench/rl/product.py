@@ -29,42 +29,25 @@ import json
 import statistics
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codeplane.agent.loop import Agent, AgentConfig, Event
+from codeplane.agent.loop import Agent, AgentConfig, Transcript
 from codeplane.agent.services import tool_services
 from codeplane.config import Settings, load_settings
 from codeplane.core.chat import HttpChatModel
 from codeplane.core.serve import child_server
 from codeplane.indexing.query import search_workspace
 from codeplane.indexing.sync import sync
+from codeplane.rl.commits import named_files
 from codeplane.rl.config import load_config
 from codeplane.rl.envserver import EnvConfig, EnvServer
 from codeplane.rl.index import RunIndex
+from codeplane.rl.rollout import Conduct
 from codeplane.rl.run import split_tasks
 from codeplane.rl.tasks import Task
 
 SEARCH_ALONE = "search alone"
-
-
-@dataclass
-class Counts:
-    """What one episode's events say about how the agent worked."""
-
-    turns: int = 0
-    searches: int = 0
-    read_turn_calls: list[int] = field(default_factory=list)  # calls on turns that read files
-
-    def __call__(self, event: Event) -> None:
-        if event["type"] != "model_turn":
-            return
-        self.turns += 1
-        names = [c["function"]["name"] for c in event["message"].get("tool_calls") or []]
-        self.searches += names.count("codebase_search")
-        if "read_file" in names:
-            self.read_turn_calls.append(len(names))
 
 
 def episode(task: Task, model: str, client: Settings, chat_url: str,
@@ -81,20 +64,26 @@ def episode(task: Task, model: str, client: Settings, chat_url: str,
             return {"task": task.id, "model": model, "status": "completed", "answer": answer,
                     "reward": server.verify(answer),
                     "index_seconds": round(time.monotonic() - start, 1)}
-        counts = Counts()
+        conduct = Conduct()
         chat = HttpChatModel(chat_url, model)
         agent = Agent(chat, env, AgentConfig(max_steps=args.max_steps,
                                              max_tokens=args.max_tokens),
-                      on_event=counts, services=tool_services(client))
+                      on_event=conduct, services=tool_services(client))
+        if args.transcripts:  # the product's transcript format (docs/agent.md)
+            record = Transcript(args.transcripts / f"{model}-{task.id.replace(':', '-')}.jsonl")
+            agent.listeners.append(record)
         indexed = time.monotonic()
         try:
             result = agent.run(task.instruction)
         finally:
             chat.close()
+            if args.transcripts:
+                record.close()
         reward = server.verify(result.answer) if result.status == "completed" else 0.0
         return {"task": task.id, "model": model, "status": result.status,
-                "answer": result.answer[-400:], "reward": reward, "turns": counts.turns,
-                "searches": counts.searches, "read_turn_calls": counts.read_turn_calls,
+                "answer": result.answer[-400:], "named": named_files(result.answer),
+                "files": list(getattr(task, "files", ())), "reward": reward,
+                **conduct.as_dict(),
                 "seconds": round(time.monotonic() - indexed, 1),
                 "index_seconds": round(indexed - start, 1)}
     finally:
@@ -131,16 +120,20 @@ def main() -> None:
                         help="comma-separated served model names (a trained adapter model "
                              "registered with `codeplane model add --from-run`)")
     parser.add_argument("--tasks", type=int, default=10, help="held-out tasks (the first N)")
+    parser.add_argument("--skip", type=int, default=0,
+                        help="leave out the first SKIP of those (a long measurement in parts)")
     parser.add_argument("--max-steps", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--no-search-alone", action="store_true")
+    parser.add_argument("--transcripts", type=Path,
+                        help="a folder for each agent episode's events (what the model said)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/codeplane-product.jsonl"))
     args = parser.parse_args()
     cfg = load_config(args.config)
     if cfg.search.server == "none":
         parser.error("the config's [search] server is \"none\": the harness indexes each task "
                      "copy in the run's index, so it needs one")
-    tasks = split_tasks(cfg, "heldout")[:args.tasks]
+    tasks = split_tasks(cfg, "heldout")[args.skip:args.tasks]
     models = [m for m in args.models.split(",") if m] + ([] if args.no_search_alone
                                                          else [SEARCH_ALONE])
     settings = load_settings()

@@ -110,3 +110,19 @@ def test_the_rank_breaks_ties_and_a_word_every_candidate_holds_says_nothing() ->
 def test_no_source_file_among_the_hits_is_answered_not_guessed() -> None:
     assert SearchSolver._reply(messages(("search", [("codebase_search", ranking(
         "docs/retries.md", "tests/test_retry.py"))]))) == "No file matches this change."
+
+
+@pytest.mark.parametrize(("demos", "steps", "size"), [(17, 9, 2), (17, 6, 3), (5, 4, 2),
+                                                      (3, 2, 8)])
+def test_the_warm_start_imitates_every_demonstration_before_any_twice(demos, steps, size):
+    """steps x batch >= the demonstrations: each is imitated, and none twice while another
+    waits (a batch drawn at random each step left some out)."""
+    from codeplane.rl.warmstart import batches
+
+    episodes = [[object()] for _ in range(demos)]  # an episode: its list of samples
+    planned = batches(episodes, steps, size, seed=0)
+    assert len(planned) == steps and all(len(b) == min(size, demos) for b in planned)
+    taken = [id(e) for batch in planned for e in batch]
+    first_epoch = taken[:demos]
+    assert sorted(first_epoch) == sorted(id(e) for e in episodes)
+    assert planned == batches(episodes, steps, size, seed=0)  # a function of the seed

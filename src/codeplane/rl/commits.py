@@ -96,7 +96,7 @@ class CommitTask(HistoryTask):
 def score(task: CommitTask, answer: str) -> float:
     """F1 of the named `.py` paths against the changed files, plus `FUNCTION_CREDIT` x the
     share of changed definitions named x the file precision; at most 1."""
-    named = {m.removeprefix("./") for m in _NAMED_PATH.findall(answer or "")}
+    named = set(named_files(answer))
     right = len(named & set(task.files))
     if not right:
         return 0.0
@@ -105,6 +105,11 @@ def score(task: CommitTask, answer: str) -> float:
     share = (sum(_names(answer, qualname) for _, qualname in task.symbols) / len(task.symbols)
              if task.symbols else 0.0)
     return min(1.0, f1 + FUNCTION_CREDIT * precision * share)
+
+
+def named_files(answer: str) -> list[str]:
+    """The `.py` paths an answer names, in order, each once (what `score` rewards)."""
+    return list(dict.fromkeys(m.removeprefix("./") for m in _NAMED_PATH.findall(answer or "")))
 
 
 def _names(answer: str, qualname: str) -> bool:

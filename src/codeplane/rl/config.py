@@ -133,10 +133,15 @@ class RunConfig(BaseModel):
     """The whole file."""
 
     model_config = _STRICT
-    steps: int = Field(3, ge=1, description="trainer steps")
+    steps: int = Field(3, ge=0, description="RL steps (0: the warm start and its held-out "
+                                            "evaluation only)")
     out: str = Field("~/.codeplane/rl/runs/default", description="JSONL, PNG, checkpoints")
     eval_every: int = Field(0, ge=0, description="held-out evaluation every N steps "
                                                  "(0: before the first and after the last)")
+    eval_before: bool = Field(True, description="held-out evaluation of the policy before "
+                                                "any training (false: skip it; "
+                                                "bench/rl/product.py measures the base model "
+                                                "through the product)")
     trainer_kind: Literal["torch", "none"] = Field(
         "torch", description="none: rollouts and evaluation only (a baseline)")
     tasks: TasksConfig

@@ -191,6 +191,32 @@ class Recorder:
         return turn
 
 
+@dataclass
+class Conduct:
+    """What an episode's events say about how the agent worked (issue 31 reports these per
+    step and on held-out tasks): model turns, codebase_search calls, and the tool calls of
+    each turn (read turns: those that call read_file)."""
+
+    turns: int = 0
+    searches: int = 0
+    calls: list[int] = field(default_factory=list)  # tool calls per model turn
+    read_turn_calls: list[int] = field(default_factory=list)  # calls on turns that read files
+
+    def __call__(self, event: Event) -> None:
+        if event["type"] != "model_turn":
+            return
+        self.turns += 1
+        names = [c["function"]["name"] for c in event["message"].get("tool_calls") or []]
+        self.calls.append(len(names))
+        self.searches += names.count("codebase_search")
+        if "read_file" in names:
+            self.read_turn_calls.append(len(names))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"turns": self.turns, "searches": self.searches, "calls": self.calls,
+                "read_turn_calls": self.read_turn_calls}
+
+
 def play(model: ChatModel, env: Env, task: Task, group_id: str, config: RolloutConfig,
          cancel: threading.Event | None = None,
          on_event: Callable[[Event], None] | None = None,
@@ -201,13 +227,21 @@ def play(model: ChatModel, env: Env, task: Task, group_id: str, config: RolloutC
     policy is rewarded for what it did itself). An answer is verified; a `malformed` end
     (markup instead of an answer) earns 0 unverified; a limit (`max_turns`, `max_seconds`,
     `cancel`, the token budget) masks the episode. An environment fault or a sampler error
-    raises. `on_event` gets the agent's events (the product's transcript format);
+    raises. The episode's `info` keeps the status, the answer and the agent's `Conduct`
+    (turns, searches, calls per turn). `on_event` gets the agent's events (the product's
+    transcript format);
     `services` what its tools reach beyond the workspace (the run's index: rl/index.py;
     default none, and codebase_search answers "index unavailable")."""
     start = time.monotonic()
     cancel = cancel or threading.Event()
-    policy = Recorder(model)
-    agent = Agent(policy, env.open(task), config.agent_config(), on_event, cancel,
+    policy, conduct = Recorder(model), Conduct()
+
+    def observe(event: Event) -> None:
+        conduct(event)
+        if on_event is not None:
+            on_event(event)
+
+    agent = Agent(policy, env.open(task), config.agent_config(), observe, cancel,
                   services=services, hooks=config.hooks)
     deadline = threading.Timer(config.max_seconds, cancel.set)
     deadline.daemon = True
@@ -225,7 +259,8 @@ def play(model: ChatModel, env: Env, task: Task, group_id: str, config: RolloutC
                       _version(t.policy_version, model)) for t in policy.turns]
     info: dict[str, Any] = {"hooks": list(config.hooks), "status": result.status,
                             "model_seconds": policy.seconds, "repairs": dict(agent.repairs),
-                            "corrections": agent.hints, "answer": result.answer}
+                            "corrections": agent.hints, "answer": result.answer,
+                            **conduct.as_dict()}
     reward = 0.0
     if result.status == "completed":
         reward = env.verify(result.answer)

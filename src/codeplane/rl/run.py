@@ -20,7 +20,6 @@ import itertools
 import json
 import math
 import os
-import random
 import statistics
 import time
 from collections import Counter
@@ -33,7 +32,7 @@ from codeplane.agent.toolset import ToolServices
 from codeplane.core.chat import ChatModel
 from codeplane.indexing.remote import RemoteError
 from codeplane.rl.actor import RayEnv
-from codeplane.rl.commits import CommitsError, load_commit_tasks
+from codeplane.rl.commits import CommitsError, load_commit_tasks, named_files
 from codeplane.rl.config import ConfigError, RunConfig
 from codeplane.rl.envserver import EnvConfig
 from codeplane.rl.fixcommits import load_fixcommit_tasks
@@ -41,7 +40,7 @@ from codeplane.rl.index import RunIndex
 from codeplane.rl.rollout import RolloutConfig, RolloutManager, StepData, masked
 from codeplane.rl.tasks import Task, fetch_sdist, locate_tasks, sample_tasks
 from codeplane.rl.testfix import fix_tasks
-from codeplane.rl.types import Trainer
+from codeplane.rl.types import Episode, Trainer
 from codeplane.sandbox import DEFAULT_BACKEND
 
 CACHE = Path("~/.codeplane/rl").expanduser()
@@ -185,13 +184,22 @@ def split_tasks(cfg: RunConfig, split: Literal["train", "heldout"]) -> list[Task
                       tc.instruction)
 
 
+@dataclass
+class Evaluation:
+    """A held-out evaluation: the share of tasks solved, and what the policy did on each
+    (`held_out_record`): a success rate alone cannot say why a policy fails."""
+
+    success: float
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+
+
 def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
              make_env: Callable[[int], RayEnv], version: int,
-             services: Callable[[Task], ToolServices] | None = None) -> float:
+             services: Callable[[Task], ToolServices] | None = None) -> Evaluation:
     """Held-out success: one greedy episode per task, the share with full reward;
     `services` as the run's episodes get them (`RunIndex.services`)."""
     if not tasks:
-        return math.nan
+        return Evaluation(math.nan)
     greedy = config.rollout.model_copy(update={"group_size": 1, "groups_per_step": len(tasks),
                                                "temperature": 0.0, "max_staleness": 0})
     manager = RolloutManager(model, tasks, RolloutConfig.model_validate(greedy.model_dump()),
@@ -200,7 +208,21 @@ def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
         data = manager.collect(0, version)
     finally:
         manager.stop()
-    return sum(e.reward == 1.0 for e in data.episodes) / len(tasks)
+    by_id = {t.id: t for t in tasks}
+    return Evaluation(sum(e.reward == 1.0 for e in data.episodes) / len(tasks),
+                      [held_out_record(e, by_id[e.task_id]) for e in data.episodes])
+
+
+def held_out_record(episode: Episode, task: Task) -> dict[str, Any]:
+    """What the policy did on one held-out task: its end status, final answer (the last 400
+    characters), the files it named and those the task wanted (commit tasks), the reward, its
+    turns, codebase_search calls, tool calls per turn and on read turns, and seconds."""
+    info, answer = episode.info, episode.info.get("answer") or ""
+    return {"task": episode.task_id, "status": info.get("status"), "fault": episode.fault,
+            "answer": answer[-400:], "named": named_files(answer),
+            "files": list(getattr(task, "files", ())), "reward": round(episode.reward, 3),
+            **{k: info.get(k) for k in ("turns", "searches", "calls", "read_turn_calls")},
+            "seconds": round(episode.seconds, 1)}
 
 
 def step_record(data: StepData, metrics: dict[str, Any], wall: float, waited: float,
@@ -311,11 +333,21 @@ class TrainingRun:
         first = self._resume(sampler, trainer)
         version = trainer.version if trainer else 0
         warm = cfg.warm_start.steps > 0 and trainer is not None
-        if heldout and first == 0 and not (warm and self.warm_started):
+        if heldout and cfg.eval_before and first == 0 and not (warm and self.warm_started):
             self._heldout(0, evaluate(sampler, heldout, cfg, make_env, version,
                                       self.index.services))
         if warm and first == 0 and not self.warm_started:
             self._warm_start(sampler, trainer, train_tasks, heldout, make_env)
+        if first < cfg.steps:  # steps = 0: the warm start (and its evaluation) only
+            self._steps(first, sampler, trainer, train_tasks, heldout, make_env)
+        plot(progress, self.out / "curves.png")
+        return progress.summary()
+
+    def _steps(self, first: int, sampler: ChatModel, trainer: Trainer | None,
+               train_tasks: list[Task], heldout: list[Task],
+               make_env: Callable[[int], RayEnv]) -> None:
+        """The RL steps from `first` on, then the held-out evaluation after the last."""
+        cfg, progress = self.config, self.progress
         transcripts = self.out / "transcripts" if cfg.rollout.transcripts else None
         manager = RolloutManager(sampler, train_tasks, cfg.rollout, make_env, first,
                                  transcripts, self.index.services).start()
@@ -337,8 +369,6 @@ class TrainingRun:
             version = trainer.version if trainer else 0
             self._heldout(cfg.steps, evaluate(sampler, heldout, cfg, make_env, version,
                                               self.index.services))
-        plot(progress, self.out / "curves.png")
-        return progress.summary()
 
     def _step(self, step: int, manager: RolloutManager, sampler: ChatModel,
               trainer: Trainer | None, heldout: list[Task],
@@ -368,10 +398,9 @@ class TrainingRun:
         progress.max_staleness = max([progress.max_staleness,
                                       *(k for k, n in data.staleness.items() if n)])
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and heldout:
-            success = evaluate(sampler, heldout, cfg, make_env,
-                               trainer.version if trainer else 0, self.index.services)
-            self._heldout(step + 1, success)
-            record["heldout_success"] = success
+            record["heldout_success"] = self._heldout(step + 1, evaluate(
+                sampler, heldout, cfg, make_env, trainer.version if trainer else 0,
+                self.index.services))
         return record
 
     def _warm_start(self, sampler: ChatModel, trainer: Any, tasks: list[Task],
@@ -379,7 +408,7 @@ class TrainingRun:
         """Imitation steps on the scripted solver's solved train episodes (rl/warmstart.py),
         then the weights to the sampler, a checkpoint and a held-out evaluation; each step's
         numbers go to `out/warmstart.jsonl`."""
-        from codeplane.rl.warmstart import demonstrations, solver_for
+        from codeplane.rl.warmstart import batches, demonstrations, solver_for
 
         cfg, ws = self.config, self.config.warm_start
         solver = solver_for(cfg.tasks.family, cfg.tasks.instruction)(trainer.policy)
@@ -395,10 +424,9 @@ class TrainingRun:
         demos = demonstrations(data.episodes, ws.min_reward)
         if not demos:
             raise ConfigError(f"no {solver.name} episode scored {ws.min_reward} or more")
-        order = random.Random(cfg.rollout.seed)
         with (self.out / "warmstart.jsonl").open("a", encoding="utf-8") as log:
-            for step in range(ws.steps):
-                batch = order.sample(demos, min(ws.batch, len(demos)))
+            for step, batch in enumerate(batches(demos, ws.steps, ws.batch,
+                                                 cfg.rollout.seed)):
                 metrics = trainer.imitate([s for turns in batch for s in turns], ws.lr)
                 log.write(json.dumps({"step": step, "imitated": len(demos),
                                       "solved": sum(e.reward == 1.0 for e in data.episodes),
@@ -415,14 +443,17 @@ class TrainingRun:
                                       self.index.services),
                           "warm_start")
 
-    def _heldout(self, steps: int, success: float, phase: str = "") -> None:
-        """Record an evaluation, also in `out/heldout.jsonl` (with the time): the one before
-        the first step and the one after the last are in no step's line, and a run that is
-        stopped never prints its summary. `phase` "warm_start": after the warm start."""
-        self.progress.heldout.append((steps, success))
-        record = {"steps": steps, "heldout_success": success, "time": time.time()}
+    def _heldout(self, steps: int, evaluation: Evaluation, phase: str = "") -> float:
+        """Record an evaluation, also in `out/heldout.jsonl` (with the time and what the
+        policy did on each task): the one before the first step and the one after the last
+        are in no step's line, and a run that is stopped never prints its summary. `phase`
+        "warm_start": after the warm start. Returns the success."""
+        self.progress.heldout.append((steps, evaluation.success))
+        record = {"steps": steps, "heldout_success": evaluation.success, "time": time.time(),
+                  "episodes": evaluation.episodes}
         with (self.out / "heldout.jsonl").open("a", encoding="utf-8") as log:
             log.write(json.dumps(record | ({"phase": phase} if phase else {})) + "\n")
+        return evaluation.success
 
     def _train(self, trainer: Trainer, data: StepData) -> dict[str, Any]:
         """One trainer step. If the trainer raises, it is restarted from its last checkpoint

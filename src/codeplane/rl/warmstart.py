@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import re
 import threading
 from collections import Counter
@@ -228,3 +229,23 @@ def demonstrations(episodes: list[Episode], min_reward: float = 1.0) -> list[lis
     a fault, one list per episode. Kept whole, in order, so the trainer scores an episode's
     turns in one forward pass (rl/trainer.py `rows_of`)."""
     return [e.samples for e in episodes if e.reward >= min_reward and e.fault is None]
+
+
+def batches(demos: list[list[Sample]], steps: int, size: int, seed: int
+            ) -> list[list[list[Sample]]]:
+    """The warm start's `steps` batches of `size` episodes: seeded shuffles of the
+    demonstrations, taken in turn, so every one is imitated before any is imitated twice
+    (with `steps` x `size` >= their number, each at least once; a batch drawn at random
+    each step could repeat one and never reach another)."""
+    size = min(size, len(demos))
+    order = random.Random(seed)
+    queue: list[list[Sample]] = []
+    out = []
+    for _ in range(steps):
+        while len(queue) < size:
+            epoch = list(demos)
+            order.shuffle(epoch)
+            queue += epoch
+        out.append(queue[:size])
+        del queue[:size]
+    return out
