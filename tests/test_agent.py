@@ -259,6 +259,17 @@ def test_change_task_ending_without_a_change_gets_a_hint_a_question_does_not(
     assert result.answer == "A is 1." and len(scripted.requests) == 2
 
 
+def test_a_question_about_a_change_is_answered_without_editing(scripted, repo) -> None:
+    """A localisation question (rl/commits.py's instruction) describes a change but asks
+    where it goes: the answer naming files ends the run; no "nothing changed" hint."""
+    read = {"calls": [("read_file", {"path": "a.py"})]}
+    scripted.script = [read, {"content": "The change touches a.py."}]
+    result = agent_for(scripted, repo).run(
+        "Fix A's value and add a constant C.\n\n"
+        "Which files would this change touch? Answer with their paths.")
+    assert result.answer == "The change touches a.py." and len(scripted.requests) == 2
+
+
 def test_answer_checks_syntax_then_asks_for_tests_once(scripted, repo) -> None:
     (repo / "tests").mkdir()
     (repo / "tests" / "test_a.py").write_text("from a import A\n")

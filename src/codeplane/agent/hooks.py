@@ -165,7 +165,7 @@ class Corrections(Hook):
 
     def start(self, agent: Agent, task: str, files: list[str]) -> str:
         self.has_tests = any(_TEST_FILE.search(f) for f in files)
-        self.change_task = bool(_CHANGE.search(task))
+        self.change_task = bool(_CHANGE.search(task)) and not _asks_a_question(task)
         return ""
 
     def correct(self, agent: Agent, content: str) -> tuple[str | None, bool]:
@@ -203,6 +203,13 @@ HOOKS: dict[str, type[Hook]] = {h.name: h for h in (Preread, CallRepair, CodeBlo
 PRODUCT_HOOKS: tuple[str, ...] = tuple(HOOKS)
 
 
+def _asks_a_question(task: str) -> bool:
+    """The task's last paragraph is a question ("Which files would this change touch?"):
+    it may describe a change, but what it asks for is an answer, not an edit."""
+    paragraphs = [p for p in task.strip().split("\n\n") if p.strip()]
+    return bool(paragraphs) and bool(_QUESTION.match(paragraphs[-1]))
+
+
 class UnknownHook(ValueError):
     """No hook of that name; the message lists the ones there are."""
 
@@ -235,6 +242,9 @@ _TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$)")
 # A task that asks for a change ("Fix ...", "rename ...", "should also include ...").
 _CHANGE = re.compile(r"\b(?:fix|implement|rename|add|change|create|delete|remove|update|"
                      r"replace|refactor|move|edit|include|make)\b", re.IGNORECASE)
+# A question: an interrogative word, then a question mark in the same sentence.
+_QUESTION = re.compile(r"\s*(?:which|what|where|who|whose|why|how|when|is|are|does|do|did|"
+                       r"can|could|would|should|will)\b[^.!?]*\?", re.IGNORECASE)
 # A final answer that reports a change: "I changed ...", "... and fixed it", "has been added".
 _CLAIM = re.compile(r"\b(?:changed|updated|fixed|modified|renamed|added|removed|replaced|"
                     r"implemented|created|deleted|edited|corrected)\b", re.IGNORECASE)
