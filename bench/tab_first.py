@@ -4,14 +4,21 @@ Positions are bench/tab.py's held-out cases (pinned sdists never used to tune Ta
 with `pip download` on first use; the window the LSP sends: a ~3,000-character prefix), each
 in a different file, so no request finds another's prompt in the KV cache.
 
-* cold: `POST /v1/tab` at a position in a file the server has not seen;
+* cold: `POST /v1/tab` at a position in a file the server has not seen (answered from the
+  short window, `[tab] cold_prompt_tokens`); then, once the full window's background prefill
+  is done, the same position from another cursor (no LRU hit): the full window, cached;
 * prefilled: `POST /v1/tab/prefill` with that window (what the LSP sends when the editor
   opens the file or pauses), 2 s of idle, then `POST /v1/tab`;
 * first request: `codeplane serve` started afresh (its own home, a `[tab]` section), the
   time until its port answers, then one `POST /v1/tab` at once; with `preload = true` (the
   default) and with `preload = false` (the model loads on that request, as before).
 
+`--quality N` instead asks N held-out positions twice on one engine: cold (the short
+window) and after the background prefill (the full window), and counts how often the two
+answers are the same and how often each is the author's line (exact: load-independent).
+
     flock /tmp/codeplane-cpu.lock python bench/tab_first.py --cases 6 --runs 3
+    flock /tmp/codeplane-cpu.lock python bench/tab_first.py --quality 20 --json q.json
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import tab as tab_bench
 from codeplane.config import load_settings
 from codeplane.models.engine import Engine
 from codeplane.tab.context import Budget, build_request
+from codeplane.tab.service import TabRequest, TabService, TabSettings
 
 MIN_PREFIX = 4000  # as the issue measured (the window sent is ~3,000 of them)
 IDLE_S = 2.0  # the editor opened the file this long before the first suggestion
@@ -71,9 +79,10 @@ def in_process(args: argparse.Namespace) -> dict:
     engine = Engine(load_settings(tab={"model": args.model}))
     engine.info(args.model)
     url, server = tab_bench.serve(engine)
-    rows = {"cold": [], "prefilled": []}
+    rows = {"cold": [], "then": [], "prefilled": []}
     with httpx.Client(timeout=600) as http:
         timed(http, f"{url}/v1/tab", window(picked[-1], "warmup"))  # first decode's buffers
+        prefilled(http, url)  # and the warm-up's background prefill done
         for i, case in enumerate(picked[:-1]):
             body = window(case, f"c{i}")
             if i % 2:
@@ -83,12 +92,51 @@ def in_process(args: argparse.Namespace) -> dict:
                 timed(http, f"{url}/v1/tab/prefill", pre)
                 time.sleep(IDLE_S)
             ms, got = timed(http, f"{url}/v1/tab", body)
-            rows["prefilled" if i % 2 else "cold"].append(
-                {"ms": round(ms), "prompt_tokens": got["prompt_tokens"],
-                 "cached_tokens": got["cached_tokens"], "prefix_chars": len(body["prefix"])})
+            rows["prefilled" if i % 2 else "cold"].append(row(ms, got, body))
+            if got["window"] == "short":
+                prefilled(http, url)
+                ms, got = timed(http, f"{url}/v1/tab", {**body, "cursor_id": f"then{i}"})
+                rows["then"].append(row(ms, got, body))
     server.should_exit = True
     engine.close()
-    return {k: summary(v) for k, v in rows.items()}
+    return {k: summary(v) for k, v in rows.items() if v}
+
+
+def row(ms: float, got: dict, body: dict) -> dict:
+    return {"ms": round(ms), "window": got["window"], "prompt_tokens": got["prompt_tokens"],
+            "cached_tokens": got["cached_tokens"], "prefix_chars": len(body["prefix"])}
+
+
+def prefilled(http: httpx.Client, url: str) -> None:
+    """Wait until no prefill is queued or running (a cold answer's background prefill)."""
+    while http.get(f"{url}/v1/tab/stats").json()["prefills_pending"]:
+        time.sleep(0.1)
+
+
+def quality(args: argparse.Namespace) -> dict:
+    """Short-window answers against full-window answers at the same held-out positions."""
+    load_before = os.getloadavg()[0]
+    engine = Engine(load_settings(tab={"model": args.model}))
+    svc = TabService(engine, TabSettings(model=args.model))
+    rows = []
+    try:
+        for i, case in enumerate(cases(args.set, args.quality, args.seed)):
+            body = window(case, f"q{i}")
+            short = svc.complete_sync(TabRequest(**body))
+            while svc.pending_prefills():
+                time.sleep(0.1)
+            full = svc.complete_sync(TabRequest(**{**body, "cursor_id": f"full{i}"}))
+            rows.append({"path": case.path, "kind": case.kind, "short_window": short.window,
+                         "short_prompt": short.prompt_tokens, "full_prompt": full.prompt_tokens,
+                         "full_cached": full.cached_tokens, "same": short.text == full.text,
+                         **{f"{k}_exact": tab_bench.line_scores(r.text, case.reference)["exact"]
+                            for k, r in (("short", short), ("full", full))}})
+    finally:
+        engine.close()
+    shorts = [r for r in rows if r["short_window"] == "short"]
+    return {"load_before": load_before, "positions": len(rows), "short_window": len(shorts),
+            **{k: sum(r[k] for r in shorts) for k in ("same", "short_exact", "full_exact")},
+            "rows": rows}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -137,20 +185,28 @@ def main() -> None:
     ap.add_argument("--model", default="code-small")
     ap.add_argument("--seed", type=int, default=34)
     ap.add_argument("--skip-serve", action="store_true", help="only (a) and (b)")
+    ap.add_argument("--quality", type=int, default=0,
+                    help="instead: short- vs full-window answers at this many positions")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.cases < 1 or args.runs < 1:
         ap.error("--cases and --runs must be at least 1")
+    if args.quality:
+        return report(quality(args), args.json)
     result = {"load_before": os.getloadavg()[0], "in_process": in_process(args)}
     if not args.skip_serve:
         case = cases(args.set, 1, args.seed + 1)[0]
         result["first_request"] = {
             f"preload={p}": [first_request(case, args.model, p) for _ in range(args.runs)]
             for p in (True, False)}
+    report(result, args.json)
+
+
+def report(result: dict, path: Path | None) -> None:
     result["load_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+    if path:
+        path.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

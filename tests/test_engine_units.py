@@ -1,6 +1,11 @@
-"""Streaming text assembly in the engine and the chat stream, without a model."""
+"""Streaming text assembly in the engine and the chat stream, and the thread count it
+fits to the machine, without a model."""
 
-from codeplane.models.engine import _StopDecoder
+import subprocess
+import sys
+from pathlib import Path
+
+from codeplane.models.engine import _StopDecoder, free_cores
 
 
 def test_utf8_split_across_tokens_is_not_mangled():
@@ -29,3 +34,19 @@ def test_chat_stream_shows_prose_and_holds_back_a_possible_tool_call():
     assert shown == "I will call it: "
     stream.text("``")  # held: nothing after the opener is shown until `finish`
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == shown
+
+
+def test_free_cores_leave_out_a_busy_process():
+    """A process spinning on a core is seen: the model runs on one core fewer (llama.cpp's
+    threads would otherwise wait at every barrier for the one it descheduled)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        stat = Path(f"/proc/{spinner.pid}/stat")
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "R":
+            pass  # until the spinner is runnable (it spins from then on)
+        assert free_cores(2) == 1
+        assert free_cores(64) <= 63
+        assert free_cores(1) == 1  # never fewer than one
+    finally:
+        spinner.kill()
+        spinner.wait()

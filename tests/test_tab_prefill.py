@@ -67,6 +67,42 @@ def test_prefill_then_complete_gives_the_same_text_from_the_cache(live_server):
     assert warmed["cached_tokens"] >= pre["prompt_tokens"] - 1, (warmed, pre)
 
 
+def test_a_cold_document_is_answered_from_the_short_window_then_from_the_full_one(
+        live_server):
+    """No prefill came first: the first completion's prompt is the short window, and the
+    full window is prefilled behind it, so the next completion there takes all of it from
+    the KV cache."""
+    url, doc = live_server.url, other_file()
+    offset = doc.index("return x * 30\n") + len("return x * 30\n")
+    limit = TabSettings().cold_prompt_tokens
+
+    def prefills() -> tuple[int, int]:
+        stats = httpx.get(f"{url}/v1/tab/stats", timeout=10).json()
+        return stats["prefills"], stats["prefills_yielded"]
+
+    before = prefills()
+    first = post(url, "/v1/tab", completion("cold.py", doc, offset, "cold"))
+    assert first["source"] == "model" and first["window"] == "short", first
+    assert 0 < first["prompt_tokens"] <= limit, first
+    wait_for(lambda: prefills()[0] > before[0], timeout=120, what="the background prefill")
+    assert prefills()[1] == before[1], "the background prefill yielded"
+    # another cursor in the same document: no LRU hit, the same full prompt
+    full = post(url, "/v1/tab", completion("cold.py", doc, offset, "again"))
+    assert full["source"] == "model" and full["window"] == "full", full
+    assert full["prompt_tokens"] > limit, full
+    assert full["prompt_tokens"] - full["cached_tokens"] <= 1, full
+
+
+def test_the_full_window_when_the_short_one_is_off(engine):
+    """`cold_prompt_tokens = 0`: a cold document gets its full window at once, as before."""
+    svc = TabService(engine, TabSettings(cold_prompt_tokens=0))
+    doc = other_file()
+    offset = doc.index("return x * 30\n") + len("return x * 30\n")
+    got = svc.complete_sync(TabRequest(**completion("off.py", doc, offset, "off")))
+    assert got.window == "full" and got.prompt_tokens > TabSettings().cold_prompt_tokens, got
+    assert svc.stats["prefills"] == 0
+
+
 def test_prefill_yields_to_a_completion(engine):
     """A prefill queued behind a running completion is dropped when another completion
     arrives; a newer prefill of the same document supersedes an older one."""
@@ -104,13 +140,15 @@ def test_a_tenant_never_reuses_another_tenants_prefill(tmp_path, engine):
         pre = post(server.url, "/v1/tab/prefill", prefill_body("m.py", doc, offset, "c"),
                    alice)
         assert pre["evaluated_tokens"] == pre["prompt_tokens"] > 100, pre
-        # bob sends the same document: computed afresh, nothing of alice's cache reused
+        # bob sends the same document: cold for him (the short window), nothing of
+        # alice's cache reused
         theirs = post(server.url, "/v1/tab", completion("m.py", doc, offset, "c"), bob)
         assert theirs["source"] == "model" and theirs["cached_tokens"] == 0, theirs
+        assert theirs["window"] == "short", theirs
         # alice's prefill was kept for her (saved before bob's request replaced it)
         mine = post(server.url, "/v1/tab", completion("m.py", doc, offset, "c"), alice)
+        assert mine["window"] == "full", mine
         assert mine["cached_tokens"] >= pre["prompt_tokens"] - 1, (mine, pre)
-        assert mine["text"] == theirs["text"]
     finally:
         server.stop()
 

@@ -281,6 +281,12 @@ class TabSettings(BaseModel):
     min_confidence: float = Field(0.0, ge=0.0, le=1.0,
                                   description="hide suggestions less likely right than this")
     max_prompt_tokens: int = Field(3072, ge=64)
+    cold_prompt_tokens: int = Field(
+        256, ge=0, description="a request whose prompt has more tokens than this outside "
+                               "the KV cache (a document not prefilled) is answered from a "
+                               "window of this many tokens around the cursor, and the full "
+                               "window is prefilled in the background; 0: always the full "
+                               "window (docs/tab.md, 'The first suggestion in a file')")
     cache_size: int = Field(1000, ge=0)
     sessions: int = Field(256, ge=1)
     typed_ahead_chars: int = Field(128, ge=0, description="how far back typed-ahead looks")

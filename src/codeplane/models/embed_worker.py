@@ -68,6 +68,9 @@ class EmbedderTarget:
         if adapter is not None:
             raise ValueError(f"{self.name} takes no LoRA adapter")
 
+    def before_job(self, loaded: Embedder) -> None:
+        """Nothing: onnxruntime sizes its own thread pool."""
+
 
 class ProcessEmbedder:
     """An `Embedder` whose model lives in the engine's worker for `target`; `name` and `dim`

@@ -156,10 +156,12 @@ class LocalModel:
         # llama-cpp-python defaults decode to half the cores (assuming hyperthreads); on vCPUs
         # all of them decode faster (docs/models-and-server.md, "Numbers behind the code's
         # comments").
-        threads = cfg.n_threads or os.cpu_count() or 1
+        self.threads = cfg.n_threads or os.cpu_count() or 1
         with _model_params(use_extra_bufts=cfg.extra_buffer_types):
             self.llama = Llama(model_path=str(path), n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                               n_threads=threads, n_threads_batch=threads, verbose=False)
+                               n_threads=self.threads, n_threads_batch=self.threads,
+                               verbose=False)
+        self.threads_now = self.threads
         self.load_seconds = time.perf_counter() - start
         self.spec = spec
         self.name = spec.name
@@ -172,6 +174,20 @@ class LocalModel:
         self.stop_ids = self._stop_ids()
         self.fim_ids = self._fim_ids()
         self._pieces: list[bytes] | None = None
+
+    def fit_threads(self) -> int:
+        """Run on the cores no other process is using now, up to `threads`; returns the
+        count. llama.cpp's threads meet at a barrier after every operation, so one thread
+        descheduled by another busy process stalls them all: on a 2-core machine beside
+        one busy process, 2 threads decoded ~20x slower than 1 (docs/models-and-server.md,
+        "Threads on a shared machine"). The worker calls it before each job."""
+        import llama_cpp
+
+        wanted = min(self.threads, free_cores(os.cpu_count() or 1))
+        if wanted != self.threads_now:
+            llama_cpp.llama_set_n_threads(self.llama._ctx.ctx, wanted, wanted)
+            self.threads_now = wanted
+        return wanted
 
     def info(self) -> ModelInfo:
         return ModelInfo(self.name, self.n_ctx, self.metadata, self.load_seconds,
@@ -317,6 +333,23 @@ class LocalModel:
         )
 
 
+def free_cores(cores: int, samples: int = 3) -> int:
+    """Cores no other thread is running on, at least 1: `cores` less the runnable threads
+    of the whole machine (`procs_running` in /proc/stat, the calling one excepted), the
+    least of a few reads a millisecond apart (a thread woken for a moment is not a load)."""
+    busy = []
+    for i in range(samples):
+        try:
+            with open("/proc/stat") as stat:
+                busy += [int(line.split()[1]) - 1 for line in stat
+                         if line.startswith("procs_running")]
+        except OSError:  # not Linux: assume the machine is ours
+            return cores
+        if i + 1 < samples:
+            time.sleep(0.001)
+    return max(1, cores - min(busy, default=0))
+
+
 BACKOFF_S = 1.0  # after a second crash in a row the next start waits this long, ...
 BACKOFF_MAX_S = 60.0  # ... doubling with every further crash, up to this
 
@@ -394,9 +427,16 @@ class Engine:
                  on_event: Callable[[Any], None] | None = None,
                  cancel: threading.Event | None = None) -> Any:
         """Blocking variant for CLI commands, benchmarks and sync routes (same queue)."""
+        return self.submit(model, job, *args, on_event=on_event, cancel=cancel).result()
+
+    def submit(self, model: str | ModelSpec, job: str, *args: Any,
+               on_event: Callable[[Any], None] | None = None,
+               cancel: threading.Event | None = None) -> Future:
+        """Queue `job(*args)` and return at once: the future of its result, for work nobody
+        waits on (Tab's background prefill of a cold document). Same queue as `run`."""
         sup, adapter = self._supervisor(model)
         _known(job)
-        return sup.submit(lambda: sup.call(job, args, on_event, cancel, adapter)).result()
+        return sup.submit(lambda: sup.call(job, args, on_event, cancel, adapter))
 
     def status(self) -> dict[str, WorkerStatus]:
         return {name: sup.status() for name, sup in list(self._models.items())}

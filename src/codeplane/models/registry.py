@@ -69,6 +69,10 @@ class ModelSpec:
         """The worker's LoRA slot swaps `adapter` in (or back to the base) between jobs."""
         loaded.lora.serve(adapter)
 
+    def before_job(self, loaded: Any) -> None:
+        """Threads for the job: the cores free now (`LocalModel.fit_threads`)."""
+        loaded.fit_threads()
+
     def to_json(self, settings: Settings) -> dict:
         data = asdict(self)
         data.pop("source")

@@ -84,6 +84,10 @@ class WorkerTarget(Protocol):
         loaded). Raises (AdapterError, ValueError) for an adapter it cannot take."""
         ...
 
+    def before_job(self, loaded: Any) -> None:
+        """In the worker, before each job: adjust to the machine now (a model's threads)."""
+        ...
+
 
 class JobFailed(RuntimeError):
     """A job raised an exception that cannot be sent to the server as it is."""
@@ -273,6 +277,7 @@ def main(fd: int) -> None:
                          states.setdefault(adapter, {}))
         try:
             target.use_adapter(model, adapter)  # an error is this job's, the model unchanged
+            target.before_job(model)
             reply = ("done", job_id, resolve(name)(ctx, *args))
         except Exception as exc:
             if not isinstance(exc, ValueError):  # ValueErrors are the request's fault

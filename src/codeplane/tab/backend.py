@@ -83,9 +83,13 @@ class TabModel(Protocol):
 
     def extends(self, text: bytes) -> bool: ...
 
+    def uncached(self, tokens: list[int]) -> int:
+        """How many of `tokens` a completion would evaluate (not in any KV cache)."""
+        ...
+
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
-                 slot: str, code_next: bool = False) -> Completion: ...
+                 slot: str | None, code_next: bool = False) -> Completion: ...
 
 
 class LocalTab:
@@ -109,16 +113,22 @@ class LocalTab:
     def extends(self, text: bytes) -> bool:
         return self.vocab.extends(text)
 
+    def uncached(self, tokens: list[int]) -> int:
+        return len(tokens) - self.slots.covered(self.model, tokens, self.tenant)
+
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
-                 slot: str, code_next: bool = False) -> Completion:
+                 slot: str | None, code_next: bool = False) -> Completion:
+        """Decode after `tokens`; the KV cache is kept as `slot` of the document (None:
+        not kept, a throwaway prompt such as Tab's short window for a cold document)."""
         restored = self.slots.prepare(self.model, tokens, self.tenant)
         mask = [HealingMask(self.vocab, self.model.vocab_pieces(), heal, len(tokens),
                             code_next)] if heal or code_next else []
         gen = self.model.generate(tokens, Decoding(max_tokens=max_tokens, logprobs=True,
                                                    stop=stop, processors=mask),
                                   cancel=cancel, on_text=on_text)
-        self.slots.finished(self.model, self.tenant, slot)
+        if slot is not None:
+            self.slots.finished(self.model, self.tenant, slot)
         return Completion(gen.text, gen.token_logprobs or [], gen.finish_reason,
                           gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens,
                           restored)
@@ -197,9 +207,14 @@ class UpstreamTab:
         # the separator's own piece splits into two empty parts; one more ends the text
         return parts[:sep_id] + [sep] + parts[sep_id + 2:-1]
 
+    def uncached(self, tokens: list[int]) -> int:
+        """0: llama-server keeps its slots' prompts itself, out of Tab's sight, so Tab
+        always sends the full window there."""
+        return 0
+
     def complete(self, tokens: list[int], heal: str, max_tokens: int, stop: list[str],
                  cancel: threading.Event, on_text: Callable[[str], None] | None,
-                 slot: str, code_next: bool = False) -> Completion:
+                 slot: str | None, code_next: bool = False) -> Completion:
         """One non-streamed completion: `cancel` and `on_text` are only honoured around it
         (a superseded answer is dropped by the service; multi-line output is cut after)."""
         body = {"prompt": tokens, "n_predict": max_tokens, "temperature": 0.0,

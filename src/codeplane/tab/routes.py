@@ -181,8 +181,10 @@ def tab_feedback(body: Feedback, request: Request) -> dict:
 
 @router.get("/v1/tab/stats")
 def tab_stats(request: Request) -> dict:
-    """Counters since start: model calls avoided, prompt tokens reused (no code, no paths)."""
-    return dict(service(request).stats)
+    """Counters since start: model calls avoided, prompt tokens reused (no code, no paths),
+    and the prefills queued or running now."""
+    svc = service(request)
+    return {**svc.stats, "prefills_pending": svc.pending_prefills()}
 
 
 def _require_fim(engine: Engine, name: str) -> None:

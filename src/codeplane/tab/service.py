@@ -35,7 +35,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -123,6 +123,7 @@ class TabResult:
     cached_tokens: int = 0
     completion_tokens: int = 0
     model_ms: float = 0.0
+    window: str = "full"  # "short": a cold document's first answer (`cold_prompt_tokens`)
     id: str | None = None  # the shown suggestion's id, for feedback; kept by typed-ahead
     signals: dict | None = None  # what the show/hide decision read (tab/decision.py)
 
@@ -166,6 +167,7 @@ class Answer:
     completion_tokens: int
     model_ms: float
     restored: bool  # a saved KV slot was restored for it
+    short: bool = False  # answered from the short window: the full one is still to prefill
 
 
 SessionKey = tuple[str, str]  # (tenant, cursor_id)
@@ -237,6 +239,11 @@ class TabService:
                 prefill.set()
             return session, session.seq, session.cancel
 
+    def pending_prefills(self) -> int:
+        """Prefills queued or running (a cold document's background one among them)."""
+        with self._lock:
+            return len(self._prefills)
+
     async def warm(self) -> None:
         """Load the Tab model and what its jobs keep in the worker (the vocabulary index),
         and decode once, so the first request after the server starts pays for none of it.
@@ -268,24 +275,35 @@ class TabService:
                        req: BaseModel) -> Prefilled:
         """Run the prefill `job`, yielding to completions and to a newer prefill of the
         same document."""
+        try:
+            return await asyncio.wrap_future(self._start_prefill(tenant, path, model, job, req))
+        except JobDropped:
+            return Prefilled(0, 0, 0, True)
+
+    def _start_prefill(self, tenant: str, path: str, model: str, job: str,
+                       req: BaseModel) -> Future:
+        """Queue the prefill `job` (superseding one of the same document still queued or
+        running) and return its future without waiting: a cold document's full window is
+        prefilled this way after its short-window answer."""
         key = (tenant, path)
         cancel = threading.Event()
         with self._lock:
             if (older := self._prefills.pop(key, None)) is not None:
                 older.set()
             self._prefills[key] = cancel
-        try:
-            got, _ = await self.engine.run(model, job, self.settings, req, tenant,
-                                           cancel=cancel)
-        except JobDropped:
-            got = Prefilled(0, 0, 0, True)
-        finally:
+
+        def done(future: Future) -> None:
             with self._lock:
                 if self._prefills.get(key) is cancel:
                     del self._prefills[key]
-        self.stats["prefills"] += 1
-        self.stats["prefills_yielded"] += got.yielded
-        return got
+            failed = future.exception()
+            if failed is None or isinstance(failed, JobDropped):
+                self.stats["prefills"] += 1
+                self.stats["prefills_yielded"] += failed is not None or future.result().yielded
+
+        future = self.engine.submit(model, job, self.settings, req, tenant, cancel=cancel)
+        future.add_done_callback(done)
+        return future
 
     async def complete(self, req: TabRequest, tenant: str) -> TabResult:
         start = time.perf_counter()
@@ -356,6 +374,9 @@ class TabService:
             self.stats["prompt_tokens"] += got.prompt_tokens
             self.stats["cached_tokens"] += got.cached_tokens
             self.stats["slot_restores"] += got.restored
+        if got is not None and got.short:  # the next request in this document finds it
+            self._start_prefill(tenant, req.path, req.model or self.settings.model,
+                                "tab.prefill", req)
         if got is None or session.seq != seq:
             self.stats["cancelled"] += 1
             stale = TabResult("", _ms(start), False, "cancelled", False, None, req.request_id,
@@ -372,6 +393,7 @@ class TabService:
         result = self._result(req, start, entry, "model")
         result.prompt_tokens, result.cached_tokens = got.prompt_tokens, got.cached_tokens
         result.completion_tokens, result.model_ms = got.completion_tokens, got.model_ms
+        result.window = "short" if got.short else "full"
         return result
 
     # -- cache ---------------------------------------------------------------------------
@@ -494,17 +516,21 @@ def answer(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anc
     start = time.perf_counter()
     mode = postprocess.choose_mode(req.prefix, req.suffix, settings.max_lines)
     heal, slot = _prompt(model, settings, req, anchors, session)
+    short = 0 < settings.cold_prompt_tokens < model.uncached(heal.tokens)
+    if short:  # a cold document: not the seconds its full window costs (docs/tab.md)
+        heal = _healed(model, settings, req, _short_anchor(model, settings, req,
+                                                           anchors.get(session)))
     budget = req.max_tokens or (settings.max_tokens_multiline if mode.multiline
                                 else settings.max_tokens)
     gen = model.complete(heal.tokens, heal.text, budget, [] if mode.multiline else ["\n"],
                          cancel, _line_guard(mode, req.prefix[:-len(heal.text) or None], cancel),
-                         slot, heal.code_next)
+                         None if short else slot, heal.code_next)
     raw = gen.text[len(heal.text):] if gen.text.startswith(heal.text) else ""
     text = postprocess.clean(raw, req.prefix, req.suffix, mode)
     kept = len(model.tokenize(heal.text + text)) if text else 0
     sig = decision.signals(text, req.prefix, gen.logprobs[:kept], gen.finish_reason == "length")
     return Answer(text, decision.probability(sig), sig.to_json(), gen.prompt_tokens,
-                  gen.cached_tokens, gen.completion_tokens, _ms(start), gen.restored)
+                  gen.cached_tokens, gen.completion_tokens, _ms(start), gen.restored, short)
 
 
 def _prompt(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anchors,
@@ -518,14 +544,20 @@ def _prompt(model: TabModel, settings: TabSettings, req: TabRequest, anchors: An
         cut = req.prefix.rfind("\n") + 1
         anchor = _anchor(model, settings, req, key, req.prefix[:cut], req.suffix)
         anchors.put(session, anchor)
+    return _healed(model, settings, req, anchor), anchor.key
+
+
+def _healed(model: TabModel, settings: TabSettings, req: TabRequest, anchor: _Anchor
+            ) -> Healing:
+    """The prompt of `req` on `anchor`: its stable pieces around the typed text, healed."""
     rest = req.prefix[len(anchor.prefix):]
     typed = model.tokenize(rest) if rest else []
     if settings.layout != "anchor":  # T ends the prefix: no token boundary to heal
-        return Healing(anchor.before + typed + anchor.after, ""), anchor.key
+        return Healing(anchor.before + typed + anchor.after, "")
     tokens = anchor.before + anchor.after + typed
     heal = back_off(tokens, typed, model.piece, model.extends)
     line = req.prefix.rsplit("\n", 1)[-1]
-    return replace(heal, code_next=bool(line) and not line.strip()), anchor.key
+    return replace(heal, code_next=bool(line) and not line.strip())
 
 
 def _anchor(model: TabModel, settings: TabSettings, req: TabRequest, key: str, prefix: str,
@@ -536,7 +568,6 @@ def _anchor(model: TabModel, settings: TabSettings, req: TabRequest, key: str, p
     fim = model.fim()
     if fim is None:
         raise Unsupported(f"model {model.name} has no fill-in-the-middle tokens")
-    pre, suf, mid = fim
     start = prefix  # the anchor's text; only its tokens are trimmed
     head = _context_tokens(model, req)
     limit = settings.max_prompt_tokens - MAX_TYPED_CHARS // 3 - len(head) - 3
@@ -550,9 +581,45 @@ def _anchor(model: TabModel, settings: TabSettings, req: TabRequest, key: str, p
         else:
             lines = suffix.split("\n")
             suffix = "\n".join(lines[: len(lines) * 3 // 4])
+    return _laid_out(settings, fim, _Anchor(key, start, req.suffix, [], []), head, p, s)
+
+
+def _short_anchor(model: TabModel, settings: TabSettings, req: TabRequest, anchor: _Anchor
+                  ) -> _Anchor:
+    """A cold document's window: whole lines of the anchor's text around the cursor within
+    `cold_prompt_tokens` with the typed text, at most a quarter of them after the cursor,
+    and no workspace context (that comes with the full window, prefilled meanwhile)."""
+    typed = len(model.tokenize(req.prefix[len(anchor.prefix):]))
+    limit = max(0, settings.cold_prompt_tokens - typed - 3)
+    s = _lines_within(model, anchor.suffix.split("\n"), limit // 4, from_start=True)
+    p = _lines_within(model, anchor.prefix.split("\n"), limit - len(s), from_start=False)
+    return _laid_out(settings, model.fim(), replace(anchor, before=[], after=[]), [], p, s)
+
+
+def _lines_within(model: TabModel, lines: list[str], limit: int, from_start: bool
+                  ) -> list[int]:
+    """Tokens of the most whole lines, from the start or from the end of `lines`, that fit
+    in `limit` tokens (a binary search: a few tokenizer calls)."""
+    def tokens(n: int) -> list[int]:
+        return model.tokenize("\n".join(lines[:n] if from_start else lines[len(lines) - n:]))
+
+    low, high = 0, len(lines)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(tokens(middle)) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return tokens(low)
+
+
+def _laid_out(settings: TabSettings, fim: tuple[int, int, int], anchor: _Anchor,
+              head: list[int], p: list[int], s: list[int]) -> _Anchor:
+    """`anchor` with its token pieces around T in the configured layout."""
+    pre, suf, mid = fim
     if settings.layout == "spm":
-        return _Anchor(key, start, req.suffix, [*head, suf, *s, pre, *p], [mid])
-    return _Anchor(key, start, req.suffix, [*head, pre, *p], [suf, *s, mid])
+        return replace(anchor, before=[*head, suf, *s, pre, *p], after=[mid])
+    return replace(anchor, before=[*head, pre, *p], after=[suf, *s, mid])
 
 
 def _context_tokens(model: TabModel, req: TabRequest) -> list[int]:

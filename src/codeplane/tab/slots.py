@@ -41,24 +41,43 @@ class KVSlots:
         can; True when a slot was restored. A live cache another tenant's request left is
         saved (as theirs) and emptied first: a tenant never reuses another's cache."""
         ours = self._owner is not None and model.kv.tokens == self._live
-        foreign = ours and self._owner[0] != tenant
+        foreign = self._foreign(model, tenant)
         cached = 0 if foreign else model.cached_prefix(tokens)
         if ours and (foreign or cached + MIN_GAIN < len(self._live)):
             self._save_live(model)  # this request would overwrite it: keep a copy
         if foreign:
             model.kv.truncate(0)
             self._owner, self._live = None, []
-        best, gain = None, MIN_GAIN
+        best = self._best(model, tokens, tenant)
+        if best is None or best[1] - cached < MIN_GAIN:
+            return False
+        model.kv.restore(self._slots[best[0]])
+        self._slots.move_to_end(best[0])
+        return True
+
+    def covered(self, model: LocalModel, tokens: list[int], tenant: str) -> int:
+        """How many leading tokens of `tokens` `prepare` would find in the KV cache, live or
+        in a slot `tenant` saved; changes nothing (Tab asks it to tell a cold document)."""
+        live = 0 if self._foreign(model, tenant) else model.cached_prefix(tokens)
+        best = self._best(model, tokens, tenant)
+        return max(live, best[1] if best else 0)
+
+    def _foreign(self, model: LocalModel, tenant: str) -> bool:
+        """The live cache is what another tenant's Tab request left."""
+        return (self._owner is not None and self._owner[0] != tenant
+                and model.kv.tokens == self._live)
+
+    def _best(self, model: LocalModel, tokens: list[int], tenant: str
+              ) -> tuple[tuple[str, str], int] | None:
+        """The slot of `tenant` sharing the longest token prefix with `tokens`, and its
+        length."""
+        best = None
         for (owner, slot_key), slot in self._slots.items():
             if owner == tenant:
                 shared = model.kv.common_prefix(slot.tokens, tokens)
-                if shared - cached >= gain:
-                    best, gain = (owner, slot_key), shared - cached
-        if best is None:
-            return False
-        model.kv.restore(self._slots[best])
-        self._slots.move_to_end(best)
-        return True
+                if best is None or shared > best[1]:
+                    best = (owner, slot_key), shared
+        return best
 
     def finished(self, model: LocalModel, tenant: str, key: str) -> None:
         """Remember who owns the live cache after `tenant`'s Tab request (a completion or a
