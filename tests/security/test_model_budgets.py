@@ -86,6 +86,21 @@ def test_tab_charges_the_tokens_the_model_used_and_refuses_past_the_budget(serve
     assert used(store, "tab-poor") == 0
 
 
+def test_a_cold_documents_short_answer_is_charged_for_the_full_window_it_prefills(server):
+    """A document the server has not seen is answered from a short window while its full
+    window is prefilled in the background: the request is charged for both, or a tenant
+    could make the server evaluate ~10x the tokens it pays for (one cold path per request)."""
+    store, headers = key(server, "tab-cold", budget_tokens=100_000)
+    prefix = "".join(f"def scale_{i}(x):\n    return x * {i}\n\n\n" for i in range(60))
+    body = {"path": "cold.py", "prefix": prefix + "def scale_60(x):\n    return ",
+            "model": "code-small", "max_tokens": 4, "cursor_id": "cold"}
+    reply = httpx.post(f"{server.url}/v1/tab", json=body, headers=headers, timeout=120).json()
+    assert reply["source"] == "model" and reply["window"] == "short", reply
+    assert reply["prefill_tokens"] > reply["prompt_tokens"], reply
+    assert used(store, "tab-cold") == (reply["prompt_tokens"] + reply["completion_tokens"]
+                                       + reply["prefill_tokens"])
+
+
 def test_apply_with_a_model_is_admitted_and_charged_deterministic_stays_free(server):
     store, headers = key(server, "apply-rpm", rpm=1, budget_tokens=100_000)
     replies = at_once(lambda: apply(server, headers, "model"),

@@ -67,7 +67,7 @@ async def _complete(svc: TabService, body: TabRequest, tenant: str,
         return fast
     with metered(request, _estimate(svc, body)) as meter:
         result = await svc.complete(body, tenant)
-        meter.used = result.prompt_tokens + result.completion_tokens
+        meter.used = result.prompt_tokens + result.completion_tokens + result.prefill_tokens
     return result
 
 

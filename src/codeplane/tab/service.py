@@ -124,6 +124,7 @@ class TabResult:
     completion_tokens: int = 0
     model_ms: float = 0.0
     window: str = "full"  # "short": a cold document's first answer (`cold_prompt_tokens`)
+    prefill_tokens: int = 0  # the full window left to prefill in the background: charged too
     id: str | None = None  # the shown suggestion's id, for feedback; kept by typed-ahead
     signals: dict | None = None  # what the show/hide decision read (tab/decision.py)
 
@@ -167,7 +168,7 @@ class Answer:
     completion_tokens: int
     model_ms: float
     restored: bool  # a saved KV slot was restored for it
-    short: bool = False  # answered from the short window: the full one is still to prefill
+    deferred: int = 0  # answered from the short window: the full one's tokens still to prefill
 
 
 SessionKey = tuple[str, str]  # (tenant, cursor_id)
@@ -374,7 +375,7 @@ class TabService:
             self.stats["prompt_tokens"] += got.prompt_tokens
             self.stats["cached_tokens"] += got.cached_tokens
             self.stats["slot_restores"] += got.restored
-        if got is not None and got.short:  # the next request in this document finds it
+        if got is not None and got.deferred:  # the next request in this document finds it
             self._start_prefill(tenant, req.path, req.model or self.settings.model,
                                 "tab.prefill", req)
         if got is None or session.seq != seq:
@@ -393,7 +394,7 @@ class TabService:
         result = self._result(req, start, entry, "model")
         result.prompt_tokens, result.cached_tokens = got.prompt_tokens, got.cached_tokens
         result.completion_tokens, result.model_ms = got.completion_tokens, got.model_ms
-        result.window = "short" if got.short else "full"
+        result.window, result.prefill_tokens = ("short" if got.deferred else "full"), got.deferred
         return result
 
     # -- cache ---------------------------------------------------------------------------
@@ -516,7 +517,8 @@ def answer(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anc
     start = time.perf_counter()
     mode = postprocess.choose_mode(req.prefix, req.suffix, settings.max_lines)
     heal, slot = _prompt(model, settings, req, anchors, session)
-    short = 0 < settings.cold_prompt_tokens < model.uncached(heal.tokens)
+    uncached = model.uncached(heal.tokens)
+    short = 0 < settings.cold_prompt_tokens < uncached
     if short:  # a cold document: not the seconds its full window costs (docs/tab.md)
         heal = _healed(model, settings, req, _short_anchor(model, settings, req,
                                                            anchors.get(session)))
@@ -530,7 +532,8 @@ def answer(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anc
     kept = len(model.tokenize(heal.text + text)) if text else 0
     sig = decision.signals(text, req.prefix, gen.logprobs[:kept], gen.finish_reason == "length")
     return Answer(text, decision.probability(sig), sig.to_json(), gen.prompt_tokens,
-                  gen.cached_tokens, gen.completion_tokens, _ms(start), gen.restored, short)
+                  gen.cached_tokens, gen.completion_tokens, _ms(start), gen.restored,
+                  uncached if short else 0)
 
 
 def _prompt(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anchors,
