@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
 import threading
 import time
@@ -55,6 +56,7 @@ from codeplane.tab.slots import KVSlots
 if TYPE_CHECKING:
     from codeplane.tab.nextedit import NextRequest
 
+log = logging.getLogger(__name__)
 MAX_TYPED_CHARS = 1500  # beyond this T is long enough that re-anchoring is cheaper overall
 
 
@@ -301,6 +303,8 @@ class TabService:
             if failed is None or isinstance(failed, JobDropped):
                 self.stats["prefills"] += 1
                 self.stats["prefills_yielded"] += failed is not None or future.result().yielded
+            else:  # a background prefill has no caller to raise to: say it here
+                log.warning("a Tab prefill failed: %s", failed)  # no path: clients own them
 
         future = self.engine.submit(model, job, self.settings, req, tenant, cancel=cancel)
         future.add_done_callback(done)
