@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from codeplane.config import ConfigError, load_settings
+from codeplane.gateway.providers.table import PROVIDERS
 
 
 def test_defaults_and_layout(tmp_path, monkeypatch):
@@ -115,8 +116,9 @@ def test_indexing_section_is_validated_at_load_and_keeps_its_defaults(tmp_path):
 
 
 def test_models_router_gateway_and_tab_are_validated_at_load(tmp_path):
-    """A misspelled key in any of the four sections fails when settings load, named with its
-    line; inside a section its own line, not the same key's line in another section."""
+    """A misspelled key in any of the four sections fails when settings load (`[[models]]`'s
+    by the provider table the program's root hands over), named with its line; inside a
+    section its own line, not the same key's line in another section."""
     path = tmp_path / "c.toml"
     first = '[[models]]\nname = "a"\nprovider = "openai"\nbase_url = "http://x/v1"\n\n'
     for text, where in (
@@ -131,10 +133,10 @@ def test_models_router_gateway_and_tab_are_validated_at_load(tmp_path):
              r"agent\.max_tokens \(line 5\)")):
         path.write_text(text)
         with pytest.raises(ConfigError, match=where):
-            load_settings(path, home=tmp_path)
+            load_settings(path, home=tmp_path, providers=PROVIDERS)
     path.write_text(first + '[router]\ncooldown_s = 1\n[gateway]\nauth = "on"\n'
                     '[tab]\nmax_tokens = 8\n')
-    cfg = load_settings(path, home=tmp_path)
+    cfg = load_settings(path, home=tmp_path, providers=PROVIDERS)
     assert (cfg.models[0].provider, cfg.models[0].base_url) == ("openai", "http://x/v1")
     assert (cfg.router.cooldown_s, cfg.router.allowed_fails) == (1.0, 3)
     assert (cfg.gateway.auth, cfg.gateway.queue["batch"]) == ("on", 32)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import httpx
 import pytest
@@ -13,9 +14,9 @@ from conftest import LiveServer, free_port, make_settings
 from upstreams.server import Upstream
 
 from codeplane.config import ConfigError, load_settings
-from codeplane.config.gateway import DEPLOYMENTS
 from codeplane.gateway.keys import KeyStore
-from codeplane.gateway.providers.table import PROVIDERS
+from codeplane.gateway.providers.openai import OpenAIDeployment, OpenAIProvider
+from codeplane.gateway.providers.table import PROVIDERS, Row
 from codeplane.models.engine import Engine
 from codeplane.server.app import create_app
 
@@ -368,10 +369,55 @@ def test_invalid_config_names_key_and_line(tmp_path):
         load_settings(home=home)
 
 
-def test_every_provider_kind_settings_accept_has_a_provider_that_builds_it():
-    """`[[models]]` is checked at load by `config/gateway.py`'s table; the gateway builds from
-    its own. A kind in one and not the other would load and then fail to build."""
-    assert {kind: row.settings for kind, row in PROVIDERS.items()} == DEPLOYMENTS
+def test_settings_loaded_without_the_provider_table_are_checked_before_the_gateway_builds(
+        tmp_path):
+    """A script or a child process loads settings without the provider table: the keys every
+    provider has are checked then, the provider's own keys (and its kind) by its row before
+    the gateway builds anything, named with key and line as a load names them."""
+    home = tmp_path / "home"
+    home.mkdir()
+    first = '[[models]]\nname = "a"\nprovider = "openai"\nbase_url = "http://x/v1"\n\n'
+    unknown = r"models\.1 \(line 6\): provider must be one of openai, anthropic, local"
+    for entry, where in (('provider = "local"\nmax_paralel = 2\n',
+                          r"models\.1\.max_paralel \(line 9\): Extra inputs"),
+                         ('provider = "opneai"\n', unknown)):
+        (home / "codeplane.toml").write_text(first + '[[models]]\nname = "b"\n' + entry)
+        settings = make_settings(home)
+        assert settings.models[0].base_url == "http://x/v1"
+        with pytest.raises(ConfigError, match=where):
+            create_app(settings, engine=Engine(settings))
+
+
+class TeamDeployment(OpenAIDeployment):
+    """A kind the test adds: a team's OpenAI-compatible GPU server, with a key of its own."""
+
+    provider: Literal["team-gpu"]
+    pool: str
+
+
+def test_a_provider_is_one_row(start, upstreams, tmp_path, monkeypatch):
+    """A row added to `PROVIDERS`, and nothing else, makes a kind: a `codeplane` command
+    checks its entries' keys when settings load, and the gateway builds and routes it."""
+    from typer.testing import CliRunner
+
+    from codeplane.cli import app
+
+    monkeypatch.setitem(PROVIDERS, "team-gpu", Row(OpenAIProvider, TeamDeployment))
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("CODEPLANE_HOME", str(home))
+    entry = dep("chat", upstreams[0].url, provider="team-gpu", pool="a100")
+    (home / "codeplane.toml").write_text(
+        "[[models]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in entry.items())
+        + 'pol = "h100"\n')
+    result = CliRunner().invoke(app, ["keys", "list"])
+    assert result.exit_code == 2
+    assert "models.0.pol (line 7): Extra inputs are not permitted" in result.output
+    (home / "codeplane.toml").unlink()
+    server = start([entry])
+    reply = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == "hello from up0"
 
 
 def _bearer(key: str) -> dict:

@@ -20,10 +20,12 @@ from codeplane.clikit import (
     fail,
     print_json,
     settings,
+    use_providers,
 )
 from codeplane.config import ConfigError
 from codeplane.events.cli import events_app
 from codeplane.gateway.cli import gateway_app, keys_app
+from codeplane.gateway.providers.table import PROVIDERS
 from codeplane.indexing import cli as index_cli
 from codeplane.models.cli import app as model_app
 from codeplane.rl.cli import rl_app
@@ -65,6 +67,7 @@ def root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Settings come from $CODEPLANE_HOME/codeplane.toml and CODEPLANE_* variables."""
+    use_providers(PROVIDERS)
 
 
 @app.command()

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from codeplane.config import ConfigError, Settings, load_settings
+from codeplane.config.gateway import ProviderTable
 from codeplane.core.http import api_client
 
 console = Console()
@@ -44,9 +45,20 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+_providers: ProviderTable | None = None  # the gateway's provider table, once the root hands it
+
+
+def use_providers(providers: ProviderTable) -> None:
+    """The `codeplane` command's root hands over the gateway's provider table (this module
+    sits below the gateway), so that every command checks `[[models]]` when it loads
+    settings; a sub-app a test invokes on its own loads them unchecked, as a script does."""
+    global _providers
+    _providers = providers
+
+
 def settings(config: Path | None = None, **overrides: Any) -> Settings:
     try:
-        return load_settings(config, **overrides)
+        return load_settings(config, providers=_providers, **overrides)
     except ConfigError as exc:
         fail(str(exc))
 

@@ -17,15 +17,13 @@ it (`owner`); everything a watcher needs is here:
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from codeplane.storage import Database, Replica
+from codeplane.storage import Database, Replica, runlog
 from codeplane.storage.tables import agent_events as EVENTS
 from codeplane.storage.tables import agent_runs as RUNS
 
@@ -81,8 +79,7 @@ class RunRecords:
         was declared interrupted meanwhile)."""
         try:
             with self.db.write() as conn:
-                conn.execute(EVENTS.insert().values(run_id=run_id, seq=seq,
-                                                    body=json.dumps(event, default=str)))
+                runlog.write(conn, EVENTS, run_id, seq, event)
         except IntegrityError:
             raise RunTaken(run_id) from None
 
@@ -95,9 +92,7 @@ class RunRecords:
                                                              RUNS.c.tenant == tenant))
             if status is None:
                 return None
-            rows = conn.execute(select(EVENTS.c.seq, EVENTS.c.body).where(
-                EVENTS.c.run_id == run_id, EVENTS.c.seq > after).order_by(EVENTS.c.seq)).all()
-        return status, [(seq, json.loads(body)) for seq, body in rows]
+            return status, runlog.read(conn, EVENTS, run_id, after)
 
     def request_cancel(self, tenant: str, run_id: str) -> bool:
         """Flag the tenant's running run for cancellation; False if it is not running."""
@@ -124,15 +119,10 @@ class RunRecords:
             with self.db.write() as conn:
                 if conn.execute(update(RUNS).where(RUNS.c.id == run_id, orphaned).values(
                         status="interrupted", error=INTERRUPTED, updated=time.time())).rowcount:
-                    _append_last(conn, run_id, {"type": "interrupted", "run_id": run_id,
-                                                "status": "interrupted", "error": INTERRUPTED})
+                    # after whatever the run stored last (the owner numbers its own events)
+                    runlog.append(conn, EVENTS, run_id, {
+                        "type": "interrupted", "run_id": run_id, "status": "interrupted",
+                        "error": INTERRUPTED})
                     done += 1
         return done
 
-
-def _append_last(conn: Connection, run_id: str, event: Event) -> None:
-    """Append after whatever the run stored last (the owner numbers its own events)."""
-    last = conn.scalar(select(func.coalesce(func.max(EVENTS.c.seq), 0)).where(
-        EVENTS.c.run_id == run_id))
-    conn.execute(EVENTS.insert().values(run_id=run_id, seq=last + 1,
-                                        body=json.dumps(event, default=str)))

@@ -19,10 +19,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy import delete, select, update
 
-from codeplane.storage import Database, Replica
+from codeplane.storage import Database, Replica, runlog
 from codeplane.storage.tables import background_events as EVENTS
 from codeplane.storage.tables import background_runs as RUNS
 
@@ -83,14 +82,12 @@ class BackgroundRecords:
     def append(self, run_id: str, event: dict[str, Any]) -> int:
         """Store an event as the run's next one; its sequence number (from 1)."""
         with self.db.write() as conn:
-            return _append(conn, run_id, event)
+            return runlog.append(conn, EVENTS, run_id, event)
 
     def events(self, run_id: str, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
         """The run's events with a sequence number above `after`, in order."""
         with self.db.read() as conn:
-            rows = conn.execute(select(EVENTS.c.seq, EVENTS.c.body).where(
-                EVENTS.c.run_id == run_id, EVENTS.c.seq > after).order_by(EVENTS.c.seq)).all()
-        return [(seq, json.loads(body)) for seq, body in rows]
+            return runlog.read(conn, EVENTS, run_id, after)
 
     def delete(self, run_id: str) -> None:
         """Forget a run: its row and its events, in one transaction."""
@@ -119,8 +116,8 @@ class BackgroundRecords:
             with self.db.write() as conn:
                 if conn.execute(update(RUNS).where(RUNS.c.id == run_id, orphaned).values(
                         status="interrupted", error=INTERRUPTED, updated=time.time())).rowcount:
-                    _append(conn, run_id, {"type": "interrupted", "run_id": run_id,
-                                           "error": INTERRUPTED})
+                    runlog.append(conn, EVENTS, run_id, {"type": "interrupted",
+                                                         "run_id": run_id, "error": INTERRUPTED})
                     done.append(run_id)
         return done
 
@@ -147,10 +144,3 @@ class BackgroundRecords:
         if self._owns_db:
             self.db.close()
 
-
-def _append(conn: Connection, run_id: str, event: dict[str, Any]) -> int:
-    last = conn.scalar(select(func.coalesce(func.max(EVENTS.c.seq), 0)).where(
-        EVENTS.c.run_id == run_id))
-    conn.execute(EVENTS.insert().values(run_id=run_id, seq=last + 1,
-                                        body=json.dumps(event, default=str)))
-    return last + 1

@@ -6,9 +6,11 @@ The TOML file is `$CODEPLANE_HOME/codeplane.toml` unless a command names another
 
 Every section is a typed model, checked when settings load: a bad value or an unknown key fails
 then, named with its line (the one table left raw, `[indexing] embedder`, is checked by its row
-of `models/embedders.py` when a program builds its embedders). The gateway's sections
-(`[[models]]`, `[router]`, `[gateway]`) are in `config/gateway.py`, the rest here: settings
-only, below every compartment that reads them, so that this package imports none.
+of `models/embedders.py` when a program builds its embedders; a `[[models]]` entry's
+provider-specific keys, by its provider's row, which the program's composition root hands to
+`load_settings`). The gateway's sections (`[[models]]`, `[router]`, `[gateway]`) are in
+`config/gateway.py`, the rest here: settings only, below every compartment that reads them,
+so that this package imports none.
 
 `CODEPLANE_HOME` splits into `models/` (weights), `server/` (every byte the server persists) and
 `client/` (every byte the client persists), so the privacy boundary is visible on disk too.
@@ -23,7 +25,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, get_origin
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -32,11 +41,11 @@ from pydantic_settings import (
 )
 
 from codeplane.config.gateway import (
-    DEPLOYMENTS,
-    AnyDeploymentConfig,
     DeploymentConfig,
     GatewayConfig,
+    ProviderTable,
     RouterConfig,
+    deployment_type,
 )
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8300"
@@ -320,7 +329,8 @@ class Settings(BaseSettings):
     background: BackgroundSettings = Field(default_factory=BackgroundSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     indexing: IndexingSettings = Field(default_factory=IndexingSettings)
-    models: list[AnyDeploymentConfig] = Field(default_factory=list)  # config/gateway.py
+    # each entry typed by its provider's settings model (config/gateway.py, load_settings)
+    models: list[DeploymentConfig] = Field(default_factory=list)
     router: RouterConfig = Field(default_factory=RouterConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     tab: TabSettings = Field(default_factory=TabSettings)
@@ -363,8 +373,14 @@ def default_home() -> Path:
     return Path(os.environ.get("CODEPLANE_HOME") or "~/.codeplane").expanduser()
 
 
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Load settings; raise ConfigError naming the offending key and line on bad input."""
+def load_settings(config_file: Path | None = None, *, providers: ProviderTable | None = None,
+                  **overrides: Any) -> Settings:
+    """Load settings; raise ConfigError naming the offending key and line on bad input.
+
+    `providers` is the gateway's provider table, handed over by the program's composition
+    root (this package sits below the gateway): each `[[models]]` entry is validated by the
+    settings model of the kind it names. Without it the entries are `UncheckedDeployment`s,
+    which the gateway checks against the same table before it builds them."""
     home = Path(overrides.get("home") or default_home()).expanduser()
     path = config_file or home / "codeplane.toml"
     if config_file is not None and not config_file.is_file():
@@ -374,15 +390,30 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    entry = deployment_type(providers)
 
     class _FromFile(Settings):
         model_config = SettingsConfigDict(toml_file=path)
+        models: list[entry] = Field(default_factory=list)  # type: ignore[valid-type]
 
     try:
         settings = _FromFile(**overrides)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path)) from exc
+        raise ConfigError(_describe(exc, path, providers or {})) from exc
     return Settings.model_construct(**{**settings.__dict__, "config_file": path})
+
+
+def checked_models(settings: Settings, providers: ProviderTable) -> list[DeploymentConfig]:
+    """`settings.models`, each entry validated by the settings model of its kind's row, the
+    way settings load does when it is given the table; a bad key raises the ConfigError a
+    load would have (key and line). For settings loaded without the table; an entry already
+    checked comes out equal."""
+    entries = [{**dep.model_dump(exclude_unset=True), "provider": dep.provider}
+               for dep in settings.models]
+    try:
+        return TypeAdapter(list[deployment_type(providers)]).validate_python(entries)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, settings.config_file, providers, "models")) from None
 
 
 def where(settings: Settings, *loc: str) -> str:
@@ -393,14 +424,17 @@ def where(settings: Settings, *loc: str) -> str:
     return f" (line {line})" if line else ""
 
 
-def _describe(exc: ValidationError, path: Path) -> str:
-    text = path.read_text().splitlines() if path.is_file() else []
-    errors = [(err, [str(p) for p in err["loc"]]) for err in exc.errors()]
+def _describe(exc: ValidationError, path: Path | None, providers: ProviderTable,
+              *section: str) -> str:
+    """The error message of a validation of the settings (or of one `section` of them),
+    one line per error, each naming its key and line."""
+    text = path.read_text().splitlines() if path and path.is_file() else []
+    errors = [(err, [*section, *(str(p) for p in err["loc"])]) for err in exc.errors()]
     sections = ", ".join(dict.fromkeys(_spelled(loc[0]) for _, loc in errors if loc))
     named = f" in {sections}" if sections else ""
     lines = [f"invalid settings{named} ({path} or CODEPLANE_* environment):"]
     for err, loc in errors:
-        if loc[:1] == ["models"] and len(loc) > 2 and loc[2] in DEPLOYMENTS:
+        if loc[:1] == ["models"] and len(loc) > 2 and loc[2] in providers:
             del loc[2]  # the union's tag: the entry's own `provider` already says it
         line = _locate(text, loc)
         msg = err["msg"].removeprefix("Value error, ")

@@ -2,16 +2,20 @@
 
 They live here, below the gateway, so that `Settings` checks them when settings load (a bad
 key is named with its line, like every other section's); the gateway reads the typed values.
-A `[[models]]` entry is validated by the settings model of the provider it names (its row of
-`DEPLOYMENTS`): an unknown provider is refused with the known ones, and so is a key that
-provider does not take. The classes those settings build are the gateway's
-(`gateway/providers/table.py`).
+A `[[models]]` entry holds the fields every provider has (`DeploymentConfig`) and the keys of
+the provider it names; those keys are the provider's business, declared by the settings model
+in its module (`gateway/providers/`). The program's composition root hands settings load the
+provider table (`ProviderTable`: the `codeplane` command's root does, for every command), so
+each entry is validated by the settings model of its kind's row: an unknown provider is
+refused with the known ones, and so is a key that provider does not take. A program that
+loads settings without the table gets `UncheckedDeployment`s, which the gateway checks
+against the same rows before it builds them.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Annotated, Any, ClassVar, Literal, Union
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Union
 
 from pydantic import (
     AfterValidator,
@@ -41,8 +45,9 @@ Priority = Literal["interactive", "agent", "background", "batch"]
 class DeploymentConfig(BaseModel):
     """The fields of a `[[models]]` entry every provider has: which logical model it serves
     (`name`), under which upstream name (`model`), and the router's limits for it. A provider's
-    settings model (its row of `DEPLOYMENTS`) subclasses this with `provider` fixed to its
-    kind and the fields only it knows; any other key is refused."""
+    settings model (in its module, named by its row of the provider table) subclasses this
+    with `provider` fixed to its kind and the fields only it knows; any other key is
+    refused."""
 
     model_config = {"extra": "forbid"}
     name: str = Field(min_length=1)
@@ -84,76 +89,41 @@ class DeploymentConfig(BaseModel):
         return self
 
 
-class RemoteDeployment(DeploymentConfig):
-    """A deployment on another machine: its address, and the environment variable that holds
-    its API key (never the key: the file may be read by more people than the key)."""
+class UncheckedDeployment(DeploymentConfig):
+    """A `[[models]]` entry as a program loads it that did not hand settings load the
+    provider table (a script, a child process): the keys every provider has are checked,
+    the provider's own are kept for the gateway, which checks the entry against its row
+    before it builds anything (`checked_models`)."""
 
-    base_url: BaseUrl
-    api_key_env: str | None = None
+    model_config = {"extra": "allow"}
+
+
+class ProviderRow(Protocol):
+    """A row of the gateway's provider table (`gateway/providers/table.py`), as settings
+    load reads it: the settings model an entry of its kind is validated with."""
 
     @property
-    def address(self) -> str:
-        return self.base_url
-
-    def api_key(self) -> str:
-        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
-
-    def share(self, workers: int) -> RemoteDeployment:
-        """The upstream sees every server process at once, so its max_parallel, rpm and tpm
-        are split between them (rounded up: a limit never drops to zero)."""
-        if workers == 1:
-            return self
-        split = {f: -(-value // workers) for f in ("max_parallel", "rpm", "tpm")
-                 if (value := getattr(self, f))}
-        return self.model_copy(update=split)
+    def settings(self) -> type[DeploymentConfig]: ...
 
 
-class OpenAIDeployment(RemoteDeployment):
-    """`provider = "openai"`: any OpenAI-compatible server at `base_url`."""
-
-    provider: Literal["openai"]
-    capabilities: ClassVar[tuple[str, ...]] = ("chat", "tools", "completion", "embeddings")
-
-
-class AnthropicDeployment(RemoteDeployment):
-    """`provider = "anthropic"`: the Messages API, at Anthropic unless `base_url` says."""
-
-    provider: Literal["anthropic"]
-    base_url: str = "https://api.anthropic.com"
-    capabilities: ClassVar[tuple[str, ...]] = ("chat", "tools")
-
-
-class LocalDeployment(DeploymentConfig):
-    """`provider = "local"`: a model of this machine, one request at a time unless
-    `max_parallel` says (one llama.cpp context, or one ONNX run that uses every core)."""
-
-    provider: Literal["local"] = "local"
-    max_parallel: int | None = Field(1, ge=1)
-
-    def timeouts(self) -> bool:
-        """A local generation's length is the client's choice (max_tokens) and the engine is
-        on this machine: no deadlines unless the file sets them."""
-        return bool({"timeout_s", "first_token_timeout_s"} & self.model_fields_set)
-
-
-# The settings model of each provider kind; `gateway/providers/table.py` holds the class each
-# kind builds. Adding a provider: its settings model and a row here, its class and a row there.
-DEPLOYMENTS: dict[str, type[DeploymentConfig]] = {
-    "openai": OpenAIDeployment,
-    "anthropic": AnthropicDeployment,
-    "local": LocalDeployment,
-}
+ProviderTable = Mapping[str, ProviderRow]
 
 
 def _provider(entry: Any) -> Any:
     return entry.get("provider") if isinstance(entry, dict) else getattr(entry, "provider", None)
 
 
-AnyDeploymentConfig = Annotated[
-    Union[tuple(Annotated[settings, Tag(kind)]  # noqa: UP007 (a union built from the table)
-                for kind, settings in DEPLOYMENTS.items())],
-    Discriminator(_provider, custom_error_type="unknown_provider",
-                  custom_error_message=f"provider must be one of {', '.join(DEPLOYMENTS)}")]
+def deployment_type(providers: ProviderTable | None) -> Any:
+    """The type of one `[[models]]` entry: the settings model of the provider kind it names
+    (an unknown kind is refused with the known ones), or `UncheckedDeployment` without a
+    table."""
+    if providers is None:
+        return UncheckedDeployment
+    kinds = Union[tuple(Annotated[row.settings, Tag(kind)]  # noqa: UP007 (built from the table)
+                        for kind, row in providers.items())]
+    return Annotated[kinds, Discriminator(
+        _provider, custom_error_type="unknown_provider",
+        custom_error_message=f"provider must be one of {', '.join(providers)}")]
 
 
 class RouterConfig(BaseModel):

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from codeplane.config import ConfigError, Settings, where
-from codeplane.config.gateway import DeploymentConfig, GatewayConfig, LocalDeployment
+from codeplane.config import ConfigError, Settings, checked_models, where
+from codeplane.config.gateway import DeploymentConfig, GatewayConfig
 from codeplane.core.metrics import Metrics
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.events.log import EventLog
@@ -36,6 +36,7 @@ from codeplane.gateway.providers.base import (
     Usage,
     json_bytes,
 )
+from codeplane.gateway.providers.local import LocalDeployment
 from codeplane.models.embed import LOCAL_MODELS
 from codeplane.models.registry import UnknownModel
 from codeplane.storage.tables import rate_buckets
@@ -103,7 +104,7 @@ class Gateway:
         self.settings, self.services, self.engine = settings, services, services.engine
         self.events = events  # usage per request goes to the event lake when there is one
         self.groups: dict[str, Group] = {}
-        for index, dep in enumerate(settings.models):
+        for index, dep in enumerate(checked_models(settings, table.PROVIDERS)):
             self._add(dep, dep.id or f"{dep.name}#{index}")
         for spec in self.engine.registry.all():
             self._add_local(spec.name)

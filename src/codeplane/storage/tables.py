@@ -24,6 +24,8 @@ from sqlalchemy import (
     Text,
 )
 
+from codeplane.storage.runlog import run_log
+
 metadata = MetaData()
 
 # A serving process's lease: work owned by a replica whose heartbeat is stale is taken over.
@@ -126,12 +128,7 @@ background_runs = Table(
     Index("background_runs_by_owner", "owner", "status"),
 )
 
-background_events = Table(
-    "background_events", metadata,
-    Column("run_id", String(32), primary_key=True),
-    Column("seq", Integer, primary_key=True),
-    Column("body", Text, nullable=False),
-)
+background_events = run_log("background_events", metadata, 32)
 
 # Agent runs' records. `cancel_requested` is set by whichever replica was asked to cancel;
 # the owner polls for it (agent/runs.py).
@@ -152,12 +149,7 @@ agent_runs = Table(
 # Agent runs' events, append-only and numbered per run (the SSE event id). They hold what the
 # in-memory transcript held: the run works on code under serve.workspace_roots, which already
 # lives on the server (the background runs' stance); pruned with the run's record.
-agent_events = Table(
-    "agent_events", metadata,
-    Column("run_id", String(64), primary_key=True),
-    Column("seq", Integer, primary_key=True),
-    Column("body", Text, nullable=False),
-)
+agent_events = run_log("agent_events", metadata, 64)
 
 # The sandbox fleet's records: the sandbox itself (its tree, its processes) is on the owner's
 # host; this row lets any replica list it and says when its owner died (`state` "gone").

@@ -12,16 +12,23 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-from codeplane.config.gateway import AnthropicDeployment
 from codeplane.gateway.providers.base import Call, ProviderServices, Reply, UpstreamError, Usage
-from codeplane.gateway.providers.http import Upstream
+from codeplane.gateway.providers.http import RemoteDeployment, Upstream
 
 VERSION = "2023-06-01"
 PATH = "/v1/messages"
 STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
         "tool_use": "tool_calls", "pause_turn": "stop", "refusal": "content_filter"}
+
+
+class AnthropicDeployment(RemoteDeployment):
+    """`provider = "anthropic"`: the Messages API, at Anthropic unless `base_url` says."""
+
+    provider: Literal["anthropic"]
+    base_url: str = "https://api.anthropic.com"
+    capabilities: ClassVar[tuple[str, ...]] = ("chat", "tools")
 
 
 class AnthropicProvider:

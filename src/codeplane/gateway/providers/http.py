@@ -13,6 +13,7 @@ another address.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,11 +21,35 @@ from typing import Any
 import aiohttp
 import orjson
 
-from codeplane.config.gateway import RemoteDeployment
+from codeplane.config.gateway import BaseUrl, DeploymentConfig
 from codeplane.gateway.providers.base import UpstreamError, json_bytes, status_error
 
 TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, ValueError)  # ValueError: an SSE line
 # longer than aiohttp's read buffer ("Chunk too big")
+
+
+class RemoteDeployment(DeploymentConfig):
+    """A deployment on another machine: its address, and the environment variable that holds
+    its API key (never the key: the file may be read by more people than the key)."""
+
+    base_url: BaseUrl
+    api_key_env: str | None = None
+
+    @property
+    def address(self) -> str:
+        return self.base_url
+
+    def api_key(self) -> str:
+        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+    def share(self, workers: int) -> RemoteDeployment:
+        """The upstream sees every server process at once, so its max_parallel, rpm and tpm
+        are split between them (rounded up: a limit never drops to zero)."""
+        if workers == 1:
+            return self
+        split = {f: -(-value // workers) for f in ("max_parallel", "rpm", "tpm")
+                 if (value := getattr(self, f))}
+        return self.model_copy(update=split)
 
 
 class Upstream:

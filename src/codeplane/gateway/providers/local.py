@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
 
-from codeplane.config.gateway import LocalDeployment
+from pydantic import Field
+
+from codeplane.config.gateway import DeploymentConfig
 from codeplane.core.metrics import Metrics
 from codeplane.gateway.providers.base import (
     Call,
@@ -47,6 +49,19 @@ from codeplane.models.registry import ModelSpec, UnknownModel
 
 CAPABILITY = {"chat": "chat", "completions": "completion", "embeddings": "embeddings"}
 JOBS = {"chat": "openai.chat", "completions": "openai.completions"}
+
+
+class LocalDeployment(DeploymentConfig):
+    """`provider = "local"`: a model of this machine, one request at a time unless
+    `max_parallel` says (one llama.cpp context, or one ONNX run that uses every core)."""
+
+    provider: Literal["local"] = "local"
+    max_parallel: int | None = Field(1, ge=1)
+
+    def timeouts(self) -> bool:
+        """A local generation's length is the client's choice (max_tokens) and the engine is
+        on this machine: no deadlines unless the file sets them."""
+        return bool({"timeout_s", "first_token_timeout_s"} & self.model_fields_set)
 
 
 def local_provider(dep: LocalDeployment, services: ProviderServices) -> Provider:

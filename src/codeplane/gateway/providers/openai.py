@@ -11,13 +11,12 @@ router turns into an explicit error event instead of a silent truncation.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-from codeplane.config.gateway import OpenAIDeployment
 from codeplane.core.http import api_headers
 from codeplane.core.sse import StreamError, aiter_chunks
 from codeplane.gateway.providers.base import Call, ProviderServices, Reply, UpstreamError, Usage
-from codeplane.gateway.providers.http import Upstream
+from codeplane.gateway.providers.http import RemoteDeployment, Upstream
 
 PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 _SAMPLING = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "stop",
@@ -28,6 +27,13 @@ FORWARDED = {
     "completions": _SAMPLING | {"prompt", "suffix", "logprobs", "echo"},
     "embeddings": {"model", "input", "encoding_format", "dimensions"},
 }
+
+
+class OpenAIDeployment(RemoteDeployment):
+    """`provider = "openai"`: any OpenAI-compatible server at `base_url`."""
+
+    provider: Literal["openai"]
+    capabilities: ClassVar[tuple[str, ...]] = ("chat", "tools", "completion", "embeddings")
 
 
 class OpenAIProvider:
