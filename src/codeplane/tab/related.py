@@ -22,9 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tree_sitter_language_pack import get_parser
-
-from codeplane.core.languages import DEF_TYPES, code_language
+from codeplane.core.languages import DEF_TYPES, code_language, parser
 from codeplane.tab.context import CHARS_PER_TOKEN, QUANTUM, Excerpt
 
 DEF_LINES = 6  # a definition is sent as its first lines: the signature and docstring start
@@ -48,13 +46,11 @@ class Definition:
 
 class WorkspaceDefs:
     """Definitions by name over the files the client holds; a file is re-parsed only when its
-    text changed. One instance per editor session (tree-sitter parsers are per instance:
-    they are not thread-safe)."""
+    text changed. One instance per editor session."""
 
     def __init__(self) -> None:
         self._files: dict[str, tuple[str, list[Definition]]] = {}  # path -> (digest, defs)
         self._by_name: dict[str, list[Definition]] | None = None
-        self._parsers: dict[str, object] = {}
 
     def add(self, path: str, text: str) -> None:
         digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -95,9 +91,7 @@ class WorkspaceDefs:
         if language is None:
             return []
         try:
-            if language not in self._parsers:
-                self._parsers[language] = get_parser(language)
-            tree = self._parsers[language].parse(text.encode("utf-8", "surrogatepass"))
+            tree = parser(language).parse(text.encode("utf-8", "surrogatepass"))
         except (LookupError, ValueError, RuntimeError):
             return []  # grammar missing from this build: no definitions, no error
         lines = text.split("\n")
