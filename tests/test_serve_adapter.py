@@ -18,6 +18,7 @@ from gguf import GGUFReader
 from typer.testing import CliRunner
 from upstreams.scripted import caller, run_server, wait_end
 
+from codeplane.agent.hooks import PRODUCT_HOOKS
 from codeplane.events import query
 from codeplane.models.cli import app as model_app
 from codeplane.models.engine import Engine
@@ -206,13 +207,7 @@ def test_model_add_from_an_rl_run_takes_its_newest_policy_or_converts_its_checkp
         tmp_path, adapters):
     home = own_home(tmp_path / "home")
     registry = ModelRegistry(make_settings(home))
-    run = tmp_path / "run"
-    (run / "adapters").mkdir(parents=True)
-    (run / "checkpoint").mkdir()
-    (run / "checkpoint" / "trainer.json").write_text(json.dumps(
-        {"model": BASE, "lora_rank": RANK, "lora_alpha": 16.0}))
-    (run / "adapters" / "policy-v3.gguf").write_bytes(adapters[0].read_bytes())
-    (run / "adapters" / "policy-v12.gguf").write_bytes(adapters[1].read_bytes())
+    run = trained_run(tmp_path / "run", *[adapters[0]] * 11, adapters[1])  # v1-v11, v12
     assert cli(home, "add", "trained", "--from-run", str(run)).exit_code == 0
     spec = registry.get("trained")
     assert spec.base == BASE and spec.adapter.path.read_bytes() == adapters[1].read_bytes()
@@ -241,3 +236,99 @@ def test_model_add_from_an_rl_run_takes_its_newest_policy_or_converts_its_checkp
     empty.mkdir()
     result = cli(home, "add", "trained", "--from-run", str(empty), "--base", BASE)
     assert result.exit_code == 2 and "not an RL run directory" in result.output
+
+
+def trained_run(run: Path, *policies: Path) -> Path:
+    """An RL run's directory as a run leaves it: its policy adapters (`policy-v1.gguf`, ...),
+    the trainer's settings, and the config it wrote at its start (`rl.run.save_config`),
+    whose episodes ran the core toolset with 2,000 characters of tool output, an answer turn
+    and no hooks."""
+    from codeplane.rl.config import RunConfig
+    from codeplane.rl.run import save_config
+
+    (run / "adapters").mkdir(parents=True)
+    (run / "checkpoint").mkdir()
+    (run / "checkpoint" / "trainer.json").write_text(json.dumps(
+        {"model": BASE, "lora_rank": RANK, "lora_alpha": 16.0}))
+    for version, policy in enumerate(policies, 1):
+        (run / "adapters" / f"policy-v{version}.gguf").write_bytes(policy.read_bytes())
+    save_config(RunConfig.model_validate({
+        "out": str(run), "tasks": {"train_dirs": [str(run)]},
+        "rollout": {"toolset": "core", "max_result_chars": 2000, "answer_turn": True,
+                    "hooks": "none", "max_turns": 2, "max_tokens": 16}}))
+    return run
+
+
+def test_a_model_from_a_run_is_served_in_the_agent_setup_it_was_trained_in(tmp_path,
+                                                                          adapters):
+    """`model add --from-run` records the run's agent setup; `codeplane agent` and
+    `/v1/agent/runs` on that model run in it, and what a caller sets explicitly wins."""
+    from codeplane.cli import app as root_app
+
+    home = own_home(tmp_path / "home")
+    run = trained_run(tmp_path / "run", adapters[0])
+    setup = {"max_steps": 2, "max_tokens": 16, "toolset": "core", "max_result_chars": 2000,
+             "answer_turn": True, "required_steps": 1, "hooks": []}
+    older = tmp_path / "older"
+    older.mkdir()
+    for entry in ("adapters", "checkpoint"):  # a run from before runs recorded their setup
+        (older / entry).symlink_to(run / entry)
+    refused = cli(home, "add", "trained", "--from-run", str(older))
+    assert refused.exit_code == 2 and "codeplane rl record-setup" in refused.output
+    added = cli(home, "add", "trained", "--from-run", str(run))
+    assert added.exit_code == 0, added.output
+    assert ModelRegistry(make_settings(home)).get("trained").agent == setup
+
+    roots = tmp_path / "roots"
+    (roots / "ws").mkdir(parents=True)
+    (roots / "ws" / "notes.txt").write_text("hello\n")
+    server = run_server(home, None, gateway={"auth": "on"}, workspace_roots=[str(roots)])
+    try:
+        alice = caller(server, "alice")
+        listed = {m["id"]: m for m in httpx.get(f"{server.url}/v1/models",
+                                                headers=alice).json()["data"]}
+        assert listed["trained"]["agent_setup"] == setup
+        assert "agent_setup" not in listed[BASE]
+
+        def agent(*args: str) -> dict:
+            """The first event of `codeplane agent` on the trained model: what ran."""
+            transcript = tmp_path / f"t{len(list(tmp_path.glob('t*.jsonl')))}.jsonl"
+            result = CliRunner().invoke(root_app, [
+                "agent", "Say hello.", "--model", "trained", "--server", server.url,
+                "--path", str(roots / "ws"), "--transcript", str(transcript), "--json",
+                *args], env={"CODEPLANE_HOME": str(home),
+                             "CODEPLANE_API_KEY": alice["authorization"].split()[1]})
+            assert result.exit_code == 0, result.output
+            return json.loads(transcript.read_text().splitlines()[0])
+
+        recorded = agent()
+        assert {k: recorded["config"][k] for k in setup if k != "hooks"} == {
+            k: v for k, v in setup.items() if k != "hooks"}
+        assert recorded["hooks"] == [] and len(recorded["tools"]) == 8  # the core toolset
+        chosen = agent("--max-steps", "1", "--toolset", "full")
+        assert (chosen["config"]["max_steps"], chosen["config"]["toolset"]) == (1, "full")
+        assert chosen["config"]["max_result_chars"] == 2000 and chosen["hooks"] == []
+        product = agent("--setup", "product", "--max-steps", "1", "--max-tokens", "16")
+        assert (product["config"]["toolset"], product["config"]["answer_turn"]) == ("full",
+                                                                                   False)
+        assert product["hooks"] == list(PRODUCT_HOOKS)
+
+        def served(**body: object) -> dict:
+            """The first event of a server's agent run on the trained model."""
+            run = httpx.post(f"{server.url}/v1/agent/runs", headers=alice, timeout=30, json={
+                "task": "Say hello.", "path": str(roots / "ws"), "model": "trained",
+                "stream": False, **body})
+            assert run.status_code == 200, run.text
+            return wait_end(server.url, run.json()["id"], alice, timeout=300)["transcript"][0]
+
+        first = served()
+        assert first["config"]["toolset"] == "core" and first["config"]["max_steps"] == 2
+        assert first["hooks"] == []
+        explicit = served(max_steps=1, setup="product", max_tokens=16)
+        assert (explicit["config"]["toolset"], explicit["config"]["max_steps"]) == ("full", 1)
+        bad = httpx.post(f"{server.url}/v1/agent/runs", headers=alice, json={
+            "task": "Say hello.", "path": str(roots / "ws"), "model": "trained",
+            "setup": "trained"})
+        assert bad.status_code in (400, 422)
+    finally:
+        server.stop()

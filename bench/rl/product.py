@@ -8,14 +8,17 @@ the run's backend), indexed the product's way (`indexing.sync`) in the run's own
 (`RunIndex`: its `[search]` home and key, so the copies of a snapshot the run indexed cost a
 round trip per changed file and embed nothing), then the agent as `codeplane agent` builds it
 (`HttpChatModel` on a `codeplane serve` of the user's home, which serves the registered
-models, `tool_services` of the index's settings, the product's `AgentConfig` with
-`--max-steps`/`--max-tokens`), its answer scored by the run's verifier
-(`EnvServer.verify`). "search alone" asks `codebase_search`'s ranking (files) the task's
-request and scores its top hit's `path:line` with the same verifier.
+models, `tool_services` of the index's settings, and the agent setup the server lists for the
+model - a trained model's recorded setup, else the product's defaults (agent/setup.py) - with
+`--max-steps`/`--max-tokens` when given), its answer scored by the run's verifier
+(`EnvServer.verify`). A model written `NAME@OTHER` runs in OTHER's recorded setup (the base
+model in its trained adapter's setup: training and setup effects apart). "search alone" asks
+`codebase_search`'s ranking (files) the task's request and scores its top hit's `path:line`
+with the same verifier.
 
     codeplane model add trained --from-run ~/.codeplane/rl/runs/curve9   # the checkpoint
     flock /tmp/codeplane-cpu.lock python bench/rl/product.py examples/rl/curve.toml \
-        --models code-small,trained --tasks 10 --out /tmp/product.jsonl
+        --models code-small,trained,code-small@trained --tasks 10 --out /tmp/product.jsonl
 
 Per model: success (reward 1), hit (reward > 0: a right file named), mean reward, the share of episodes that called
 codebase_search, tool calls per model turn on turns that read files, turns and seconds per
@@ -27,13 +30,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from codeplane.agent.loop import Agent, AgentConfig, Transcript
+from codeplane.agent.loop import Agent, Transcript
 from codeplane.agent.services import tool_services
+from codeplane.agent.setup import AgentSetup, record, resolve
 from codeplane.config import Settings, load_settings
 from codeplane.core.chat import HttpChatModel
 from codeplane.core.serve import child_server
@@ -44,8 +49,10 @@ from codeplane.rl.config import load_config
 from codeplane.rl.envserver import EnvConfig, EnvServer
 from codeplane.rl.index import RunIndex
 from codeplane.rl.rollout import Conduct
-from codeplane.rl.run import split_tasks
 from codeplane.rl.tasks import Task
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from solver import tasks_of
 
 SEARCH_ALONE = "search alone"
 
@@ -65,29 +72,40 @@ def episode(task: Task, model: str, client: Settings, chat_url: str,
                     "reward": server.verify(answer),
                     "index_seconds": round(time.monotonic() - start, 1)}
         conduct = Conduct()
-        chat = HttpChatModel(chat_url, model)
-        agent = Agent(chat, env, AgentConfig(max_steps=args.max_steps,
-                                             max_tokens=args.max_tokens),
-                      on_event=conduct, services=tool_services(client))
+        chat = HttpChatModel(chat_url, model.partition("@")[0])
+        setup = agent_setup(model, chat_url, args)
+        agent = Agent(chat, env, setup.config, on_event=conduct, hooks=setup.hooks,
+                      services=tool_services(client))
         if args.transcripts:  # the product's transcript format (docs/agent.md)
-            record = Transcript(args.transcripts / f"{model}-{task.id.replace(':', '-')}.jsonl")
-            agent.listeners.append(record)
+            kept = Transcript(args.transcripts / f"{model}-{task.id.replace(':', '-')}.jsonl")
+            agent.listeners.append(kept)
         indexed = time.monotonic()
         try:
             result = agent.run(task.instruction)
         finally:
             chat.close()
             if args.transcripts:
-                record.close()
+                kept.close()
         reward = server.verify(result.answer) if result.status == "completed" else 0.0
         return {"task": task.id, "model": model, "status": result.status,
                 "answer": result.answer[-400:], "named": named_files(result.answer),
                 "files": list(getattr(task, "files", ())), "reward": reward,
-                **conduct.as_dict(),
+                "setup": record(setup.config, setup.hooks), **conduct.as_dict(),
                 "seconds": round(time.monotonic() - indexed, 1),
                 "index_seconds": round(indexed - start, 1)}
     finally:
         server.close()
+
+
+def agent_setup(model: str, chat_url: str, args: argparse.Namespace) -> AgentSetup:
+    """As `codeplane agent` builds it: the setup the server lists for the model (for
+    `NAME@OTHER`, OTHER's), with the limits given on the command line."""
+    listed = HttpChatModel(chat_url, model.rpartition("@")[2])
+    try:
+        recorded = listed.listing().get("agent_setup")
+    finally:
+        listed.close()
+    return resolve(recorded, max_steps=args.max_steps, max_tokens=args.max_tokens)
 
 
 def request(task: Task) -> str:
@@ -118,12 +136,17 @@ def main() -> None:
     parser.add_argument("config", type=Path, help="the training run's TOML")
     parser.add_argument("--models", default="code-small",
                         help="comma-separated served model names (a trained adapter model "
-                             "registered with `codeplane model add --from-run`)")
+                             "registered with `codeplane model add --from-run`); NAME@OTHER: "
+                             "NAME in OTHER's recorded agent setup")
+    parser.add_argument("--heldout", type=int, default=None,
+                        help="held-out tasks sampled (default: the config's max_heldout)")
     parser.add_argument("--tasks", type=int, default=10, help="held-out tasks (the first N)")
     parser.add_argument("--skip", type=int, default=0,
                         help="leave out the first SKIP of those (a long measurement in parts)")
-    parser.add_argument("--max-steps", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="default: the model's setup, else the product's")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="default: the model's setup, else the product's")
     parser.add_argument("--no-search-alone", action="store_true")
     parser.add_argument("--transcripts", type=Path,
                         help="a folder for each agent episode's events (what the model said)")
@@ -133,7 +156,7 @@ def main() -> None:
     if cfg.search.server == "none":
         parser.error("the config's [search] server is \"none\": the harness indexes each task "
                      "copy in the run's index, so it needs one")
-    tasks = split_tasks(cfg, "heldout")[args.skip:args.tasks]
+    tasks = tasks_of(cfg, "heldout", args.heldout)[args.skip:args.tasks]
     models = [m for m in args.models.split(",") if m] + ([] if args.no_search_alone
                                                          else [SEARCH_ALONE])
     settings = load_settings()

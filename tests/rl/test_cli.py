@@ -170,6 +170,12 @@ def test_a_run_trains_through_the_loop_its_config_names_and_records_it(tmp_path)
                     "hooks": "product", "transcripts": True}})
     summary = TrainingRun(config).train(GrepPolicy(), None)
     assert summary["hooks"] == list(PRODUCT_HOOKS) and summary["reward_last"] == 1.0
+    # the run's config and the agent setup its episodes ran in, for `model add --from-run`
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert RunConfig.model_validate(saved["run"]) == config
+    assert saved["agent"] == {"max_steps": 6, "max_tokens": 256, "toolset": "full",
+                              "max_result_chars": 6000, "answer_turn": False,
+                              "required_steps": 1, "hooks": list(PRODUCT_HOOKS)}
     line = json.loads((tmp_path / "out" / "steps.jsonl").read_text().splitlines()[0])
     assert line["hooks"] == list(PRODUCT_HOOKS) and line["repairs"] == {}
     assert line["statuses"] == {"completed": 2}
@@ -219,3 +225,28 @@ def test_held_out_evaluations_keep_what_the_policy_did(tmp_path) -> None:
     only_before = run("none", steps=0)
     assert [e["steps"] for e in only_before] == [0]
     assert not (tmp_path / "none" / "steps.jsonl").exists()
+
+
+def test_record_setup_writes_an_older_runs_config(tmp_path) -> None:
+    """`codeplane rl record-setup CONFIG`: the config.json a run writes at its start, for a
+    run from before runs wrote it; a bad config is a clear error."""
+    from typer.testing import CliRunner
+
+    from codeplane.rl.cli import rl_app
+
+    config = write_config(tmp_path / "run.toml", f"""
+out = "{tmp_path / 'out'}"
+[tasks]
+train_dirs = ["repo"]
+[rollout]
+toolset = "core"
+max_turns = 4
+hooks = "none"
+""")
+    done = CliRunner().invoke(rl_app, ["record-setup", str(config)])
+    assert done.exit_code == 0, done.output
+    agent = json.loads((tmp_path / "out" / "config.json").read_text())["agent"]
+    assert (agent["toolset"], agent["max_steps"], agent["hooks"]) == ("core", 4, [])
+    config.write_text(config.read_text().replace('"core"', '"most"'))
+    refused = CliRunner().invoke(rl_app, ["record-setup", str(config)])
+    assert refused.exit_code == 2 and "rollout.toolset" in refused.output

@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.syntax import Syntax
 
 from codeplane.agent.env import Environment, ToolError, local_environment
-from codeplane.agent.loop import Agent, AgentConfig, Event, Transcript
+from codeplane.agent.loop import Agent, Event, Transcript
 from codeplane.agent.services import tool_services
+from codeplane.agent.setup import Choice, resolve
 from codeplane.agent.tools import default_toolset
 from codeplane.agent.toolset import ToolContext
 from codeplane.clikit import (
@@ -29,7 +30,7 @@ from codeplane.clikit import (
     server_url,
     settings,
 )
-from codeplane.core.chat import HttpChatModel
+from codeplane.core.chat import HttpChatModel, ModelError
 from codeplane.sandbox import BACKENDS, SandboxUnavailable
 
 PathOption = Annotated[Path, typer.Option("--path", help="Workspace directory (default: .).")]
@@ -37,6 +38,7 @@ NoSandbox = Annotated[bool, typer.Option(
     "--no-sandbox", help="Run commands directly on the host, without bubblewrap (unsafe).")]
 Network = Annotated[bool, typer.Option(
     "--network", help="Allow network access inside the sandbox (default: none).")]
+ToolsetName = Literal["full", "core"]
 BackendOption = Annotated[str | None, typer.Option(
     "--backend", help=f"Workspace backend: {', '.join(BACKENDS)} (default: bwrap; "
                       "--no-sandbox means host).")]
@@ -57,7 +59,8 @@ def agent_cmd(
     task: Annotated[str, typer.Argument(help="What the agent should do.")],
     path: PathOption = Path("."),
     model: Annotated[str | None, typer.Option(help="Model name (default: code-medium).")] = None,
-    max_steps: Annotated[int, typer.Option(help="Maximum model turns.", min=1)] = 25,
+    max_steps: Annotated[int | None, typer.Option(
+        help="Maximum model turns (default: the model's setup, else 25).", min=1)] = None,
     transcript: Annotated[Path | None, typer.Option(
         help="JSONL transcript file (default: $CODEPLANE_HOME/client/agent/runs/ID.jsonl).")
     ] = None,
@@ -67,7 +70,19 @@ def agent_cmd(
         help="Any OpenAI-compatible base URL instead of the codeplane server.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="CODEPLANE_API_KEY",
                                                 help="Bearer token for --base-url.")] = None,
-    max_tokens: Annotated[int, typer.Option(help="Max tokens per model reply.", min=16)] = 1024,
+    max_tokens: Annotated[int | None, typer.Option(
+        help="Max tokens per model reply (default: the model's setup, else 1024).", min=16)
+    ] = None,
+    toolset: Annotated[ToolsetName | None, typer.Option(
+        help="The tools offered (default: the model's setup, else full).")] = None,
+    answer_turn: Annotated[bool | None, typer.Option(
+        "--answer-turn/--no-answer-turn",
+        help="Ask the last turn without tools (default: the model's setup, else no).")] = None,
+    setup: Annotated[Choice, typer.Option(
+        help="model: the agent setup a trained model was registered with (toolset, tool "
+             "output limit, answer turn, hooks, limits; the product's for other models); "
+             "product: the product's defaults. Options given explicitly win over either.")
+    ] = "model",
     serial: Annotated[bool, typer.Option(help="Run a turn's tool calls one by one.")] = False,
     no_sandbox: NoSandbox = False,
     network: Network = False,
@@ -81,8 +96,15 @@ def agent_cmd(
         fail("task is empty")
     name = model or cfg.agent.model
     chat = HttpChatModel(base_url or server_url(server, config) + "/v1", name, api_key)
-    agent = Agent(chat, env, AgentConfig(max_steps=max_steps, max_tokens=max_tokens,
-                                         parallel=not serial), services=tool_services(cfg))
+    try:
+        chosen = resolve(chat.listing().get("agent_setup"), setup, max_steps=max_steps,
+                         max_tokens=max_tokens, toolset=toolset, answer_turn=answer_turn,
+                         parallel=False if serial else None)
+    except ModelError as exc:  # as a run that cannot reach its model ends: exit 1
+        chat.close()
+        env.close()
+        fail(str(exc), 1)
+    agent = Agent(chat, env, chosen.config, services=tool_services(cfg), hooks=chosen.hooks)
     record = Transcript(transcript or cfg.client_dir / "agent" / "runs" / f"{agent.run_id}.jsonl")
     agent.listeners.append(record)
     if not json_:

@@ -11,8 +11,10 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from codeplane.agent.runs import RunLimit
+from codeplane.agent.setup import AgentSetup, Choice, recorded_setup, resolve
 from codeplane.config import ServeSettings
 from codeplane.core.errors import APIError, not_found
+from codeplane.models.registry import ModelRegistry
 from codeplane.sandbox.roots import Roots
 
 
@@ -34,8 +36,19 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: Text = Field(min_length=1, max_length=100_000)
     model: Text = Field("code-medium", min_length=1, max_length=200)
-    max_steps: int = Field(25, ge=1, le=200)
-    max_tokens: int = Field(1024, ge=16, le=8192)
+    max_steps: int = Field(25, ge=1, le=200, description="default: the model's setup, else 25")
+    max_tokens: int = Field(1024, ge=16, le=8192,
+                            description="default: the model's setup, else 1024")
+    setup: Choice = Field("model", description="model: the agent setup a trained model was "
+                                               "registered with (agent/setup.py); product: "
+                                               "the product's defaults")
+
+    def agent_setup(self, registry: ModelRegistry) -> AgentSetup:
+        """The run's agent setup: the model's recorded one unless `setup` is "product", with
+        the limits this request sets explicitly."""
+        explicit = {k: getattr(self, k) for k in ("max_steps", "max_tokens")
+                    if k in self.model_fields_set}
+        return resolve(recorded_setup(registry, self.model), self.setup, **explicit)
 
 
 class RunRequest(RunSpec):

@@ -24,7 +24,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 
 from codeplane.agent.env import Environment, ToolError, local_environment
-from codeplane.agent.loop import Agent, AgentConfig
+from codeplane.agent.loop import Agent
 from codeplane.agent.requests import RunRequest, check_policy, run_not_found, too_many_runs
 from codeplane.agent.runs import ENDS, RunLimit, RunManager, Tail, result_of, status_of
 from codeplane.agent.services import for_caller
@@ -72,8 +72,9 @@ async def create_run(body: RunRequest, request: Request):
                        code="sandbox_unavailable") from None
     run_id = uuid.uuid4().hex[:16]
     model = run_models(request, gateway, body.model)(run_id)
-    agent = Agent(model, env, AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens),
-                  services=for_caller(request.app.state.services.tools, model), run_id=run_id)
+    setup = body.agent_setup(request.app.state.engine.registry)
+    agent = Agent(model, env, setup.config, hooks=setup.hooks, run_id=run_id,
+                  services=for_caller(request.app.state.services.tools, model))
     agent.listeners.append(agent_listener(request.app.state.services.events, principal.tenant,
                                           body.model))
     try:

@@ -17,7 +17,6 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from codeplane.agent.loop import AgentConfig
 from codeplane.agent.requests import RunSpec, Text, run_not_found, too_many_runs
 from codeplane.agent.runs import RunLimit
 from codeplane.background.service import BackgroundService
@@ -60,10 +59,10 @@ async def launch(body: LaunchRequest, request: Request) -> dict[str, Any]:
     gateway = gateway_of(request)
     require_model(gateway, body.model)
     models = run_models(request, gateway, body.model)
-    config = AgentConfig(max_steps=body.max_steps, max_tokens=body.max_tokens)
+    setup = body.agent_setup(request.app.state.engine.registry)
     try:
         return await asyncio.to_thread(service_of(request).launch, principal.tenant, repo,
-                                       body.ref, body.task, body.model, models, config)
+                                       body.ref, body.task, body.model, models, setup)
     except RunLimit as exc:
         raise too_many_runs(exc) from None
     except FleetError as exc:  # a quota, an unknown ref, a repo git cannot clone

@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from codeplane.agent.env import Environment
-from codeplane.agent.loop import Agent, AgentConfig, Event
+from codeplane.agent.loop import Agent, Event
 from codeplane.agent.runs import Run, RunManager
 from codeplane.agent.services import for_caller
+from codeplane.agent.setup import AgentSetup
 from codeplane.agent.toolset import ToolServices
 from codeplane.background.records import BackgroundRecords
 from codeplane.config import Settings
@@ -73,7 +74,7 @@ class Live:
     base: str
     task: str
     model: ModelFactory
-    config: AgentConfig
+    setup: AgentSetup
     pending: list[str] = field(default_factory=list)
     run: Run | None = None
     cancelled: bool = False
@@ -102,7 +103,7 @@ class BackgroundService:
         self._lock = threading.Lock()
 
     def launch(self, tenant: str, repo: Path | str, ref: str, task: str, model: str,
-               factory: ModelFactory, config: AgentConfig) -> dict[str, Any]:
+               factory: ModelFactory, setup: AgentSetup) -> dict[str, Any]:
         """Acquire a sandbox of `repo` at `ref` and start the first turn; returns the stored
         run at once. RunLimit (from the run manager) if the tenant is at its cap, FleetError
         if the fleet refuses (quota, unknown ref)."""
@@ -119,7 +120,7 @@ class BackgroundService:
         self.record(run_id, {"type": "checkout", "repo": str(repo), "ref": ref,
                              "commit": box.commit, "sandbox": box.id,
                              "strategy": box.strategy})
-        live = Live(tenant, repo, box, box.commit, task, factory, config)
+        live = Live(tenant, repo, box, box.commit, task, factory, setup)
         with self._lock:
             self._live[run_id] = live
         self._supervise(run_id, live, task)
@@ -146,8 +147,8 @@ class BackgroundService:
         box = self._sandbox(run_id, live)  # held across turns: its workspace releases nothing
         workspace = self.backends.for_caller(live.tenant, box).open(box.workspace, "pool")
         env = Environment(workspace, Limits(timeout=COMMAND_TIMEOUT_S))
-        agent = Agent(model, env, live.config, services=for_caller(self.tools, model),
-                      run_id=agent_id)
+        agent = Agent(model, env, live.setup.config, services=for_caller(self.tools, model),
+                      run_id=agent_id, hooks=live.setup.hooks)
         agent.listeners.append(lambda event: self._on_event(run_id, live, event))
         self.record(run_id, {"type": "turn_start", "turn": live.turns, "task": task})
         return self.runs.start(live.tenant, agent, task, model)

@@ -166,6 +166,20 @@ class HttpChatModel:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "via": "http", "base_url": self.base_url}
 
+    def listing(self) -> dict[str, Any]:
+        """This model's entry in the server's `/v1/models` (empty: not listed, or a server
+        without the route): what a server says of a model beyond the API, such as the agent
+        setup a trained model was registered with (codeplane serve's `agent_setup`)."""
+        try:
+            resp = self.http.get("/models")
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+        if resp.status_code == 404:
+            return {}
+        if resp.status_code >= 400:
+            raise _http_error(resp)
+        return next((m for m in resp.json().get("data") or [] if m.get("id") == self.name), {})
+
     def complete(self, messages: list[dict], tools: list[dict], sampling: Sampling,
                  cancel: threading.Event | None = None) -> Turn:
         """One chat completion, streamed so that `cancel` can end it between chunks: leaving
@@ -182,9 +196,11 @@ class HttpChatModel:
                     raise _http_error(resp)
                 return _assemble(resp.iter_lines(), cancel)
         except httpx.TransportError as exc:
-            raise ModelError(f"cannot reach the model server at {self.base_url} ({exc}); "
-                             "start it with `codeplane serve` or pass --base-url",
-                             "unreachable") from None
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc: httpx.TransportError) -> ModelError:
+        return ModelError(f"cannot reach the model server at {self.base_url} ({exc}); start "
+                          "it with `codeplane serve` or pass --base-url", "unreachable")
 
     def close(self) -> None:
         self.http.close()

@@ -59,13 +59,17 @@ def require_model(gateway: Gateway, name: str) -> None:
 @router.get("/v1/models")
 def list_models(request: Request) -> dict:
     gateway = gateway_of(request)
-    local = {s.name: list(s.capabilities) for s in request.app.state.engine.registry.all()}
+    specs = request.app.state.engine.registry.all()
+    local = {s.name: list(s.capabilities) for s in specs}
     for name in local:  # registered since start-up (`codeplane model add`): served now
         gateway.group(name)
     local.update((name, ["embeddings"]) for name in LOCAL_MODELS)
+    # the agent setup a trained model was registered with (agent/setup.py): the CLI's agent
+    # runs it in that setup
+    setups = {s.name: {"agent_setup": s.agent} for s in specs if s.agent is not None}
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "codeplane",
              "capabilities": local.get(name) or list(group.deployments[0].cfg.capabilities),
-             "deployments": len(group.deployments)}
+             "deployments": len(group.deployments), **setups.get(name, {})}
             for name, group in gateway.groups.items()
             if name in local or group.deployments[0].id != f"local:{name}"]  # not removed
     return {"object": "list", "data": data}

@@ -108,7 +108,8 @@ def add_cmd(
         help="A LoRA adapter (GGUF) to serve on --base instead of a model file.",
         dir_okay=False)] = None,
     from_run: Annotated[Path | None, typer.Option(
-        help="An RL run's directory: serve its latest checkpoint as an adapter.",
+        help="An RL run's directory: serve its latest checkpoint as an adapter, in the agent "
+             "setup the run trained it in.",
         file_okay=False)] = None,
     base: Annotated[str | None, typer.Option(
         help="The adapter's base model (default with --from-run: the one the run trained).")
@@ -119,8 +120,9 @@ def add_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Register a local GGUF file under NAME, or a LoRA adapter on a base model (--adapter
-    FILE --base BASE, or --from-run DIR); registering NAME again replaces it, and a running
-    server serves the new one from its next request."""
+    FILE --base BASE, or --from-run DIR, which also records the run's agent setup: toolset,
+    tool output limit, answer turn, hooks, turn and token limits); registering NAME again
+    replaces it, and a running server serves the new one from its next request."""
     if sum(x is not None for x in (path, adapter, from_run)) != 1:
         fail("give exactly one of PATH, --adapter FILE or --from-run DIR")
     cfg = settings(config)
@@ -151,10 +153,11 @@ def add_cmd(
 
 def add_adapter(registry: ModelRegistry, name: str, source: Path, is_run: bool,
                 base: str | None, scale: float, scratch: Path) -> ModelSpec:
-    """Resolve an RL run to its adapter, then register it once the base's llama.cpp has
-    loaded it (in a worker process, as the server would)."""
+    """Resolve an RL run to its adapter and the agent setup it was trained in, then register
+    it once the base's llama.cpp has loaded it (in a worker process, as the server would)."""
+    agent = None
     if is_run:
-        from codeplane.models.checkpoint import run_adapter, run_base
+        from codeplane.models.checkpoint import run_adapter, run_base, run_setup
 
         trained = run_base(source)
         if base is not None and trained is not None and registry.get(base).name != trained:
@@ -164,15 +167,17 @@ def add_adapter(registry: ModelRegistry, name: str, source: Path, is_run: bool,
             raise ValueError(f"{source} does not say which model it trained; name it with "
                              "--base")
         weights = registry.get(base)
-        source = run_adapter(source, scratch / "adapter.gguf", lambda: gguf_summary(
+        run = source
+        source = run_adapter(run, scratch / "adapter.gguf", lambda: gguf_summary(
             ensure_weights(weights, registry.settings))["architecture"])
+        agent = run_setup(run)
     if base is None:
         raise ValueError("--adapter needs --base: the model the adapter was trained on")
     engine = Engine(registry.settings, registry)
     try:
         return registry.add_adapter(name, source, base, scale,
                                     lambda model, file: engine.run_sync(model, "check_lora",
-                                                                        file))
+                                                                        file), agent)
     finally:
         engine.close()
 

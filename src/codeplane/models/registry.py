@@ -9,7 +9,9 @@ An adapter model is a LoRA adapter (GGUF) on a base model (`model add NAME --ada
 `adapter` set, so the base's worker serves it (`lora.py`). The registry keeps its own copy of
 the adapter under `models/adapters/<sha256>.gguf`: a version is its content (the first digits
 of its sha256), which neither an RL run deleting its old files nor an edit can change under a
-name.
+name. A model registered from a run also keeps the agent setup the run trained it in (`agent`:
+toolset, tool output limit, turns, hooks; kept as the run recorded it, read by
+`agent/setup.py`), so the product serves it in that setup.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class ModelSpec:
     aliases: tuple[str, ...] = field(default=())
     base: str | None = None  # an adapter model's base model (whose weights and worker it uses)
     adapter: Adapter | None = None
+    # the agent setup it was trained in (`agent/setup.py`), as its RL run recorded it
+    agent: dict[str, Any] | None = field(default=None, compare=False)
 
     def file_path(self, settings: Settings) -> Path:
         return self.path if self.path is not None else settings.models_dir / self.filename
@@ -142,10 +146,12 @@ class ModelRegistry:
         return self.get(name)
 
     def add_adapter(self, name: str, path: Path, base: str, scale: float,
-                    check: Callable[[str, Path], None]) -> ModelSpec:
+                    check: Callable[[str, Path], None],
+                    agent: dict[str, Any] | None = None) -> ModelSpec:
         """Register the LoRA adapter at `path` on `base` under `name`; a name registered
-        before gets the new adapter (a new version). `check(base, file)` raises AdapterError
-        unless llama.cpp takes the file as an adapter of the base (it loads the base)."""
+        before gets the new adapter (a new version) and the new `agent` setup (None: the
+        product's). `check(base, file)` raises AdapterError unless llama.cpp takes the file
+        as an adapter of the base (it loads the base)."""
         self._check_new_name(name)
         base_spec = self.get(base)
         if base_spec.adapter is not None:
@@ -167,6 +173,8 @@ class ModelRegistry:
         entries = self._read()
         entries[name] = {"base": base_spec.name, "adapter": str(copy), "sha256": digest,
                          "scale": scale, "source": str(path.expanduser().resolve())}
+        if agent is not None:
+            entries[name]["agent"] = agent
         self._write(entries)
         self._drop_unused_copies(entries)
         return self.get(name)
@@ -220,7 +228,8 @@ class ModelRegistry:
         """The base's spec (weights, capabilities) under the adapter model's name."""
         adapter = Adapter(Path(entry["adapter"]), entry["sha256"], float(entry["scale"]))
         return replace(base, name=name, aliases=(), base=base.name, adapter=adapter,
-                       description=f"LoRA adapter {adapter.version} on {base.name}")
+                       description=f"LoRA adapter {adapter.version} on {base.name}",
+                       agent=entry.get("agent"))
 
     def _read(self) -> dict[str, dict]:
         """The user entries, re-read only when the file changed (the server resolves a model

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from codeplane.clikit import ConfigOption, JsonOption, err_console, fail, print_json, settings
 from codeplane.rl.commits import repo_name
 from codeplane.rl.config import ConfigError, load_config
-from codeplane.rl.run import TrainingRun
+from codeplane.rl.run import TrainingRun, save_config
 
 rl_app = typer.Typer(help="Reinforcement learning for the coding agent (needs the [rl] extra).",
                      no_args_is_help=True)
@@ -56,6 +56,20 @@ def train_cmd(
     else:
         for key, value in summary.items():
             err_console.print(f"{key}: {value}", highlight=False)
+
+
+@rl_app.command("record-setup")
+def record_setup_cmd(
+    config: Annotated[Path, typer.Argument(dir_okay=False, help="The run's config (TOML).")],
+) -> None:
+    """Write the run's config.json into its `out`, as `rl train` does at its start (its
+    config, and the agent setup `codeplane model add --from-run` serves its checkpoint
+    with): for a run started before runs wrote it."""
+    try:
+        path = save_config(load_config(config))
+    except ConfigError as exc:
+        fail(str(exc))
+    err_console.print(f"wrote {path}", highlight=False)
 
 
 @rl_app.command("train-next-edit")

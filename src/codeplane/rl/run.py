@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from codeplane.agent import setup as agent_setup
 from codeplane.agent.toolset import ToolServices
 from codeplane.core.chat import ChatModel
 from codeplane.indexing.remote import RemoteError
@@ -193,6 +194,18 @@ class Evaluation:
     episodes: list[dict[str, Any]] = field(default_factory=list)
 
 
+def save_config(config: RunConfig) -> Path:
+    """`out/config.json`, written at the run's start: the run's config and the agent setup
+    its episodes run in (`agent`), which `codeplane model add --from-run` serves a checkpoint
+    of this run with."""
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    path = config.out_dir / "config.json"
+    setup = agent_setup.record(config.rollout.agent_config(), config.rollout.hooks)
+    path.write_text(json.dumps({"agent": setup, "run": config.model_dump(mode="json")},
+                               indent=2) + "\n")
+    return path
+
+
 def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
              make_env: Callable[[int], RayEnv], version: int,
              services: Callable[[Task], ToolServices] | None = None) -> Evaluation:
@@ -291,7 +304,7 @@ class TrainingRun:
             raise ConfigError("the train repositories make no tasks of the family "
                               f"{tc.family!r} (locate: documented definitions; testfix: "
                               "functions with doctests that pass)")
-        self.out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg)
         (self.out / "scratch").mkdir(exist_ok=True)
         start_ray(cfg.ray.num_cpus)
         import ray  # only after start_ray: the loopback switch is read at ray's first import
