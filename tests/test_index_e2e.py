@@ -410,6 +410,33 @@ def test_watch_resyncs_on_change(server, tmp_path) -> None:
         proc.wait(timeout=30)
 
 
+def test_forget_deletes_the_workspace_on_the_server_and_this_machine(server, tmp_path) -> None:
+    live, _ = server
+    root = tmp_path / "gone"
+    write(root, {"app.py": "def main():\n    return 1\n"})
+    cfg = client_settings(tmp_path, live.url)
+    sync(root, cfg)
+    state = WorkspaceState(root, cfg, create=False)
+    remote = Remote(live.url, state.workspace_id, state.keys.server_key)
+    state.close()
+    assert remote.status()["chunks"] == 1
+    env = {**os.environ, "CODEPLANE_HOME": str(tmp_path / "client-home"),
+           "CODEPLANE_SERVER": live.url}
+    forget = [sys.executable, "-m", "codeplane", "index", str(root), "--forget"]
+    done = subprocess.run(forget, check=False, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "index deleted" in " ".join(done.stdout.split())  # rich wraps long lines
+    with pytest.raises(RemoteError) as gone:
+        remote.status()
+    assert gone.value.status == 404
+    remote.close()
+    assert not workspace_dir(cfg, root).exists()
+    again = subprocess.run(forget, check=False, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0 and "not indexed" in " ".join(again.stdout.split())
+
+
 def test_client_side_embedding_sends_only_vectors(server, tmp_path) -> None:
     """`indexing.embed = "client"`: no chunk or query text on the wire, search still finds the
     function, and the scores match server-side embedding of the same workspace."""

@@ -43,7 +43,7 @@ from codeplane.config import Settings, load_settings
 from codeplane.core.chat import HttpChatModel
 from codeplane.core.serve import child_server
 from codeplane.indexing.query import search_workspace
-from codeplane.indexing.sync import sync
+from codeplane.indexing.sync import forget, sync
 from codeplane.rl.commits import named_files
 from codeplane.rl.config import load_config
 from codeplane.rl.envserver import EnvConfig, EnvServer
@@ -62,6 +62,7 @@ def episode(task: Task, model: str, client: Settings, chat_url: str,
     """One task asked of one model (or of the search ranking alone)."""
     server = EnvServer(EnvConfig(backend=backend))
     start = time.monotonic()
+    env = None
     try:
         env = server.open(task)
         sync(env.root, client)
@@ -94,6 +95,8 @@ def episode(task: Task, model: str, client: Settings, chat_url: str,
                 "seconds": round(time.monotonic() - indexed, 1),
                 "index_seconds": round(indexed - start, 1)}
     finally:
+        if env is not None:  # each copy is a workspace of its own on the index's server
+            forget(env.root, client)
         server.close()
 
 

@@ -24,7 +24,7 @@ from codeplane.core.http import api_client
 from codeplane.indexing.query import IndexUnavailable, search
 from codeplane.indexing.remote import RemoteError
 from codeplane.indexing.state import workspace_dir
-from codeplane.indexing.sync import SyncReport, sync
+from codeplane.indexing.sync import SyncReport, forget, sync
 from codeplane.indexing.vectors import MODES, EmbedModeError
 from codeplane.indexing.workspace_keys import KeyFileError
 from codeplane.models.embed import EmbedderUnavailable
@@ -43,6 +43,10 @@ def index_cmd(
     interval: Annotated[float | None, typer.Option(
         help="Seconds between periodic syncs with --watch (default: indexing.sync_interval).",
         min=1)] = None,
+    forget_: Annotated[bool, typer.Option(
+        "--forget", help="Delete this workspace's index, on the server and on this machine, "
+                         "instead of syncing it (frees its place in the server's "
+                         "per-tenant workspace limit).")] = False,
     embed: Annotated[str | None, typer.Option(
         help="Where chunks are embedded: 'server' (text is sent) or 'client' (only rotated "
              "vectors leave this machine). Default: indexing.embed, else server.")] = None,
@@ -53,6 +57,9 @@ def index_cmd(
 ) -> None:
     """Index a workspace privately: only encrypted paths, line ranges and rotated vectors are
     stored on the server; files with secrets never leave this machine."""
+    if forget_:  # the directory itself may be gone already
+        _forget(directory.resolve(), _settings(config, server), api_key)
+        return
     if not directory.is_dir():
         fail(f"not a directory: {directory}")
     if embed not in (None, *MODES):
@@ -76,6 +83,15 @@ def index_cmd(
             _run_once(root, cfg, json_, api_key, embedders)
     except KeyboardInterrupt:
         return
+
+
+def _forget(root: Path, cfg: Settings, api_key: str | None) -> None:
+    try:
+        dropped = forget(root, cfg, http=api_client(api_key, timeout=300))
+    except (RemoteError, KeyFileError) as exc:
+        fail(str(exc))
+    console.print(f"[green]✓[/] {root}: index deleted" if dropped
+                  else f"{root}: not indexed on this machine", highlight=False)
 
 
 def _embedders(cfg: Settings) -> Embedders:

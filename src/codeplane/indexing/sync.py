@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from typing import Self
 
 from codeplane.config import IndexingSettings, Settings
 from codeplane.indexing.chunker import EMBED_FORMAT, chunk_text
-from codeplane.indexing.remote import Remote
+from codeplane.indexing.remote import Remote, RemoteError
 from codeplane.indexing.scan import looks_binary, scan
 from codeplane.indexing.secretscan import find_secret
 from codeplane.indexing.state import WorkspaceState
@@ -218,6 +219,28 @@ def sync(root: Path, settings: Settings, progress: Progress | None = None,
     report.round_trips, report.bytes_sent = remote.round_trips, remote.bytes_sent
     report.seconds = round(time.perf_counter() - started, 3)
     return report
+
+
+def forget(root: Path, settings: Settings, http=None) -> bool:
+    """Delete a workspace's index: the server's copy (vectors, tree, registration, so it no
+    longer counts against the tenant's `max_workspaces_per_tenant`) and this machine's state.
+    False when this machine holds no index of `root`; a server copy already gone is fine."""
+    try:
+        state = WorkspaceState(root, settings, create=False)
+    except FileNotFoundError:
+        return False
+    remote = Remote(settings.server, state.workspace_id, state.keys.server_key, http)
+    try:
+        with SyncLock(state.dir / "sync.lock"):
+            remote.drop()
+    except RemoteError as exc:
+        if exc.status != 404:
+            raise
+    finally:
+        remote.close()
+        state.close()
+    shutil.rmtree(state.dir)
+    return True
 
 
 def _sync(state: WorkspaceState, remote: Remote, cfg: IndexingSettings,

@@ -173,7 +173,8 @@ class SearchService:
                 if count >= self.max_workspaces:
                     raise QuotaExceeded(
                         f"this tenant already has {count} workspaces, the limit "
-                        f"(indexing.max_workspaces_per_tenant); delete one first")
+                        f"(indexing.max_workspaces_per_tenant); delete one first "
+                        f"(`codeplane index --forget DIR`)")
                 db.execute(WORKSPACES.insert().values(
                     tenant=tenant, ws=ws, sid=storage_id(tenant, ws), key_id=kid,
                     model=model, created=time.time()))
