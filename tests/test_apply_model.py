@@ -255,11 +255,32 @@ class TestClient:
 
 # ... existing code ...
 '''
+# A new test whose body copies `test_get`'s: read by difflib, the wrong answer below is
+# `test_get` rewritten in place into it and `def test_keys` into `def test_get`, each line
+# an edit the sketch shows (pyjwt 300348f7bc as the model wrote it).
+LIKE_GET = '''# ... existing code ...
+class TestClient:
+    def test_headers(self):
+        url = "https://example.com/data.json"
+
+        with mocked() as request:
+            client = Client(url, headers={"a": "b"})
+            get = client.get()
+            assert request.headers == {"a": "b"}
+
+        assert len(get) == 1
+
+    def test_get(self):
+        url = "https://example.com/data.json"
+
+# ... existing code ...
+'''
 
 
+@pytest.mark.parametrize("sketch", [NEW_TEST, LIKE_GET], ids=["new-test", "like-get"])
 @pytest.mark.parametrize("drift", ["", "   "])
 def test_model_result_that_deletes_code_the_sketch_does_not_show_is_rejected(
-        engine, monkeypatch, drift) -> None:
+        engine, monkeypatch, drift, sketch) -> None:
     """The model path's result passes the deterministic merge's guards: the shape check
     lets a piece replace any run of original lines, so the model may splice the new test
     in and go on from the second copy of its last context line, deleting `test_get`'s body
@@ -268,7 +289,8 @@ def test_model_result_that_deletes_code_the_sketch_does_not_show_is_rejected(
     from codeplane.apply.rewrite import Rewrite
 
     lines = CLIENT_TESTS.removesuffix("\n").split("\n")
-    new = NEW_TEST.split("\n")[2:6]
+    shown = sketch.split("\n")
+    new = shown[2:shown.index("    def test_get(self):")]
     wrong = lines[:4] + new + lines[4:6] + lines[15:]
     right = lines[:4] + new + [lines[4] + drift] + lines[5:]
     run_sync = engine.run_sync
@@ -280,10 +302,10 @@ def test_model_result_that_deletes_code_the_sketch_does_not_show_is_rejected(
         return rewrite
 
     monkeypatch.setattr(engine, "run_sync", answer(wrong))
-    result = apply_edit(CLIENT_TESTS, NEW_TEST, "test_client.py", engine, method="model")
+    result = apply_edit(CLIENT_TESTS, sketch, "test_client.py", engine, method="model")
     assert not result.ok and result.merged is None
     assert any("wrong-merge guard" in d for d in result.diagnostics), result.diagnostics
     monkeypatch.setattr(engine, "run_sync", answer(right))
-    result = apply_edit(CLIENT_TESTS, NEW_TEST, "test_client.py", engine, method="model")
+    result = apply_edit(CLIENT_TESTS, sketch, "test_client.py", engine, method="model")
     assert result.ok and result.method == "model", result.diagnostics
     assert result.merged == "\n".join(lines[:4] + new + lines[4:]) + "\n"

@@ -27,6 +27,7 @@ from codeplane.apply.align import (
     indent_width,
     norm,
     token_similarity,
+    trivial,
 )
 from codeplane.apply.formats import Sketch
 
@@ -113,8 +114,11 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
         return twice
     old = [norm(line) for line in original]
     new = [norm(line) for line in merged]
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    opcodes = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    torn = _torn_context(old, new, shown, opcodes)
+    if torn:
+        return torn
+    for tag, i1, i2, j1, j2 in opcodes:
         removed = [line for line in old[i1:i2] if line]
         if tag == "equal" or not removed:
             continue
@@ -135,6 +139,53 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
                 return (f"it removes or rewrites line {i1 + 1} ({removed[0][:60]!r}), which "
                         f"the sketch does not show as deleted or changed")
     return None
+
+
+def _torn_context(old: list[str], new: list[str], shown: list[list[str]],
+                  opcodes: list[tuple[str, int, int, int, int]]) -> str | None:
+    """A line the sketch shows once, which the file and the merge each have once, next to
+    the line that is its neighbour in the file, is context there: the merge may not keep
+    the pair with another copy of that neighbour. Read by difflib, a merge can rewrite the
+    file's copy of the line into a new one and write the sketch's copy next to a later
+    copy of its neighbour, each step an edit the sketch shows (pyjwt 300348f7bc as the
+    model path wrote it: a new test like the one after it, spliced over that test's body;
+    its closing context, `def test_get_jwk_set` and `url = ...`, then stood where the next
+    test's `def` was, before that test's `url = ...`), while the file's `url = ...` after
+    it was kept as the new test's. Where the file's neighbour is deleted, the pair is the
+    file's with a deletion slid along repeated lines (read as such by `check`); a block
+    moved whole keeps its own neighbours."""
+    paired = {j: i for tag, i1, i2, j1, _ in opcodes if tag == "equal"
+              for i, j in zip(range(i1, i2), range(j1, j1 + i2 - i1))}
+    kept = set(paired.values())
+    shown_count = Counter(line for segment in shown for line in segment)
+    in_old, in_new = Counter(old), Counter(new)
+    for j, line in enumerate(new):
+        if not line or trivial(line) \
+                or not in_old[line] == in_new[line] == shown_count[line] == 1:
+            continue
+        i = old.index(line)
+        for step in (-1, 1):
+            mine = _neighbour(new, j, step)
+            theirs = _neighbour(old, i, step)
+            if mine is None or theirs is None or new[mine] != old[theirs] \
+                    or paired.get(mine, theirs) == theirs or theirs not in kept:
+                continue  # the file's pair, or its neighbour deleted (a deletion slid)
+            if any(_shows(segment, *((new[mine], [line], None) if step < 0 else
+                                     (None, [line], new[mine])), anywhere=True)
+                   for segment in shown):
+                return (f"it writes line {i + 1} ({line[:60]!r}), which the sketch shows "
+                        f"as context next to {new[mine][:40]!r}, next to another copy of "
+                        f"that line (line {paired[mine] + 1}), and keeps the file's copy "
+                        f"(line {theirs + 1}) elsewhere")
+    return None
+
+
+def _neighbour(lines: list[str], at: int, step: int) -> int | None:
+    """The nearest line with code before (`step` -1) or after (+1) `at`."""
+    k = at + step
+    while 0 <= k < len(lines) and not lines[k]:
+        k += step
+    return k if 0 <= k < len(lines) else None
 
 
 def _deletion_points(old: list[str], i1: int, i2: int, j1: int) -> list[int]:
