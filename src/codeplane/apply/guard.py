@@ -159,11 +159,12 @@ def _torn_context(old: list[str], new: list[str], shown: list[list[str]],
     kept = set(paired.values())
     shown_count = Counter(line for segment in shown for line in segment)
     in_old, in_new = Counter(old), Counter(new)
+    where = {line: i for i, line in enumerate(old)}
     for j, line in enumerate(new):
-        if not line or trivial(line) \
-                or not in_old[line] == in_new[line] == shown_count[line] == 1:
+        if not line or shown_count[line] != 1 or in_old[line] != 1 or in_new[line] != 1 \
+                or trivial(line):
             continue
-        i = old.index(line)
+        i = where[line]
         for step in (-1, 1):
             mine = _neighbour(new, j, step)
             theirs = _neighbour(old, i, step)
