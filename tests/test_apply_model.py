@@ -233,6 +233,27 @@ def test_model_result_that_leaves_the_file_unchanged_is_rejected(engine, monkeyp
     assert any("original file unchanged" in d for d in result.diagnostics), result.diagnostics
 
 
+def test_model_result_that_python_cannot_compile_is_rejected(engine, monkeypatch) -> None:
+    """The model's answer keeps a deleted function's body under the sketch's `try:` (pyjwt
+    e1e4d02c5d, `fourth`, with the model path forced): tree-sitter's grammar recovers from
+    it without an error node, so it was written; Python's own parser rejects it."""
+    from codeplane.apply.rewrite import Rewrite
+
+    original = ("import hmac\n\n\nstring_types = (str, bytes)\n\n\ndef seconds(delta):\n"
+                "    try:\n        delta.total_seconds\n    except AttributeError:\n"
+                "        return delta.days\n\n    return 0\n\n\ntry:\n"
+                "    compare = hmac.compare_digest\nexcept AttributeError:\n    compare = None\n")
+    sketch = "# ... existing code ...\nstring_types = (str, bytes)\n\n\ntry:\n# ... existing code ...\n"
+    lines = original.removesuffix("\n").split("\n")
+    wrong = lines[:6] + ["try:"] + lines[8:]
+    run_sync = engine.run_sync
+    monkeypatch.setattr(engine, "run_sync", lambda model, job, *args, **kwargs: Rewrite(
+        list(wrong)) if job == "apply.rewrite" else run_sync(model, job, *args, **kwargs))
+    result = apply_edit(original, sketch, "compat.py", engine, method="model")
+    assert not result.ok and result.merged is None, result.merged
+    assert any("does not compile" in d for d in result.diagnostics), result.diagnostics
+
+
 CLIENT_TEST = '''    def test_{0}(self):
         url = "https://example.com/data.json"
 

@@ -182,6 +182,14 @@ def _model_path(result: ApplyResult, engine: Engine, model: str, lines: list[str
     if guarded.merged is None:
         result.diagnostics.extend(f"model result rejected: {r}" for r in guarded.reasons)
         return
+    breaks = _breaks(original, path, join)
+    if breaks is not None and breaks(guarded.merged):
+        # Python's own parser too, not only tree-sitter (in `_accept`): the model may keep a
+        # deleted function's body under a new `try:`, which tree-sitter's grammar recovers
+        # from without an error node (pyjwt e1e4d02c5d, docs/apply.md).
+        result.diagnostics.append("model result rejected: it does not compile (or parse), "
+                                  "while the original did")
+        return
     if guarded.merged == lines:
         # The deterministic path merges an edit that changes nothing by itself; one that
         # reached the model differs from the file somewhere (a re-indent the alignment,
