@@ -254,6 +254,29 @@ def test_model_result_that_python_cannot_compile_is_rejected(engine, monkeypatch
     assert any("does not compile" in d for d in result.diagnostics), result.diagnostics
 
 
+def test_model_result_that_keeps_code_the_sketch_shows_deleted_is_rejected(
+        engine, monkeypatch) -> None:
+    """The sketch moves a block above a comment and shows the comment and the next block
+    together; the model's answer adds the block above the comment and keeps the old copy
+    between the two (bidict c1e297c824, `fifth`, `body`). Nothing it removes is unshown,
+    so only the lines it keeps tell: two lines a segment shows together must be together
+    in the result."""
+    from codeplane.apply.rewrite import Rewrite
+
+    original = ("import os\n\n\n# Keep these pins in sync with CI.\n\nSETUP = [\n"
+                "    'scm < 4',\n]\n\nDOCS = [\n    'sphinx',\n]\n")
+    sketch = ("# ... existing code ...\n\n\nSETUP = [\n    'scm',\n]\n\n"
+              "# Keep these pins in sync with CI.\n\nDOCS = [\n# ... existing code ...\n")
+    lines = original.removesuffix("\n").split("\n")
+    wrong = lines[:3] + ["SETUP = [", "    'scm',", "]", ""] + lines[3:]
+    run_sync = engine.run_sync
+    monkeypatch.setattr(engine, "run_sync", lambda model, job, *args, **kwargs: Rewrite(
+        list(wrong)) if job == "apply.rewrite" else run_sync(model, job, *args, **kwargs))
+    result = apply_edit(original, sketch, "setup.py", engine, method="model")
+    assert not result.ok and result.merged is None, result.merged
+    assert any("together, but" in d for d in result.diagnostics), result.diagnostics
+
+
 CLIENT_TEST = '''    def test_{0}(self):
         url = "https://example.com/data.json"
 

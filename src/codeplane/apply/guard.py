@@ -17,6 +17,7 @@ the file's bytes.
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 from collections import Counter
 from typing import NamedTuple
@@ -115,9 +116,9 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
     old = [norm(line) for line in original]
     new = [norm(line) for line in merged]
     opcodes = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
-    torn = _torn_context(old, new, shown, opcodes)
-    if torn:
-        return torn
+    problem = _torn_context(old, new, shown, opcodes) or _kept_between(new, shown)
+    if problem:
+        return problem
     for tag, i1, i2, j1, j2 in opcodes:
         removed = [line for line in old[i1:i2] if line]
         if tag == "equal" or not removed:
@@ -178,6 +179,24 @@ def _torn_context(old: list[str], new: list[str], shown: list[list[str]],
                         f"as context next to {new[mine][:40]!r}, next to another copy of "
                         f"that line (line {paired[mine] + 1}), and keeps the file's copy "
                         f"(line {theirs + 1}) elsewhere")
+    return None
+
+
+def _kept_between(new: list[str], shown: list[list[str]]) -> str | None:
+    """Two lines a segment shows one after the other (blank lines aside), each of which the
+    merge has once, are one after the other in the merge too: a segment is a stretch of
+    the result. The other checks look at what a merge removes; this one at what it keeps
+    where the sketch shows nothing (bidict c1e297c824 in `fifth`, the model path: a block
+    moved above a comment, its old copy kept between the comment and the next block, which
+    the sketch shows together)."""
+    count = Counter(new)
+    at = {line: j for j, line in enumerate(new)}
+    for segment in shown:
+        for first, second in itertools.pairwise(segment):
+            if count[first] == count[second] == 1 \
+                    and _neighbour(new, at[first], 1) != at[second]:
+                return (f"the sketch shows {first[:50]!r} and {second[:50]!r} together, but "
+                        f"the merge has other code between them or not in that order")
     return None
 
 
