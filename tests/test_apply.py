@@ -782,6 +782,22 @@ def test_short_edge_line_is_context_when_reading_it_as_new_breaks_the_syntax() -
     assert not apply_edit(original, sketch, "t.txt").ok
 
 
+def test_short_edge_line_read_as_new_that_python_cannot_compile_is_context() -> None:
+    """`try:` at the file's top level, shown after the context above a function the commit
+    deletes, is the file's `try:`. Read as a new `try:` before the function, the result is
+    not Python (a `try:` with no indented body and no `except`), though tree-sitter's
+    grammar recovers from it without an error node; the merge then declined, and the
+    model path wrote that reading (pyjwt e1e4d02c5d, `fourth`, `wordings`). Python's own
+    parser says it does not compile, so the merge takes the other reading."""
+    head = "import hmac\n\n\nstring_types = (str, bytes)\n"
+    tail = "try:\n    compare = hmac.compare_digest\nexcept AttributeError:\n    compare = None\n"
+    gone = ("\n\ndef total_seconds(delta):\n    try:\n        delta.total_seconds\n"
+            "    except AttributeError:\n        return delta.days\n\n    return 0\n")
+    sketch = "# ... existing code ...\nstring_types = (str, bytes)\n\n\ntry:\n# ... existing code ...\n"
+    result = merges(head + gone + "\n\n" + tail, sketch, "compat.py", head + "\n\n" + tail)
+    assert any("break the syntax" in note for note in result.diagnostics)
+
+
 def test_new_lines_that_exist_further_down_do_not_pull_a_long_deletion() -> None:
     """A new docstring whose `Args:` lines also appear in a later class: read as that
     class's lines, the segment would delete every field in between (and the later class's

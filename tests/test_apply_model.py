@@ -233,6 +233,50 @@ def test_model_result_that_leaves_the_file_unchanged_is_rejected(engine, monkeyp
     assert any("original file unchanged" in d for d in result.diagnostics), result.diagnostics
 
 
+def test_model_result_that_python_cannot_compile_is_rejected(engine, monkeypatch) -> None:
+    """The model's answer keeps a deleted function's body under the sketch's `try:` (pyjwt
+    e1e4d02c5d, `fourth`, with the model path forced): tree-sitter's grammar recovers from
+    it without an error node, so it was written; Python's own parser rejects it."""
+    from codeplane.apply.rewrite import Rewrite
+
+    original = ("import hmac\n\n\nstring_types = (str, bytes)\n\n\ndef seconds(delta):\n"
+                "    try:\n        delta.total_seconds\n    except AttributeError:\n"
+                "        return delta.days\n\n    return 0\n\n\ntry:\n"
+                "    compare = hmac.compare_digest\nexcept AttributeError:\n    compare = None\n")
+    sketch = "# ... existing code ...\nstring_types = (str, bytes)\n\n\ntry:\n# ... existing code ...\n"
+    lines = original.removesuffix("\n").split("\n")
+    wrong = lines[:6] + ["try:"] + lines[8:]
+    run_sync = engine.run_sync
+    monkeypatch.setattr(engine, "run_sync", lambda model, job, *args, **kwargs: Rewrite(
+        list(wrong)) if job == "apply.rewrite" else run_sync(model, job, *args, **kwargs))
+    result = apply_edit(original, sketch, "compat.py", engine, method="model")
+    assert not result.ok and result.merged is None, result.merged
+    assert any("does not compile" in d for d in result.diagnostics), result.diagnostics
+
+
+def test_model_result_that_keeps_code_the_sketch_shows_deleted_is_rejected(
+        engine, monkeypatch) -> None:
+    """The sketch moves a block above a comment and shows the comment and the next block
+    together; the model's answer adds the block above the comment and keeps the old copy
+    between the two (bidict c1e297c824, `fifth`, `body`). Nothing it removes is unshown,
+    so only the lines it keeps tell: two lines a segment shows together must be together
+    in the result."""
+    from codeplane.apply.rewrite import Rewrite
+
+    original = ("import os\n\n\n# Keep these pins in sync with CI.\n\nSETUP = [\n"
+                "    'scm < 4',\n]\n\nDOCS = [\n    'sphinx',\n]\n")
+    sketch = ("# ... existing code ...\n\n\nSETUP = [\n    'scm',\n]\n\n"
+              "# Keep these pins in sync with CI.\n\nDOCS = [\n# ... existing code ...\n")
+    lines = original.removesuffix("\n").split("\n")
+    wrong = lines[:3] + ["SETUP = [", "    'scm',", "]", ""] + lines[3:]
+    run_sync = engine.run_sync
+    monkeypatch.setattr(engine, "run_sync", lambda model, job, *args, **kwargs: Rewrite(
+        list(wrong)) if job == "apply.rewrite" else run_sync(model, job, *args, **kwargs))
+    result = apply_edit(original, sketch, "setup.py", engine, method="model")
+    assert not result.ok and result.merged is None, result.merged
+    assert any("together, but" in d for d in result.diagnostics), result.diagnostics
+
+
 CLIENT_TEST = '''    def test_{0}(self):
         url = "https://example.com/data.json"
 
@@ -255,11 +299,32 @@ class TestClient:
 
 # ... existing code ...
 '''
+# A new test whose body copies `test_get`'s: read by difflib, the wrong answer below is
+# `test_get` rewritten in place into it and `def test_keys` into `def test_get`, each line
+# an edit the sketch shows (pyjwt 300348f7bc as the model wrote it).
+LIKE_GET = '''# ... existing code ...
+class TestClient:
+    def test_headers(self):
+        url = "https://example.com/data.json"
+
+        with mocked() as request:
+            client = Client(url, headers={"a": "b"})
+            get = client.get()
+            assert request.headers == {"a": "b"}
+
+        assert len(get) == 1
+
+    def test_get(self):
+        url = "https://example.com/data.json"
+
+# ... existing code ...
+'''
 
 
+@pytest.mark.parametrize("sketch", [NEW_TEST, LIKE_GET], ids=["new-test", "like-get"])
 @pytest.mark.parametrize("drift", ["", "   "])
 def test_model_result_that_deletes_code_the_sketch_does_not_show_is_rejected(
-        engine, monkeypatch, drift) -> None:
+        engine, monkeypatch, drift, sketch) -> None:
     """The model path's result passes the deterministic merge's guards: the shape check
     lets a piece replace any run of original lines, so the model may splice the new test
     in and go on from the second copy of its last context line, deleting `test_get`'s body
@@ -268,7 +333,8 @@ def test_model_result_that_deletes_code_the_sketch_does_not_show_is_rejected(
     from codeplane.apply.rewrite import Rewrite
 
     lines = CLIENT_TESTS.removesuffix("\n").split("\n")
-    new = NEW_TEST.split("\n")[2:6]
+    shown = sketch.split("\n")
+    new = shown[2:shown.index("    def test_get(self):")]
     wrong = lines[:4] + new + lines[4:6] + lines[15:]
     right = lines[:4] + new + [lines[4] + drift] + lines[5:]
     run_sync = engine.run_sync
@@ -280,10 +346,10 @@ def test_model_result_that_deletes_code_the_sketch_does_not_show_is_rejected(
         return rewrite
 
     monkeypatch.setattr(engine, "run_sync", answer(wrong))
-    result = apply_edit(CLIENT_TESTS, NEW_TEST, "test_client.py", engine, method="model")
+    result = apply_edit(CLIENT_TESTS, sketch, "test_client.py", engine, method="model")
     assert not result.ok and result.merged is None
     assert any("wrong-merge guard" in d for d in result.diagnostics), result.diagnostics
     monkeypatch.setattr(engine, "run_sync", answer(right))
-    result = apply_edit(CLIENT_TESTS, NEW_TEST, "test_client.py", engine, method="model")
+    result = apply_edit(CLIENT_TESTS, sketch, "test_client.py", engine, method="model")
     assert result.ok and result.method == "model", result.diagnostics
     assert result.merged == "\n".join(lines[:4] + new + lines[4:]) + "\n"

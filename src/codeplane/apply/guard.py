@@ -17,6 +17,7 @@ the file's bytes.
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 from collections import Counter
 from typing import NamedTuple
@@ -27,6 +28,7 @@ from codeplane.apply.align import (
     indent_width,
     norm,
     token_similarity,
+    trivial,
 )
 from codeplane.apply.formats import Sketch
 
@@ -113,8 +115,11 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
         return twice
     old = [norm(line) for line in original]
     new = [norm(line) for line in merged]
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    opcodes = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    problem = _torn_context(old, new, shown, opcodes) or _kept_between(new, shown)
+    if problem:
+        return problem
+    for tag, i1, i2, j1, j2 in opcodes:
         removed = [line for line in old[i1:i2] if line]
         if tag == "equal" or not removed:
             continue
@@ -135,6 +140,72 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
                 return (f"it removes or rewrites line {i1 + 1} ({removed[0][:60]!r}), which "
                         f"the sketch does not show as deleted or changed")
     return None
+
+
+def _torn_context(old: list[str], new: list[str], shown: list[list[str]],
+                  opcodes: list[tuple[str, int, int, int, int]]) -> str | None:
+    """A line the sketch shows once, which the file and the merge each have once, next to
+    the line that is its neighbour in the file, is context there: the merge may not keep
+    the pair with another copy of that neighbour. Read by difflib, a merge can rewrite the
+    file's copy of the line into a new one and write the sketch's copy next to a later
+    copy of its neighbour, each step an edit the sketch shows (pyjwt 300348f7bc as the
+    model path wrote it: a new test like the one after it, spliced over that test's body;
+    its closing context, `def test_get_jwk_set` and `url = ...`, then stood where the next
+    test's `def` was, before that test's `url = ...`), while the file's `url = ...` after
+    it was kept as the new test's. Where the file's neighbour is deleted, the pair is the
+    file's with a deletion slid along repeated lines (read as such by `check`); a block
+    moved whole keeps its own neighbours."""
+    paired = {j: i for tag, i1, i2, j1, _ in opcodes if tag == "equal"
+              for i, j in zip(range(i1, i2), range(j1, j1 + i2 - i1))}
+    kept = set(paired.values())
+    shown_count = Counter(line for segment in shown for line in segment)
+    in_old, in_new = Counter(old), Counter(new)
+    where = {line: i for i, line in enumerate(old)}
+    for j, line in enumerate(new):
+        if not line or shown_count[line] != 1 or in_old[line] != 1 or in_new[line] != 1 \
+                or trivial(line):
+            continue
+        i = where[line]
+        for step in (-1, 1):
+            mine = _neighbour(new, j, step)
+            theirs = _neighbour(old, i, step)
+            if mine is None or theirs is None or new[mine] != old[theirs] \
+                    or paired.get(mine, theirs) == theirs or theirs not in kept:
+                continue  # the file's pair, or its neighbour deleted (a deletion slid)
+            if any(_shows(segment, *((new[mine], [line], None) if step < 0 else
+                                     (None, [line], new[mine])), anywhere=True)
+                   for segment in shown):
+                return (f"it writes line {i + 1} ({line[:60]!r}), which the sketch shows "
+                        f"as context next to {new[mine][:40]!r}, next to another copy of "
+                        f"that line (line {paired[mine] + 1}), and keeps the file's copy "
+                        f"(line {theirs + 1}) elsewhere")
+    return None
+
+
+def _kept_between(new: list[str], shown: list[list[str]]) -> str | None:
+    """Two lines a segment shows one after the other (blank lines aside), each of which the
+    merge has once, are one after the other in the merge too: a segment is a stretch of
+    the result. The other checks look at what a merge removes; this one at what it keeps
+    where the sketch shows nothing (bidict c1e297c824 in `fifth`, the model path: a block
+    moved above a comment, its old copy kept between the comment and the next block, which
+    the sketch shows together)."""
+    count = Counter(new)
+    at = {line: j for j, line in enumerate(new)}
+    for segment in shown:
+        for first, second in itertools.pairwise(segment):
+            if count[first] == count[second] == 1 \
+                    and _neighbour(new, at[first], 1) != at[second]:
+                return (f"the sketch shows {first[:50]!r} and {second[:50]!r} together, but "
+                        f"the merge has other code between them or not in that order")
+    return None
+
+
+def _neighbour(lines: list[str], at: int, step: int) -> int | None:
+    """The nearest line with code before (`step` -1) or after (+1) `at`."""
+    k = at + step
+    while 0 <= k < len(lines) and not lines[k]:
+        k += step
+    return k if 0 <= k < len(lines) else None
 
 
 def _deletion_points(old: list[str], i1: int, i2: int, j1: int) -> list[int]:

@@ -7,6 +7,7 @@ rewrite the affected windows (`rewrite.py`). Every result is validated before it
 
 from __future__ import annotations
 
+import ast
 import functools
 import time
 from collections.abc import Callable
@@ -93,13 +94,30 @@ def apply_edit(original: str, edit: str, path: str, engine: Engine | None = None
 def _breaks(original: str, path: str, join: Callable[[list[str]], str]
             ) -> Callable[[list[str]], bool] | None:
     """Whether merged lines no longer parse while the original did; None for languages
-    without a grammar. Lazy: only a declined sketch asks, so most applies parse nothing."""
+    without a grammar. Python is also compiled by Python's own parser: tree-sitter's
+    grammar recovers from some code Python rejects without an error node (a top-level
+    `try:` right before a `def` as deep, pyjwt e1e4d02c5d in docs/apply.md). Lazy: only a
+    declined sketch asks, so most applies parse nothing."""
     language = language_for(path)
     if language is None:
         return None
-    parsed_before = functools.cache(lambda: first_error_line(original, language) is None)
-    return lambda merged: parsed_before() and first_error_line(join(merged), language) \
-        is not None
+    checks = [lambda text: first_error_line(text, language) is None]
+    if language == "python":
+        checks.append(_compiles)
+    before = functools.cache(lambda: [check(original) for check in checks])
+
+    def breaks(merged: list[str]) -> bool:
+        text = join(merged)
+        return any(ok and not check(text) for ok, check in zip(before(), checks))
+    return breaks
+
+
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "<apply>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def _accept(result: ApplyResult, original: str, merged: str, path: str) -> None:
@@ -163,6 +181,14 @@ def _model_path(result: ApplyResult, engine: Engine, model: str, lines: list[str
     result.diagnostics.extend(guarded.notes)
     if guarded.merged is None:
         result.diagnostics.extend(f"model result rejected: {r}" for r in guarded.reasons)
+        return
+    breaks = _breaks(original, path, join)
+    if breaks is not None and breaks(guarded.merged):
+        # Python's own parser too, not only tree-sitter (in `_accept`): the model may keep a
+        # deleted function's body under a new `try:`, which tree-sitter's grammar recovers
+        # from without an error node (pyjwt e1e4d02c5d, docs/apply.md).
+        result.diagnostics.append("model result rejected: it does not compile (or parse), "
+                                  "while the original did")
         return
     if guarded.merged == lines:
         # The deterministic path merges an edit that changes nothing by itself; one that
