@@ -123,12 +123,13 @@ def sources(args: argparse.Namespace) -> dict[str, Path]:
     return found
 
 
-def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[Case],
-              fmt: str) -> list[dict]:
-    """One row per case: the model's and the served suggestion's scores, the rule's
+def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[Case]
+              ) -> list[dict]:
+    """One row per case and format (the formats alternate case by case, so a changing
+    load weighs on each alike): the model's and the served suggestion's scores, the rule's
     signals and probability, the job's latency."""
     rows = []
-    for case in cases:
+    for case, fmt in ((c, f) for c in cases for f in args.formats):
         req = request(case, fmt, args.max_tokens)
         if args.prefilled:  # the editor paused after the edit: its prompt is in the KV cache
             engine.run_sync(args.model, "tab.next", TabSettings(),
@@ -156,23 +157,24 @@ def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[C
 
 def split(got: Prediction) -> dict:
     """Where one call's time went: prompt tokens evaluated (`prompt_tokens` - `cached`) and
-    their milliseconds, the answer's tokens and the decode's milliseconds, draft tokens
-    proposed and accepted."""
+    their milliseconds, the answer's tokens, the decode's forward passes and milliseconds,
+    draft tokens proposed and accepted."""
     return {"prompt_tokens": got.prompt_tokens, "cached": got.cached_tokens,
             "prompt_ms": got.prompt_ms, "output_tokens": got.completion_tokens,
-            "decode_ms": got.decode_ms, "drafted": got.drafted, "accepted": got.accepted}
+            "passes": got.passes, "decode_ms": got.decode_ms, "drafted": got.drafted,
+            "accepted": got.accepted}
 
 
 def split_table(rows: list[dict]) -> str:
     """One line per call: where its time went (`split`)."""
     head = ("| repository | format | commit | ms | prompt tokens (cached) | prompt ms | "
-            "output tokens | decode ms | drafted / accepted |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+            "output tokens | passes | decode ms | drafted / accepted |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["split"]
         lines.append(f"| {r['repo']} | {r['format']} | {r['commit'][:8]} | {r['ms']} | "
                      f"{s['prompt_tokens']} ({s['cached']}) | {s['prompt_ms']} | "
-                     f"{s['output_tokens']} | {s['decode_ms']} | "
+                     f"{s['output_tokens']} | {s['passes']} | {s['decode_ms']} | "
                      f"{s['drafted']} / {s['accepted']} |")
     return "\n".join(lines)
 
@@ -200,6 +202,8 @@ def report(rows: list[dict], cases: dict[str, list[Case]]) -> dict:
                 "served": summary([r["served"] for r in part]),
                 "ruled": summary([ruled(r, NEXT_COEFFICIENTS, NEXT_MIN_PROBABILITY)
                                   for r in part]),
+                "output_tokens": sum(r["split"]["output_tokens"] for r in part),
+                "passes": sum(r["split"]["passes"] for r in part),
                 "p50_ms": round(statistics.median(times)),
                 "p95_ms": round(times[round(0.95 * (len(times) - 1))])}
     return out
@@ -208,19 +212,20 @@ def report(rows: list[dict], cases: dict[str, list[Case]]) -> dict:
 def table(results: dict, model: str) -> str:
     """The report as a markdown table (one line per repository, format and variant)."""
     head = ("| repository | cases | variant | exact | shown | precision | located | "
-            "near exact/shown | far exact/shown | p50 / p95 ms |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+            "near exact/shown | far exact/shown | output tokens / passes | p50 / p95 ms |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for repo, r in results.items():
-        variants = [("baseline", r["baseline"], "")]
+        variants = [("baseline", r["baseline"], "", "")]
         for fmt in (k for k in r if k not in ("cases", "baseline")):
             timing = f"{r[fmt]['p50_ms']} / {r[fmt]['p95_ms']}"
-            variants += [(f"{model} {fmt} {v}", r[fmt][v], timing)
+            work = f"{r[fmt]['output_tokens']} / {r[fmt]['passes']}"
+            variants += [(f"{model} {fmt} {v}", r[fmt][v], work, timing)
                          for v in ("model", "served", "ruled")]
-        for name, s, timing in variants:
+        for name, s, work, timing in variants:
             a, n, f = s["all"], s["near"], s["far"]
             lines.append(f"| {repo} | {r['cases']} | {name} | {a['exact']} | {a['shown']} | "
                          f"{a['precision'] if a['shown'] else '-'} | {a['located']} | {n['exact']}/{n['shown']} of "
-                         f"{n['cases']} | {f['exact']}/{f['shown']} of {f['cases']} | {timing} |")
+                         f"{n['cases']} | {f['exact']}/{f['shown']} of {f['cases']} | {work} | {timing} |")
     return "\n".join(lines)
 
 
@@ -234,8 +239,7 @@ def run(args: argparse.Namespace) -> dict:
     try:
         engine.info(args.model)  # loaded outside the timings
         for repo, found in cases.items():
-            for fmt in args.formats:
-                rows += case_rows(engine, args, repo, found, fmt)
+            rows += case_rows(engine, args, repo, found)
     finally:
         engine.close()
     results = report(rows, cases)
@@ -275,8 +279,8 @@ def main() -> None:
     parser.add_argument("--mirror", type=Path, help="a folder of OWNER+NAME/repo git "
                         "directories to read before cloning")
     parser.add_argument("--cases", type=int, default=20, help="cases per repository")
-    parser.add_argument("--formats", nargs="+", default=["window", "diff"],
-                        choices=["window", "diff"])
+    parser.add_argument("--formats", nargs="+", default=["window", "cursor"],
+                        choices=["window", "cursor", "diff"])
     parser.add_argument("--model", default="code-small")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--home", type=Path, help="CODEPLANE_HOME with the model weights "
@@ -284,7 +288,7 @@ def main() -> None:
     parser.add_argument("--rows", type=Path, help="save each case's row (JSON lines)")
     parser.add_argument("--fit", type=Path, nargs="+", help="fit the show/hide rule on "
                         "saved tuning rows instead of running")
-    parser.add_argument("--fit-format", default="window", choices=["window", "diff"])
+    parser.add_argument("--fit-format", default="window", choices=["window", "cursor", "diff"])
     parser.add_argument("--prefilled", action="store_true", help="before each timed call, "
                         "evaluate its prompt (an untimed one-token call), as a prefill "
                         "when the editor pauses would: the timings are then the decode's")

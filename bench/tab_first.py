@@ -174,7 +174,8 @@ def first_request(case: tab_bench.Case, model: str, preload: bool) -> dict:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    return {"port_open_ms": round(port_ms), "first_tab_ms": round(ms)}
+    return {"port_open_ms": round(port_ms), "first_tab_ms": round(ms),
+            "load": os.getloadavg()[0]}
 
 
 def main() -> None:
@@ -185,6 +186,7 @@ def main() -> None:
     ap.add_argument("--model", default="code-small")
     ap.add_argument("--seed", type=int, default=34)
     ap.add_argument("--skip-serve", action="store_true", help="only (a) and (b)")
+    ap.add_argument("--serve-only", action="store_true", help="only (c): fresh servers")
     ap.add_argument("--quality", type=int, default=0,
                     help="instead: short- vs full-window answers at this many positions")
     ap.add_argument("--json", type=Path)
@@ -193,12 +195,15 @@ def main() -> None:
         ap.error("--cases and --runs must be at least 1")
     if args.quality:
         return report(quality(args), args.json)
-    result = {"load_before": os.getloadavg()[0], "in_process": in_process(args)}
+    result = {"load_before": os.getloadavg()[0]}
+    if not args.serve_only:
+        result["in_process"] = in_process(args)
     if not args.skip_serve:
         case = cases(args.set, 1, args.seed + 1)[0]
-        result["first_request"] = {
-            f"preload={p}": [first_request(case, args.model, p) for _ in range(args.runs)]
-            for p in (True, False)}
+        runs = [(p, first_request(case, args.model, p))  # alternating: the same load for both
+                for _ in range(args.runs) for p in (True, False)]
+        result["first_request"] = {f"preload={p}": [r for q, r in runs if q == p]
+                                   for p in (True, False)}
     report(result, args.json)
 
 

@@ -19,7 +19,7 @@ from upstreams.scripted import caller, run_server
 from codeplane.cli import app
 from codeplane.models.registry import BUILTIN
 from codeplane.tab.nextedit import parse, prompt_parts
-from codeplane.tab.replay import cases_of
+from codeplane.tab.replay import cases_of, file_cases
 
 BASE = "code-small"
 GGUF = next(spec for spec in BUILTIN if spec.name == BASE).filename
@@ -75,6 +75,35 @@ def test_benchmark_repositories_and_no_repository_are_refused(tmp_path):
     empty = cli(tmp_path / "home", "rl", "train-next-edit", "--out", str(tmp_path / "a.gguf"))
     assert empty.exit_code == 2 and "--git" in empty.output
     assert not (tmp_path / "a.gguf").exists()
+
+
+@pytest.mark.parametrize("fmt", ["window", "cursor"])
+def test_each_formats_answers_parse_into_the_commits_next_state(fmt, monkeypatch):
+    """The trainer's answer for a case is `tab.nextedit.target` of the format it trains:
+    read back by the product's parser it gives the commit's next state (no suggestion when
+    the next edit is outside the window). `cursor` answers start at the cursor's line and
+    stop JOIN_LINES lines after the change - nothing at all for no change."""
+    from codeplane.rl import nextedit as train
+
+    monkeypatch.setattr(train, "FORMAT", fmt)
+    far = OLD.replace("other_4 = 4", "other_4 = 44").replace("other_36 = 36", "other_36 = 6")
+    cases = [*file_cases("calc.py", OLD, OLD.replace("compute(", "evaluate(")),
+             *file_cases("calc.py", OLD, far)]
+    answers = []
+    for case in cases:
+        rest, changed = train.answer_of(case)
+        req = train.request_of(case)
+        _, _, lead = prompt_parts(req, fmt)
+        got = parse(lead + rest, fmt, req)
+        assert (got.apply(case["state"]) if got else case["state"]) == case["target"] \
+            or not changed
+        answers.append((rest, changed))
+    assert [changed for _, changed in answers] == [True, True, True, True, False]
+    if fmt == "cursor":  # from the cursor's line (the edit just made) to the window's end
+        assert answers[0][0] == "value_3 = evaluate(3)\n" + "".join(
+            f"other_{n} = {n}\n" for n in range(4, 12)) + "value_12 = evaluate(12)\n" \
+            "other_13 = 13\n"
+        assert answers[-1][0] == ""  # the next edit is 32 lines below: "no change"
 
 
 @pytest.mark.model

@@ -22,6 +22,7 @@ from codeplane.tab.nextedit import (
     next_probability,
     next_signals,
     parse,
+    prompt_parts,
     repeat_last_edit,
     window_of,
 )
@@ -44,6 +45,23 @@ def test_window_answer_is_the_smallest_changed_range():
     assert parse("".join(window), "window", req()) is None  # a copy changes nothing
     # the model stopped early on a window line: the rest of the window stays
     assert parse("".join(new[:7]), "window", req()) == Suggestion(15, 16, "line15 = changed\n")
+
+
+def test_a_cursor_answer_starts_at_the_cursors_line():
+    """`cursor`: the prompt's updated window already holds the lines above the cursor's,
+    so the model writes from there; an answer that ends at once changes nothing."""
+    r = req(format="cursor")
+    _, window = window_of(TEXT, 20)
+    _, current, lead = prompt_parts(r, "cursor")
+    assert current == "".join(window) and lead == "".join(window[:10])
+    got = parse(lead + "line20 = 20\nline21 = 21\nline22 = changed\nline23 = 23\n", "cursor", r)
+    assert got == Suggestion(22, 23, "line22 = changed\n")
+    assert parse(lead, "cursor", r) is None
+    watch = _Watch(threading.Event(), 40, window, lead, 2)
+    assert watch.feed("line20 = 20") and watch.feed("line21 = 21")
+    assert watch.feed("inserted = 1") and watch.feed("line22 = 22")
+    assert not watch.feed("line23 = 23")  # two lines copied after the change: done
+    assert parse(watch.spliced, "cursor", r) == Suggestion(22, 22, "inserted = 1\n")
 
 
 def test_diff_answer_applies_at_the_old_lines_nearest_the_cursor():

@@ -18,7 +18,9 @@ from upstreams.scripted import caller, run_server, wait_for
 
 from codeplane.config import TabSettings
 from codeplane.core.principal import LOCAL_TENANT
+from codeplane.models.engine import Engine
 from codeplane.server.app import create_app
+from codeplane.tab import preload
 from codeplane.tab.context import Budget, build_request
 from codeplane.tab.service import PrefillRequest, TabRequest, TabService
 
@@ -131,6 +133,31 @@ def test_prefill_yields_to_a_completion(engine):
     assert svc.stats["prefills_yielded"] == 2
 
 
+def test_a_request_during_the_warm_up_is_answered_before_the_rest_of_it(engine):
+    """The warm-up waits for the weights only: its own job (vocabulary index, one decode)
+    is queued after a completion that arrived meanwhile and leaves the decode to it; with
+    no request in between it decodes. Order, not timing: a completion holds the model
+    while the warm-up and the request queue."""
+    svc = TabService(engine, TabSettings())
+
+    async def scenario() -> tuple:
+        busy = asyncio.create_task(svc.complete(TabRequest(
+            path="busy.py", prefix=other_file(), max_tokens=4, cursor_id="busy"), LOCAL_TENANT))
+        await asyncio.sleep(0)
+        warm = asyncio.create_task(svc.warm())
+        await asyncio.sleep(0)
+        live = asyncio.create_task(svc.complete(TabRequest(
+            path="calc.py", prefix=TEXT[:OFFSET], suffix=TEXT[OFFSET:], max_tokens=6,
+            cursor_id="live", min_confidence=0.0), LOCAL_TENANT))
+        return await asyncio.gather(busy, warm, live)
+
+    _, decoded, live = asyncio.run(scenario())
+    assert decoded is False  # the request came first: the warm-up left its decode to it
+    assert live.source == "model" and live.text.startswith("ide("), live
+    assert svc.pending_prefills() == 0
+    assert asyncio.run(svc.warm()) is True  # nothing waiting: the warm-up decodes
+
+
 def test_a_tenant_never_reuses_another_tenants_prefill(tmp_path, engine):
     server = run_server(tmp_path / "home", None, engine=engine, gateway={"auth": "on"})
     try:
@@ -192,6 +219,23 @@ def test_the_tab_model_loads_when_the_server_starts(tmp_path):
                  .json()["models_loaded"], timeout=120, what="for the Tab model to load")
     finally:
         server.stop()
+
+
+def test_serve_starts_the_tab_model_and_its_state_before_the_server_is_built(tmp_path):
+    """`codeplane serve` starts loading the Tab model before it imports the server
+    (`tab/preload.py`): the weights and the worker's Tab state come from that job, so the
+    server's warm-up finds them; nothing to preload without a [tab] section."""
+    settings = make_settings(tmp_path / "home", tab={"model": "code-small"})
+    engine = Engine(settings)
+    try:
+        started = preload.start(settings, engine)
+        assert started is not None and started.result(timeout=120) is None
+        assert engine.loaded() == ["code-small"]
+        svc = TabService(engine, settings.tab)
+        assert asyncio.run(svc.warm()) is True
+    finally:
+        engine.close()
+    assert preload.start(make_settings(tmp_path / "bare"), engine) is None
 
 
 def test_the_lsp_prefills_on_open_and_after_an_edit_pause(live_server, tmp_path):

@@ -84,14 +84,23 @@ def serve(
 
     Any address other than loopback needs an API key first (`codeplane keys create NAME
     --tenant T`): without one the server refuses to start."""
-    from codeplane.server.app import serve as run
+    from codeplane.models.engine import Engine
+    from codeplane.tab import preload
 
     cfg = settings(config)
+    processes = workers or cfg.serve.workers
+    engine = Engine(cfg) if processes == 1 and preload.preloaded(cfg) else None
+    if engine is not None:  # the Tab model loads while the server's modules import
+        preload.start(cfg, engine)
+    from codeplane.server.app import serve as run
+
     try:
-        run(cfg, host or cfg.serve.host, port or cfg.serve.port, log_level,
-            workers or cfg.serve.workers)
+        run(cfg, host or cfg.serve.host, port or cfg.serve.port, log_level, processes, engine)
     except ConfigError as exc:  # bad router.fallbacks/[storage]/embedder, or an unsafe bind
         fail(str(exc))
+    finally:
+        if engine is not None:
+            engine.close()
 
 
 @app.command()

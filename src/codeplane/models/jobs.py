@@ -35,6 +35,7 @@ JOBS: dict[str, str] = {
     "openai.completions": "codeplane.models.local_openai:completions",
     "tab.suggest": "codeplane.tab.service:suggest",
     "tab.prefill": "codeplane.tab.service:prefill",
+    "tab.state": "codeplane.tab.service:state",
     "tab.warm": "codeplane.tab.service:warm",
     "tab.next": "codeplane.tab.nextedit:predict",
     "tab.next_prefill": "codeplane.tab.nextedit:prefill",

@@ -3,10 +3,10 @@
 One loop for product and training: a case is cut from a repository's history by
 `tab.replay.cases_of` (the benchmark's cutter), made into the very `NextRequest` the server
 would receive, and its prompt is `tab.nextedit.prompt_parts` - the serve-time prompt builder,
-in the "window" format, tokenized piece by piece as `tab.nextedit.predict` does (control
-pieces as control tokens, user text never). The target is what the decode after that prompt
-should produce: the rest of the updated window, then `<|file_sep|>` (an end token the decode
-stops on). A case is kept only when `tab.nextedit.parse` turns its target back into exactly
+in the route's default format (`tab.nextedit.DEFAULT_FORMAT`), tokenized piece by piece as
+`tab.nextedit.predict` does (control pieces as control tokens, user text never). The target
+is what the decode after that prompt should produce, `tab.nextedit.target` of that format,
+then `<|file_sep|>` (an end token the decode stops on). A case is kept only when `tab.nextedit.parse` turns its target back into exactly
 the commit's next state (or, when the next edit lies outside the window, into no suggestion:
 the model learns to leave the window as it is), and when the target fits the decode's token
 budget - so every example is one the product can answer right.
@@ -30,10 +30,18 @@ from codeplane.config import Settings
 from codeplane.models.lora import write_gguf_adapter
 from codeplane.models.registry import gguf_summary
 from codeplane.rl.commits import is_benchmark, repo_name
-from codeplane.tab.nextedit import WINDOW_SLACK_TOKENS, NextRequest, parse, prompt_parts, window_of
+from codeplane.tab.nextedit import (
+    DEFAULT_FORMAT,
+    WINDOW_SLACK_TOKENS,
+    NextRequest,
+    parse,
+    prompt_parts,
+    target,
+    window_of,
+)
 from codeplane.tab.replay import Case, cases_of
 
-FORMAT = "window"
+FORMAT = DEFAULT_FORMAT  # the product's: the adapter learns the answer the route asks for
 STOP = "<|file_sep|>"  # the answer's end: the next file's separator, one of the decode's stops
 EXAMPLES = "examples.jsonl"
 STEPS = "steps.jsonl"
@@ -69,23 +77,23 @@ def answer_of(case: Case) -> tuple[str, bool] | None:
     start, window = window_of(case["state"], case["line"])
     end = start + len(window)
     lo, hi = case["target_lines"]
-    state, target = case["state"].splitlines(keepends=True), case["target"].splitlines(
+    state, after = case["state"].splitlines(keepends=True), case["target"].splitlines(
         keepends=True)
     if start <= lo and hi <= end:
-        added = len(target) - len(state) + (hi - lo)
-        updated = window[:lo - start] + target[lo:lo + added] + window[hi - start:]
+        added = len(after) - len(state) + (hi - lo)
+        updated = window[:lo - start] + after[lo:lo + added] + window[hi - start:]
     elif hi <= start or lo >= end:
         updated = window
     else:
         return None
-    _, _, lead = prompt_parts(req, FORMAT)
-    text = "".join(updated)
-    if not text.startswith(lead):
+    rest = target(req, updated)
+    if rest is None:
         return None
-    got = parse(text, FORMAT, req)
+    _, _, lead = prompt_parts(req, FORMAT)
+    got = parse(lead + rest, FORMAT, req)
     changed = updated != window
     right = got.apply(case["state"]) == case["target"] if got else not changed
-    return (text[len(lead):], changed) if right else None
+    return (rest, changed) if right else None
 
 
 class Tokens:

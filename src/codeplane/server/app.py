@@ -96,11 +96,12 @@ def open_paths(settings: Settings) -> frozenset[str]:
 
 
 def serve(settings: Settings, host: str, port: int, log_level: str = "info",
-          workers: int = 1) -> None:
+          workers: int = 1, engine: Engine | None = None) -> None:
     """Build the app (a bad config fails here, before binding), refuse a non-loopback bind
     that could not authenticate anyone, then run uvicorn behind the edge's limits
     (`server/edge.py`): in this process, or in `workers` processes sharing one listening
-    socket, each building its own app."""
+    socket, each building its own app. `engine`: one the caller started loading models on
+    before it imported the server (one process only; the caller closes it)."""
     import functools
 
     import uvicorn
@@ -112,7 +113,7 @@ def serve(settings: Settings, host: str, port: int, log_level: str = "info",
     keys = KeyStore.from_settings(settings)
     check_exposure(settings.serve, host, settings.gateway.auth, keys)
     keys.db.close()
-    app = create_app(settings)
+    app = create_app(settings, engine)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     raise_fd_limit()

@@ -35,6 +35,7 @@ from codeplane.sandbox import Backends, BackendServices
 from codeplane.sandbox.fleet import Fleet
 from codeplane.sandbox.records import SandboxRecords
 from codeplane.storage import Database, ObjectStore, Replica, StorageError
+from codeplane.tab import preload
 from codeplane.tab.service import TabService
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class Services:
         return asyncio.create_task(self._preload_tab())
 
     async def _preload_tab(self) -> None:
-        if not self.settings.tab.model_fields_set or not self.tab.settings.preload:
+        if not preload.preloaded(self.settings):
             return
         try:
             await self.tab.warm()

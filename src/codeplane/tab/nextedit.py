@@ -5,11 +5,15 @@ FIM Tab (`service.py`) inserts text at the cursor; this module rewrites a window
 around it (Zeta / Sweep style: the model reads the recent edits as before/after snippets and
 the current window, and writes the window as it should be next). The base model has no
 training for this yet (issue 34 item 4), so the prompt is built from what Qwen2.5-Coder saw
-in pre-training: `<|file_sep|>` between files, and diffs. Two formats (docs/tab.md, "Next
+in pre-training: `<|file_sep|>` between files, and diffs. Three formats (docs/tab.md, "Next
 edit", has their numbers):
 
 * `window`: history as `original:`/`updated:` blocks, then `current/PATH` (the window) and
   `updated/PATH`, after which the model writes the whole updated window;
+* `cursor`: the same, but the prompt's `updated/PATH` already holds the window's lines above
+  the cursor's line, so the model writes from the cursor's line on: every output token
+  costs a forward pass row, and the lines above the cursor were a copy (or, prefilled on a
+  pause, cost nothing at request time). It cannot change a line above the cursor;
 * `diff`: history as `-`/`+` lines, then the window and `PATH.diff`, after which the model
   writes only the lines it removes (`-`), adds (`+`) and keeps as context (` `).
 
@@ -48,7 +52,8 @@ MAX_OPEN_FILE_CHARS = 100_000
 DIFF_MAX_TOKENS = 160
 WINDOW_SLACK_TOKENS = 48  # the updated window may be this much longer than the current one
 JOIN_LINES = 2  # a `window` rewrite that copies this many lines after a change is done
-Format = Literal["window", "diff"]
+Format = Literal["window", "cursor", "diff"]
+DEFAULT_FORMAT: Format = "window"  # the route's and the adapter's (docs/tab.md, "Next edit")
 
 
 class EditIn(BaseModel):
@@ -86,7 +91,7 @@ class NextRequest(BaseModel):
     # where a jump may go when the current file has no occurrence left, in the order to
     # look (most recently edited first); used for this request only, not in the prompt
     open_files: list[OpenFile] = Field(default_factory=list, max_length=MAX_OPEN_FILES)
-    format: Format = "window"
+    format: Format = DEFAULT_FORMAT
     cursor_id: str = Field("default", max_length=200)
     request_id: str | None = Field(None, max_length=200)
     model: str | None = Field(None, max_length=200)
@@ -143,6 +148,7 @@ class Prediction:
     decode_ms: float = 0.0  # writing the answer (forward passes over drafts)
     min_logprob: float = 0.0  # over the output tokens the model chose
     sum_logprob: float = 0.0  # log P(the whole output): copied tokens add almost nothing
+    passes: int = 0  # the decode's forward passes (each verifies a draft or writes a token)
 
 
 # -- show or hide (tab/decision.py's mechanism, next edit's signals) ---------------------------
@@ -216,8 +222,9 @@ def prompt_parts(req: NextRequest, fmt: Format) -> tuple[list[tuple[str, bool]],
     """The prompt as (text, is_control) pieces - user text is never tokenized as control
     tokens -, the window's text (the draft) and the start of the answer the prompt already
     holds. Left free, the base model ends the file at once (a control token), so the answer
-    is begun for it: the window's first line (`window`), a hunk header (`diff`)."""
-    _, window = window_of(req.text, req.cursor.line)
+    is begun for it: the window's first line (`window`), its lines above the cursor's line
+    (`cursor`, at least the first), a hunk header (`diff`)."""
+    start, window = window_of(req.text, req.cursor.line)
     current = "".join(window)
     sep = ("<|file_sep|>", True)
     parts: list[tuple[str, bool]] = [("<|repo_name|>", True), ("workspace\n", False)]
@@ -225,14 +232,38 @@ def prompt_parts(req: NextRequest, fmt: Format) -> tuple[list[tuple[str, bool]],
         parts += [sep, (f"{s.path}\n{s.text.rstrip()}\n", False)]
     for e in _recent(req.edits):
         parts += [sep, (_history_block(e, fmt), False)]
-    if fmt == "window":
-        lead = window[0] if len(window) > 1 else ""
+    if fmt != "diff":
+        above = max(1, req.cursor.line - start) if fmt == "cursor" else 1
+        lead = "".join(window[:above]) if len(window) > above else ""
         parts += [sep, (f"current/{req.path}\n{current}", False),
                   sep, (f"updated/{req.path}\n{lead}", False)]
     else:
         lead = f"@@ line {req.cursor.line + 1} @@\n"
         parts += [sep, (f"{req.path}\n{current}", False), sep, (f"{req.path}.diff\n{lead}", False)]
     return parts, current, lead
+
+
+def target(req: NextRequest, updated: list[str]) -> str | None:
+    """What the decode after `req`'s prompt should write when the window is to become
+    `updated` (its lines): the next-edit adapter's training answer (`rl/nextedit.py`), the
+    end token not included. `window`: the whole updated window after the prompt's lead;
+    `cursor`: from the cursor's line to JOIN_LINES lines after the last change, where the
+    decode's guide stops anyway - and nothing at all when nothing changes, a one-token
+    answer. None when the prompt's lead is not the start of `updated` (a change above the
+    cursor for `cursor`, on the first line for `window`); `diff` has no such answer."""
+    if req.format == "diff":
+        return None
+    _, _, lead = prompt_parts(req, req.format)
+    text = "".join(updated)
+    if not text.startswith(lead):
+        return None
+    if req.format == "cursor":
+        _, window = window_of(req.text, req.cursor.line)
+        ops = [op for op in SequenceMatcher(None, window, updated, autojunk=False).get_opcodes()
+               if op[0] != "equal"]
+        cut = "".join(updated[:ops[-1][4] + JOIN_LINES]) if ops else lead
+        text = cut if cut.startswith(lead) else text
+    return text[len(lead):]
 
 
 def _recent(edits: list[EditIn]) -> list[EditIn]:
@@ -248,7 +279,7 @@ def _recent(edits: list[EditIn]) -> list[EditIn]:
 
 
 def _history_block(e: EditIn, fmt: Format) -> str:
-    if fmt == "window":
+    if fmt != "diff":
         return f"{e.path}.diff\noriginal:\n{_nl(e.before)}updated:\n{_nl(e.after)}"
     minus = "".join(f"-{x}\n" for x in e.before.splitlines())
     plus = "".join(f"+{x}\n" for x in e.after.splitlines())
@@ -426,14 +457,14 @@ def predict(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: st
     parts, current, lead = prompt_parts(req, req.format)
     prompt = _tokens(model, parts)
     draft = model.tokenize(current)
-    if req.format == "window":
+    if req.format != "diff":
         budget = len(draft) + WINDOW_SLACK_TOKENS
         max_lines = current.count("\n") + 8
     else:
         budget, max_lines = DIFF_MAX_TOKENS, 2 * (current.count("\n") + 1)
     slots = worker_slots(ctx, settings)
     slots.prepare(model, prompt, tenant)
-    window = window_of(req.text, req.cursor.line)[1] if req.format == "window" else []
+    window = window_of(req.text, req.cursor.line)[1] if req.format != "diff" else []
     watch = _Watch(ctx.cancel, max_lines, window, lead, join_lines if window else None)
     run = decode(model, prompt, [draft], req.max_tokens or budget, speculative, watch,
                  logprobs=True)
@@ -445,7 +476,7 @@ def predict(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: st
                       run.output_tokens, run.drafted, run.accepted,
                       round((time.perf_counter() - start) * 1000, 2),
                       round(run.prompt_seconds * 1000, 2), round(run.decode_seconds * 1000, 2),
-                      min(run.logprobs, default=0.0), sum(run.logprobs))
+                      min(run.logprobs, default=0.0), sum(run.logprobs), run.forward_passes)
 
 
 def prefill(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: str

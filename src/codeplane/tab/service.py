@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_TYPED_CHARS = 1500  # beyond this T is long enough that re-anchoring is cheaper overall
+WARM_UP = ("", "warm-up")  # the warm-up's key among the yielding background work (no tenant)
 
 
 class Snippet(BaseModel):
@@ -190,7 +191,8 @@ class TabService:
             if settings.upstream else None
         self._anchors = Anchors(settings.sessions)  # the upstream's (the engine's: in its worker)
         self.shown = ShownLog()  # for accept/reject feedback (tab/feedback.py)
-        # prefills queued or running, by (tenant, path): each yields to any completion
+        # prefills (and the warm-up, WARM_UP) queued or running, by (tenant, path): each
+        # yields to any completion
         self._prefills: dict[tuple[str, str], threading.Event] = {}
         self.stats = {"requests": 0, "model_calls": 0, "cache_hits": 0, "typed_ahead": 0,
                       "skipped": 0, "cancelled": 0, "prompt_tokens": 0, "cached_tokens": 0,
@@ -243,16 +245,32 @@ class TabService:
             return session, session.seq, session.cancel
 
     def pending_prefills(self) -> int:
-        """Prefills queued or running (a cold document's background one among them)."""
+        """Prefills queued or running (a cold document's background one among them, and the
+        warm-up)."""
         with self._lock:
             return len(self._prefills)
 
-    async def warm(self) -> None:
-        """Load the Tab model and what its jobs keep in the worker (the vocabulary index),
-        and decode once, so the first request after the server starts pays for none of it.
-        An engine job: a completion arriving meanwhile queues behind it and waits."""
-        if not self.remote(None):
-            await self.engine.run(self.settings.model, "tab.warm", self.settings)
+    async def warm(self) -> bool:
+        """Load the Tab model and build what every request needs in its worker (the job
+        `tab.state`: found done when `codeplane serve` started it, `tab/preload.py`), then
+        decode once, so the first request after the server starts pays for none of it. The
+        decode is a job of its own that yields to every completion that begins from now
+        on, as a prefill does - dropped while it waits, or skipped when it starts - so a
+        request that arrives during the warm-up waits only for what it needs itself.
+        Returns whether the warm-up decoded (False: a request came first and pays for its
+        own first decode)."""
+        if self.remote(None):
+            return False
+        cancel = self._yielding(WARM_UP)
+        try:
+            await self.engine.run(self.settings.model, "tab.state", self.settings)
+            decoded, _ = await self.engine.run(self.settings.model, "tab.warm", self.settings,
+                                               cancel=cancel)
+            return decoded
+        except JobDropped:
+            return False
+        finally:
+            self._release(WARM_UP, cancel)
 
     async def prefill(self, req: PrefillRequest, tenant: str) -> Prefilled:
         """Evaluate the prompt a completion at `req.cursor` would start with into the KV
@@ -289,16 +307,10 @@ class TabService:
         running) and return its future without waiting: a cold document's full window is
         prefilled this way after its short-window answer."""
         key = (tenant, path)
-        cancel = threading.Event()
-        with self._lock:
-            if (older := self._prefills.pop(key, None)) is not None:
-                older.set()
-            self._prefills[key] = cancel
+        cancel = self._yielding(key)
 
         def done(future: Future) -> None:
-            with self._lock:
-                if self._prefills.get(key) is cancel:
-                    del self._prefills[key]
+            self._release(key, cancel)
             failed = future.exception()
             if failed is None or isinstance(failed, JobDropped):
                 self.stats["prefills"] += 1
@@ -309,6 +321,22 @@ class TabService:
         future = self.engine.submit(model, job, self.settings, req, tenant, cancel=cancel)
         future.add_done_callback(done)
         return future
+
+    def _yielding(self, key: tuple[str, str]) -> threading.Event:
+        """The cancel event of background work under `key` (a document's prefill, the
+        warm-up) that every completion from now on sets (`begin`); it supersedes the older
+        work under the same key."""
+        cancel = threading.Event()
+        with self._lock:
+            if (older := self._prefills.pop(key, None)) is not None:
+                older.set()
+            self._prefills[key] = cancel
+        return cancel
+
+    def _release(self, key: tuple[str, str], cancel: threading.Event) -> None:
+        with self._lock:
+            if self._prefills.get(key) is cancel:
+                del self._prefills[key]
 
     async def complete(self, req: TabRequest, tenant: str) -> TabResult:
         start = time.perf_counter()
@@ -490,13 +518,23 @@ def prefill(ctx: JobContext, settings: TabSettings, req: TabRequest, tenant: str
     return model.prefill(heal.tokens, ctx.cancel, slot)
 
 
-def warm(ctx: JobContext, settings: TabSettings) -> None:
-    """The engine job `tab.warm`: build the worker's Tab state and decode one token of a
-    tiny FIM prompt (llama.cpp's first decode allocates its compute buffers)."""
-    fim = local_tab(ctx, settings, LOCAL_TENANT).fim()
-    if fim is not None:
-        ctx.model.generate([fim[0], *ctx.model.tokenize("x = 1\n"), fim[1], fim[2]],
-                           Decoding(max_tokens=1))
+def state(ctx: JobContext, settings: TabSettings) -> None:
+    """The engine job `tab.state`: build what every Tab request needs in the worker - the
+    vocabulary index token healing reads (~2 s on a loaded 2-core machine) and the KV
+    slots - before the first request does."""
+    local_tab(ctx, settings, LOCAL_TENANT)
+
+
+def warm(ctx: JobContext, settings: TabSettings) -> bool:
+    """The engine job `tab.warm`: decode one token of a tiny FIM prompt (llama.cpp's first
+    decode allocates its compute buffers), unless a request is already waiting
+    (`ctx.cancel`): it pays for them itself. Returns whether it decoded."""
+    fim = ctx.model.fim_ids
+    if fim is None or ctx.cancel.is_set():
+        return False
+    ctx.model.generate([fim[0], *ctx.model.tokenize("x = 1\n"), fim[1], fim[2]],
+                       Decoding(max_tokens=1), ctx.cancel)
+    return True
 
 
 def local_tab(ctx: JobContext, settings: TabSettings, tenant: str) -> LocalTab:
