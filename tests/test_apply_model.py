@@ -212,22 +212,25 @@ def test_http_falls_back_to_model_when_told(live_server) -> None:
     assert unknown.status_code == 404
 
 
+def model_answers(engine, monkeypatch, merged: list[str]) -> None:
+    """The model's rewrite (in its worker) answers `merged`; every other job runs as is."""
+    from codeplane.apply.rewrite import Rewrite
+
+    run_sync = engine.run_sync
+
+    def rewrite(model: str, job: str, *args, **kwargs):
+        return Rewrite(list(merged)) if job == "apply.rewrite" else run_sync(model, job, *args,
+                                                                             **kwargs)
+    monkeypatch.setattr(engine, "run_sync", rewrite)
+
+
 def test_model_result_that_leaves_the_file_unchanged_is_rejected(engine, monkeypatch) -> None:
     """An edit that only re-indents a line aligns as "changes nothing" (the alignment
     collapses whitespace) and declines; a model rewrite that then returns the file as it was
     must not count as applied (the benchmark had one such wrong merge)."""
-    from codeplane.apply.rewrite import Rewrite
-
     original = "def f(x):\n    if x:\n        y = 1\n    return y\n\n\ndef g():\n    pass\n"
     sketch = "# ... existing code ...\n    if x:\n        y = 1\n        return y\n\n\n# ... existing code ...\n"
-    lines = original.removesuffix("\n").split("\n")
-    run_sync = engine.run_sync  # the model's rewrite (in its worker) answers the original
-
-    def unchanged(model: str, job: str, *args, **kwargs):
-        return Rewrite(list(lines)) if job == "apply.rewrite" else run_sync(model, job, *args,
-                                                                            **kwargs)
-
-    monkeypatch.setattr(engine, "run_sync", unchanged)
+    model_answers(engine, monkeypatch, original.removesuffix("\n").split("\n"))
     result = apply_edit(original, sketch, "f.py", engine, "code-small")
     assert not result.ok and result.merged is None
     assert any("original file unchanged" in d for d in result.diagnostics), result.diagnostics
@@ -237,8 +240,6 @@ def test_model_result_that_python_cannot_compile_is_rejected(engine, monkeypatch
     """The model's answer keeps a deleted function's body under the sketch's `try:` (pyjwt
     e1e4d02c5d, `fourth`, with the model path forced): tree-sitter's grammar recovers from
     it without an error node, so it was written; Python's own parser rejects it."""
-    from codeplane.apply.rewrite import Rewrite
-
     original = ("import hmac\n\n\nstring_types = (str, bytes)\n\n\ndef seconds(delta):\n"
                 "    try:\n        delta.total_seconds\n    except AttributeError:\n"
                 "        return delta.days\n\n    return 0\n\n\ntry:\n"
@@ -246,9 +247,7 @@ def test_model_result_that_python_cannot_compile_is_rejected(engine, monkeypatch
     sketch = "# ... existing code ...\nstring_types = (str, bytes)\n\n\ntry:\n# ... existing code ...\n"
     lines = original.removesuffix("\n").split("\n")
     wrong = lines[:6] + ["try:"] + lines[8:]
-    run_sync = engine.run_sync
-    monkeypatch.setattr(engine, "run_sync", lambda model, job, *args, **kwargs: Rewrite(
-        list(wrong)) if job == "apply.rewrite" else run_sync(model, job, *args, **kwargs))
+    model_answers(engine, monkeypatch, wrong)
     result = apply_edit(original, sketch, "compat.py", engine, method="model")
     assert not result.ok and result.merged is None, result.merged
     assert any("does not compile" in d for d in result.diagnostics), result.diagnostics
@@ -261,17 +260,13 @@ def test_model_result_that_keeps_code_the_sketch_shows_deleted_is_rejected(
     between the two (bidict c1e297c824, `fifth`, `body`). Nothing it removes is unshown,
     so only the lines it keeps tell: two lines a segment shows together must be together
     in the result."""
-    from codeplane.apply.rewrite import Rewrite
-
     original = ("import os\n\n\n# Keep these pins in sync with CI.\n\nSETUP = [\n"
                 "    'scm < 4',\n]\n\nDOCS = [\n    'sphinx',\n]\n")
     sketch = ("# ... existing code ...\n\n\nSETUP = [\n    'scm',\n]\n\n"
               "# Keep these pins in sync with CI.\n\nDOCS = [\n# ... existing code ...\n")
     lines = original.removesuffix("\n").split("\n")
     wrong = lines[:3] + ["SETUP = [", "    'scm',", "]", ""] + lines[3:]
-    run_sync = engine.run_sync
-    monkeypatch.setattr(engine, "run_sync", lambda model, job, *args, **kwargs: Rewrite(
-        list(wrong)) if job == "apply.rewrite" else run_sync(model, job, *args, **kwargs))
+    model_answers(engine, monkeypatch, wrong)
     result = apply_edit(original, sketch, "setup.py", engine, method="model")
     assert not result.ok and result.merged is None, result.merged
     assert any("together, but" in d for d in result.diagnostics), result.diagnostics
@@ -330,26 +325,17 @@ def test_model_result_that_deletes_code_the_sketch_does_not_show_is_rejected(
     in and go on from the second copy of its last context line, deleting `test_get`'s body
     and `def test_keys` (pyjwt 300348f7bc, the full-path benchmark's wrong merges, in four
     styles). And context it wrote with the sketch's layout gets the file's back."""
-    from codeplane.apply.rewrite import Rewrite
-
     lines = CLIENT_TESTS.removesuffix("\n").split("\n")
     shown = sketch.split("\n")
     new = shown[2:shown.index("    def test_get(self):")]
     wrong = lines[:4] + new + lines[4:6] + lines[15:]
     right = lines[:4] + new + [lines[4] + drift] + lines[5:]
-    run_sync = engine.run_sync
-
-    def answer(merged: list[str]):
-        def rewrite(model: str, job: str, *args, **kwargs):
-            return Rewrite(list(merged)) if job == "apply.rewrite" else run_sync(
-                model, job, *args, **kwargs)
-        return rewrite
-
-    monkeypatch.setattr(engine, "run_sync", answer(wrong))
+    model_answers(engine, monkeypatch, wrong)
     result = apply_edit(CLIENT_TESTS, sketch, "test_client.py", engine, method="model")
     assert not result.ok and result.merged is None
     assert any("wrong-merge guard" in d for d in result.diagnostics), result.diagnostics
-    monkeypatch.setattr(engine, "run_sync", answer(right))
+    monkeypatch.undo()
+    model_answers(engine, monkeypatch, right)
     result = apply_edit(CLIENT_TESTS, sketch, "test_client.py", engine, method="model")
     assert result.ok and result.method == "model", result.diagnostics
     assert result.merged == "\n".join(lines[:4] + new + lines[4:]) + "\n"
