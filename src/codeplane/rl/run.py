@@ -186,11 +186,13 @@ def split_tasks(cfg: RunConfig, split: Literal["train", "heldout"]) -> list[Task
 
 @dataclass
 class Evaluation:
-    """A held-out evaluation: the share of tasks solved, and what the policy did on each
-    (`held_out_record`): a success rate alone cannot say why a policy fails."""
+    """A held-out evaluation: the share of tasks solved, what the policy did on each
+    (`held_out_record`): a success rate alone cannot say why a policy fails, and its
+    `conduct` over them."""
 
     success: float
     episodes: list[dict[str, Any]] = field(default_factory=list)
+    conduct: dict[str, Any] = field(default_factory=dict)
 
 
 def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
@@ -210,7 +212,31 @@ def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
         manager.stop()
     by_id = {t.id: t for t in tasks}
     return Evaluation(sum(e.reward == 1.0 for e in data.episodes) / len(tasks),
-                      [held_out_record(e, by_id[e.task_id]) for e in data.episodes])
+                      [held_out_record(e, by_id[e.task_id]) for e in data.episodes],
+                      conduct(data.episodes))
+
+
+def conduct(episodes: list[Episode]) -> dict[str, Any]:
+    """How the policy worked, over the episodes an agent ran (a faulted one did not): issue
+    31's numbers per step and per evaluation. Success (the share with reward 1), the share
+    that called codebase_search and its calls per episode, tool calls per model turn (and on
+    turns that read files), turns and seconds per episode, and `cut`, the episodes the
+    wall-clock limit cancelled (`[rollout] max_seconds`)."""
+    ran = [e for e in episodes if e.fault is None]
+    if not ran:
+        return {}
+    calls = [n for e in ran for n in e.info.get("calls", [])]
+    reads = [n for e in ran for n in e.info.get("read_turn_calls", [])]
+    searches = [e.info.get("searches", 0) for e in ran]
+    return {"episodes": len(ran),
+            "success": round(statistics.fmean(e.reward == 1.0 for e in ran), 3),
+            "search_share": round(statistics.fmean(n > 0 for n in searches), 3),
+            "searches_per_episode": round(statistics.fmean(searches), 3),
+            "calls_per_turn": round(statistics.fmean(calls), 3) if calls else None,
+            "calls_per_read_turn": round(statistics.fmean(reads), 3) if reads else None,
+            "turns_per_episode": round(statistics.fmean(e.info.get("turns", 0) for e in ran), 3),
+            "seconds_per_episode": round(statistics.fmean(e.seconds for e in ran), 1),
+            "cut": sum(e.info.get("status") == "cancelled" for e in ran)}
 
 
 def held_out_record(episode: Episode, task: Task) -> dict[str, Any]:
@@ -247,7 +273,7 @@ def step_record(data: StepData, metrics: dict[str, Any], wall: float, waited: fl
             "staleness": {str(k): v for k, v in sorted(data.staleness.items())},
             "stale_dropped": data.stale_dropped, "faults": dict(faults),
             "mismatch": {k: v for k, v in metrics.items() if "mismatch" in k},
-            "trainer": metrics}
+            "conduct": conduct(data.episodes), "trainer": metrics}
 
 
 def start_ray(num_cpus: int) -> None:
@@ -335,7 +361,7 @@ class TrainingRun:
         warm = cfg.warm_start.steps > 0 and trainer is not None
         if heldout and cfg.eval_before and first == 0 and not (warm and self.warm_started):
             self._heldout(0, evaluate(sampler, heldout, cfg, make_env, version,
-                                      self.index.services))
+                                      self.index.services), "init" if cfg.init else "")
         if warm and first == 0 and not self.warm_started:
             self._warm_start(sampler, trainer, train_tasks, heldout, make_env)
         if first < cfg.steps:  # steps = 0: the warm start (and its evaluation) only
@@ -379,9 +405,7 @@ class TrainingRun:
         waited = time.monotonic() - t0
         metrics = self._train(trainer, data) if trainer and data.groups else {}
         if trainer is not None:
-            load = getattr(sampler, "load_weights", None)
-            if load is not None:
-                load(trainer.weights(), trainer.version)
+            sync_sampler(sampler, trainer)
             self._checkpoint(trainer, step + 1)
         manager.advance(step + 1)
         wall = time.monotonic() - t0
@@ -433,9 +457,7 @@ class TrainingRun:
                                       "episodes": len(data.episodes), **metrics,
                                       "time": time.time()}) + "\n")
                 log.flush()
-        load = getattr(sampler, "load_weights", None)
-        if load is not None:
-            load(trainer.weights(), trainer.version)
+        sync_sampler(sampler, trainer)
         self.warm_started = True  # before the checkpoint: a resume must not warm-start again
         self._checkpoint(trainer, 0)
         if heldout:
@@ -447,10 +469,11 @@ class TrainingRun:
         """Record an evaluation, also in `out/heldout.jsonl` (with the time and what the
         policy did on each task): the one before the first step and the one after the last
         are in no step's line, and a run that is stopped never prints its summary. `phase`
-        "warm_start": after the warm start. Returns the success."""
+        "warm_start": after the warm start, "init": `init`'s policy before this run's first step.
+        Returns the success."""
         self.progress.heldout.append((steps, evaluation.success))
         record = {"steps": steps, "heldout_success": evaluation.success, "time": time.time(),
-                  "episodes": evaluation.episodes}
+                  "conduct": evaluation.conduct, "episodes": evaluation.episodes}
         with (self.out / "heldout.jsonl").open("a", encoding="utf-8") as log:
             log.write(json.dumps(record | ({"phase": phase} if phase else {})) + "\n")
         return evaluation.success
@@ -477,21 +500,39 @@ class TrainingRun:
                                                    "warm_started": self.warm_started}))
 
     def _resume(self, sampler: ChatModel, trainer: Trainer | None) -> int:
-        """The step to start at: 0, or where a killed run's checkpoint left off."""
+        """The step to start at: 0, or where a killed run's checkpoint left off. A run that
+        has none yet starts from `init`'s policy when the config names one."""
         state = self.out / "checkpoint" / "run.json"
-        if trainer is None or not state.exists():
+        if trainer is None:
+            return 0
+        if not state.exists():
+            if self.config.init_dir is not None:
+                self._start_from(self.config.init_dir, sampler, trainer)
             return 0
         saved = json.loads(state.read_text())
         if saved.get("seed") != self.config.rollout.seed:
             raise ConfigError(f"{state.parent} was written with seed {saved.get('seed')}; "
                               "resume with the same seed or choose another `out`")
         trainer.load(str(state.parent))
-        load = getattr(sampler, "load_weights", None)
-        if load is not None:
-            load(trainer.weights(), trainer.version)
+        sync_sampler(sampler, trainer)
         self.warm_started = bool(saved.get("warm_started"))
         self.progress.resumed_from = int(saved["next_step"])
         return self.progress.resumed_from
+
+
+    def _start_from(self, init: Path, sampler: ChatModel, trainer: Trainer) -> None:
+        try:
+            trainer.start_from(str(init))
+        except (OSError, ValueError) as exc:  # no checkpoint there, or another LoRA shape
+            raise ConfigError(f"init: {exc}") from None
+        sync_sampler(sampler, trainer)
+
+
+def sync_sampler(sampler: ChatModel, trainer: Trainer) -> None:
+    """Give a sampler that takes weights (not the http one) the trainer's policy."""
+    load = getattr(sampler, "load_weights", None)
+    if load is not None:
+        load(trainer.weights(), trainer.version)
 
 
 def plot(progress: Progress, path: Path) -> None:
