@@ -148,6 +148,10 @@ class RunConfig(BaseModel):
         "another run's `out`: the policy starts from its checkpoint's LoRA and version (RL "
         "after that run's warm start) instead of the base model, with an optimiser and RNGs "
         "of its own; once this run has a checkpoint, a resume starts there"))
+    train_lock: str | None = Field(None, description=(
+        "a file whose lock every RL trainer step holds: runs that name the same file (seeds "
+        "side by side on one machine) train one at a time, so their peak memories never "
+        "add up (docs/rl.md, the fifth product-environment run)"))
     tasks: TasksConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -161,6 +165,10 @@ class RunConfig(BaseModel):
     @property
     def out_dir(self) -> Path:
         return Path(self.out).expanduser()
+
+    @property
+    def train_lock_path(self) -> Path | None:
+        return Path(self.train_lock).expanduser() if self.train_lock else None
 
     @property
     def init_dir(self) -> Path | None:

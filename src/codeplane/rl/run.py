@@ -16,6 +16,8 @@ Ray, torch and the trainer are imported here, lazily: nothing in the default ins
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import math
@@ -23,7 +25,7 @@ import os
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -50,6 +52,7 @@ CACHE = Path("~/.codeplane/rl").expanduser()
 class Progress:
     """What the run reports as it goes and at the end (`--json`)."""
 
+    seed: int = 0  # the run's ([rollout] seed): its data order, sampling and trainer
     steps: int = 0
     episodes: int = 0
     samples: int = 0
@@ -66,7 +69,8 @@ class Progress:
     index: dict[str, Any] = field(default_factory=dict)  # what indexing the snapshots cost
 
     def summary(self) -> dict[str, Any]:
-        return {"steps": self.steps, "episodes": self.episodes, "samples": self.samples,
+        return {"seed": self.seed, "steps": self.steps, "episodes": self.episodes,
+                "samples": self.samples,
                 "seconds": round(self.seconds, 1),
                 "samples_per_second": round(self.samples / self.seconds, 3)
                 if self.seconds else 0.0,
@@ -301,7 +305,7 @@ class TrainingRun:
                  ) -> None:
         self.config, self.on_step = config, on_step or (lambda record: None)
         self.out = config.out_dir
-        self.progress = Progress(hooks=list(config.rollout.hooks))
+        self.progress = Progress(config.rollout.seed, hooks=list(config.rollout.hooks))
         self.warm_started = False  # the warm start ran (read back from a checkpoint)
         self.index = RunIndex(config.search)
 
@@ -481,15 +485,16 @@ class TrainingRun:
     def _train(self, trainer: Trainer, data: StepData) -> dict[str, Any]:
         """One trainer step. If the trainer raises, it is restarted from its last checkpoint
         and the step retried once: a bad batch must not end a long run."""
-        try:
-            return trainer.step(data.groups)
-        except Exception:
-            ckpt = self.out / "checkpoint"
-            if not (ckpt / "run.json").exists():
-                raise
-            self.progress.trainer_restarts += 1
-            trainer.load(str(ckpt))
-            return trainer.step(data.groups)
+        with train_lock(self.config.train_lock_path):
+            try:
+                return trainer.step(data.groups)
+            except Exception:
+                ckpt = self.out / "checkpoint"
+                if not (ckpt / "run.json").exists():
+                    raise
+                self.progress.trainer_restarts += 1
+                trainer.load(str(ckpt))
+                return trainer.step(data.groups)
 
     def _checkpoint(self, trainer: Trainer, next_step: int) -> None:
         ckpt = self.out / "checkpoint"
@@ -526,6 +531,20 @@ class TrainingRun:
         except (OSError, ValueError) as exc:  # no checkpoint there, or another LoRA shape
             raise ConfigError(f"init: {exc}") from None
         sync_sampler(sampler, trainer)
+
+
+@contextlib.contextmanager
+def train_lock(path: Path | None) -> Iterator[None]:
+    """Hold `path`'s file lock (`train_lock`) while a trainer step runs, so runs that share
+    it train one at a time: side by side on one machine, their peak memories never add up.
+    None: no lock."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
 
 
 def sync_sampler(sampler: ChatModel, trainer: Trainer) -> None:
