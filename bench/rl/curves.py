@@ -23,6 +23,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from codeplane.rl.run import conduct
+from codeplane.rl.types import Episode
+
 PANELS = [("reward", "reward (mean)"), ("success", "success (reward 1)"),
           ("searches_per_episode", "codebase_search calls / episode"),
           ("calls_per_turn", "tool calls / model turn"),
@@ -41,16 +44,27 @@ def label(run: Path) -> str:
 
 
 def training(run: Path) -> list[dict[str, Any]]:
-    """Per step (1-based: the policy after it was trained on these episodes' step)."""
-    return [{"step": r["step"] + 1, "reward": r["reward_mean"], **r.get("conduct", {}),
+    """Per step: its episodes were sampled by the policy after `step` RL steps (synchronous
+    runs; a skipped step, no group with differing rewards, leaves the policy as it was)."""
+    return [{"step": r["step"], "reward": r["reward_mean"], **r.get("conduct", {}),
              "kept": r.get("trainer", {}).get("groups_kept"),
              "skipped": r.get("trainer", {}).get("skipped")} for r in lines(run / "steps.jsonl")]
 
 
 def heldout(run: Path) -> list[dict[str, Any]]:
+    """Per evaluation; its conduct from the episodes' records, so that evaluations written
+    before runs recorded `conduct` count the same way."""
     return [{"step": r["steps"], "phase": r.get("phase", ""), "success": r["heldout_success"],
              "reward": sum(e["reward"] for e in r["episodes"]) / max(len(r["episodes"]), 1),
-             **r.get("conduct", {})} for r in lines(run / "heldout.jsonl")]
+             **conduct([episode(e) for e in r["episodes"]])}
+            for r in lines(run / "heldout.jsonl")]
+
+
+def episode(record: dict[str, Any]) -> Episode:
+    """A held-out record (`run.held_out_record`) as the Episode `run.conduct` reads."""
+    return Episode(record["task"], "", [], record["reward"], record.get("fault"),
+                   seconds=record["seconds"], info={k: record.get(k) for k in (
+                       "status", "turns", "searches", "calls", "read_turn_calls")})
 
 
 def table(rows: list[dict[str, Any]], keys: list[str]) -> str:
@@ -80,8 +94,15 @@ def plot(runs: dict[str, tuple[list, list]], before: list[dict[str, Any]], png: 
             if evals:
                 ax.plot(*zip(*evals, strict=True), marker="s", ls="--", color=color,
                         label=f"{name} held-out")
+        for r in before:
+            if r.get(key) is not None:
+                ax.plot([r["step"]], [r[key]], marker="s", color="black", ls="",
+                        label="start, held-out")
+        if key in ("reward", "success"):
+            ax.set_ylim(-0.05, 1.05)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
     for ax in axes[1]:
         ax.set_xlabel("RL step")
     axes.flat[0].legend(fontsize=7, loc="best")
@@ -97,7 +118,8 @@ def main() -> None:
                                                     "starting policy's, shared by the runs")
     parser.add_argument("--png", type=Path, default=Path("curves.png"))
     args = parser.parse_args()
-    before = [r for r in heldout(args.before) if r["step"] == 0] if args.before else []
+    before = [r | {"phase": "start"} for r in heldout(args.before) if r["step"] == 0
+              ] if args.before else []
     runs = {label(run.expanduser()): (training(run.expanduser()), heldout(run.expanduser()))
             for run in args.runs}
     for name, (train, held) in runs.items():
