@@ -7,10 +7,13 @@ step's training episodes: `conduct`) and `heldout.jsonl` (each evaluation's), an
 panel per number, a line per run for the training episodes and squares for its held-out
 evaluations. `--before DIR`: a run whose held-out evaluation at step 0 is the starting
 policy's, drawn for every run (the seeds of `examples/rl/product-rl.toml` start from one
-policy, evaluated once).
+policy, evaluated once). `--after DIR ...`, one per run in the same order: a run (`init` =
+that run, `steps = 0`) whose step-0 evaluation is that run's policy after its last step,
+drawn there (a run stopped at a step boundary has no evaluation of its own after it).
 
     python bench/rl/curves.py ~/.codeplane/rl/runs/product-rl-s0 ~/.codeplane/rl/runs/product-rl-s1 \
-        --before ~/.codeplane/rl/runs/product-rl-before --png docs/rl-product-rl.png
+        --before ~/.codeplane/rl/runs/product-rl-before --png docs/rl-product-rl.png \
+        --after ~/.codeplane/rl/runs/product-rl-s0-final ~/.codeplane/rl/runs/product-rl-s1-final
 
 Prints a markdown table per run (step, reward, success, searches, calls per turn, turns,
 seconds, groups kept) and the held-out evaluations.
@@ -19,6 +22,7 @@ seconds, groups kept) and the held-out evaluations.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -116,12 +120,21 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (their `out`)")
     parser.add_argument("--before", type=Path, help="a run whose step-0 evaluation is the "
                                                     "starting policy's, shared by the runs")
+    parser.add_argument("--after", nargs="*", type=Path, default=[],
+                        help="per run, a run whose step-0 evaluation is its last policy's")
     parser.add_argument("--png", type=Path, default=Path("curves.png"))
     args = parser.parse_args()
+    if args.after and len(args.after) != len(args.runs):
+        parser.error("--after takes one directory per run")
     before = [r | {"phase": "start"} for r in heldout(args.before) if r["step"] == 0
               ] if args.before else []
-    runs = {label(run.expanduser()): (training(run.expanduser()), heldout(run.expanduser()))
-            for run in args.runs}
+    runs = {}
+    for run, after in itertools.zip_longest(args.runs, args.after):
+        train, held = training(run.expanduser()), heldout(run.expanduser())
+        last = len(train)  # the policy after the last finished step
+        held += [r | {"step": last, "phase": "after"} for r in heldout(after.expanduser())
+                 if r["step"] == 0] if after else []
+        runs[label(run.expanduser())] = (train, held)
     for name, (train, held) in runs.items():
         print(f"\n{name}: training episodes per step\n")
         print(table(train, ["step", "reward", "success", "searches_per_episode",
