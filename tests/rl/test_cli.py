@@ -4,6 +4,7 @@ servers in real sandboxes, the product's tools; the sampler is the scripted loop
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sys
 from pathlib import Path
@@ -26,10 +27,10 @@ def test_train_writes_steps_curves_and_the_final_object(provider, tmp_path) -> N
         'def shout(s):\n    """Turn a string into upper case with an exclamation."""\n'
         '    return s.upper() + "!"\n')
     provider.reset().script = [{"content": "pkg/shapes.py:8"} for _ in range(12)]
-    out = tmp_path / "run"
+    out = tmp_path / "run"  # --out: not the config's
     config = write_config(tmp_path / "run.toml", f"""
 steps = 2
-out = "{out}"
+out = "{tmp_path / 'elsewhere'}"
 trainer_kind = "none"
 [tasks]
 train_dirs = ["train_repo"]
@@ -48,9 +49,10 @@ server = "none"  # the scripted answers search nothing (test_index.py runs with 
 [ray]
 num_cpus = 2
 """)
-    result = cli(str(config), "--json")
+    result = cli(str(config), "--json", "--seed", "7", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
+    assert summary["seed"] == 7 and not (tmp_path / "elsewhere").exists()
     for key in ("steps", "episodes", "samples_per_second", "reward_first", "reward_last",
                 "env_faults", "trainer_restarts", "max_staleness"):
         assert key in summary
@@ -60,7 +62,7 @@ num_cpus = 2
     lines = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1]
     assert {"reward_mean", "reward_std", "samples_per_second", "sampler_busy", "trainer_wait",
-            "staleness", "mismatch", "faults"} <= set(lines[0])
+            "staleness", "mismatch", "faults", "conduct"} <= set(lines[0])
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # every request carried the product's tool schemas and its system prompt
     assert all(r["tools"] and r["messages"][0]["role"] == "system" for r in provider.requests)
@@ -83,6 +85,10 @@ num_cpus = 2
      "not directories"),
     ("[tasks]\ntrain_dirs = ['a']\n[warm_start]\nsteps = 2\n",
      "these task families only: locate (grep instruction), commits"),
+    ("init = 'runs/warm'\n[tasks]\ntrain_dirs = ['a']\n[warm_start]\nsteps = 2\n",
+     "init starts from another run's policy and [warm_start] makes one"),
+    ("init = 'runs/warm'\ntrainer_kind = 'none'\n[tasks]\ntrain_dirs = ['a']\n",
+     "init loads a trainer checkpoint"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, body, message) -> None:
     result = cli(str(write_config(tmp_path / "bad.toml", body)), timeout=60)
@@ -96,6 +102,7 @@ class FlakyTrainer:
 
     def __init__(self, fail_at: int | None = None) -> None:
         self.version, self.fail_at, self.seen = 0, fail_at, []
+        self.started_from: str | None = None
 
     def step(self, groups: list) -> dict[str, float]:
         if self.version == self.fail_at:
@@ -113,6 +120,10 @@ class FlakyTrainer:
 
     def load(self, directory: str) -> None:
         self.version = json.loads((Path(directory) / "flaky.json").read_text())["version"]
+
+    def start_from(self, directory: str) -> None:
+        self.load(directory)
+        self.started_from = directory
 
 
 def test_a_killed_run_resumes_with_the_same_data_and_a_failing_trainer_restarts(
@@ -142,6 +153,82 @@ def test_a_killed_run_resumes_with_the_same_data_and_a_failing_trainer_restarts(
     assert summary["resumed_from"] == 2 and resumed.version == 4
     assert policy.loads[0] == 2  # the sampler got the checkpoint's weights first
     assert first.seen + resumed.seen == whole.seen
+
+
+def test_a_run_starts_from_another_runs_policy_then_resumes_its_own(tmp_path) -> None:
+    """`init`: the policy of another run's checkpoint is where RL starts (the sampler gets
+    it first, and the evaluation before the first step is of it); once the run has written
+    its own checkpoint, starting it again resumes there instead."""
+    require_ray()
+    from helpers import GrepPolicy
+
+    from codeplane.rl.config import ConfigError, RunConfig
+    from codeplane.rl.run import TrainingRun
+
+    make_repo(tmp_path / "repo")
+    make_repo(tmp_path / "held")
+
+    def config(steps: int, out: str, **top: object) -> RunConfig:
+        return RunConfig.model_validate({
+            "steps": steps, "out": str(tmp_path / out), **top,
+            "tasks": {"train_dirs": [str(tmp_path / "repo")],
+                      "heldout_dirs": [str(tmp_path / "held")], "max_heldout": 1},
+            "search": {"server": "none"},
+            "rollout": {"in_flight": 2, "group_size": 2, "groups_per_step": 1,
+                        "max_staleness": 0}})
+
+    TrainingRun(config(3, "warm", eval_before=False)).train(GrepPolicy(), FlakyTrainer())
+    init = str(tmp_path / "warm")
+    policy, trainer = GrepPolicy(), FlakyTrainer()
+    TrainingRun(config(1, "rl", init=init)).train(policy, trainer)
+    assert trainer.started_from == str(tmp_path / "warm" / "checkpoint")
+    assert policy.loads == [3, 4] and trainer.version == 4
+    evaluations = [json.loads(x) for x in (tmp_path / "rl" / "heldout.jsonl").read_text()
+                   .splitlines()]
+    assert [(e["steps"], e.get("phase")) for e in evaluations] == [(0, "init"), (1, None)]
+    policy, again = GrepPolicy(), FlakyTrainer()
+    summary = TrainingRun(config(2, "rl", init=init)).train(policy, again)
+    assert summary["resumed_from"] == 1 and again.started_from is None
+    assert policy.loads[0] == 4 and again.version == 5
+    with pytest.raises(ConfigError, match="init: "):
+        TrainingRun(config(1, "other", init=str(tmp_path / "nowhere"))).train(
+            GrepPolicy(), FlakyTrainer())
+
+
+class LockedTrainer(FlakyTrainer):
+    """Notes whether another holder could take `lock` while it trained."""
+
+    def __init__(self, lock: Path) -> None:
+        super().__init__()
+        self.lock, self.held = lock, []
+
+    def step(self, groups: list) -> dict[str, float]:
+        with self.lock.open("a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.held.append(False)
+            except BlockingIOError:
+                self.held.append(True)
+        return super().step(groups)
+
+
+def test_a_trainer_step_holds_the_train_lock(tmp_path) -> None:
+    """`train_lock`: seeds side by side train one at a time (their peak memories add up)."""
+    require_ray()
+    from helpers import GrepPolicy
+
+    from codeplane.rl.config import RunConfig
+    from codeplane.rl.run import TrainingRun
+
+    make_repo(tmp_path / "repo")
+    trainer = LockedTrainer(tmp_path / "locks" / "train.lock")
+    TrainingRun(RunConfig.model_validate({
+        "steps": 2, "out": str(tmp_path / "out"), "trainer_kind": "none",
+        "train_lock": str(tmp_path / "locks" / "train.lock"),
+        "tasks": {"train_dirs": [str(tmp_path / "repo")]}, "search": {"server": "none"},
+        "rollout": {"in_flight": 2, "group_size": 2, "groups_per_step": 1}})
+    ).train(GrepPolicy(), trainer)
+    assert trainer.held == [True, True]
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
@@ -179,6 +266,12 @@ def test_a_run_trains_through_the_loop_its_config_names_and_records_it(tmp_path)
     line = json.loads((tmp_path / "out" / "steps.jsonl").read_text().splitlines()[0])
     assert line["hooks"] == list(PRODUCT_HOOKS) and line["repairs"] == {}
     assert line["statuses"] == {"completed": 2}
+    # grep, then the answer: issue 31's numbers per step
+    assert {k: v for k, v in line["conduct"].items() if k != "seconds_per_episode"} == {
+        "episodes": 2, "success": 1.0, "search_share": 0.0, "searches_per_episode": 0.0,
+        "calls_per_turn": 0.5, "calls_per_read_turn": None, "turns_per_episode": 2.0,
+        "cut": 0}
+    assert line["conduct"]["seconds_per_episode"] > 0
     # step 0's two episodes (workers may have started step 1's: staleness 1)
     transcripts = sorted((tmp_path / "out" / "transcripts").glob("*.jsonl"))
     assert [t.name for t in transcripts][:2] == ["000000-0.jsonl", "000001-0.jsonl"]
@@ -216,6 +309,9 @@ def test_held_out_evaluations_keep_what_the_policy_did(tmp_path) -> None:
     assert [e["steps"] for e in after_one] == [1]
     episodes = after_one[0]["episodes"]
     assert len(episodes) == 2 and after_one[0]["heldout_success"] == 1.0
+    conduct = after_one[0]["conduct"]
+    assert conduct["success"] == 1.0 and conduct["calls_per_turn"] == 0.5
+    assert conduct["turns_per_episode"] == 2.0 and conduct["cut"] == 0
     for episode in episodes:
         assert episode["status"] == "completed" and episode["reward"] == 1.0
         assert episode["named"] == ["pkg/shapes.py"] and episode["answer"].startswith(

@@ -85,6 +85,24 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_loss(settings, rollouts,
     assert got["loss"] == expected["loss"] and got["grad_norm"] == expected["grad_norm"]
 
 
+def test_starting_from_another_runs_policy_takes_its_weights_not_its_optimiser(
+        settings, rollouts, tmp_path: Path):
+    """`init`: RL after another run's warm start. The LoRA and version come over; the
+    optimiser and RNGs stay this trainer's, so two seeds started from one checkpoint differ."""
+    warm = PolicyTrainer(CONFIG, settings)
+    warm.step(batch(rollouts, 0))
+    warm.save(str(tmp_path / "warm"))
+    fresh = PolicyTrainer(CONFIG.model_copy(update={"seed": 99}), settings)
+    assert not all(torch.equal(x, y) for x, y in zip(
+        warm.weights().values(), fresh.weights().values(), strict=True))
+    fresh.start_from(str(tmp_path / "warm"))
+    assert fresh.version == 1 and fresh.optimizer.state_dict()["state"] == {}
+    assert all(torch.equal(x, y) for x, y in zip(warm.weights().values(),
+                                                 fresh.weights().values(), strict=True))
+    with pytest.raises(FileNotFoundError):
+        fresh.start_from(str(tmp_path / "nowhere"))
+
+
 def test_nothing_to_learn_from_is_no_step(settings, rollouts):
     trainer = PolicyTrainer(CONFIG, settings)
     weights = trainer.weights()

@@ -25,6 +25,11 @@ rl_app = typer.Typer(help="Reinforcement learning for the coding agent (needs th
 def train_cmd(
     config: Annotated[Path, typer.Argument(dir_okay=False, help="Run config (TOML); see "
                                                                 "examples/rl/.")],
+    seed: Annotated[int | None, typer.Option(
+        help="The run's seed instead of the config's rollout seed (give each seed its "
+             "own --out: a checkpoint resumes only with the seed that wrote it).")] = None,
+    out: Annotated[str | None, typer.Option(
+        help="The run's directory instead of the config's `out`.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Train with rollouts on Ray over sandboxed environment servers; writes steps.jsonl,
@@ -33,6 +38,11 @@ def train_cmd(
         run_config = load_config(config)
     except ConfigError as exc:
         fail(str(exc))
+    if seed is not None:
+        run_config = run_config.model_copy(update={
+            "rollout": run_config.rollout.model_copy(update={"seed": seed})})
+    if out is not None:
+        run_config = run_config.model_copy(update={"out": out})
     with Progress(TextColumn("[bold]rl train"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=err_console, transient=as_json) as bar:

@@ -144,6 +144,14 @@ class RunConfig(BaseModel):
                                                 "through the product)")
     trainer_kind: Literal["torch", "none"] = Field(
         "torch", description="none: rollouts and evaluation only (a baseline)")
+    init: str | None = Field(None, description=(
+        "another run's `out`: the policy starts from its checkpoint's LoRA and version (RL "
+        "after that run's warm start) instead of the base model, with an optimiser and RNGs "
+        "of its own; once this run has a checkpoint, a resume starts there"))
+    train_lock: str | None = Field(None, description=(
+        "a file whose lock every RL trainer step holds: runs that name the same file (seeds "
+        "side by side on one machine) train one at a time, so their peak memories never "
+        "add up (docs/rl.md, the fifth product-environment run)"))
     tasks: TasksConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -157,6 +165,24 @@ class RunConfig(BaseModel):
     @property
     def out_dir(self) -> Path:
         return Path(self.out).expanduser()
+
+    @property
+    def train_lock_path(self) -> Path | None:
+        return Path(self.train_lock).expanduser() if self.train_lock else None
+
+    @property
+    def init_dir(self) -> Path | None:
+        """The checkpoint directory `init` names."""
+        return Path(self.init).expanduser() / "checkpoint" if self.init else None
+
+    @model_validator(mode="after")
+    def _one_starting_policy(self) -> RunConfig:
+        if self.init and self.warm_start.steps:
+            raise ValueError("init starts from another run's policy and [warm_start] makes "
+                             "one: set one of them")
+        if self.init and self.trainer_kind != "torch":
+            raise ValueError('init loads a trainer checkpoint: it needs trainer_kind "torch"')
+        return self
 
     @model_validator(mode="after")
     def _warm_start_fits_the_tasks(self) -> RunConfig:

@@ -16,6 +16,8 @@ Ray, torch and the trainer are imported here, lazily: nothing in the default ins
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import math
@@ -23,7 +25,7 @@ import os
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +53,7 @@ CACHE = Path("~/.codeplane/rl").expanduser()
 class Progress:
     """What the run reports as it goes and at the end (`--json`)."""
 
+    seed: int = 0  # the run's ([rollout] seed): its data order, sampling and trainer
     steps: int = 0
     episodes: int = 0
     samples: int = 0
@@ -67,7 +70,8 @@ class Progress:
     index: dict[str, Any] = field(default_factory=dict)  # what indexing the snapshots cost
 
     def summary(self) -> dict[str, Any]:
-        return {"steps": self.steps, "episodes": self.episodes, "samples": self.samples,
+        return {"seed": self.seed, "steps": self.steps, "episodes": self.episodes,
+                "samples": self.samples,
                 "seconds": round(self.seconds, 1),
                 "samples_per_second": round(self.samples / self.seconds, 3)
                 if self.seconds else 0.0,
@@ -187,11 +191,13 @@ def split_tasks(cfg: RunConfig, split: Literal["train", "heldout"]) -> list[Task
 
 @dataclass
 class Evaluation:
-    """A held-out evaluation: the share of tasks solved, and what the policy did on each
-    (`held_out_record`): a success rate alone cannot say why a policy fails."""
+    """A held-out evaluation: the share of tasks solved, what the policy did on each
+    (`held_out_record`): a success rate alone cannot say why a policy fails, and its
+    `conduct` over them."""
 
     success: float
     episodes: list[dict[str, Any]] = field(default_factory=list)
+    conduct: dict[str, Any] = field(default_factory=dict)
 
 
 def save_config(config: RunConfig) -> Path:
@@ -223,7 +229,31 @@ def evaluate(model: ChatModel, tasks: list[Task], config: RunConfig,
         manager.stop()
     by_id = {t.id: t for t in tasks}
     return Evaluation(sum(e.reward == 1.0 for e in data.episodes) / len(tasks),
-                      [held_out_record(e, by_id[e.task_id]) for e in data.episodes])
+                      [held_out_record(e, by_id[e.task_id]) for e in data.episodes],
+                      conduct(data.episodes))
+
+
+def conduct(episodes: list[Episode]) -> dict[str, Any]:
+    """How the policy worked, over the episodes an agent ran (a faulted one did not): issue
+    31's numbers per step and per evaluation. Success (the share with reward 1), the share
+    that called codebase_search and its calls per episode, tool calls per model turn (and on
+    turns that read files), turns and seconds per episode, and `cut`, the episodes the
+    wall-clock limit cancelled (`[rollout] max_seconds`)."""
+    ran = [e for e in episodes if e.fault is None]
+    if not ran:
+        return {}
+    calls = [n for e in ran for n in e.info.get("calls", [])]
+    reads = [n for e in ran for n in e.info.get("read_turn_calls", [])]
+    searches = [e.info.get("searches", 0) for e in ran]
+    return {"episodes": len(ran),
+            "success": round(statistics.fmean(e.reward == 1.0 for e in ran), 3),
+            "search_share": round(statistics.fmean(n > 0 for n in searches), 3),
+            "searches_per_episode": round(statistics.fmean(searches), 3),
+            "calls_per_turn": round(statistics.fmean(calls), 3) if calls else None,
+            "calls_per_read_turn": round(statistics.fmean(reads), 3) if reads else None,
+            "turns_per_episode": round(statistics.fmean(e.info.get("turns", 0) for e in ran), 3),
+            "seconds_per_episode": round(statistics.fmean(e.seconds for e in ran), 1),
+            "cut": sum(e.info.get("status") == "cancelled" for e in ran)}
 
 
 def held_out_record(episode: Episode, task: Task) -> dict[str, Any]:
@@ -260,7 +290,7 @@ def step_record(data: StepData, metrics: dict[str, Any], wall: float, waited: fl
             "staleness": {str(k): v for k, v in sorted(data.staleness.items())},
             "stale_dropped": data.stale_dropped, "faults": dict(faults),
             "mismatch": {k: v for k, v in metrics.items() if "mismatch" in k},
-            "trainer": metrics}
+            "conduct": conduct(data.episodes), "trainer": metrics}
 
 
 def start_ray(num_cpus: int) -> None:
@@ -288,7 +318,7 @@ class TrainingRun:
                  ) -> None:
         self.config, self.on_step = config, on_step or (lambda record: None)
         self.out = config.out_dir
-        self.progress = Progress(hooks=list(config.rollout.hooks))
+        self.progress = Progress(config.rollout.seed, hooks=list(config.rollout.hooks))
         self.warm_started = False  # the warm start ran (read back from a checkpoint)
         self.index = RunIndex(config.search)
 
@@ -348,7 +378,7 @@ class TrainingRun:
         warm = cfg.warm_start.steps > 0 and trainer is not None
         if heldout and cfg.eval_before and first == 0 and not (warm and self.warm_started):
             self._heldout(0, evaluate(sampler, heldout, cfg, make_env, version,
-                                      self.index.services))
+                                      self.index.services), "init" if cfg.init else "")
         if warm and first == 0 and not self.warm_started:
             self._warm_start(sampler, trainer, train_tasks, heldout, make_env)
         if first < cfg.steps:  # steps = 0: the warm start (and its evaluation) only
@@ -392,9 +422,7 @@ class TrainingRun:
         waited = time.monotonic() - t0
         metrics = self._train(trainer, data) if trainer and data.groups else {}
         if trainer is not None:
-            load = getattr(sampler, "load_weights", None)
-            if load is not None:
-                load(trainer.weights(), trainer.version)
+            sync_sampler(sampler, trainer)
             self._checkpoint(trainer, step + 1)
         manager.advance(step + 1)
         wall = time.monotonic() - t0
@@ -446,9 +474,7 @@ class TrainingRun:
                                       "episodes": len(data.episodes), **metrics,
                                       "time": time.time()}) + "\n")
                 log.flush()
-        load = getattr(sampler, "load_weights", None)
-        if load is not None:
-            load(trainer.weights(), trainer.version)
+        sync_sampler(sampler, trainer)
         self.warm_started = True  # before the checkpoint: a resume must not warm-start again
         self._checkpoint(trainer, 0)
         if heldout:
@@ -460,10 +486,11 @@ class TrainingRun:
         """Record an evaluation, also in `out/heldout.jsonl` (with the time and what the
         policy did on each task): the one before the first step and the one after the last
         are in no step's line, and a run that is stopped never prints its summary. `phase`
-        "warm_start": after the warm start. Returns the success."""
+        "warm_start": after the warm start, "init": `init`'s policy before this run's first step.
+        Returns the success."""
         self.progress.heldout.append((steps, evaluation.success))
         record = {"steps": steps, "heldout_success": evaluation.success, "time": time.time(),
-                  "episodes": evaluation.episodes}
+                  "conduct": evaluation.conduct, "episodes": evaluation.episodes}
         with (self.out / "heldout.jsonl").open("a", encoding="utf-8") as log:
             log.write(json.dumps(record | ({"phase": phase} if phase else {})) + "\n")
         return evaluation.success
@@ -471,15 +498,16 @@ class TrainingRun:
     def _train(self, trainer: Trainer, data: StepData) -> dict[str, Any]:
         """One trainer step. If the trainer raises, it is restarted from its last checkpoint
         and the step retried once: a bad batch must not end a long run."""
-        try:
-            return trainer.step(data.groups)
-        except Exception:
-            ckpt = self.out / "checkpoint"
-            if not (ckpt / "run.json").exists():
-                raise
-            self.progress.trainer_restarts += 1
-            trainer.load(str(ckpt))
-            return trainer.step(data.groups)
+        with train_lock(self.config.train_lock_path):
+            try:
+                return trainer.step(data.groups)
+            except Exception:
+                ckpt = self.out / "checkpoint"
+                if not (ckpt / "run.json").exists():
+                    raise
+                self.progress.trainer_restarts += 1
+                trainer.load(str(ckpt))
+                return trainer.step(data.groups)
 
     def _checkpoint(self, trainer: Trainer, next_step: int) -> None:
         ckpt = self.out / "checkpoint"
@@ -490,21 +518,53 @@ class TrainingRun:
                                                    "warm_started": self.warm_started}))
 
     def _resume(self, sampler: ChatModel, trainer: Trainer | None) -> int:
-        """The step to start at: 0, or where a killed run's checkpoint left off."""
+        """The step to start at: 0, or where a killed run's checkpoint left off. A run that
+        has none yet starts from `init`'s policy when the config names one."""
         state = self.out / "checkpoint" / "run.json"
-        if trainer is None or not state.exists():
+        if trainer is None:
+            return 0
+        if not state.exists():
+            if self.config.init_dir is not None:
+                self._start_from(self.config.init_dir, sampler, trainer)
             return 0
         saved = json.loads(state.read_text())
         if saved.get("seed") != self.config.rollout.seed:
             raise ConfigError(f"{state.parent} was written with seed {saved.get('seed')}; "
                               "resume with the same seed or choose another `out`")
         trainer.load(str(state.parent))
-        load = getattr(sampler, "load_weights", None)
-        if load is not None:
-            load(trainer.weights(), trainer.version)
+        sync_sampler(sampler, trainer)
         self.warm_started = bool(saved.get("warm_started"))
         self.progress.resumed_from = int(saved["next_step"])
         return self.progress.resumed_from
+
+
+    def _start_from(self, init: Path, sampler: ChatModel, trainer: Trainer) -> None:
+        try:
+            trainer.start_from(str(init))
+        except (OSError, ValueError) as exc:  # no checkpoint there, or another LoRA shape
+            raise ConfigError(f"init: {exc}") from None
+        sync_sampler(sampler, trainer)
+
+
+@contextlib.contextmanager
+def train_lock(path: Path | None) -> Iterator[None]:
+    """Hold `path`'s file lock (`train_lock`) while a trainer step runs, so runs that share
+    it train one at a time: side by side on one machine, their peak memories never add up.
+    None: no lock."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+def sync_sampler(sampler: ChatModel, trainer: Trainer) -> None:
+    """Give a sampler that takes weights (not the http one) the trainer's policy."""
+    load = getattr(sampler, "load_weights", None)
+    if load is not None:
+        load(trainer.weights(), trainer.version)
 
 
 def plot(progress: Progress, path: Path) -> None:

@@ -284,6 +284,22 @@ class PolicyTrainer:
         (path / "trainer.json").write_text(json.dumps(self.config.model_dump(), indent=2))
 
     def load(self, directory: str) -> None:
+        state = self._read(directory)
+        self.policy.load_lora_state(state["lora"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+
+    def start_from(self, directory: str) -> None:
+        """Take another run's policy (its LoRA and version) and nothing else: this run's
+        optimiser and RNGs stay its own, so seeds that start from one warm start differ."""
+        state = self._read(directory)
+        self.policy.load_lora_state(state["lora"])
+        self.version = int(state["version"])
+
+    def _read(self, directory: str) -> dict[str, Any]:
+        """A checkpoint's state, refused when written for another model or LoRA shape."""
         path = Path(directory) / CHECKPOINT
         if not path.is_file():
             raise FileNotFoundError(f"no trainer checkpoint at {path}")
@@ -293,9 +309,4 @@ class PolicyTrainer:
             raise ValueError(f"checkpoint {directory} was written for another policy shape "
                              f"({ {k: saved.get(k) for k in shape} })")
         # weights_only: a checkpoint is data; unpickling arbitrary objects would run code.
-        state: dict[str, Any] = torch.load(path, weights_only=True)
-        self.policy.load_lora_state(state["lora"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.version = int(state["version"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
+        return torch.load(path, weights_only=True)

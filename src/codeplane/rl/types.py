@@ -56,6 +56,9 @@ class Trainer(Protocol):
     def load(self, directory: str) -> None:
         """Resume from `save`'s checkpoint."""
 
+    def start_from(self, directory: str) -> None:
+        """Take the policy of another run's checkpoint (`init`), not its optimiser state."""
+
 
 class Sampler(ChatModel, Protocol):
     """A chat model that returns token ids, logprobs and its policy version on every Turn, and
