@@ -166,6 +166,18 @@ def test_the_answer_turn_is_asked_without_tools_and_runs_no_call(scripted, repo)
     assert result.status == "malformed" and result.tool_calls == 1  # its call did not run
 
 
+@pytest.mark.parametrize("reply", [
+    '{"name": "read_file", "arguments": {"path": "a.py"}}\n{"name": "run_terminal_cmd", "argu',
+    '{"name": "read_file", "arguments": {"path": "a.'], ids=["calls then a cut one", "cut call"])
+def test_calls_cut_off_by_the_token_limit_are_no_answer(scripted, repo, reply) -> None:
+    """Calls written as text whose last one the token limit cut off (code-small on an answer
+    turn) are markup, not an answer: taken as one, a reward that scores the files an answer
+    names would pay for the paths in the calls."""
+    scripted.script = [{"calls": [("list_dir", {})]}, {"content": reply}]
+    result = agent_for(scripted, repo, max_steps=2, answer_turn=True).run("which file holds A?")
+    assert result.status == "malformed" and result.answer == ""
+
+
 def test_the_loop_is_steppable(scripted, repo) -> None:
     """What `run` does, a turn at a time (how an RL rollout drives the product's loop)."""
     scripted.script = [{"calls": [("list_dir", {})]}, {"content": "Two files."}]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -54,16 +55,19 @@ Event = dict[str, Any]
 log = logging.getLogger("codeplane.agent")
 # Text only a tool call or a tool result carries (the Hermes format of the chat template).
 MARKUP_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# What is left of a reply when its last call written as text was cut off by the token limit.
+CUT_CALL = re.compile(r'\{\s*"name"\s*:')
 
 
 def is_markup(content: str) -> bool:
     """Does a reply carry tool-call or tool-response markup instead of an answer: either tag,
     or nothing but calls in a form the product's parser reads (tagged, fenced or bare JSON),
-    whatever their names. JSON inside prose ("the file holds {"name": ...}") is an answer."""
+    whatever their names, the last of them possibly cut off by the token limit. JSON inside
+    prose ("the file holds {"name": ...}") is an answer."""
     if any(tag in content for tag in MARKUP_TAGS):
         return True
     rest, calls = parse_tool_calls(content, AnyName())
-    return bool(calls) and not rest
+    return (bool(calls) and not rest.strip()) or bool(CUT_CALL.match(rest.lstrip()))
 
 
 @dataclass
