@@ -92,3 +92,23 @@ def test_split_tasks_are_worded_as_the_run_words_them(tmp_path) -> None:
         "heldout_dirs": [str(make_repo(tmp_path / "heldout"))], "instruction": "grep"}})
     tasks = split_tasks(config, "heldout")
     assert tasks and all("Call grep with" in t.instruction for t in tasks)
+
+
+def test_every_seed_of_a_run_samples_the_same_tasks(tmp_path) -> None:
+    """Seeds of one experiment (`rl train --seed N`) differ in their rollouts, not in the
+    tasks they train on and are evaluated on: their held-out results are compared task by
+    task. The sample once followed `[rollout] seed`, so two seeds were evaluated on
+    different held-out tasks."""
+    from codeplane.rl.config import RunConfig
+    from codeplane.rl.run import split_tasks
+
+    tasks = {"train_dirs": [str(make_repo(tmp_path / "train"))],
+             "heldout_dirs": [str(make_repo(tmp_path / "heldout"))],
+             "max_train": 2, "max_heldout": 2}
+    samples = [{split: [t.id for t in split_tasks(RunConfig.model_validate(
+        {"tasks": tasks, "rollout": {"seed": seed}}), split)] for split in ("train", "heldout")}
+        for seed in range(4)]
+    assert all(sample == samples[0] for sample in samples)
+    everything = split_tasks(RunConfig.model_validate({"tasks": {**tasks, "max_heldout": 99}}),
+                             "heldout")
+    assert len(everything) > 2  # a sample, so a seed could have changed it

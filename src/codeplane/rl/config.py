@@ -38,6 +38,9 @@ class TasksConfig(BaseModel):
     heldout_dirs: list[str] = Field(default_factory=list, description="local repositories")
     max_train: int = Field(64, ge=1, description="tasks sampled from the train repositories")
     max_heldout: int = Field(16, ge=1, description="tasks sampled from the held-out ones")
+    seed: int = Field(0, description="draws the two samples; not `[rollout] seed`, so every "
+                                     "seed of an experiment trains and is evaluated on the "
+                                     "same tasks")
     instruction: Literal["search", "grep"] = Field(
         "search", description='locate only: "search" asks the question; "grep" also names '
                               'the grep call that finds the answer (rl/tasks.py)')

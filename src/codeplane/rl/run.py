@@ -179,14 +179,12 @@ def split_tasks(cfg: RunConfig, split: Literal["train", "heldout"]) -> list[Task
         mirrors = tc.mirrors and Path(tc.mirrors)
         try:
             if tc.family == "fixcommits":
-                return load_fixcommit_tasks(repos, CACHE, tc.commits, mirrors, limit,
-                                            cfg.rollout.seed, cfg.env.backend)
-            return load_commit_tasks(repos, CACHE, tc.commits, mirrors, limit,
-                                     cfg.rollout.seed)
+                return load_fixcommit_tasks(repos, CACHE, tc.commits, mirrors, limit, tc.seed,
+                                            cfg.env.backend)
+            return load_commit_tasks(repos, CACHE, tc.commits, mirrors, limit, tc.seed)
         except CommitsError as exc:
             raise ConfigError(str(exc)) from None
-    return load_tasks(specs, dirs, limit, cfg.rollout.seed, tc.family, cfg.env.backend,
-                      tc.instruction)
+    return load_tasks(specs, dirs, limit, tc.seed, tc.family, cfg.env.backend, tc.instruction)
 
 
 @dataclass
