@@ -3,6 +3,8 @@ commands and fork bombs killed, limits enforced, and no sandbox means refusal un
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +19,7 @@ from typer.testing import CliRunner
 from codeplane.agent.env import local_environment
 from codeplane.cli import app
 from codeplane.sandbox import BwrapRunner, Limits, SandboxUnavailable
+from codeplane.sandbox.runner import _no_nested_userns, _start_slirp
 
 
 @pytest.fixture
@@ -233,3 +236,38 @@ def test_a_sandbox_that_cannot_start_in_time_is_unavailable_not_a_crash(ws: Path
 
     with pytest.raises(SandboxUnavailable, match="did not start a sandbox within 0.5 s"):
         Impatient(ws, bwrap=str(stuck))
+
+
+@pytest.mark.skipif(not shutil.which("slirp4netns") or not shutil.which("bwrap")
+                    or not _no_nested_userns(shutil.which("bwrap"), 10),
+                    reason="needs slirp4netns and a bwrap with --disable-userns")
+def test_network_starts_after_the_sandbox_nested_its_user_namespace() -> None:
+    """CI's intermittent failure at stop 43: with `--disable-userns` bwrap moves the sandbox's
+    process into a nested user namespace moments after reporting its pid. slirp4netns joined
+    that process's user namespace, and when it came late, the nested one could not enter the
+    network namespace (`setns(CLONE_NEWNET): Operation not permitted`), so the command ran
+    without network. Here slirp4netns starts only after the nesting, every time."""
+    info_r, info_w = os.pipe()
+    sandbox = subprocess.Popen([shutil.which("bwrap"), "--die-with-parent", "--unshare-all",
+                                "--unshare-user", "--disable-userns", "--ro-bind", "/", "/",
+                                "--dev", "/dev", "--proc", "/proc", "--info-fd", str(info_w),
+                                "--", "sleep", "60"], pass_fds=(info_w,))
+    os.close(info_w)
+    slirp = None
+    try:
+        with os.fdopen(info_r, "rb") as info:
+            pid = json.loads(info.read())["child-pid"]
+        netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+        owner = os.readlink(f"/proc/self/fd/{fcntl.ioctl(netns, 0xB701)}")  # NS_GET_USERNS
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{pid}/ns/user") == owner:  # not nested yet
+            assert time.monotonic() < deadline, "bwrap never nested the user namespace"
+            time.sleep(0.01)
+        slirp = _start_slirp(shutil.which("slirp4netns"), pid)
+        assert slirp is not None, "slirp4netns did not start"
+        assert "10.0.2.100" in Path(f"/proc/{pid}/net/fib_trie").read_text()
+    finally:
+        for proc in (slirp, sandbox):
+            if proc:
+                proc.kill()
+                proc.wait()

@@ -23,6 +23,7 @@ of what was omitted, and a command printing more than `drain_bytes` is killed.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import json
 import os
@@ -42,6 +43,7 @@ from codeplane.sandbox import cgroups
 from codeplane.sandbox.gitguard import GitGuard
 
 _GRACE = 0.5  # seconds to keep reading after the command exits (descendants may hold the pipe)
+_NS_GET_USERNS = 0xB701  # ioctl: the user namespace that owns a namespace (linux/nsfs.h)
 _DISK_POLL = 0.2  # seconds between two looks at the workspace's filesystem
 # What programs need from /etc (dynamic linker, users, name resolution, TLS roots, the
 # Debian alternatives symlinks, time zone, MIME and magic databases); never shadow, ssh, pip
@@ -364,18 +366,33 @@ def _start_slirp(slirp: str, pid: int) -> subprocess.Popen | None:
     """slirp4netns on the sandbox's network namespace, without a path to the host's
     loopback (10.0.2.2 is not forwarded to 127.0.0.1); None if it did not come up.
     It starts once bwrap has set up the namespace's loopback: configuring both at once
-    makes bwrap fail ("loopback: Failed RTM_NEWADDR")."""
+    makes bwrap fail ("loopback: Failed RTM_NEWADDR").
+
+    slirp4netns joins the user namespace that owns the network namespace, asked of the
+    kernel (NS_GET_USERNS), never the sandbox process's own: with `--disable-userns` bwrap
+    moves that process into a nested user namespace moments later, which has no say over
+    the network namespace, and slirp4netns joining it fails with `setns(CLONE_NEWNET):
+    Operation not permitted` (about 1 start in 30 before this)."""
     deadline = time.monotonic() + 10
     while "127.0.0.1" not in cgroups.read_or_empty(Path(f"/proc/{pid}/net/fib_trie")):
         if time.monotonic() > deadline or not Path(f"/proc/{pid}").exists():
             return None
         time.sleep(0.005)
+    try:
+        netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # the sandbox is already gone
+        return None
+    userns = fcntl.ioctl(netns, _NS_GET_USERNS)
     ready_r, ready_w = os.pipe()
-    proc = subprocess.Popen([slirp, "--configure", "--mtu=65520", "--disable-host-loopback",
-                             "--ready-fd", str(ready_w), *_userns(pid), str(pid), "tap0"],
-                            pass_fds=(ready_w,), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(ready_w)
+    try:
+        proc = subprocess.Popen([slirp, "--configure", "--mtu=65520", "--disable-host-loopback",
+                                 "--ready-fd", str(ready_w), f"--userns-path=/proc/self/fd/{userns}",
+                                 "--netns-type=path", f"/proc/self/fd/{netns}", "tap0"],
+                                pass_fds=(ready_w, netns, userns), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        for fd in (ready_w, netns, userns):
+            os.close(fd)
     with selectors.DefaultSelector() as sel:
         sel.register(ready_r, selectors.EVENT_READ)
         ready = bool(sel.select(timeout=10)) and os.read(ready_r, 1) == b"1"
@@ -385,12 +402,6 @@ def _start_slirp(slirp: str, pid: int) -> subprocess.Popen | None:
         proc.wait()
         return None
     return proc
-
-
-def _userns(pid: int) -> list[str]:
-    """Without root, the sandbox's network namespace belongs to its user namespace, which
-    slirp4netns must join first."""
-    return [] if os.geteuid() == 0 else [f"--userns-path=/proc/{pid}/ns/user"]
 
 
 def _disk_used(path: Path) -> int:
