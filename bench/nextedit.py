@@ -19,8 +19,8 @@ and cached, prompt and decode milliseconds, draft tokens proposed and accepted);
 request costs once the editor's pause has prefilled its prompt. `served` is what `/v1/tab/next` answers without its rule:
 a kind of change that needs no model when one fires (`tab/kinds.py`), else the model's
 rewrite, or the baseline's when it proposes nothing and the baseline's lies in the window;
-`kinds` and `kinds + baseline` need no model (`--no-model` runs only them and the
-baseline); `ruled` is `served` after the show/hide rule (`tab/nextedit.py`). The markdown table goes
+`kind NAME` (each alone), `kinds` (the first that fires) and `kinds + baseline` need
+no model (`--no-model` runs only them and the baseline); `ruled` is `served` after the show/hide rule (`tab/nextedit.py`). The markdown table goes
 to stderr, the JSON (per repository, and "all" pooled) to stdout.
 
     python bench/nextedit.py --set heldout --cases 20 --formats window diff --model code-small
@@ -52,6 +52,7 @@ from codeplane.tab.nextedit import (
     NEXT_COEFFICIENTS,
     NEXT_FEATURES,
     NEXT_MIN_PROBABILITY,
+    EditIn,
     NextRequest,
     NextSignals,
     Prediction,
@@ -209,6 +210,10 @@ def report(rows: list[dict], cases: dict[str, list[Case]]) -> dict:
         picked = cases[repo] if repo != "all" else [c for v in cases.values() for c in v]
         base = [score(c, repeat_last_edit(request(c, "window", None))) for c in picked]
         out[repo] = {"cases": len(picked), "baseline": summary(base),
+                     **{f"kind {name}": summary([score(c, kind(c["state"], c["line"],
+                                                                [EditIn(**e) for e in c["edits"]]))
+                                                 for c in picked])
+                        for name, kind in kinds.KINDS.items()},
                      "kinds": summary([score(c, without_model(c, False)) for c in picked]),
                      "kinds + baseline": summary([score(c, without_model(c)) for c in picked])}
         for fmt in sorted({r["format"] for r in rows}):
@@ -232,7 +237,8 @@ def table(results: dict, model: str) -> str:
             "near exact/shown | far exact/shown | output tokens / passes | p50 / p95 ms |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for repo, r in results.items():
-        free = ("baseline", "kinds", "kinds + baseline")
+        free = ("baseline", *(f"kind {name}" for name in kinds.KINDS), "kinds",
+                "kinds + baseline")
         variants = [(name, r[name], "", "") for name in free]
         for fmt in (k for k in r if k not in ("cases", *free)):
             timing = f"{r[fmt]['p50_ms']} / {r[fmt]['p95_ms']}"
