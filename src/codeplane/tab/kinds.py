@@ -13,7 +13,7 @@ calls, an import whose last use an edit removed). They read lines, so any langua
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Protocol
@@ -46,7 +46,7 @@ class Suggestion:
         return "".join(lines[:self.start_line]) + self.text + "".join(lines[self.end_line:])
 
 
-Kind = Callable[[str, int, list[Edit]], Suggestion | None]
+Kind = Callable[[str, int, Sequence[Edit]], Suggestion | None]
 
 
 def nearest(spots: list[int], cursor: int) -> int:
@@ -59,20 +59,20 @@ def nearest(spots: list[int], cursor: int) -> int:
 # -- the line kinds: the newest edit's change again -----------------------------------------
 
 
-def same_change(text: str, cursor: int, edits: list[Edit]) -> Suggestion | None:
+def same_change(text: str, cursor: int, edits: Sequence[Edit]) -> Suggestion | None:
     """The newest edit's old lines found again near the cursor (indented alike or not):
     the same change there (`@task` -> `@task()` at the next `@task`)."""
     return _repeat(text, cursor, edits, renamed=False)
 
 
-def parallel_change(text: str, cursor: int, edits: list[Edit]) -> Suggestion | None:
+def parallel_change(text: str, cursor: int, edits: Sequence[Edit]) -> Suggestion | None:
     """Lines that are the newest edit's old lines but for one name: the edit's new lines
     with that name (`if not value1:` -> `if value1 is None:`, so `if not value2:` ->
     `if value2 is None:`)."""
     return _repeat(text, cursor, edits, renamed=True)
 
 
-def _repeat(text: str, cursor: int, edits: list[Edit], renamed: bool) -> Suggestion | None:
+def _repeat(text: str, cursor: int, edits: Sequence[Edit], renamed: bool) -> Suggestion | None:
     if not edits:
         return None
     e = edits[-1]
@@ -141,7 +141,7 @@ def _one_name(a: list[str], b: list[str]) -> tuple[str, str] | None:
 KINDS: dict[str, Kind] = {"same": same_change, "parallel": parallel_change}
 
 
-def propose(text: str, cursor: int, edits: list[Edit]) -> tuple[str, Suggestion] | None:
+def propose(text: str, cursor: int, edits: Sequence[Edit]) -> tuple[str, Suggestion] | None:
     """(kind, suggestion) of the first kind that fires, in KINDS' order."""
     for name, kind in KINDS.items():
         if (found := kind(text, cursor, edits)) is not None:

@@ -354,8 +354,7 @@ def repeat_last_edit(req: NextRequest) -> Suggestion | None:
     spots = [n for n in spots if n < len(lines)]
     if not spots:
         return None
-    after = [n for n in spots if n >= req.cursor.line]
-    line = after[0] if after else spots[-1]
+    line = kinds.nearest(spots, req.cursor.line)
     pattern = re.compile(rf"(?<!\w){re.escape(old)}(?!\w)")
     return Suggestion(line, line + 1, pattern.sub(new, lines[line], count=1))
 
