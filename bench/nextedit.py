@@ -17,14 +17,17 @@ latency p50/p95 of the engine job, and where each call's time went (prompt token
 and cached, prompt and decode milliseconds, draft tokens proposed and accepted); with
 `--prefilled`, the prompt is evaluated by an untimed call first, so the timings are what a
 request costs once the editor's pause has prefilled its prompt. `served` is what `/v1/tab/next` answers without its rule:
-the model's rewrite, or the baseline's when it proposes nothing and the baseline's lies in
-the window; `ruled` is `served` after the show/hide rule (`tab/nextedit.py`). The markdown table goes
+a kind of change that needs no model when one fires (`tab/kinds.py`), else the model's
+rewrite, or the baseline's when it proposes nothing and the baseline's lies in the window;
+`kind NAME` (each alone), `kinds` (the first that fires) and `kinds + baseline` need
+no model (`--no-model` runs only them and the baseline); `ruled` is `served` after the show/hide rule (`tab/nextedit.py`). The markdown table goes
 to stderr, the JSON (per repository, and "all" pooled) to stdout.
 
     python bench/nextedit.py --set heldout --cases 20 --formats window diff --model code-small
     python bench/nextedit.py --set tuning --cases 40 --formats window --rows /tmp/tune.jsonl
     python bench/nextedit.py --fit /tmp/tune.jsonl
     python bench/nextedit.py --git DIR --cases 20  # any one repository's git directory
+    python bench/nextedit.py --set tuning --mirror /work/.mirror --cases 120 --no-model
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ from codeplane.config import TabSettings, load_settings
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.models.engine import Engine
 from codeplane.sandbox.clone import git_env
-from codeplane.tab import decision
+from codeplane.tab import decision, kinds
 from codeplane.tab.nextedit import (
     NEXT_COEFFICIENTS,
     NEXT_FEATURES,
     NEXT_MIN_PROBABILITY,
+    EditIn,
     NextRequest,
     NextSignals,
     Prediction,
@@ -138,7 +142,9 @@ def case_rows(engine: Engine, args: argparse.Namespace, repo: str, cases: list[C
         got = engine.run_sync(args.model, "tab.next", TabSettings(), req, LOCAL_TENANT)
         ms = (time.perf_counter() - began) * 1000
         served, source = got.suggestion, "model"
-        if served is None:
+        if found := kinds.propose(req.text, req.cursor.line, req.edits):
+            source, served = found  # the route answers with it, without the model
+        elif served is None:
             served, source = near_repeat(req), "repeat"
         signals = next_signals(req, got, served, source) if served else None
         row = {"repo": repo, "format": fmt, "commit": case["commit"], "path": case["path"],
@@ -187,13 +193,29 @@ def ruled(row: dict, coefficients: dict[str, float], threshold: float) -> dict:
     return {**row["served"], "shown": 0, "exact": 0, "located": 0}
 
 
+def without_model(case: Case, baseline: bool = True) -> Suggestion | None:
+    """What needs no model: a kind of change (`tab/kinds.py`, near the cursor), else (with
+    `baseline`) the one-word baseline anywhere in the file (scored as the baseline is: a
+    far one is what the jump leads to)."""
+    req = request(case, "window", None)
+    found = kinds.propose(req.text, req.cursor.line, req.edits)
+    return found[1] if found else repeat_last_edit(req) if baseline else None
+
+
 def report(rows: list[dict], cases: dict[str, list[Case]]) -> dict:
-    """Per repository and format, and pooled per format: baseline, model, served, ruled."""
+    """Per repository and format, and pooled per format: what needs no model (the baseline,
+    the kinds, both), and the model's rows: model, served, ruled."""
     out: dict = {}
     for repo in [*cases, "all"]:
         picked = cases[repo] if repo != "all" else [c for v in cases.values() for c in v]
         base = [score(c, repeat_last_edit(request(c, "window", None))) for c in picked]
-        out[repo] = {"cases": len(picked), "baseline": summary(base)}
+        out[repo] = {"cases": len(picked), "baseline": summary(base),
+                     **{f"kind {name}": summary([score(c, kind(c["state"], c["line"],
+                                                                [EditIn(**e) for e in c["edits"]]))
+                                                 for c in picked])
+                        for name, kind in kinds.KINDS.items()},
+                     "kinds": summary([score(c, without_model(c, False)) for c in picked]),
+                     "kinds + baseline": summary([score(c, without_model(c)) for c in picked])}
         for fmt in sorted({r["format"] for r in rows}):
             part = [r for r in rows if r["format"] == fmt and repo in (r["repo"], "all")]
             times = sorted(r["ms"] for r in part)
@@ -215,8 +237,10 @@ def table(results: dict, model: str) -> str:
             "near exact/shown | far exact/shown | output tokens / passes | p50 / p95 ms |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for repo, r in results.items():
-        variants = [("baseline", r["baseline"], "", "")]
-        for fmt in (k for k in r if k not in ("cases", "baseline")):
+        free = ("baseline", *(f"kind {name}" for name in kinds.KINDS), "kinds",
+                "kinds + baseline")
+        variants = [(name, r[name], "", "") for name in free]
+        for fmt in (k for k in r if k not in ("cases", *free)):
             timing = f"{r[fmt]['p50_ms']} / {r[fmt]['p95_ms']}"
             work = f"{r[fmt]['output_tokens']} / {r[fmt]['passes']}"
             variants += [(f"{model} {fmt} {v}", r[fmt][v], work, timing)
@@ -235,6 +259,10 @@ def run(args: argparse.Namespace) -> dict:
     rows: list[dict] = []
     if args.rows:
         args.rows.write_text("")
+    if args.no_model:
+        results = report(rows, cases)
+        print(table(results, args.model), file=sys.stderr)
+        return results
     engine = Engine(load_settings(home=args.home) if args.home else load_settings())
     try:
         engine.info(args.model)  # loaded outside the timings
@@ -292,6 +320,8 @@ def main() -> None:
     parser.add_argument("--prefilled", action="store_true", help="before each timed call, "
                         "evaluate its prompt (an untimed one-token call), as a prefill "
                         "when the editor pauses would: the timings are then the decode's")
+    parser.add_argument("--no-model", action="store_true", help="only what needs no "
+                        "model: the baseline, and the kinds of change with it (seconds)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if args.fit:

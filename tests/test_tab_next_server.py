@@ -234,3 +234,34 @@ def test_a_rename_with_none_left_in_its_file_jumps_into_another_open_file(tmp_pa
     assert got.json()["jump"] == {"path": "shapes.py", "line": 0}, got.json()
     parts, _, _ = nextedit.prompt_parts(NextRequest(**ask), "window")
     assert not any("def area" in piece for piece, _ in parts)
+
+
+CHECK = ("def check(value1, value2):\n    if value1 is None:\n        return 'first'\n"
+         "    if not value2:\n        return 'second'\n    return None\n")
+
+
+def test_a_kind_of_change_answers_without_the_model(tmp_path: Path, engine):
+    """`if not value1:` -> `if value1 is None:` one line above `if not value2:`: the route
+    answers with that line changed alike (`tab/kinds.py`, source `parallel`), shown with an
+    id, and evaluates no token: the model was not asked - nor by the pause's prefill."""
+    server = run_server(tmp_path / "home", None, engine=engine)
+    ask = {"path": "check.py", "text": CHECK, "cursor": {"line": 1, "character": 22},
+           "edits": [{"path": "check.py", "line": 1, "before": "    if not value1:\n",
+                      "after": "    if value1 is None:\n"}]}
+    try:
+        pre = httpx.post(f"{server.url}/v1/tab/next/prefill", headers=caller(server, "alice"),
+                         json=ask, timeout=300)
+        got = httpx.post(f"{server.url}/v1/tab/next", headers=caller(server, "alice"),
+                         json=ask, timeout=300)
+        stats = httpx.get(f"{server.url}/v1/tab/stats", headers=caller(server, "alice"),
+                          timeout=30).json()
+    finally:
+        server.stop()
+    assert got.status_code == 200, got.text
+    answer = got.json()
+    assert answer["suggestion"] == {"start_line": 3, "end_line": 4,
+                                    "text": "    if value2 is None:\n"}, answer
+    assert answer["source"] == "parallel" and answer["id"]
+    assert answer["prompt_tokens"] == answer["completion_tokens"] == 0
+    assert pre.status_code == 200 and pre.json()["evaluated_tokens"] == 0, pre.text
+    assert stats["next_calls"] == stats["next_prefills"] == 0, stats

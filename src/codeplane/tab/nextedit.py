@@ -19,7 +19,9 @@ edit", has their numbers):
 
 Either way the answer is the smallest line range of the window that changed, and its new
 text. The rewrite mostly copies the window, so it is decoded speculatively with the window as
-the draft (the prompt-lookup decoder apply also uses, `models/speculative.py`). A jump is the next place,
+the draft (the prompt-lookup decoder apply also uses, `models/speculative.py`). Before the
+model, the kinds of change that need none (`tab/kinds.py`: the newest edit's change again
+near the cursor) answer when they fire. A jump is the next place,
 outside the suggestion, where the last edit's one-word change is still due: in this file,
 else in the editor's other open files (`open_files`, which serve the jump only).
 """
@@ -40,8 +42,9 @@ from pydantic import BaseModel, Field, model_validator
 from codeplane.config import TabSettings
 from codeplane.models.engine import JobDropped, LocalModel
 from codeplane.models.jobs import JobContext
-from codeplane.tab import decision, words
+from codeplane.tab import decision, kinds, words
 from codeplane.tab.backend import Prefilled
+from codeplane.tab.kinds import Suggestion
 from codeplane.tab.service import Snippet, TabService, local_tab, worker_slots
 from codeplane.tab.words import occurrences
 
@@ -120,19 +123,6 @@ class NextRequest(BaseModel):
 
 
 @dataclass
-class Suggestion:
-    """Replace lines [start_line, end_line) (0-based) of the file with `text`."""
-
-    start_line: int
-    end_line: int
-    text: str
-
-    def apply(self, source: str) -> str:
-        lines = source.splitlines(keepends=True)
-        return "".join(lines[:self.start_line]) + self.text + "".join(lines[self.end_line:])
-
-
-@dataclass
 class Prediction:
     """What the engine job returns (picklable: it leaves the worker)."""
 
@@ -189,7 +179,8 @@ def next_features(s: NextSignals) -> dict[str, float]:
 
 def next_signals(req: NextRequest, got: Prediction | None, suggestion: Suggestion,
                  source: str) -> NextSignals:
-    """The signals of the suggestion served for `req` (`source`: "model" or "repeat")."""
+    """The signals of the suggestion served for `req` (`source`: "model", "repeat" or a
+    kind of `tab/kinds.py`)."""
     baseline = repeat_last_edit(req)
     model = source == "model" and got is not None
     removed = suggestion.end_line - suggestion.start_line
@@ -363,8 +354,7 @@ def repeat_last_edit(req: NextRequest) -> Suggestion | None:
     spots = [n for n in spots if n < len(lines)]
     if not spots:
         return None
-    after = [n for n in spots if n >= req.cursor.line]
-    line = after[0] if after else spots[-1]
+    line = kinds.nearest(spots, req.cursor.line)
     pattern = re.compile(rf"(?<!\w){re.escape(old)}(?!\w)")
     return Suggestion(line, line + 1, pattern.sub(new, lines[line], count=1))
 
@@ -506,8 +496,9 @@ def slot_key(model: str, path: str) -> str:
 class NextResult:
     suggestion: Suggestion | None
     jump: dict | None
-    source: str  # "model" | "repeat" (the baseline, the model proposed nothing) | "none" |
-    # "hidden" (the show/hide rule said no) | "cancelled"
+    source: str  # "same" | "parallel" (a kind of change, tab/kinds.py: no model) | "model" |
+    # "repeat" (the baseline, the model proposed nothing) | "none" | "hidden" (the show/hide
+    # rule said no) | "cancelled"
     latency_ms: float
     request_id: str | None = None
     id: str | None = None  # a shown suggestion's, for `POST /v1/tab/feedback`
@@ -529,24 +520,28 @@ class NextResult:
 
 
 async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResult:
-    """One next-edit suggestion on the engine. It shares Tab's cursor sessions: a newer
+    """One next-edit suggestion. A kind of change that needs no model (`tab/kinds.py`)
+    answers first, without the model: on the held-out cases it is right where the base
+    model is not (docs/tab.md). Else the engine: it shares Tab's cursor sessions, so a newer
     request (FIM or next edit) of the same tenant and `cursor_id` cancels this one between
     two output lines, or drops it while it still waits for the model."""
     start = time.perf_counter()
     session, seq, cancel = tab.begin(req, tenant)
-    try:
-        got, _ = await tab.engine.run(tab.next_model(req.model), "tab.next", tab.settings,
-                                      req.for_model(), tenant, cancel=cancel)
-    except JobDropped:
-        got = None
-    if got is None or session.seq != seq:
-        return NextResult(None, None, "cancelled", _ms(start), req.request_id)
-    tab.stats["next_calls"] += 1
-    tab.stats["next_prompt_tokens"] += got.prompt_tokens
-    tab.stats["next_cached_tokens"] += got.cached_tokens
-    suggestion, source = got.suggestion, "model"
-    if suggestion is None:
-        suggestion, source = near_repeat(req), "repeat"
+    got: Prediction | None = None
+    if found := kinds.propose(req.text, req.cursor.line, req.edits):
+        source, suggestion = found
+    else:
+        try:
+            got, _ = await tab.engine.run(tab.next_model(req.model), "tab.next", tab.settings,
+                                          req.for_model(), tenant, cancel=cancel)
+        except JobDropped:
+            got = None
+        if got is None or session.seq != seq:
+            return NextResult(None, None, "cancelled", _ms(start), req.request_id)
+        _count(tab, got)
+        suggestion, source = got.suggestion, "model"
+        if suggestion is None:
+            suggestion, source = near_repeat(req), "repeat"
     signals = next_signals(req, got, suggestion, source) if suggestion else None
     probability = next_probability(signals) if signals else None
     shown = probability is not None and probability >= NEXT_MIN_PROBABILITY
@@ -555,12 +550,19 @@ async def next_edit(tab: TabService, req: NextRequest, tenant: str) -> NextResul
     elif suggestion is None:
         source = "none"
     jump = jump_for(req, suggestion) if source != "hidden" else None  # or a jump alone
+    spent = got or Prediction(None, "", 0, 0, 0, 0, 0, 0.0)
     return NextResult(suggestion, jump, source,
                       _ms(start), req.request_id, f"n{secrets.token_hex(8)}" if shown else None,
                       round(probability, 4) if probability is not None else None,
-                      signals.to_json() if signals else None, got.prompt_tokens,
-                      got.cached_tokens, got.completion_tokens, got.drafted, got.accepted,
-                      got.model_ms, got.prompt_ms, got.decode_ms)
+                      signals.to_json() if signals else None, spent.prompt_tokens,
+                      spent.cached_tokens, spent.completion_tokens, spent.drafted,
+                      spent.accepted, spent.model_ms, spent.prompt_ms, spent.decode_ms)
+
+
+def _count(tab: TabService, got: Prediction) -> None:
+    tab.stats["next_calls"] += 1
+    tab.stats["next_prompt_tokens"] += got.prompt_tokens
+    tab.stats["next_cached_tokens"] += got.cached_tokens
 
 
 def _ms(start: float) -> float:

@@ -46,7 +46,7 @@ from codeplane.config import TabSettings
 from codeplane.core.principal import LOCAL_TENANT
 from codeplane.models.engine import Decoding, Engine, JobDropped, Unsupported
 from codeplane.models.jobs import JobContext
-from codeplane.tab import decision, postprocess
+from codeplane.tab import decision, kinds, postprocess
 from codeplane.tab.backend import LocalTab, Prefilled, TabModel, UpstreamTab
 from codeplane.tab.feedback import ShownLog
 from codeplane.tab.healing import Healing, VocabIndex, back_off
@@ -286,7 +286,10 @@ class TabService:
 
     async def prefill_next(self, req: NextRequest, tenant: str) -> Prefilled:
         """`prefill` for a next-edit request: its prompt, into the tenant's next-edit slot
-        of the document (the job `tab.next_prefill`)."""
+        of the document (the job `tab.next_prefill`). A request that a kind of change will
+        answer without the model (`tab/kinds.py`) needs no prompt: nothing is evaluated."""
+        if kinds.propose(req.text, req.cursor.line, req.edits):
+            return Prefilled(0, 0, 0, False)
         got = await self._prefill(tenant, req.path, self.next_model(req.model),
                                   "tab.next_prefill", req)
         self.stats["next_prefills"] += 1
