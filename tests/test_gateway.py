@@ -420,6 +420,42 @@ def test_a_provider_is_one_row(start, upstreams, tmp_path, monkeypatch):
     assert reply.json()["choices"][0]["message"]["content"] == "hello from up0"
 
 
+def test_a_sub_app_on_its_own_loads_models_unchecked_after_the_program_ran(tmp_path,
+                                                                          monkeypatch):
+    """The provider table is the running program's, not the process's: once `codeplane`
+    ran, a sub-app invoked on its own (no root to hand a table over) still loads `[[models]]`
+    unchecked, as a script does."""
+    from typer.testing import CliRunner
+
+    from codeplane.cli import app
+    from codeplane.gateway.cli import keys_app
+
+    monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path))
+    (tmp_path / "codeplane.toml").write_text(
+        '[[models]]\nname = "a"\nprovider = "team-gpu"\nbase_url = "http://x/v1"\n')
+    assert CliRunner().invoke(app, ["keys", "list"]).exit_code == 2  # checked: unknown kind
+    alone = CliRunner().invoke(keys_app, ["list"])
+    assert alone.exit_code == 0, alone.output
+
+
+def test_two_programs_check_models_by_their_own_provider_tables(tmp_path, monkeypatch):
+    """Two `codeplane` programs in one process, built over different provider tables, each
+    check `[[models]]` by the table its root hands its commands, whichever ran last."""
+    from typer.testing import CliRunner
+
+    from codeplane.cli import app, build_app
+
+    team = build_app({**PROVIDERS, "team-gpu": Row(OpenAIProvider, TeamDeployment)})
+    monkeypatch.setenv("CODEPLANE_HOME", str(tmp_path))
+    (tmp_path / "codeplane.toml").write_text(
+        '[[models]]\nname = "a"\nprovider = "team-gpu"\nbase_url = "http://x/v1"\n'
+        'pool = "a100"\n')
+    for program, code in ((team, 0), (app, 2), (team, 0), (app, 2)):
+        result = CliRunner().invoke(program, ["keys", "list"])
+        assert result.exit_code == code, result.output
+    assert "provider must be one of openai, anthropic, local" in result.output
+
+
 def _bearer(key: str) -> dict:
     return {"authorization": f"Bearer {key}"}
 

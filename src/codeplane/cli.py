@@ -15,14 +15,15 @@ from codeplane.background.cli import agents_app
 from codeplane.clikit import (
     ConfigOption,
     JsonOption,
+    Program,
     console,
     err_console,
     fail,
     print_json,
     settings,
-    use_providers,
 )
 from codeplane.config import ConfigError
+from codeplane.config.gateway import ProviderTable
 from codeplane.events.cli import events_app
 from codeplane.gateway.cli import gateway_app, keys_app
 from codeplane.gateway.providers.table import PROVIDERS
@@ -32,28 +33,6 @@ from codeplane.rl.cli import rl_app
 from codeplane.storage.cli import db_app
 from codeplane.tab import cli as tab_cli
 
-app = typer.Typer(
-    help="codeplane: self-hostable backend for AI-assisted coding (local models, search, "
-    "agent, Tab, apply).",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-app.add_typer(model_app, name="model")
-app.add_typer(keys_app, name="keys")
-app.add_typer(gateway_app, name="gateway")
-app.add_typer(events_app, name="events")
-app.add_typer(agents_app, name="agents")
-app.add_typer(rl_app, name="rl")
-app.add_typer(db_app, name="db")
-app.command("index")(index_cli.index_cmd)
-app.command("search")(index_cli.search_cmd)
-app.command("agent")(agent_cmd)
-app.command("tool")(tool_cmd)
-app.command("complete")(tab_cli.complete)
-app.command("lsp")(tab_cli.lsp)
-app.command("tab-feedback")(tab_cli.tab_feedback)
-app.command("apply")(apply_command)
-
 
 def _version(value: bool) -> None:
     if value:
@@ -61,17 +40,35 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
-def root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
-) -> None:
-    """Settings come from $CODEPLANE_HOME/codeplane.toml and CODEPLANE_* variables."""
-    use_providers(PROVIDERS)
+def build_app(providers: ProviderTable) -> typer.Typer:
+    """The `codeplane` command over a provider table: its root hands the table to every
+    command as Typer's context object (`clikit.Program`; settings load sits below the
+    gateway, so it cannot import the table), so that `[[models]]` is checked by it."""
+    app = typer.Typer(
+        help="codeplane: self-hostable backend for AI-assisted coding (local models, search, "
+        "agent, Tab, apply).",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+    )
+    for name, sub_app in SUB_APPS.items():
+        app.add_typer(sub_app, name=name)
+    for name, command in COMMANDS.items():
+        app.command(name)(command)
+
+    @app.callback()
+    def root(
+        ctx: typer.Context,
+        version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                              help="Print the version and exit.")] = False,
+    ) -> None:
+        """Settings come from $CODEPLANE_HOME/codeplane.toml and CODEPLANE_* variables."""
+        ctx.obj = Program(providers)
+
+    return app
 
 
-@app.command()
 def serve(
+    ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8300).", min=1, max=65535)] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
@@ -87,7 +84,7 @@ def serve(
     from codeplane.models.engine import Engine
     from codeplane.tab import preload
 
-    cfg = settings(config)
+    cfg = settings(ctx, config)
     processes = workers or cfg.serve.workers
     engine = Engine(cfg) if processes == 1 and preload.preloaded(cfg) else None
     if engine is not None:  # the Tab model loads while the server's modules import
@@ -103,8 +100,7 @@ def serve(
             engine.close()
 
 
-@app.command()
-def doctor(json_: JsonOption = False, config: ConfigOption = None) -> None:
+def doctor(ctx: typer.Context, json_: JsonOption = False, config: ConfigOption = None) -> None:
     """Check what this machine can run: CPU and llama.cpp build, a one-token decode by every
     installed model (in a child process), sandbox backends, cgroups, configured storage.
 
@@ -113,7 +109,7 @@ def doctor(json_: JsonOption = False, config: ConfigOption = None) -> None:
 
     from codeplane.doctor import run_checks
 
-    checks = run_checks(settings(config))
+    checks = run_checks(settings(ctx, config))
     failed = any(c.status == "fail" for c in checks)
     if json_:
         print_json({"ok": not failed, "checks": [asdict(c) for c in checks]})
@@ -127,8 +123,8 @@ def doctor(json_: JsonOption = False, config: ConfigOption = None) -> None:
         raise typer.Exit(1)
 
 
-@app.command()
 def quickstart(
+    ctx: typer.Context,
     tab_model: Annotated[str, typer.Option(help="Model for Tab and apply.")] = "code-small",
     agent_model: Annotated[str, typer.Option(help="Model for the agent.")] = "code-medium",
     agent_steps: Annotated[int, typer.Option(help="The agent's maximum model turns.",
@@ -140,7 +136,16 @@ def quickstart(
     Tab. Exit status 1 when a step failed."""
     from codeplane.quickstart import run
 
-    run(settings(config), tab_model, agent_model, agent_steps)
+    run(settings(ctx, config), tab_model, agent_model, agent_steps)
+
+
+SUB_APPS = {"model": model_app, "keys": keys_app, "gateway": gateway_app, "events": events_app,
+            "agents": agents_app, "rl": rl_app, "db": db_app}
+COMMANDS = {"index": index_cli.index_cmd, "search": index_cli.search_cmd, "agent": agent_cmd,
+            "tool": tool_cmd, "complete": tab_cli.complete, "lsp": tab_cli.lsp,
+            "tab-feedback": tab_cli.tab_feedback, "apply": apply_command, "serve": serve,
+            "doctor": doctor, "quickstart": quickstart}
+app = build_app(PROVIDERS)  # the program's composition root: the product's provider table
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -45,26 +46,28 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-_providers: ProviderTable | None = None  # the gateway's provider table, once the root hands it
+@dataclass(frozen=True)
+class Program:
+    """What a program's root command hands its commands as Typer's context object
+    (`ctx.obj`): the gateway's provider table (this module sits below the gateway), so that
+    every command checks `[[models]]` when it loads settings. It lives in the invocation, not
+    in this module, so two programs in one process never see each other's table, and a
+    sub-app a test invokes on its own loads settings unchecked, as a script does."""
+
+    providers: ProviderTable
 
 
-def use_providers(providers: ProviderTable) -> None:
-    """The `codeplane` command's root hands over the gateway's provider table (this module
-    sits below the gateway), so that every command checks `[[models]]` when it loads
-    settings; a sub-app a test invokes on its own loads them unchecked, as a script does."""
-    global _providers
-    _providers = providers
-
-
-def settings(config: Path | None = None, **overrides: Any) -> Settings:
+def settings(ctx: typer.Context, config: Path | None = None, **overrides: Any) -> Settings:
+    program = ctx.find_object(Program)
     try:
-        return load_settings(config, providers=_providers, **overrides)
+        return load_settings(config, providers=program.providers if program else None,
+                             **overrides)
     except ConfigError as exc:
         fail(str(exc))
 
 
-def server_url(server: str | None, config: Path | None = None) -> str:
-    return (server or settings(config).server).rstrip("/")
+def server_url(ctx: typer.Context, server: str | None, config: Path | None = None) -> str:
+    return (server or settings(ctx, config).server).rstrip("/")
 
 
 def print_json(value: Any) -> None:
@@ -75,9 +78,9 @@ class ServerApi:
     """One API of the codeplane server, as a command calls it: with the caller's key, and any
     error (no server, a 4xx or 5xx) a one-line failure that says why."""
 
-    def __init__(self, server: str | None, api_key: str | None, config: Path | None,
-                 prefix: str) -> None:
-        self.base = server_url(server, config) + prefix
+    def __init__(self, ctx: typer.Context, server: str | None, api_key: str | None,
+                 config: Path | None, prefix: str) -> None:
+        self.base = server_url(ctx, server, config) + prefix
         self.http = api_client(api_key)
 
     def call(self, method: str, path: str = "", **kwargs: Any) -> httpx.Response:

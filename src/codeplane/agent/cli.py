@@ -56,6 +56,7 @@ def open_environment(path: Path, no_sandbox: bool, network: bool = False,
 
 
 def agent_cmd(
+    ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="What the agent should do.")],
     path: PathOption = Path("."),
     model: Annotated[str | None, typer.Option(help="Model name (default: code-medium).")] = None,
@@ -90,12 +91,12 @@ def agent_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Give the coding agent a task; it reads, searches, edits and runs commands until done."""
-    cfg = settings(config)
+    cfg = settings(ctx, config)
     env = open_environment(path, no_sandbox, network, backend)
     if not task.strip():
         fail("task is empty")
     name = model or cfg.agent.model
-    chat = HttpChatModel(base_url or server_url(server, config) + "/v1", name, api_key)
+    chat = HttpChatModel(base_url or server_url(ctx, server, config) + "/v1", name, api_key)
     try:
         chosen = resolve(chat.listing().get("agent_setup"), setup, max_steps=max_steps,
                          max_tokens=max_tokens, toolset=toolset, answer_turn=answer_turn,
@@ -186,6 +187,7 @@ def _summary(result: Any) -> None:
 
 
 def tool_cmd(
+    ctx: typer.Context,
     name: Annotated[str | None, typer.Argument(help="Tool name; omit to list the tools.")] = None,
     args: Annotated[str, typer.Argument(help="Arguments as a JSON object.")] = "{}",
     path: PathOption = Path("."),
@@ -214,8 +216,8 @@ def tool_cmd(
         fail("arguments must be a JSON object, e.g. '{\"path\": \"README.md\"}'")
     env = open_environment(path, no_sandbox, network, backend)
     try:
-        ctx = ToolContext(services=tool_services(settings(config)))
-        result = toolset.execute(env, name, parsed, ctx)
+        context = ToolContext(services=tool_services(settings(ctx, config)))
+        result = toolset.execute(env, name, parsed, context)
     finally:
         env.close()
     if json_:

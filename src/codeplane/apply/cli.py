@@ -14,6 +14,7 @@ from codeplane.clikit import ConfigOption, JsonOption, err_console, fail, print_
 
 
 def apply_command(
+    ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="File to change.", dir_okay=False)],
     edit: Annotated[Path, typer.Option("--edit", help="Edit to merge: a sketch with "
                                        "`... existing code ...` markers, SEARCH/REPLACE blocks, "
@@ -40,7 +41,7 @@ def apply_command(
     target = file.resolve()
     original = _read(target, "file")
     sketch = sys.stdin.read() if str(edit) == "-" else _read(edit, "edit")
-    engine = None if no_model else Engine(settings(config))
+    engine = None if no_model else Engine(settings(ctx, config))
     try:
         result = apply_edit(original, sketch, str(file), engine, model)
     except UnknownModel as exc:

@@ -32,8 +32,9 @@ RunId = Annotated[str, typer.Argument(help="Run id (from `agents launch` or `age
 class Api(ServerApi):
     """The server's background-agents API."""
 
-    def __init__(self, server: str | None, api_key: str | None, config: Path | None) -> None:
-        super().__init__(server, api_key, config, "/v1/background-agents")
+    def __init__(self, ctx: typer.Context, server: str | None, api_key: str | None,
+                 config: Path | None) -> None:
+        super().__init__(ctx, server, api_key, config, "/v1/background-agents")
 
     def events(self, run_id: str, follow: bool):
         """The run's events so far (and, with `follow`, until it ends)."""
@@ -55,6 +56,7 @@ class Api(ServerApi):
 
 @agents_app.command("launch")
 def launch(
+    ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="What the agent should do.")],
     repo: Annotated[str, typer.Option(help="Git repository: a path (or .bundle file) on the "
                                            "server machine under its workspace roots, or a "
@@ -69,7 +71,7 @@ def launch(
     path = Path(repo)
     body = {"repo": str(path.resolve()) if path.exists() else repo, "ref": ref, "task": task,
             "model": model, "max_steps": max_steps}
-    run = Api(server, api_key, config).call("POST", json=body).json()
+    run = Api(ctx, server, api_key, config).call("POST", json=body).json()
     if json_:
         print_json(run)
     else:
@@ -77,10 +79,10 @@ def launch(
 
 
 @agents_app.command("list")
-def list_runs(json_: JsonOption = False, server: ServerOption = None, api_key: ApiKeyOption = None,
-              config: ConfigOption = None) -> None:
+def list_runs(ctx: typer.Context, json_: JsonOption = False, server: ServerOption = None,
+              api_key: ApiKeyOption = None, config: ConfigOption = None) -> None:
     """Your background agents, newest first."""
-    runs = Api(server, api_key, config).call("GET").json()["data"]
+    runs = Api(ctx, server, api_key, config).call("GET").json()["data"]
     if json_:
         print_json(runs)
         return
@@ -89,10 +91,10 @@ def list_runs(json_: JsonOption = False, server: ServerOption = None, api_key: A
 
 
 @agents_app.command("show")
-def show(run_id: RunId, json_: JsonOption = False, server: ServerOption = None,
+def show(ctx: typer.Context, run_id: RunId, json_: JsonOption = False, server: ServerOption = None,
          api_key: ApiKeyOption = None, config: ConfigOption = None) -> None:
     """One run: status, repo, branch, commit."""
-    run = Api(server, api_key, config).call("GET", f"/{run_id}").json()
+    run = Api(ctx, server, api_key, config).call("GET", f"/{run_id}").json()
     if json_:
         print_json(run)
         return
@@ -102,13 +104,13 @@ def show(run_id: RunId, json_: JsonOption = False, server: ServerOption = None,
 
 
 @agents_app.command("logs")
-def logs(run_id: RunId,
+def logs(ctx: typer.Context, run_id: RunId,
          follow: Annotated[bool, typer.Option("--follow", "-f",
                                               help="Keep watching until the run ends.")] = False,
          json_: JsonOption = False, server: ServerOption = None, api_key: ApiKeyOption = None,
          config: ConfigOption = None) -> None:
     """The run's events: tool calls, their output, diffs, the result."""
-    for event in Api(server, api_key, config).events(run_id, follow):
+    for event in Api(ctx, server, api_key, config).events(run_id, follow):
         if json_:
             typer.echo(json.dumps(event))
         else:
@@ -134,30 +136,30 @@ def describe(event: dict[str, Any]) -> str:
 
 
 @agents_app.command("cancel")
-def cancel(run_id: RunId, server: ServerOption = None, api_key: ApiKeyOption = None,
-           config: ConfigOption = None) -> None:
+def cancel(ctx: typer.Context, run_id: RunId, server: ServerOption = None,
+           api_key: ApiKeyOption = None, config: ConfigOption = None) -> None:
     """Stop a running agent (what it changed so far is still committed)."""
-    got = Api(server, api_key, config).call("POST", f"/{run_id}/cancel").json()
+    got = Api(ctx, server, api_key, config).call("POST", f"/{run_id}/cancel").json()
     typer.echo("cancel requested" if got["cancel_requested"] else "the run is not running")
 
 
 @agents_app.command("delete")
-def delete(run_id: RunId, server: ServerOption = None, api_key: ApiKeyOption = None,
-           config: ConfigOption = None) -> None:
+def delete(ctx: typer.Context, run_id: RunId, server: ServerOption = None,
+           api_key: ApiKeyOption = None, config: ConfigOption = None) -> None:
     """Erase a finished run on the server: record, events, patch and checkout."""
-    Api(server, api_key, config).call("DELETE", f"/{run_id}")
+    Api(ctx, server, api_key, config).call("DELETE", f"/{run_id}")
     typer.echo(f"deleted {run_id}")
 
 
 @agents_app.command("pull")
-def pull(run_id: RunId,
+def pull(ctx: typer.Context, run_id: RunId,
          path: Annotated[Path, typer.Option("--path", help="Local checkout (default: .).")]
          = Path("."),
          server: ServerOption = None, api_key: ApiKeyOption = None,
          config: ConfigOption = None) -> None:
     """Apply the run's patch to a local checkout as commits (`git am --3way`). On a
     conflict the checkout is left as it was and the command exits 2."""
-    api = Api(server, api_key, config)
+    api = Api(ctx, server, api_key, config)
     run = api.call("GET", f"/{run_id}").json()
     if run["status"] in ("queued", "running"):
         fail("the run is still going; pull it once it has ended")

@@ -21,17 +21,18 @@ events_app = typer.Typer(help="Query the event lake (Tab, apply, agent and gatew
                          no_args_is_help=True)
 
 
-def _store(config: ConfigOption) -> ObjectStore:
+def _store(ctx: typer.Context, config: ConfigOption) -> ObjectStore:
     from codeplane.storage import ObjectStore, StorageError
 
     try:
-        return ObjectStore.from_settings(settings(config))
+        return ObjectStore.from_settings(settings(ctx, config))
     except StorageError as exc:
         fail(str(exc))
 
 
 @events_app.command("query")
 def query_cmd(
+    ctx: typer.Context,
     sql: Annotated[str, typer.Argument(help="SQL over the views tab_shown, tab_accepted, "
                                             "tab_rejected, tab_next_shown, "
                                             "tab_next_accepted, tab_next_rejected, "
@@ -46,7 +47,7 @@ def query_cmd(
     from codeplane.events import query as lake
     from codeplane.storage import StorageError
 
-    store = _store(config)
+    store = _store(ctx, config)
     try:
         columns, rows = lake.query(store, sql)
     except duckdb.Error as exc:
@@ -64,6 +65,7 @@ def query_cmd(
 
 @events_app.command("compact")
 def compact_cmd(
+    ctx: typer.Context,
     day: Annotated[str | None, typer.Option(help="Only this day (YYYY-MM-DD, UTC); default: "
                                                  "every day.")] = None,
     grace: Annotated[float, typer.Option(min=0, help="Seconds a replaced file is kept for "
@@ -79,8 +81,8 @@ def compact_cmd(
 
     if day is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):
         fail(f"--day {day!r}: expected YYYY-MM-DD")
-    store = _store(config)
-    db = Database.from_settings(settings(config))  # its lock: one compaction per partition
+    store = _store(ctx, config)
+    db = Database.from_settings(settings(ctx, config))  # its lock: one compaction per partition
     try:
         done = compact(store, day, lock=db.lock, grace_s=grace)
     except (OSError, StorageError) as exc:
@@ -97,6 +99,7 @@ def compact_cmd(
 
 @events_app.command("stats")
 def stats_cmd(
+    ctx: typer.Context,
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's events.")] = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
@@ -106,7 +109,7 @@ def stats_cmd(
     from codeplane.storage import StorageError
 
     try:
-        result = lake.stats(_store(config), tenant)
+        result = lake.stats(_store(ctx, config), tenant)
     except StorageError as exc:
         fail(str(exc))
     if as_json:

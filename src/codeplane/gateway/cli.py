@@ -29,6 +29,7 @@ gateway_app = typer.Typer(help="Inspect the model gateway.", no_args_is_help=Tru
 
 @keys_app.command("create")
 def create(
+    ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Who or what uses the key.")],
     tenant: Annotated[str | None, typer.Option(
         help="Tenant the key belongs to: keys of one tenant see the same workspaces and "
@@ -43,7 +44,7 @@ def create(
     config: ConfigOption = None,
 ) -> None:
     """Create a key. It is printed once; the server stores only its hash."""
-    store = KeyStore.from_settings(settings(config))
+    store = KeyStore.from_settings(settings(ctx, config))
     try:
         key, secret = store.create(name, rpm, tpm, budget_tokens, priority, tenant)
     except ValueError as exc:
@@ -57,9 +58,9 @@ def create(
 
 
 @keys_app.command("list")
-def list_(json_: JsonOption = False, config: ConfigOption = None) -> None:
+def list_(ctx: typer.Context, json_: JsonOption = False, config: ConfigOption = None) -> None:
     """List keys (hint, limits, tokens used); never the keys themselves."""
-    store = KeyStore.from_settings(settings(config))
+    store = KeyStore.from_settings(settings(ctx, config))
     rows = [{"id": k.id, "name": k.name, "tenant": k.tenant, "hint": k.hint + "...",
              "priority": k.priority,
              "rpm": k.rpm, "tpm": k.tpm, "budget_tokens": k.budget_tokens,
@@ -76,11 +77,11 @@ def list_(json_: JsonOption = False, config: ConfigOption = None) -> None:
 
 
 @keys_app.command("revoke")
-def revoke(name: Annotated[str, typer.Argument(help="Key name or id.")],
+def revoke(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Key name or id.")],
            config: ConfigOption = None) -> None:
     """Revoke a key; a running server refuses it within a second."""
     try:
-        key = KeyStore.from_settings(settings(config)).revoke(name)
+        key = KeyStore.from_settings(settings(ctx, config)).revoke(name)
     except KeyError:
         fail(f"no active key named {name!r}")
     console.print(f"revoked {key.name} ({key.id})")
@@ -88,13 +89,14 @@ def revoke(name: Annotated[str, typer.Argument(help="Key name or id.")],
 
 @gateway_app.command("status")
 def status(
+    ctx: typer.Context,
     server: ServerOption = None,
     api_key: ApiKeyOption = None,
     json_: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Deployments' health: circuit state, cooldown, slow-start ramp, load, latency."""
-    data = ServerApi(server, api_key, config, "/v1/gateway").call("GET", "/status",
+    data = ServerApi(ctx, server, api_key, config, "/v1/gateway").call("GET", "/status",
                                                                   timeout=10).json()
     if json_:
         print_json(data)

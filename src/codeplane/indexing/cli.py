@@ -31,11 +31,12 @@ from codeplane.models.embed import EmbedderUnavailable
 from codeplane.models.embedders import Embedders
 
 
-def _settings(config: Path | None, server: str | None) -> Settings:
-    return settings(config, server=server) if server else settings(config)
+def _settings(ctx: typer.Context, config: Path | None, server: str | None) -> Settings:
+    return settings(ctx, config, server=server) if server else settings(ctx, config)
 
 
 def index_cmd(
+    ctx: typer.Context,
     directory: Annotated[Path, typer.Argument(help="Workspace root (default: current dir).",
                                               file_okay=False)] = Path("."),
     watch: Annotated[bool, typer.Option(
@@ -58,13 +59,13 @@ def index_cmd(
     """Index a workspace privately: only encrypted paths, line ranges and rotated vectors are
     stored on the server; files with secrets never leave this machine."""
     if forget_:  # the directory itself may be gone already
-        _forget(directory.resolve(), _settings(config, server), api_key)
+        _forget(directory.resolve(), _settings(ctx, config, server), api_key)
         return
     if not directory.is_dir():
         fail(f"not a directory: {directory}")
     if embed not in (None, *MODES):
         fail(f"--embed must be one of {', '.join(MODES)}, not {embed!r}")
-    cfg = _settings(config, server)
+    cfg = _settings(ctx, config, server)
     if embed:
         cfg = cfg.model_copy(update={"indexing": cfg.indexing.model_copy(update={"embed": embed})})
     root = directory.resolve()
@@ -142,6 +143,7 @@ def _print_report(r: SyncReport) -> None:
 
 
 def search_cmd(
+    ctx: typer.Context,
     query: Annotated[str, typer.Argument(help="What to look for, in words or identifiers.")],
     path: Annotated[str | None, typer.Option(
         help="Only results under this directory (a workspace or a folder inside one).")] = None,
@@ -161,7 +163,7 @@ def search_cmd(
 ) -> None:
     """Hybrid search (meaning and words) over an indexed workspace; snippets are read from
     local files."""
-    cfg = _settings(config, server)
+    cfg = _settings(ctx, config, server)
     workspace = (root or _find_root(_start_dir(path), cfg)).resolve()
     try:
         outcome = search(workspace, query, limit, cfg, path, http=api_client(api_key),

