@@ -115,7 +115,7 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
         return twice
     old = [norm(line) for line in original]
     new = [norm(line) for line in merged]
-    opcodes = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    opcodes = opcodes_between(old, new)
     problem = _torn_context(old, new, shown, opcodes) or _kept_between(new, shown) \
         or _moved_and_kept(old, new, shown)
     if problem:
@@ -141,6 +141,88 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
                 return (f"it removes or rewrites line {i1 + 1} ({removed[0][:60]!r}), which "
                         f"the sketch does not show as deleted or changed")
     return None
+
+
+def opcodes_between(old: list[str], new: list[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib's opcodes from `old` to `new` (no junk), the very same, found faster where
+    lines repeat (see `_Matcher`)."""
+    return _Matcher(old, new).get_opcodes()
+
+
+class _Matcher(difflib.SequenceMatcher):
+    """`SequenceMatcher(None, a, b, autojunk=False)` with the same longest-match answers,
+    found in linear time where difflib's search is slow: it steps through every copy in
+    `b` of every line of `a`, so a long file's hundreds of blank lines cost hundreds of
+    thousands of steps per search, and the wrong-merge guard's diff was 23 % of apply time
+    (docs/apply.md, "Session apply9"). A suffix automaton of `b`'s range gives, for each
+    line of `a`, the longest match ending there and the first place in `b` it ends, which
+    is difflib's tie-break (the match ending first in `a`, then in `b`). Where lines
+    repeat little difflib's own search is cheaper and is used."""
+
+    def __init__(self, a: list[str], b: list[str]) -> None:
+        super().__init__(None, a, b, autojunk=False)
+
+    def find_longest_match(self, alo: int = 0, ahi: int | None = None, blo: int = 0,
+                           bhi: int | None = None) -> difflib.Match:
+        ahi = len(self.a) if ahi is None else ahi
+        bhi = len(self.b) if bhi is None else bhi
+        counts = Counter(self.b[blo:bhi])
+        steps = sum(counts[line] for line in self.a[alo:ahi])
+        if steps <= _AUTOMATON_STEPS * (ahi - alo + bhi - blo):
+            return super().find_longest_match(alo, ahi, blo, bhi)
+        nxt, link, length, first = _automaton(self.b[blo:bhi])
+        best = difflib.Match(alo, blo, 0)
+        state = size = 0
+        for i in range(alo, ahi):
+            line = self.a[i]
+            while state and line not in nxt[state]:
+                state = link[state]
+                size = length[state]
+            if line in nxt[state]:
+                state, size = nxt[state][line], size + 1
+            if size > best.size:
+                end = blo + first[state]
+                best = difflib.Match(i - size + 1, end - size + 1, size)
+        return best
+
+
+# Below this many steps of difflib's own search per line of the two ranges, it is cheaper
+# than building an automaton (a few dictionary operations per line of `b`).
+_AUTOMATON_STEPS = 8
+
+
+def _automaton(seq: list[str]) -> tuple[list[dict[str, int]], list[int], list[int], list[int]]:
+    """The suffix automaton of `seq`: per state its transitions, suffix link, longest
+    length, and the first position in `seq` where its strings end."""
+    nxt: list[dict[str, int]] = [{}]
+    link, length, first = [-1], [0], [-1]
+    last = 0
+    for pos, item in enumerate(seq):
+        cur = len(length)
+        nxt.append({})
+        link.append(0)
+        length.append(length[last] + 1)
+        first.append(pos)
+        p = last
+        while p != -1 and item not in nxt[p]:
+            nxt[p][item] = cur
+            p = link[p]
+        if p != -1:
+            q = nxt[p][item]
+            if length[p] + 1 == length[q]:
+                link[cur] = q
+            else:
+                clone = len(length)
+                nxt.append(dict(nxt[q]))
+                link.append(link[q])
+                length.append(length[p] + 1)
+                first.append(first[q])
+                while p != -1 and nxt[p].get(item) == q:
+                    nxt[p][item] = clone
+                    p = link[p]
+                link[q] = link[cur] = clone
+        last = cur
+    return nxt, link, length, first
 
 
 def _torn_context(old: list[str], new: list[str], shown: list[list[str]],
@@ -362,7 +444,7 @@ def restore_layout(original: list[str], merged: list[str]) -> Layout:
     code_m = [j for j, line in enumerate(merged) if line.strip()]
     keys_o = ["".join(original[i].split()) for i in code_o]
     keys_m = ["".join(merged[j].split()) for j in code_m]
-    ops = difflib.SequenceMatcher(None, keys_o, keys_m, autojunk=False).get_opcodes()
+    ops = opcodes_between(keys_o, keys_m)
     spans: list[tuple[int, int, int, int]] = []  # joined or split: merged -> original lines
     for op in ops:
         if _rewrapped(op, keys_o, keys_m):
