@@ -16,6 +16,7 @@ the file's bytes.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import itertools
 import re
@@ -127,7 +128,8 @@ def check(original: list[str], sketch: Sketch, merged: list[str]) -> str | None:
         added = [line for line in new[j1:j2] if line]
         code = [line for line in removed if not _COMMENT_ONLY.match(line)]
         if len(added) == 1 and _COMMENT_ONLY.match(added[0]) and len(code) > 1 \
-                and (len(added[0].split()) <= MARKERISH_WORDS or "..." in added[0]):
+                and (len(added[0].split()) <= MARKERISH_WORDS or "..." in added[0]) \
+                and not _commented_out(added[0]):
             return (f"it replaces {len(code)} lines of code from line {i1 + 1} "
                     f"({removed[0][:60]!r}) by only {added[0][:60]!r}: an elision marker "
                     f"read as code?")
@@ -223,6 +225,25 @@ def _automaton(seq: list[str]) -> tuple[list[dict[str, int]], list[int], list[in
                 link[q] = link[cur] = clone
         last = cur
     return nxt, link, length, first
+
+
+def _commented_out(line: str) -> bool:
+    """A `#` comment whose text is one Python statement that does something (an
+    assignment, an import, a call): code the edit comments out, which an elision marker's
+    prose never is (`# (the loop stays as it was)` does not parse, `# (unchanged)` is a
+    bare name; funcy 8dad95cfee in `fourth`: two settings replaced by
+    `# html_style = 'overrides.css'`)."""
+    if not line.startswith("#"):
+        return False
+    try:
+        body = ast.parse(line.lstrip("#").strip()).body
+    except SyntaxError:
+        return False
+    return len(body) == 1 and (isinstance(body[0], _STATEMENTS) or isinstance(
+        body[0], ast.Expr) and isinstance(body[0].value, ast.Call))
+
+
+_STATEMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom)
 
 
 def _torn_context(old: list[str], new: list[str], shown: list[list[str]],
