@@ -31,7 +31,7 @@ from codeplane.apply.align import (
     trivial,
 )
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
-from codeplane.apply.guard import check, restore_layout, unjoin
+from codeplane.apply.guard import check, moved_and_kept, restore_layout, unjoin
 
 # A line a segment rewrites right before its new lines, with no context after them, must be
 # at least this similar to the file's (token_similarity; the aligner itself takes 0.5).
@@ -88,10 +88,14 @@ def guard_sketch_merge(original: list[str], parsed: ParsedEdit, merged: list[str
     """A merge of `parsed` that another path wrote (the model's rewrite), through the same
     guards as the alignment's: its shape check lets a piece replace any run of original
     lines, so the model could delete code the sketch never shows (pyjwt 300348f7bc: a new
-    test spliced in, then the file resumed at a later copy of its last context line)."""
+    test spliced in, then the file resumed at a later copy of its last context line); and
+    it may not keep a line the sketch moves (`moved_and_kept`)."""
     if parsed.sketch is None:
         return MergeOutcome(merged)
     sketch, _ = unjoin(original, parsed.sketch)
+    problem = moved_and_kept(original, sketch, merged)
+    if problem:
+        return MergeOutcome(None, reasons=[f"wrong-merge guard: {problem}"])
     return _guarded(original, sketch, MergeOutcome(merged))
 
 
