@@ -315,7 +315,7 @@ def moved_and_kept(original: list[str], sketch: Sketch, merged: list[str]) -> st
     it too). The mirror image at a segment's end likewise. Only for the model path: the
     alignment takes the copy where it finds one reading, and commits do copy (tenacity
     3aacb41738 and marshmallow cfb3ac4994 in `third`, a comment repeated above new
-    imports: the commit's own file declines here in 6 of the 3,103 wild sketches,
+    imports: the commit's own file declines here in 6 of the 3,081 wild sketches,
     docs/apply.md); the model path runs where the merge found the sketch ambiguous, and
     none of those 6 is such a case."""
     old = [norm(line) for line in original]
