@@ -410,6 +410,7 @@ CATEGORIES = (
     ("no distinctive line", ("no distinctive line",)),
     ("no-op through a repeated line", ("read as it fits best",)),
     ("no-op with blank context", ("changes nothing",)),
+    ("deletion fits two places", ("with the same lines as context",)),
     ("guard: defines a name twice", ("times in one scope", "would define")),
     ("guard: unshown change", ("wrong-merge guard",)),
     ("layout guard: two pairings", ("layout guard",)),
