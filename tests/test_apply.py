@@ -842,3 +842,59 @@ def test_a_definition_shown_once_is_not_added_as_a_second_copy() -> None:
     assert not result.ok, result.merged
     assert any("define" in d and "2 times in one scope" in d for d in result.diagnostics), \
         result.diagnostics
+
+
+TWO_HASHES = '''class Units:
+    def __init__(self, d):
+        self._d = d
+        self._hash = hash(d)
+
+    def __hash__(self):
+        return self._hash
+
+    def __getstate__(self):
+        return {'_d': self._d}
+
+    def __setstate__(self, state):
+        self._d = state['_d']
+
+    def __eq__(self, other):
+        return self._d == other._d
+
+
+class Helper(dict):
+    def __init__(self, scale):
+        self.scale = scale
+        self._hash = hash(scale)
+
+    def __hash__(self):
+        if self.scale != 1.0:
+            raise ValueError('only scale 1.0 is hashable')
+        return self._hash
+
+    def __eq__(self, other):
+        return self.scale == other.scale
+'''
+
+
+def test_deletion_between_context_that_fits_two_places_declines() -> None:
+    """The sketch shows `__hash__`'s two lines and `def __eq__` together: the first class
+    with its two pickling methods deleted, or the second with its check deleted. The cost
+    prefers the shorter deletion, which says nothing about which code the edit removes
+    (pint 4ff5a28d97 in the sixth slice, `body`, `header`, `mixed`: the wrong one was
+    written). Two readings, two files: declined."""
+    sketch = ("    # ... existing methods ...\n    def __hash__(self):\n        return self._hash\n"
+              "\n    def __eq__(self, other):\n        # ... existing code ...\n")
+    assert_declines(TWO_HASHES, sketch, "two readings", "units.py")
+
+
+def test_deletion_whose_context_fits_once_still_merges() -> None:
+    """The same deletion with `__init__`'s last line shown above it fits one place only."""
+    sketch = ("    # ... existing methods ...\n        self._hash = hash(d)\n\n"
+              "    def __hash__(self):\n        return self._hash\n"
+              "\n    def __eq__(self, other):\n        # ... existing code ...\n")
+    expected = TWO_HASHES.replace("    def __getstate__(self):\n        return {'_d': self._d}\n\n"
+                                  "    def __setstate__(self, state):\n"
+                                  "        self._d = state['_d']\n\n", "")
+    result = apply_edit(TWO_HASHES, sketch, "units.py")
+    assert result.ok and result.merged == expected, result.diagnostics

@@ -6,13 +6,15 @@ Deterministic path only (no model)."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import random
 import sys
 from pathlib import Path
 
 from applykit import merges
 
-from codeplane.apply.guard import restore_layout
+from codeplane.apply.guard import opcodes_between, restore_layout
 from codeplane.apply.service import apply_edit
 
 MODULE = '''"""Files under a root directory."""
@@ -265,3 +267,21 @@ def test_end_to_end_benchmark_resumes_from_its_log(tmp_path, capsys) -> None:
     assert printed.count("(recorded)") == 2
     assert "body        1 /   0 /   1   final  66.7% /  0.0% /" in printed
     assert wild.case_key("body", case, "sketch three\n") not in wild.recorded(log)
+
+
+def test_the_guards_diff_is_difflibs_where_lines_repeat() -> None:
+    """The guards read a merge through difflib's opcodes; the faster search used where
+    lines repeat (blank lines, closing brackets) must give exactly difflib's, ties and
+    crossing matches included, or a guard decision could change. Sequences of a few
+    distinct lines repeat enough to take the faster search."""
+    rng = random.Random(7)
+    for _ in range(300):
+        old = [rng.choice("ab()") for _ in range(rng.randint(40, 160))]
+        new = list(old)
+        for _ in range(rng.randint(0, 8)):
+            at = rng.randint(0, len(new))
+            new[at:at + rng.randint(0, 3)] = [rng.choice("abc)") for _ in range(rng.randint(0, 3))]
+        if rng.random() < 0.2:
+            new = [rng.choice("ab()") for _ in range(rng.randint(0, 160))]
+        assert opcodes_between(old, new) == difflib.SequenceMatcher(
+            None, old, new, autojunk=False).get_opcodes()

@@ -236,6 +236,39 @@ def test_guard_declines_code_replaced_by_a_comment_or_not_shown() -> None:
     assert "does not show as deleted" in (check(original, sketch, lost) or "")
 
 
+CONF = """import os
+
+on_rtd = os.environ.get('READTHEDOCS') == 'True'
+
+# -- Options for HTML output ---------------------------------------------------
+
+# The theme to use for HTML and HTML Help pages.  See the documentation for
+# a list of builtin themes.
+html_theme = 'default'
+html_style = 'overrides.css' # Supress the washy theme
+
+# Theme options are theme-specific and customize the look and feel of a theme
+# further.
+#html_theme_options = {}
+
+# The name for this set of documents.
+html_title = 'funcs'
+"""
+
+
+def test_code_commented_out_by_the_edit_is_not_an_elision_marker() -> None:
+    """Two settings replaced by one of them commented out (funcy 8dad95cfee in the fourth
+    slice, `wordings`, `drift`, `layout`): the comment is code, not a marker wording the
+    recogniser missed, so the guard's "elision marker read as code" does not apply."""
+    sketch = ("# ... existing code ...\n# The theme to use for HTML and HTML Help pages.  "
+              "See the documentation for\n# a list of builtin themes.\n"
+              "# html_style = 'overrides.css'\n\n# Theme options are theme-specific and "
+              "customize the look and feel of a theme\n# ... existing code ...\n")
+    merges(CONF, sketch, "conf.py", CONF.replace(
+        "html_theme = 'default'\nhtml_style = 'overrides.css' # Supress the washy theme\n",
+        "# html_style = 'overrides.css'\n"))
+
+
 def test_joined_call_in_context_keeps_the_files_lines() -> None:
     original = ('def build(root):\n    store = Store(\n        root,\n        cache=True,\n'
                 '    )\n    store.load()\n    return store\n\n\ndef other():\n    pass\n')

@@ -272,6 +272,26 @@ def test_model_result_that_keeps_code_the_sketch_shows_deleted_is_rejected(
     assert any("together, but" in d for d in result.diagnostics), result.diagnostics
 
 
+def test_model_result_that_keeps_a_moved_line_twice_is_rejected(engine, monkeypatch) -> None:
+    """The same sketch as above; the model's own answer (bidict c1e297c824, `fifth`,
+    `body`, written by the full path until session apply10): the old block rewritten in
+    place into the new one, the file's comment kept above it and the sketch's copy of the
+    comment written after it. Each of the two checks above passes it (it removes nothing
+    unshown; the comment is in it twice); the comment is a line the file has once and the
+    sketch shows once, so the sketch moves it: the merge may not keep the file's copy next
+    to the segment that shows it elsewhere."""
+    original = ("import os\n\n\n# Keep these pins in sync with CI.\n\nSETUP = [\n"
+                "    'scm < 4',\n]\n\nDOCS = [\n    'sphinx',\n]\n")
+    sketch = ("# ... existing code ...\n\n\nSETUP = [\n    'scm',\n]\n\n"
+              "# Keep these pins in sync with CI.\n\nDOCS = [\n# ... existing code ...\n")
+    lines = original.removesuffix("\n").split("\n")
+    wrong = lines[:6] + ["    'scm',"] + lines[7:9] + [lines[3], ""] + lines[9:]
+    model_answers(engine, monkeypatch, wrong)
+    result = apply_edit(original, sketch, "setup.py", engine, method="model")
+    assert not result.ok and result.merged is None, result.merged
+    assert any("wrong-merge guard" in d for d in result.diagnostics), result.diagnostics
+
+
 CLIENT_TEST = '''    def test_{0}(self):
         url = "https://example.com/data.json"
 

@@ -36,6 +36,7 @@ Usage:
   python bench/apply/wild.py --set third         # the third (session 7) held-out slice
   python bench/apply/wild.py --set fourth        # the fourth (issue #33) held-out slice
   python bench/apply/wild.py --set fifth         # the fifth (session apply5) held-out slice
+  python bench/apply/wild.py --set sixth         # the sixth (session apply10) held-out slice
   python bench/apply/sets.py select OWNER/NAME... --name NAME   # a new held-out slice
   python bench/apply/wild.py --model code-small  # declines also end to end (model path)
   python bench/apply/wild.py --set fifth --model code-small --model-cases 2   # capped
@@ -62,8 +63,9 @@ from codeplane.apply.service import apply_edit
 # used, before the session that measured on it changed any code, and never tuned on:
 # fresh (pluggy, structlog, more-itertools), third (session 7: tenacity, cachetools,
 # marshmallow), fourth (issue #33: pyjwt, tinydb, loguru, funcy), fifth (session apply5:
-# jmespath.py, deepdiff, voluptuous, bidict).
-SLICES = ("fresh", "third", "fourth", "fifth")
+# jmespath.py, deepdiff, voluptuous, bidict), sixth (session apply10: cerberus, environs,
+# wrapt, pint).
+SLICES = ("fresh", "third", "fourth", "fifth", "sixth")
 STYLES = ("wordings", "body", "header", "drift", "joined", "mixed", "layout")
 WORDINGS = (
     "# ... existing code ...", "# ... rest of the function unchanged ...", "# (unchanged)",
@@ -408,6 +410,7 @@ CATEGORIES = (
     ("no distinctive line", ("no distinctive line",)),
     ("no-op through a repeated line", ("read as it fits best",)),
     ("no-op with blank context", ("changes nothing",)),
+    ("deletion fits two places", ("with the same lines as context",)),
     ("guard: defines a name twice", ("times in one scope", "would define")),
     ("guard: unshown change", ("wrong-merge guard",)),
     ("layout guard: two pairings", ("layout guard",)),
@@ -552,8 +555,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--verbose", action="store_true", help="also list every decline")
     parser.add_argument("--set", choices=("main", *SLICES), default="main",
-                        help="main: tune + first held-out part; fresh, third, fourth, fifth: one "
-                             "later held-out slice alone")
+                        help="main: tune + first held-out part; fresh, third, fourth, fifth, "
+                             "sixth: one later held-out slice alone")
     parser.add_argument("--style", choices=STYLES, help="print one case's sketch in a style")
     parser.add_argument("--case", type=int, default=0)
     parser.add_argument("--model", help="also run the declines end to end with this model "

@@ -31,7 +31,7 @@ from codeplane.apply.align import (
     trivial,
 )
 from codeplane.apply.formats import Block, ParsedEdit, Sketch
-from codeplane.apply.guard import check, restore_layout, unjoin
+from codeplane.apply.guard import check, moved_and_kept, restore_layout, unjoin
 
 # A line a segment rewrites right before its new lines, with no context after them, must be
 # at least this similar to the file's (token_similarity; the aligner itself takes 0.5).
@@ -88,10 +88,14 @@ def guard_sketch_merge(original: list[str], parsed: ParsedEdit, merged: list[str
     """A merge of `parsed` that another path wrote (the model's rewrite), through the same
     guards as the alignment's: its shape check lets a piece replace any run of original
     lines, so the model could delete code the sketch never shows (pyjwt 300348f7bc: a new
-    test spliced in, then the file resumed at a later copy of its last context line)."""
+    test spliced in, then the file resumed at a later copy of its last context line); and
+    it may not keep a line the sketch moves (`moved_and_kept`)."""
     if parsed.sketch is None:
         return MergeOutcome(merged)
     sketch, _ = unjoin(original, parsed.sketch)
+    problem = moved_and_kept(original, sketch, merged)
+    if problem:
+        return MergeOutcome(None, reasons=[f"wrong-merge guard: {problem}"])
     return _guarded(original, sketch, MergeOutcome(merged))
 
 
@@ -903,7 +907,43 @@ def _check_segment(aligner: Aligner, best: Alignment, owner: list[int], number: 
             f"line {matched[0] + 1} or as new code"
         return _Tie(f"{label} fits the original equally well at {where}: ambiguous", number,
                     rival)
-    return None
+    other = _deletes_elsewhere(aligner, best, rows, matched) if rival is None else None
+    return f"{label} {other}" if other else None
+
+
+def _deletes_elsewhere(aligner: Aligner, best: Alignment, rows: list[int], taken: list[int]
+                       ) -> str | None:
+    """A segment that only deletes (each of its lines context), which fits elsewhere too,
+    every line context there as well, deleting other code: two readings, two files. The
+    cost prefers the one that deletes less, which says nothing about which code the edit
+    removes (pint 4ff5a28d97 in `sixth`: `def __hash__`, `return self._hash`, `def __eq__`
+    read as deleting three lines inside one class's `__hash__`, where the commit deleted
+    two methods after another class's). Declined, never guessed."""
+    here = _code_deleted(aligner, best, rows)
+    if not here:
+        return None
+    mask = np.zeros(len(aligner.original), dtype=bool)
+    mask[taken] = True
+    other = aligner.align({k: mask for k in rows})
+    there = _code_deleted(aligner, other, rows) if other is not None else []
+    if not there:
+        return None
+    return (f"deletes line {here[0] + 1} ({aligner.original[here[0]].strip()[:50]!r}) here, "
+            f"or, with the same lines as context, line {there[0] + 1} "
+            f"({aligner.original[there[0]].strip()[:50]!r}): two readings, ambiguous")
+
+
+def _code_deleted(aligner: Aligner, alignment: Alignment, rows: list[int]) -> list[int]:
+    """The file's lines with code that `alignment` deletes between the segment's `rows`,
+    when every one of those rows is context (matched, or a blank line dropped); else
+    nothing."""
+    if any(alignment.ops[k][0] not in ("match", "drop") for k in rows):
+        return []
+    lines = [alignment.ops[k][1] for k in rows if alignment.ops[k][0] == "match"]
+    if not lines:
+        return []
+    return sorted(o for o in alignment.deleted
+                  if lines[0] < o < lines[-1] and aligner.original[o].strip())
 
 
 def _split_context(aligner: Aligner, best: Alignment, rows: list[int]) -> str | None:
