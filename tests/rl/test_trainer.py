@@ -103,6 +103,32 @@ def test_starting_from_another_runs_policy_takes_its_weights_not_its_optimiser(
         fresh.start_from(str(tmp_path / "nowhere"))
 
 
+def test_a_run_started_from_another_runs_policy_keeps_its_kl_to_that_policy(
+        settings, rollouts, tmp_path: Path):
+    """`init` with `kl_beta`: the KL term's reference is the policy the run started from,
+    so at the first step the policy equals its reference (KL ~0), not the warm start's
+    distance from the base model; a resumed run keeps that reference."""
+    warm = PolicyTrainer(CONFIG, settings)
+    # a warm start far from the base: every LoRA tensor random (B starts at zero otherwise)
+    generator = torch.Generator().manual_seed(5)
+    warm.policy.load_lora_state({k: torch.randn(v.shape, generator=generator) * 0.05
+                                 for k, v in warm.weights().items()})
+    warm.save(str(tmp_path / "warm"))
+    kl_config = CONFIG.model_copy(update={"kl_beta": 0.1, "lr": 1e-9})
+    from_base = PolicyTrainer(kl_config, settings)  # the same policy, the base as reference
+    from_base.policy.load_lora_state(warm.weights())
+    assert from_base.step(batch(rollouts, 0))["kl"] > 1e-3
+    started = PolicyTrainer(kl_config, settings)
+    started.start_from(str(tmp_path / "warm"))
+    assert started.step(batch(rollouts, 0))["kl"] < 1e-6
+    started.save(str(tmp_path / "run"))
+    resumed = PolicyTrainer(kl_config, settings)
+    resumed.load(str(tmp_path / "run"))
+    assert resumed.step(batch(rollouts, 0))["kl"] < 1e-6
+    assert all(torch.equal(x, y) for x, y in zip(  # the reference is not what is trained
+        warm.weights().values(), resumed.policy.reference_state().values(), strict=True))
+
+
 def test_nothing_to_learn_from_is_no_step(settings, rollouts):
     trainer = PolicyTrainer(CONFIG, settings)
     weights = trainer.weights()

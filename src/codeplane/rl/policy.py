@@ -41,6 +41,7 @@ from codeplane.rl.algorithms import token_logprobs
 # Attention projections: what the LoRA adapts, and what llama.cpp's GGUF adapters can carry
 # for this architecture (see rl/adapter.py for the name mapping).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+REFERENCE = "reference"  # the frozen LoRA of the KL term's reference policy (`set_reference`)
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,10 @@ def torch_weights(gguf: Path) -> Path:
 
 class Policy:
     """A causal LM with a LoRA adapter on its attention projections. The base weights are
-    frozen; with the adapter disabled the same model is the reference policy for the KL term
-    (no second copy in memory)."""
+    frozen. The reference policy for the KL term is the same model with the adapter disabled
+    (no second copy in memory), or, once `set_reference` gave it one, with a frozen second
+    LoRA: a run that starts from another run's policy stays close to that policy, not to the
+    base model it left behind."""
 
     def __init__(self, gguf: Path, lora: LoraShape, seed: int = 0) -> None:
         directory = torch_weights(gguf)
@@ -142,10 +145,31 @@ class Policy:
         """The adapter's tensors (a copy: later training must not change what was shipped)."""
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
 
-    def load_lora_state(self, state: dict[str, torch.Tensor]) -> None:
-        result = set_peft_model_state_dict(self.model, state)
+    def load_lora_state(self, state: dict[str, torch.Tensor],
+                        adapter: str = "default") -> None:
+        result = set_peft_model_state_dict(self.model, state, adapter_name=adapter)
         if result.unexpected_keys:
             raise ValueError(f"LoRA state has unknown tensors: {result.unexpected_keys[:3]}")
+
+    def set_reference(self, state: dict[str, torch.Tensor]) -> None:
+        """Score the KL term's reference with this LoRA state (a copy, frozen) instead of the
+        bare base model. A second rank-r LoRA costs a few MB; merging it into the base
+        weights instead would leave the trained adapter meaningless without it, and the
+        samplers and `codeplane model` serve one adapter on the registry's base."""
+        if REFERENCE not in self.model.peft_config:
+            config = LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=0.0,
+                                target_modules=list(LORA_TARGETS), bias="none",
+                                inference_mode=True)  # frozen: never in the optimiser
+            self.model.add_adapter(REFERENCE, config)
+        self.load_lora_state(state, REFERENCE)
+
+    def reference_state(self) -> dict[str, torch.Tensor] | None:
+        """The reference LoRA `set_reference` holds (a copy), None when the reference is the
+        base model."""
+        if REFERENCE not in self.model.peft_config:
+            return None
+        state = get_peft_model_state_dict(self.model, adapter_name=REFERENCE)
+        return {k: v.detach().clone() for k, v in state.items()}
 
     # -- scoring -------------------------------------------------------------------------
 
@@ -154,7 +178,7 @@ class Policy:
                             ) -> list[torch.Tensor]:
         """Log-prob of each completion token given its prompt, one tensor per (prompt,
         completion) pair, in one padded forward pass. Gradients flow unless called under
-        no_grad; `reference=True` scores with the adapter disabled."""
+        no_grad; `reference=True` scores with the reference policy (`set_reference`)."""
         rows = [Row(prompt + completion, [(len(prompt), len(completion))])
                 for prompt, completion in pairs]
         return [spans[0] for spans in self.row_logprobs(rows, temperature, reference)]
@@ -178,11 +202,20 @@ class Policy:
         wanted = sorted({width - len(row.ids) + start - 1 + i for row in rows
                          for start, length in row.spans for i in range(length)})
         keep = torch.tensor(wanted, dtype=torch.long)
-        if reference:
+        if not reference:
+            logits = self._logits(ids, mask, positions, keep)
+        elif REFERENCE in self.model.peft_config:
+            # peft takes per-row adapters in eval mode only; nothing here depends on the
+            # mode (no dropout), and the reference is never trained
+            training = self.model.training
+            self.model.eval()
+            try:
+                logits = self._logits(ids, mask, positions, keep, [REFERENCE] * len(rows))
+            finally:
+                self.model.train(training)
+        else:
             with self.model.disable_adapter():
                 logits = self._logits(ids, mask, positions, keep)
-        else:
-            logits = self._logits(ids, mask, positions, keep)
         column = {p: c for c, p in enumerate(wanted)}
         out = []
         for n, row in enumerate(rows):
@@ -197,9 +230,12 @@ class Policy:
         return out
 
     def _logits(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                keep: torch.Tensor) -> torch.Tensor:
+                keep: torch.Tensor, adapters: list[str] | None = None) -> torch.Tensor:
+        """`adapters`: the LoRA each row runs with (peft's per-row adapter names; without
+        them the trained one)."""
+        extra = {"adapter_names": adapters} if adapters else {}
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                          logits_to_keep=keep, use_cache=False).logits
+                          logits_to_keep=keep, use_cache=False, **extra).logits
 
 
 class InProcessSampler:

@@ -8,8 +8,9 @@ Implements `rl.types.Trainer`. One `step(groups)`:
    tokens are never scored (they are `Sample.prompt_ids`);
 3. recomputes the sampled tokens' log-probs in torch (micro-batches, gradients accumulated so
    the sum equals the full-batch loss), weights them by the truncated importance ratio against
-   the sampler's own log-probs, adds the optional KL to the reference (adapter disabled), and
-   takes one AdamW step with gradient clipping.
+   the sampler's own log-probs, adds the optional KL to the reference (the base model, or the
+   policy the run started from: `start_from`), and takes one AdamW step with gradient
+   clipping.
 
 Checkpoints hold the adapter, the optimiser, the version and the RNG states: a killed trainer
 that loads one computes the same next loss as the one that wrote it.
@@ -278,6 +279,9 @@ class PolicyTrainer:
         state = {"lora": self.policy.lora_state(), "optimizer": self.optimizer.state_dict(),
                  "version": self.version, "torch_rng": torch.get_rng_state(),
                  "python_rng": random.getstate()}
+        reference = self.policy.reference_state()
+        if reference is not None:  # a resumed run keeps the KL term's reference
+            state["reference"] = reference
         staging = path / f".{CHECKPOINT}.tmp"
         torch.save(state, staging)
         os.replace(staging, path / CHECKPOINT)
@@ -286,6 +290,8 @@ class PolicyTrainer:
     def load(self, directory: str) -> None:
         state = self._read(directory)
         self.policy.load_lora_state(state["lora"])
+        if "reference" in state:
+            self.policy.set_reference(state["reference"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         torch.set_rng_state(state["torch_rng"])
@@ -293,9 +299,13 @@ class PolicyTrainer:
 
     def start_from(self, directory: str) -> None:
         """Take another run's policy (its LoRA and version) and nothing else: this run's
-        optimiser and RNGs stay its own, so seeds that start from one warm start differ."""
+        optimiser and RNGs stay its own, so seeds that start from one warm start differ.
+        That policy is also the KL term's reference from now on: RL after a warm start
+        should stay near the warm start, not be pulled back to the base model (docs/rl.md,
+        the fifth and sixth product-environment runs)."""
         state = self._read(directory)
         self.policy.load_lora_state(state["lora"])
+        self.policy.set_reference(state["lora"])
         self.version = int(state["version"])
 
     def _read(self, directory: str) -> dict[str, Any]:
