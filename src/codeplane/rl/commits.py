@@ -58,7 +58,8 @@ BENCHMARK_REPOSITORIES = frozenset({
     "pallets/itsdangerous", "pallets/markupsafe", "pytest-dev/pluggy",
     "python/typing_extensions", "tkem/cachetools", "jmespath/jmespath.py",
     "seperman/deepdiff", "alecthomas/voluptuous", "jab/bidict",
-    "erikrose/parsimonious", "jazzband/prettytable", "pylons/webob"})
+    "erikrose/parsimonious", "jazzband/prettytable", "pylons/webob",
+    "pyeve/cerberus", "sloria/environs", "grahamdumpleton/wrapt", "hgrecco/pint"})
 BENCHMARK_PROJECTS = frozenset({
     "h11", "werkzeug", "jinja2", "markdown", "sqlparse", "humanize", "pyparsing", "pyflakes",
     "mistune", "boltons", "parso", "python-dotenv", "colorama", "tomli", "docopt",
