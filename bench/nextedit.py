@@ -28,6 +28,7 @@ to stderr, the JSON (per repository, and "all" pooled) to stdout.
     python bench/nextedit.py --fit /tmp/tune.jsonl
     python bench/nextedit.py --git DIR --cases 20  # any one repository's git directory
     python bench/nextedit.py --set tuning --mirror /work/.mirror --cases 120 --no-model
+    python bench/nextedit.py --set heldout2 --mirror /work/.mirror --cases 120 --no-model
 """
 
 from __future__ import annotations
