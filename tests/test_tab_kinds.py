@@ -161,3 +161,11 @@ def test_no_parallel_change_in_a_file_without_a_grammar():
     edits = [EditIn(path="notes.txt", line=0, before="if not value1:\n",
                     after="if value1 is None:\n")]
     assert parallel_change(text, 0, edits) is None
+
+
+def test_a_name_after_non_ascii_text_is_still_a_name():
+    """The grammar counts bytes, the lines characters: a name after an `é` is found."""
+    text = ("# café\ndef check(value1, value2):\n    if value1 is None:\n        return 1\n"
+            "    if not value2:\n        return 2\n")
+    got = parallel_change(text, 2, edit(2, "    if not value1:\n", "    if value1 is None:\n"))
+    assert got == Suggestion(4, 5, "    if value2 is None:\n")
