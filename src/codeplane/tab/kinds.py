@@ -8,7 +8,8 @@ in one name (`parallel_change`), near the cursor. A kind is kept only while it k
 precision >= 0.5 on the tuning repositories (docs/tab.md, "Next edits without a model", has
 the table, and the kinds tried and dropped: a parameter added to a `def` passed at its
 calls, an import whose last use an edit removed). They read lines, so any language; only
-`parallel` asks the file's grammar whether a word is a name.
+`parallel` asks the file's grammar whether a word is a name, so it fires only in a language
+with one (`core.languages`).
 """
 
 from __future__ import annotations
