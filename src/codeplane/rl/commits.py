@@ -47,7 +47,7 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", re.MULTILINE)
 Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
 # Every repository a benchmark reads (bench/search, bench/apply's sets, bench/tab's and
-# bench/agent's sdists, by project name, bench/nextedit's HELDOUT): never a source of
+# bench/agent's sdists, by project name, bench/nextedit's HELDOUT and HELDOUT2): never a source of
 # training or held-out tasks.
 # tests/rl/test_commits.py checks this list against the benchmarks' own.
 BENCHMARK_REPOSITORIES = frozenset({
@@ -58,8 +58,9 @@ BENCHMARK_REPOSITORIES = frozenset({
     "pallets/itsdangerous", "pallets/markupsafe", "pytest-dev/pluggy",
     "python/typing_extensions", "tkem/cachetools", "jmespath/jmespath.py",
     "seperman/deepdiff", "alecthomas/voluptuous", "jab/bidict",
-    "erikrose/parsimonious", "jazzband/prettytable", "pylons/webob",
-    "pyeve/cerberus", "sloria/environs", "grahamdumpleton/wrapt", "hgrecco/pint"})
+    "erikrose/parsimonious", "jazzband/prettytable", "pylons/webob", "scrapy/w3lib",
+    "jazzband/tablib", "alir3z4/html2text", "pyeve/cerberus", "hgrecco/pint",
+    "grahamdumpleton/wrapt", "sloria/environs"})
 BENCHMARK_PROJECTS = frozenset({
     "h11", "werkzeug", "jinja2", "markdown", "sqlparse", "humanize", "pyparsing", "pyflakes",
     "mistune", "boltons", "parso", "python-dotenv", "colorama", "tomli", "docopt",
