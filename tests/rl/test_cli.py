@@ -89,6 +89,8 @@ num_cpus = 2
      "init starts from another run's policy and [warm_start] makes one"),
     ("init = 'runs/warm'\ntrainer_kind = 'none'\n[tasks]\ntrain_dirs = ['a']\n",
      "init loads a trainer checkpoint"),
+    ("init_optimizer = true\n[tasks]\ntrain_dirs = ['a']\n",
+     "init_optimizer takes init's optimiser state: it needs init"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, body, message) -> None:
     result = cli(str(write_config(tmp_path / "bad.toml", body)), timeout=60)
@@ -121,7 +123,10 @@ class FlakyTrainer:
     def load(self, directory: str) -> None:
         self.version = json.loads((Path(directory) / "flaky.json").read_text())["version"]
 
-    def start_from(self, directory: str) -> None:
+    def nothing_to_learn(self, groups: list) -> dict[str, float] | None:
+        return None
+
+    def start_from(self, directory: str, optimizer: bool = False) -> None:
         self.load(directory)
         self.started_from = directory
 
@@ -212,8 +217,9 @@ class LockedTrainer(FlakyTrainer):
         return super().step(groups)
 
 
-def test_a_trainer_step_holds_the_train_lock(tmp_path) -> None:
-    """`train_lock`: seeds side by side train one at a time (their peak memories add up)."""
+def run_with_train_lock(tmp_path: Path, trainer: FlakyTrainer) -> Path:
+    """Two steps of GrepPolicy episodes through the real loop, with `train_lock` at
+    tmp_path/locks/train.lock; the run's `out`."""
     require_ray()
     from helpers import GrepPolicy
 
@@ -221,14 +227,38 @@ def test_a_trainer_step_holds_the_train_lock(tmp_path) -> None:
     from codeplane.rl.run import TrainingRun
 
     make_repo(tmp_path / "repo")
-    trainer = LockedTrainer(tmp_path / "locks" / "train.lock")
     TrainingRun(RunConfig.model_validate({
         "steps": 2, "out": str(tmp_path / "out"), "trainer_kind": "none",
         "train_lock": str(tmp_path / "locks" / "train.lock"),
         "tasks": {"train_dirs": [str(tmp_path / "repo")]}, "search": {"server": "none"},
         "rollout": {"in_flight": 2, "group_size": 2, "groups_per_step": 1}})
     ).train(GrepPolicy(), trainer)
+    return tmp_path / "out"
+
+
+def test_a_trainer_step_holds_the_train_lock(tmp_path) -> None:
+    """`train_lock`: seeds side by side train one at a time (their peak memories add up)."""
+    trainer = LockedTrainer(tmp_path / "locks" / "train.lock")
+    run_with_train_lock(tmp_path, trainer)
     assert trainer.held == [True, True]
+
+
+class IdleTrainer(FlakyTrainer):
+    """Has nothing to learn from any step (say every group's rewards are equal)."""
+
+    def nothing_to_learn(self, groups: list) -> dict[str, float] | None:
+        return {"skipped": 1.0, "groups_kept": 0.0, "version": float(self.version)}
+
+
+def test_a_step_with_nothing_to_learn_skips_the_trainer_and_its_lock(tmp_path) -> None:
+    """A step whose groups the trainer would all drop never reaches `trainer.step`, so it
+    never waits on `train_lock` (the sixth run: about 12 minutes waited for nothing); it is
+    recorded as skipped, and the run goes on."""
+    trainer = IdleTrainer()
+    out = run_with_train_lock(tmp_path, trainer)
+    assert trainer.seen == [] and trainer.version == 0
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert [s["trainer"]["skipped"] for s in steps] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)

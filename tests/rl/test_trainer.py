@@ -103,6 +103,33 @@ def test_starting_from_another_runs_policy_takes_its_weights_not_its_optimiser(
         fresh.start_from(str(tmp_path / "nowhere"))
 
 
+def test_starting_with_the_init_runs_optimiser_state_is_not_a_sign_step(
+        settings, rollouts, tmp_path: Path):
+    """`init_optimizer`: a fresh AdamW's first update moves every weight by lr (lr x the
+    gradient's sign, whatever its size); with the init run's moments carried over, the
+    update follows the gradients' size, at this run's learning rate."""
+    warm = PolicyTrainer(CONFIG, settings)
+    warm.step(batch(rollouts, 0))
+    warm.step(batch(rollouts, 1))
+    warm.save(str(tmp_path / "warm"))
+    lr = CONFIG.lr / 10
+
+    def first_update(optimizer: bool) -> torch.Tensor:
+        """|delta w| of every LoRA weight in one step after `start_from`, over lr."""
+        trainer = PolicyTrainer(CONFIG.model_copy(update={"lr": lr, "seed": 99}), settings)
+        trainer.start_from(str(tmp_path / "warm"), optimizer)
+        assert all(g["lr"] == lr for g in trainer.optimizer.param_groups)
+        before = {k: v.clone() for k, v in trainer.weights().items()}
+        trainer.step(batch(rollouts, 0))
+        return torch.cat([(trainer.weights()[k] - v).abs().flatten() / lr
+                          for k, v in before.items()])
+
+    fresh, carried = first_update(False), first_update(True)
+    assert ((fresh - 1).abs() < 0.05).float().mean() > 0.99  # a sign step
+    assert ((carried - 1).abs() < 0.05).float().mean() < 0.1
+    assert carried.max() < 5  # a step of about lr's size, not the init run's
+
+
 def test_a_run_started_from_another_runs_policy_keeps_its_kl_to_that_policy(
         settings, rollouts, tmp_path: Path):
     """`init` with `kl_beta`: the KL term's reference is the policy the run started from,
@@ -134,8 +161,11 @@ def test_nothing_to_learn_from_is_no_step(settings, rollouts):
     weights = trainer.weights()
     faulted = [Episode(e.task_id, e.group_id, e.samples, e.reward, fault="sandbox_killed")
                for e in rollouts[0]]
+    asked = trainer.nothing_to_learn([rollouts[2], faulted])  # what the run asks first
     metrics = trainer.step([rollouts[2], faulted])
     assert metrics["skipped"] == 1 and metrics["faulted"] == 2 and trainer.version == 0
+    assert asked == metrics
+    assert trainer.nothing_to_learn(batch(rollouts, 0, 2)) is None
     assert all(torch.equal(weights[k], v) for k, v in trainer.weights().items())
 
 

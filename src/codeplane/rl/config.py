@@ -149,8 +149,13 @@ class RunConfig(BaseModel):
         "torch", description="none: rollouts and evaluation only (a baseline)")
     init: str | None = Field(None, description=(
         "another run's `out`: the policy starts from its checkpoint's LoRA and version (RL "
-        "after that run's warm start) instead of the base model, with an optimiser and RNGs "
-        "of its own; once this run has a checkpoint, a resume starts there"))
+        "after that run's warm start) instead of the base model, with RNGs (and unless "
+        "init_optimizer, an optimiser) of its own; once this run has a checkpoint, a "
+        "resume starts there"))
+    init_optimizer: bool = Field(False, description=(
+        "with init: also take that run's AdamW moments (with this run's lr), so the first "
+        "update follows the gradients' size instead of moving every LoRA weight by lr "
+        "(a fresh AdamW's first step; docs/rl.md, after the sixth run)"))
     train_lock: str | None = Field(None, description=(
         "a file whose lock every RL trainer step holds: runs that name the same file (seeds "
         "side by side on one machine) train one at a time, so their peak memories never "
@@ -183,6 +188,8 @@ class RunConfig(BaseModel):
         if self.init and self.warm_start.steps:
             raise ValueError("init starts from another run's policy and [warm_start] makes "
                              "one: set one of them")
+        if self.init_optimizer and not self.init:
+            raise ValueError("init_optimizer takes init's optimiser state: it needs init")
         if self.init and self.trainer_kind != "torch":
             raise ValueError('init loads a trainer checkpoint: it needs trainer_kind "torch"')
         return self

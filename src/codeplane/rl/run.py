@@ -495,7 +495,11 @@ class TrainingRun:
 
     def _train(self, trainer: Trainer, data: StepData) -> dict[str, Any]:
         """One trainer step. If the trainer raises, it is restarted from its last checkpoint
-        and the step retried once: a bad batch must not end a long run."""
+        and the step retried once: a bad batch must not end a long run. A step with nothing
+        to learn from is recorded as skipped without taking `train_lock`."""
+        skipped = trainer.nothing_to_learn(data.groups)
+        if skipped is not None:
+            return skipped
         with train_lock(self.config.train_lock_path):
             try:
                 return trainer.step(data.groups)
@@ -538,7 +542,7 @@ class TrainingRun:
 
     def _start_from(self, init: Path, sampler: ChatModel, trainer: Trainer) -> None:
         try:
-            trainer.start_from(str(init))
+            trainer.start_from(str(init), self.config.init_optimizer)
         except (OSError, ValueError) as exc:  # no checkpoint there, or another LoRA shape
             raise ConfigError(f"init: {exc}") from None
         sync_sampler(sampler, trainer)

@@ -133,7 +133,7 @@ class PolicyTrainer:
         started = time.perf_counter()
         items, info = self._batch(groups)
         if not items:
-            return {**info, "skipped": 1.0, "version": float(self.version)}
+            return self._skipped(info)
         old = self._old_logprobs(items)
         metrics, scored = self._update(items, old)
         for _ in range(self.config.epochs - 1):
@@ -147,8 +147,20 @@ class PolicyTrainer:
                 "tokens": float(sampler_logp.numel()), "samples": float(len(items)),
                 "seconds": time.perf_counter() - started, "version": float(self.version)}
 
-    def _batch(self, groups: list[list[Episode]]) -> tuple[list[_Item], dict[str, float]]:
-        """Items to train on, with each token's advantage and loss weight."""
+    def nothing_to_learn(self, groups: list[list[Episode]]) -> dict[str, float] | None:
+        """The metrics of a skipped step when `step` would keep no group (all faulted, or no
+        reward variance under `drop_zero_variance`), else None. The run asks before it
+        takes `train_lock`: such a step must not wait for another seed's trainer for
+        nothing (docs/rl.md, the sixth product-environment run: about 12 minutes)."""
+        kept, info = self._kept(groups)
+        return None if kept else self._skipped({**info, "episodes": 0.0})
+
+    def _skipped(self, info: dict[str, float]) -> dict[str, float]:
+        return {**info, "skipped": 1.0, "version": float(self.version)}
+
+    def _kept(self, groups: list[list[Episode]]
+              ) -> tuple[list[list[Episode]], dict[str, float]]:
+        """The groups a step trains on, their episodes unfaulted, and what was dropped."""
         kept: list[list[Episode]] = []
         faulted = 0
         for group in groups:
@@ -157,6 +169,15 @@ class PolicyTrainer:
             rewards = [e.reward for e in clean]
             if clean and (informative(rewards) or not self.config.drop_zero_variance):
                 kept.append(clean)
+        all_rewards = [e.reward for g in groups for e in g if e.fault is None]
+        return kept, {
+            "groups": float(len(groups)), "groups_kept": float(len(kept)),
+            "faulted": float(faulted),
+            "reward_mean": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0}
+
+    def _batch(self, groups: list[list[Episode]]) -> tuple[list[_Item], dict[str, float]]:
+        """Items to train on, with each token's advantage and loss weight."""
+        kept, info = self._kept(groups)
         episodes = [e for g in kept for e in g]
         advantages = [a for g in kept for a in group_advantages(
             torch.tensor([e.reward for e in g]), self.config.advantage).tolist()]
@@ -170,12 +191,7 @@ class PolicyTrainer:
                 if n:
                     items.append(_Item(sample, advantage, weights[at:at + n]))
                 at += n
-        all_rewards = [e.reward for g in groups for e in g if e.fault is None]
-        return items, {
-            "groups": float(len(groups)), "groups_kept": float(len(kept)),
-            "episodes": float(len(episodes)), "faulted": float(faulted),
-            "reward_mean": sum(all_rewards) / len(all_rewards) if all_rewards else 0.0,
-        }
+        return items, {**info, "episodes": float(len(episodes))}
 
     def _chunks(self, items: list[_Item]) -> list[list[_Item]]:
         return [[items[i] for i in chunk]
@@ -297,16 +313,26 @@ class PolicyTrainer:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
 
-    def start_from(self, directory: str) -> None:
-        """Take another run's policy (its LoRA and version) and nothing else: this run's
-        optimiser and RNGs stay its own, so seeds that start from one warm start differ.
-        That policy is also the KL term's reference from now on: RL after a warm start
-        should stay near the warm start, not be pulled back to the base model (docs/rl.md,
-        the fifth and sixth product-environment runs)."""
+    def start_from(self, directory: str, optimizer: bool = False) -> None:
+        """Take another run's policy (its LoRA and version); this run's RNGs stay its own,
+        so seeds that start from one warm start differ. That policy is also the KL term's
+        reference from now on: RL after a warm start should stay near the warm start, not
+        be pulled back to the base model (docs/rl.md, the fifth and sixth
+        product-environment runs).
+
+        `optimizer`: also that run's AdamW moments (`init_optimizer`), with this run's own
+        learning rate and weight decay. A fresh AdamW's first update is lr x sign(gradient)
+        in every weight, whatever the gradient's size; with the moments carried over it
+        is scaled by the gradients seen so far (the sixth run: 99.99 % of the LoRA weights
+        moved by exactly lr)."""
         state = self._read(directory)
         self.policy.load_lora_state(state["lora"])
         self.policy.set_reference(state["lora"])
         self.version = int(state["version"])
+        if optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
+            for group in self.optimizer.param_groups:  # saved with the init run's rate
+                group.update(lr=self.config.lr, weight_decay=self.config.weight_decay)
 
     def _read(self, directory: str) -> dict[str, Any]:
         """A checkpoint's state, refused when written for another model or LoRA shape."""

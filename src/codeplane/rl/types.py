@@ -47,6 +47,10 @@ class Trainer(Protocol):
     def step(self, groups: list[list[Episode]]) -> dict[str, float]:
         """One optimiser step over these groups; returns metrics (loss, kl, mismatch, ...)."""
 
+    def nothing_to_learn(self, groups: list[list[Episode]]) -> dict[str, float] | None:
+        """A skipped step's metrics when `step` would not update on these groups, else
+        None; cheap, so the run asks before it waits for `train_lock`."""
+
     def weights(self) -> Any:
         """What a sampler needs to catch up to `version` (e.g. a LoRA state dict)."""
 
@@ -56,8 +60,9 @@ class Trainer(Protocol):
     def load(self, directory: str) -> None:
         """Resume from `save`'s checkpoint."""
 
-    def start_from(self, directory: str) -> None:
-        """Take the policy of another run's checkpoint (`init`), not its optimiser state."""
+    def start_from(self, directory: str, optimizer: bool = False) -> None:
+        """Take the policy of another run's checkpoint (`init`), and its optimiser state
+        when `optimizer` (`init_optimizer`)."""
 
 
 class Sampler(ChatModel, Protocol):
