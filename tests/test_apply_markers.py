@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from applykit import merges
 
-from codeplane.apply.formats import parse_edit
+from codeplane.apply.formats import is_marker, parse_edit
 from codeplane.apply.guard import check
 from codeplane.apply.service import apply_edit
 
@@ -829,5 +829,5 @@ def test_doctest_continuation_lines_are_code_not_elision_markers() -> None:
 @pytest.mark.parametrize("line", ["... existing code ...", "... rest unchanged",
                                   "... (unchanged)", "...  other methods"])
 def test_uncommented_ellipsis_markers_stay_markers(line: str) -> None:
-    from codeplane.apply.formats import is_marker
+    """The doctest rule takes only code after `... `: marker prose still elides."""
     assert is_marker("    " + line)
