@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from applykit import merges
 
-from codeplane.apply.formats import parse_edit
+from codeplane.apply.formats import is_marker, parse_edit
 from codeplane.apply.guard import check
 from codeplane.apply.service import apply_edit
 
@@ -765,3 +765,69 @@ def test_an_insertion_reading_that_copies_a_line_the_file_has_once_is_no_rival()
 '''
     merges(PICK, sketch, "pick.py",
            PICK.replace("writer = sink", "writer = functools.partial(sink, **kwargs)"))
+
+
+COERCE = '''from functools import wraps
+
+
+def Length(min=None):
+    """Check the length of a value."""
+    return min
+
+
+def Coerce(type, msg=None):
+    """Coerce a value to a type.
+
+    If the type constructor throws a ValueError, the value is marked as invalid.
+    """
+    @wraps(Coerce)
+    def f(v):
+        try:
+            return type(v)
+        except ValueError:
+            raise Invalid(msg)
+    return f
+
+
+def Boolean(v):
+    """Convert human-readable boolean values to a bool."""
+    return bool(v)
+'''
+
+
+def test_doctest_continuation_lines_are_code_not_elision_markers() -> None:
+    """A docstring's doctest continuation (`...   validate('foo')`: three dots, then a
+    call) is code the edit writes, not a "... existing code ..." marker (voluptuous
+    b376831c7b in the fifth slice, `mixed`: read as two markers, the docstring's
+    segment kept only blank lines and the merge declined)."""
+    sketch = ('# ... existing code ...\n'
+              '    """Coerce a value to a type.\n\n'
+              '    If the type constructor throws a ValueError or TypeError, the value\n'
+              '    is marked as invalid.\n\n'
+              '        >>> validate = Schema(Coerce(int))\n'
+              "        >>> with raises(MultipleInvalid, 'expected int'):\n"
+              '        ...   validate(None)\n'
+              '    """\n'
+              '    @wraps(Coerce)\n'
+              '    # ... rest of the function unchanged ...\n'
+              '        try:\n'
+              '            return type(v)\n'
+              '        except (ValueError, TypeError):\n'
+              '            raise Invalid(msg)\n'
+              '    return f\n'
+              '# ... rest of the code unchanged ...\n')
+    merges(COERCE, sketch, "v.py", COERCE.replace(
+        "    If the type constructor throws a ValueError, the value is marked as invalid.\n",
+        "    If the type constructor throws a ValueError or TypeError, the value\n"
+        "    is marked as invalid.\n\n"
+        "        >>> validate = Schema(Coerce(int))\n"
+        "        >>> with raises(MultipleInvalid, 'expected int'):\n"
+        "        ...   validate(None)\n").replace(
+        "        except ValueError:\n", "        except (ValueError, TypeError):\n"))
+
+
+@pytest.mark.parametrize("line", ["... existing code ...", "... rest unchanged",
+                                  "... (unchanged)", "...  other methods"])
+def test_uncommented_ellipsis_markers_stay_markers(line: str) -> None:
+    """The doctest rule takes only code after `... `: marker prose still elides."""
+    assert is_marker("    " + line)

@@ -8,6 +8,7 @@ newline style and final newline exact.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 
@@ -121,9 +122,26 @@ def is_marker(line: str) -> bool:
                 or not _ELLIPSIS.sub("", inner).strip(_BRACKETS + " ") \
                 or _elision_words(_ELLIPSIS.sub(" ", inner))
         # Uncommented, `...` is Python's Ellipsis (stub bodies, `def f(): ...`): only a line
-        # that starts with it and has words ("... existing code ...") is a marker.
-        return text.startswith(("...", "…")) and bool(_ELLIPSIS.sub("", text).strip())
+        # that starts with it and has words ("... existing code ...") is a marker; words
+        # that are one Python statement are a doctest's continuation line.
+        return text.startswith(("...", "…")) and bool(_ELLIPSIS.sub("", text).strip()) \
+            and not (text.startswith("... ") and does_something(text[4:]))
     return opened and _elision_words(inner)
+
+
+def does_something(text: str) -> bool:
+    """Whether `text` is one Python statement that does something (an assignment, an
+    import, a call): code, which an elision marker's prose never is (`(the loop stays as it
+    was)` does not parse, `(unchanged)` is a bare name)."""
+    try:
+        body = ast.parse(text.strip()).body
+    except SyntaxError:
+        return False
+    return len(body) == 1 and (isinstance(body[0], _STATEMENTS) or isinstance(
+        body[0], ast.Expr) and isinstance(body[0].value, ast.Call))
+
+
+_STATEMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom)
 
 
 def _elision_words(text: str) -> bool:

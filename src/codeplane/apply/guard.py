@@ -16,7 +16,6 @@ the file's bytes.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import itertools
 import re
@@ -31,7 +30,7 @@ from codeplane.apply.align import (
     token_similarity,
     trivial,
 )
-from codeplane.apply.formats import Sketch
+from codeplane.apply.formats import Sketch, does_something
 
 MAX_JOINED = 8  # lines of one bracketed statement a model may join onto one line
 # Code replaced by one comment this short reads as an elision marker no recogniser knew
@@ -227,22 +226,10 @@ def _automaton(seq: list[str]) -> tuple[list[dict[str, int]], list[int], list[in
 
 
 def _commented_out(line: str) -> bool:
-    """A `#` comment whose text is one Python statement that does something (an
-    assignment, an import, a call): code the edit comments out, which an elision marker's
-    prose never is (`# (the loop stays as it was)` does not parse, `# (unchanged)` is a
-    bare name; funcy 8dad95cfee in `fourth`: two settings replaced by
-    `# html_style = 'overrides.css'`)."""
-    if not line.startswith("#"):
-        return False
-    try:
-        body = ast.parse(line.lstrip("#").strip()).body
-    except SyntaxError:
-        return False
-    return len(body) == 1 and (isinstance(body[0], _STATEMENTS) or isinstance(
-        body[0], ast.Expr) and isinstance(body[0].value, ast.Call))
-
-
-_STATEMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom)
+    """A `#` comment whose text is one statement that does something: code the edit
+    comments out, not a marker's prose (funcy 8dad95cfee in `fourth`: two settings replaced
+    by `# html_style = 'overrides.css'`)."""
+    return line.startswith("#") and does_something(line.lstrip("#"))
 
 
 def _torn_context(old: list[str], new: list[str], shown: list[list[str]],
