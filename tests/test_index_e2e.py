@@ -145,6 +145,15 @@ def client_settings(tmp_path: Path, url: str, **indexing):
     return make_settings(tmp_path / "client-home", server=url, indexing=indexing)
 
 
+def synced_workspace(tmp_path: Path, url: str, name: str, files: dict[str, str]):
+    """A workspace of `files` under tmp_path/name, synced to the server at `url`."""
+    root = tmp_path / name
+    write(root, files)
+    cfg = client_settings(tmp_path, url)
+    sync(root, cfg)
+    return root, cfg
+
+
 def capturing_client(bodies: list[bytes]) -> httpx.Client:
     return httpx.Client(timeout=120, event_hooks={"request": [lambda r: bodies.append(r.read())]})
 
@@ -246,10 +255,8 @@ def test_server_storage_and_logs_hold_no_source(indexed, server, logs) -> None:
 def test_a_workspace_is_only_searchable_with_its_key(indexed, server, tmp_path) -> None:
     root, cfg, _, _ = indexed
     live, _ = server
-    other_root = tmp_path / "other"
-    write(other_root, {"main.py": "def greet(name):\n    return 'hello ' + name\n"})
-    other_cfg = client_settings(tmp_path, live.url)
-    sync(other_root, other_cfg)
+    other_root, other_cfg = synced_workspace(
+        tmp_path, live.url, "other", {"main.py": "def greet(name):\n    return 'hello ' + name\n"})
     state_a = WorkspaceState(root, cfg, create=False)
     state_b = WorkspaceState(other_root, other_cfg, create=False)
     intruder = Remote(live.url, state_a.workspace_id, state_b.keys.server_key)
@@ -412,10 +419,7 @@ def test_watch_resyncs_on_change(server, tmp_path) -> None:
 
 def test_forget_deletes_the_workspace_on_the_server_and_this_machine(server, tmp_path) -> None:
     live, _ = server
-    root = tmp_path / "gone"
-    write(root, {"app.py": "def main():\n    return 1\n"})
-    cfg = client_settings(tmp_path, live.url)
-    sync(root, cfg)
+    root, cfg = synced_workspace(tmp_path, live.url, "gone", {"app.py": "def main():\n    return 1\n"})
     state = WorkspaceState(root, cfg, create=False)
     remote = Remote(live.url, state.workspace_id, state.keys.server_key)
     state.close()
