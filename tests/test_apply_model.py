@@ -152,8 +152,7 @@ def test_watch_stops_bad_lines_and_forces_the_rest_of_a_started_piece() -> None:
     region = ["def f():", "    x = 1", "    return x", "", "def g():", "    pass"]
     piece = ["    x = 1", "    y = 2", "    z = 3", "    return x"]
     watch = Watch(region, [piece], ["def f():"])
-    # `x = 1` is the piece's only place (see the test below): the rest of it is certain.
-    assert watch.feed("    x = 1") and watch.force(False) == "    y = 2\n    z = 3\n    return x\n"
+    assert watch.feed("    x = 1") and watch.force(False) is None  # still a plain copy?
     assert watch.feed("    y = 2")  # now inside the piece, for certain
     assert watch.force(False) == "    z = 3\n    return x\n"
     assert not Watch(region, [piece], ["def f():"]).feed("    w = 0")  # in neither
@@ -161,8 +160,7 @@ def test_watch_stops_bad_lines_and_forces_the_rest_of_a_started_piece() -> None:
     tail = ["    return x", "", "", "def chain():", "    pass"]
     ends = Watch(region[:3], [tail], region[:3])
     assert ends.force(True) == "\n\ndef chain():\n    pass\n"
-    # Not stopping, the copy could go on, but not past `return x`, the piece's only place.
-    assert ends.force(False) == "\n\ndef chain():\n    pass\n"
+    assert ends.force(False) is None  # not stopping: the copy may go on
     # A refused line is replaced by what it resembles: the rest of the piece the output is
     # in, or the original's next lines (a marker where the model means "unchanged").
     drift = Watch(region, [piece], ["def f():"])
@@ -185,27 +183,6 @@ def test_watch_stops_bad_lines_and_forces_the_rest_of_a_started_piece() -> None:
     flat = Watch(region, [["x = 1", "y = 2", "return x"]], ["def f():"])
     assert flat.feed("    x = 1") and flat.feed("    y = 2")
     assert flat.force(False) == "    return x\n"
-
-
-def test_a_piece_led_by_a_line_the_window_has_once_starts_only_there() -> None:
-    """The 0.5B model's most common failure (apply11: 20 of 47 declines it gave up on):
-    it copies the original past the one place where a piece goes, then ends without the
-    piece ("lacks the edit's line"). A piece whose first line the window has exactly once
-    is that line's context: it starts there or nowhere, so once the model writes that line,
-    the rest of the piece is certain, and an output that copies past it is no merge."""
-    region = ["def f():", "    x = 1", "    return x", "", "def g():", "    pass"]
-    piece = ["    x = 1", "    y = 2", "    return x"]
-    watch = Watch(region, [piece], ["def f():"])
-    assert watch.feed("    x = 1")
-    assert watch.force(False) == "    y = 2\n    return x\n"
-    copied_past = region[:3] + piece + region[3:]
-    assert reshape(region, copied_past, [piece]) is None
-    assert reshape(region, region[:2] + piece[1:] + region[3:], [piece]) == \
-        region[:2] + piece[1:] + region[3:]
-    # A piece led by a line the window has twice may still start at either copy.
-    twice = ["def f():", "    x = 1", "    return x", "", "def g():", "    x = 1", "    pass"]
-    later = Watch(twice, [piece], ["def f():"])
-    assert later.feed("    x = 1") and later.force(False) is None
 
 
 @pytest.mark.model

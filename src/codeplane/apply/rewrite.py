@@ -306,11 +306,6 @@ class Shape:
     whitespace collapsed. Fed line by line, so a decode can stop at the first line that
     breaks it.
 
-    A piece whose first line the region has exactly once starts at that line (it is the
-    piece's context: a copy of it elsewhere would be a second copy of a unique line), so a
-    reading that has copied past it is dead; the 0.5B model otherwise copies the original
-    past a piece's place and ends without the piece.
-
     A nondeterministic scan: a state is (pieces done, region position, may skip region
     lines, position in the current piece or -1), its value the path so far (per output line
     (piece number, index), or (-1, region index)). A state that may skip original lines
@@ -323,17 +318,7 @@ class Shape:
         for i, key in enumerate(self.keys):
             self.occurs[key].append(i)
         self.shown = [[norm(x) for x in p] for p in pieces]
-        self.pins = [self._only_place(p) for p in self.shown]
-        # latest[k]: the last region position a reading before piece k may be at
-        self.latest = [min((b for b in self.pins[k:] if b is not None), default=len(region))
-                       for k in range(len(pieces) + 1)]
         self.states = self._close({(0, 0, False, -1): ()})
-
-    def _only_place(self, shown: list[str]) -> int | None:
-        """Where a piece must start: the region's only copy of its first line, if it has one
-        and that line says something."""
-        places = self.occurs.get(shown[0], []) if shown and not trivial(shown[0]) else []
-        return places[0] if len(places) == 1 else None
 
     def feed(self, line: str) -> bool:
         """Read one output line; False once no reading is left."""
@@ -349,12 +334,9 @@ class Shape:
             for b in ([b for b in self.occurs.get(key, ()) if b >= i] if skip
                       else [i] if i < len(self.keys) and self.keys[i] == key else []):
                 step.setdefault((done, b + 1, False, -1), path + ((-1, b),))
-            pin = self.pins[done] if done < len(shown) else None
-            if done < len(shown) and shown[done] and shown[done][0] == key and (
-                    pin is None or pin == i or skip and pin >= i):
-                at = i if pin is None else pin + 1
-                after = (done + 1, at, True, -1) if len(shown[done]) == 1 else \
-                    (done, at, True, 1)
+            if done < len(shown) and shown[done] and shown[done][0] == key:
+                after = (done + 1, i, True, -1) if len(shown[done]) == 1 else \
+                    (done, i, True, 1)
                 step.setdefault(after, path + ((done, 0),))
         self.states = self._close(step)
         return bool(self.states)
@@ -377,7 +359,6 @@ class Shape:
                 if state not in states:
                     states[state] = path
                     todo.append((state, path))
-        states = {s: p for s, p in states.items() if s[3] >= 0 or s[1] <= self.latest[s[0]]}
         low: dict[tuple[int, int], int] = {}
         for done, i, skip, j in states:
             if skip:
