@@ -37,6 +37,7 @@ Usage:
   python bench/apply/wild.py --set fourth        # the fourth (issue #33) held-out slice
   python bench/apply/wild.py --set fifth         # the fifth (session apply5) held-out slice
   python bench/apply/wild.py --set sixth         # the sixth (session apply10) held-out slice
+  python bench/apply/wild.py --set seventh       # the seventh (session apply12) held-out slice
   python bench/apply/sets.py select OWNER/NAME... --name NAME   # a new held-out slice
   python bench/apply/wild.py --model code-small  # declines also end to end (model path)
   python bench/apply/wild.py --set fifth --model code-small --model-cases 2   # capped
@@ -64,8 +65,9 @@ from codeplane.apply.service import apply_edit
 # fresh (pluggy, structlog, more-itertools), third (session 7: tenacity, cachetools,
 # marshmallow), fourth (issue #33: pyjwt, tinydb, loguru, funcy), fifth (session apply5:
 # jmespath.py, deepdiff, voluptuous, bidict), sixth (session apply10: cerberus, environs,
-# wrapt, pint).
-SLICES = ("fresh", "third", "fourth", "fifth", "sixth")
+# wrapt, pint), seventh (session apply12: jsonpickle, simplejson, python-json-logger,
+# wcwidth).
+SLICES = ("fresh", "third", "fourth", "fifth", "sixth", "seventh")
 STYLES = ("wordings", "body", "header", "drift", "joined", "mixed", "layout")
 WORDINGS = (
     "# ... existing code ...", "# ... rest of the function unchanged ...", "# (unchanged)",
@@ -556,7 +558,7 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="also list every decline")
     parser.add_argument("--set", choices=("main", *SLICES), default="main",
                         help="main: tune + first held-out part; fresh, third, fourth, fifth, "
-                             "sixth: one later held-out slice alone")
+                             "sixth, seventh: one later held-out slice alone")
     parser.add_argument("--style", choices=STYLES, help="print one case's sketch in a style")
     parser.add_argument("--case", type=int, default=0)
     parser.add_argument("--model", help="also run the declines end to end with this model "

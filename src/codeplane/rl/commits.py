@@ -60,7 +60,8 @@ BENCHMARK_REPOSITORIES = frozenset({
     "seperman/deepdiff", "alecthomas/voluptuous", "jab/bidict",
     "erikrose/parsimonious", "jazzband/prettytable", "pylons/webob", "scrapy/w3lib",
     "jazzband/tablib", "alir3z4/html2text", "pyeve/cerberus", "hgrecco/pint",
-    "grahamdumpleton/wrapt", "sloria/environs"})
+    "grahamdumpleton/wrapt", "sloria/environs", "jsonpickle/jsonpickle",
+    "simplejson/simplejson", "madzak/python-json-logger", "jquast/wcwidth"})
 BENCHMARK_PROJECTS = frozenset({
     "h11", "werkzeug", "jinja2", "markdown", "sqlparse", "humanize", "pyparsing", "pyflakes",
     "mistune", "boltons", "parso", "python-dotenv", "colorama", "tomli", "docopt",
