@@ -238,7 +238,8 @@ def main() -> int:
     ap.add_argument("--summarize", type=Path, help="print the table for a results file")
     args = ap.parse_args()
     if args.summarize:
-        summarize([json.loads(line) for line in args.summarize.read_text().splitlines()])
+        summarize([json.loads(line) for line in args.summarize.read_text().splitlines()],
+                  args.summarize.with_suffix(""))
         return 0
     tasks = load_tasks(args.tasks.split(",") if args.tasks else None)
     try:  # the third-party trees first: offline, say so before any server starts
@@ -264,7 +265,7 @@ def main() -> int:
     finally:
         if server:
             server.stop()
-    summarize(rows)
+    summarize(rows, runs_dir)
     return 0
 
 
@@ -284,7 +285,7 @@ def cpu_lock(path: Path | None):
 def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_dir: Path):
     with tempfile.TemporaryDirectory() as tmp:
         ws = workspace(name, task, Path(tmp))
-        transcript = runs_dir / f"{harness}{args.label and '-' + args.label}-{model}-{name}.jsonl"
+        transcript = transcript_path(runs_dir, harness, args.label, model, name)
         start = time.monotonic()
         index_seconds, setup = 0.0, None
         if harness == "codeplane":
@@ -315,11 +316,29 @@ def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_d
     return row
 
 
-def summarize(rows: list[dict]) -> None:
-    """Per harness and model: overall, and on the tasks every harness of that model ran."""
-    rows = [{**r, "harness": r["harness"] + (f":{r['label']}" if r.get("label") else "")}
+def transcript_path(runs_dir: Path, harness: str, label: str, model: str, task: str) -> Path:
+    return runs_dir / f"{harness}{label and '-' + label}-{model}-{task}.jsonl"
+
+
+def searches(transcript: Path) -> int:
+    """codebase_search calls in a codeplane run's transcript (0 where none was kept): what a
+    model trained to search first does with the tool."""
+    if not transcript.exists():
+        return 0
+    events = (json.loads(line) for line in transcript.read_text().splitlines())
+    return sum(e["type"] == "tool_start" and e["name"] == "codebase_search" for e in events)
+
+
+def summarize(rows: list[dict], runs_dir: Path) -> None:
+    """Per harness and model: overall, and on the tasks every harness of that model ran;
+    then the tasks each resolved. Tool calls are per model turn; searches are codebase_search
+    calls counted in the transcripts under `runs_dir`."""
+    rows = [{**r, "searches": searches(transcript_path(runs_dir, r["harness"], r.get("label", ""),
+                                                        r["model"], r["task"])),
+             "harness": r["harness"] + (f":{r['label']}" if r.get("label") else "")}
             for r in rows]
-    print(f"\n{'harness':14s} {'model':11s} {'tasks':5s} resolved  mean_steps  mean_s  total_s")
+    print(f"\n{'harness':14s} {'model':11s} {'tasks':5s} resolved  mean_steps  mean_s  total_s"
+          "  calls/turn  searches")
     for model in sorted({r["model"] for r in rows}):
         mine = [r for r in rows if r["model"] == model]
         harnesses = sorted({r["harness"] for r in mine})
@@ -330,14 +349,21 @@ def summarize(rows: list[dict]) -> None:
             _line(harness, model, "all", group)
             if len(harnesses) > 1 and len(common) < len(group):
                 _line(harness, model, "both", [r for r in group if r["task"] in common])
+    for harness, model in sorted({(r["harness"], r["model"]) for r in rows}):
+        solved = [r["task"][:2] for r in rows
+                  if (r["harness"], r["model"]) == (harness, model) and r["resolved"]]
+        print(f"{harness} {model} resolved: {' '.join(solved) or '-'}")
 
 
 def _line(harness: str, model: str, label: str, group: list[dict]) -> None:
     solved = sum(r["resolved"] for r in group)
     steps = sum(r.get("steps") or 0 for r in group) / len(group)
     secs = sum(r["seconds"] for r in group)
+    calls = sum(r.get("tool_calls") or 0 for r in group) / max(1, sum(r.get("steps") or 0
+                                                                       for r in group))
     print(f"{harness:14s} {model:11s} {label:5s} {solved:2d}/{len(group):<2d}    {steps:7.1f}  "
-          f"{secs / len(group):6.1f}  {secs:7.0f}")
+          f"{secs / len(group):6.1f}  {secs:7.0f}  {calls:10.2f}  "
+          f"{sum(r['searches'] for r in group):8d}")
 
 
 if __name__ == "__main__":
