@@ -4,9 +4,11 @@ for tests of `LocalModel`'s own logic, and a real server on a loopback port."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -126,6 +128,18 @@ class LiveServer:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
+
+
+def bench_script(name: str):
+    """A script under bench/ (e.g. "apply.py", "agent/run.py"), imported by path: the
+    benchmarks are not a package."""
+    path = Path(__file__).parents[1] / "bench" / name
+    spec = importlib.util.spec_from_file_location(f"bench_{path.parent.name}_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

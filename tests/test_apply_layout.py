@@ -7,12 +7,10 @@ Deterministic path only (no model)."""
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 from applykit import merges
+from conftest import bench_script
 
 from codeplane.apply.guard import opcodes_between, restore_layout
 from codeplane.apply.service import apply_edit
@@ -188,25 +186,13 @@ def test_repeated_line_without_layout_to_restore_still_merges() -> None:
         "\n\n\nclass", "\n\n\ndef second(job):\n    return job.run()\n\n\nclass")
 
 
-def _bench_apply(name: str = "apply.py"):
-    """bench/apply.py (or another script under bench/), imported by path (the benchmark is
-    not a package)."""
-    path = Path(__file__).parents[1] / "bench" / name
-    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}_filter", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_benchmark_drops_commits_a_sketch_cannot_express() -> None:
     """The benchmark's well-posedness filter is a rule about the commit's diff: a blank
     line removed between two unchanged definitions, or a call re-wrapped with a trailing
     comma, is layout of context that the merge keeps, so no sketch can say it; those cases
     are not counted as wrong merges. A re-indented line whose blank lines also go is a
     change, and a commit that is nothing but layout is its own edit."""
-    bench = _bench_apply()
+    bench = bench_script("apply.py")
     fixed = MODULE.replace("read(name)", "read(os.path.join(root, name))")
     # A blank line removed between `load` and `save`, which the commit does not change.
     fewer_blanks = fixed.replace("    return items\n\n\ndef save", "    return items\n\ndef save")
@@ -243,7 +229,7 @@ def test_end_to_end_benchmark_caps_declines_per_style_smallest_file_first() -> N
     """`wild.py --model M --model-cases N` runs the product's full path on at most N
     declines of each style, the smallest files first (the model path's time grows with
     the window), so a capped run on a slow box still covers every style."""
-    wild = _bench_apply("apply/wild.py")
+    wild = bench_script("apply/wild.py")
     declined = [(style, {"original": "x\n" * size}, f"{style}{size}")
                 for style, size in (("body", 9), ("drift", 3), ("body", 2), ("body", 5))]
     assert [d[2] for d in wild.capped(declined, 2)] == ["body2", "body5", "drift3"]
@@ -254,7 +240,7 @@ def test_end_to_end_benchmark_resumes_from_its_log(tmp_path, capsys) -> None:
     """`wild.py --model M --resume FILE` appends each end-to-end outcome to FILE and takes
     the applies already there from it instead of running them again, so a long run splits
     over short holds of the CPU lock. Every decline here is recorded: no model is loaded."""
-    wild = _bench_apply("apply/wild.py")
+    wild = bench_script("apply/wild.py")
     case = {"repo": "o/r", "commit": "c" * 40, "path": "a.py", "original": "x\n"}
     declined = [("body", case, "sketch one\n"), ("body", case, "sketch two\n")]
     log = tmp_path / "log.jsonl"

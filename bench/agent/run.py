@@ -17,6 +17,12 @@ see docs/search.md. `--search-description TEXT` and `--search-position N` change
 model is told about that tool (its description, its place in the list), to compare: the
 product's is fifth (`--search-position 4`); session 8's "hint" variant is `--search-position 0`
 with its text in docs/search.md.
+`--setup model` runs each model the way `codeplane agent --model NAME` does: in the agent
+setup a trained model was registered with (the server's `/v1/models` `agent_setup`: toolset,
+tool output limit, answer turn, hooks, turns and tokens), the product's for other models;
+`--setup product` (the default, as the suite always ran) ignores a recorded setup. Options
+given explicitly (`--max-steps`, `--config`) win over either, as in the CLI; where neither sets
+them, the suite's `LIMITS` apply. Each row records the setup it ran (`setup`, `agent_setup`).
 `--task-seconds N` cancels a run after N seconds of wall time (the checker still runs), so a
 suite fits a time box on a loaded machine.
 
@@ -44,8 +50,9 @@ import time
 from pathlib import Path
 
 from codeplane.agent.env import local_environment
-from codeplane.agent.loop import Agent, AgentConfig, Transcript
+from codeplane.agent.loop import Agent, Transcript
 from codeplane.agent.services import tool_services
+from codeplane.agent.setup import AgentSetup, Choice, record, resolve
 from codeplane.agent.tools import default_toolset
 from codeplane.agent.toolset import Toolset
 from codeplane.core.chat import HttpChatModel
@@ -56,6 +63,9 @@ sys.path.insert(0, str(HERE))
 from snapshots import SnapshotError, snapshot
 
 TASKS = HERE / "tasks"
+# The suite's turn and token limits where neither a model's recorded setup nor the command sets
+# them: the product's own (25 turns of 1,024 tokens) outlast a task's time box on this CPU.
+LIMITS = {"max_steps": 12, "max_tokens": 512}
 
 
 def load_tasks(only: list[str] | None) -> list[tuple[str, dict]]:
@@ -134,17 +144,27 @@ def described(toolset: Toolset, text: str | None, position: int | None) -> Tools
                                                       search.description)] + others[at:])
 
 
-def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
-                  transcript: Path, variant: dict, toolset: Toolset | None = None,
+def agent_setup(recorded: dict | None, choice: Choice, chosen: dict) -> AgentSetup:
+    """What codeplane's agent runs with, resolved as `codeplane agent --setup CHOICE` does
+    (agent/setup.py): the model's `recorded` setup unless `choice` is "product", then what the
+    command `chosen` explicitly (None: not chosen); the suite's LIMITS only where neither sets
+    a limit, so a trained model keeps its own turns and tokens."""
+    kept = (recorded or {}) if choice == "model" else {}
+    limits = {k: v for k, v in LIMITS.items() if k not in kept}
+    return resolve(recorded, choice,
+                   **limits | {k: v for k, v in chosen.items() if v is not None})
+
+
+def run_codeplane(task: dict, ws: Path, chat: HttpChatModel, setup: AgentSetup,
+                  transcript: Path, toolset: Toolset | None = None,
                   settings: object = None, seconds: float | None = None) -> dict:
     """One agent run; `seconds` cancels it after that much wall time (status "cancelled"),
     so a suite on a loaded machine fits its time box: the checker still judges what the
     agent changed before the cut."""
-    record = Transcript(transcript)
+    events = Transcript(transcript)
     cancel = threading.Event()
-    agent = Agent(HttpChatModel(url, model), local_environment(ws),
-                  AgentConfig(max_steps=steps, max_tokens=512, **variant), on_event=record,
-                  toolset=toolset, cancel=cancel,
+    agent = Agent(chat, local_environment(ws), setup.config, on_event=events,
+                  toolset=toolset, cancel=cancel, hooks=setup.hooks,
                   services=tool_services(settings) if settings is not None else None)
     timer = threading.Timer(seconds, cancel.set) if seconds else None
     if timer:
@@ -154,7 +174,7 @@ def run_codeplane(task: dict, ws: Path, url: str, model: str, steps: int,
     finally:
         if timer:
             timer.cancel()
-        record.close()
+        events.close()
     return {"status": result.status, "steps": result.steps, "tool_calls": result.tool_calls,
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens, "error": result.error}
@@ -191,7 +211,12 @@ def main() -> int:
     ap.add_argument("--models", default="code-small,code-medium")
     ap.add_argument("--harness", default="codeplane,mini")
     ap.add_argument("--server", help="running codeplane server (default: start one)")
-    ap.add_argument("--max-steps", type=int, default=12)
+    ap.add_argument("--max-steps", type=int, help="turns per run (default: the model's "
+                    f"recorded setup with --setup model, else {LIMITS['max_steps']})")
+    ap.add_argument("--setup", choices=("model", "product"), default="product",
+                    help="model: the agent setup a trained model was registered with, as "
+                    "`codeplane agent` runs it (the product's for other models); product: "
+                    "the product's defaults (codeplane harness only)")
     ap.add_argument("--task-seconds", type=float, help="cancel a codeplane run after this "
                     "much wall time (indexing not counted); the checker still runs")
     ap.add_argument("--mini-python", default="/tmp/mswea-venv/bin/python")
@@ -199,7 +224,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/agent-bench.jsonl"))
     ap.add_argument("--lock", type=Path, help="flock this file around each task")
     ap.add_argument("--config", default="{}", help="AgentConfig overrides as JSON, e.g. "
-                    '\'{"toolset": "core", "required_steps": 0}\' (a variant to compare)')
+                    '\'{"toolset": "core", "required_steps": 0}\' (a variant to compare; '
+                    "wins over --setup)")
     ap.add_argument("--search", choices=SEARCH_MODES,
                     help="codebase_search removed (none), or the workspace indexed and searched "
                     "dense-only (the old search) or hybrid (the default); codeplane harness only")
@@ -212,7 +238,8 @@ def main() -> int:
     ap.add_argument("--summarize", type=Path, help="print the table for a results file")
     args = ap.parse_args()
     if args.summarize:
-        summarize([json.loads(line) for line in args.summarize.read_text().splitlines()])
+        summarize([json.loads(line) for line in args.summarize.read_text().splitlines()],
+                  args.summarize.with_suffix(""))
         return 0
     tasks = load_tasks(args.tasks.split(",") if args.tasks else None)
     try:  # the third-party trees first: offline, say so before any server starts
@@ -238,7 +265,7 @@ def main() -> int:
     finally:
         if server:
             server.stop()
-    summarize(rows)
+    summarize(rows, runs_dir)
     return 0
 
 
@@ -258,9 +285,9 @@ def cpu_lock(path: Path | None):
 def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_dir: Path):
     with tempfile.TemporaryDirectory() as tmp:
         ws = workspace(name, task, Path(tmp))
-        transcript = runs_dir / f"{harness}{args.label and '-' + args.label}-{model}-{name}.jsonl"
+        transcript = transcript_path(runs_dir, harness, args.label, model, name)
         start = time.monotonic()
-        index_seconds = 0.0
+        index_seconds, setup = 0.0, None
         if harness == "codeplane":
             toolset, settings, index_seconds = search_setup(
                 args.search, ws, base.removesuffix("/v1"), Path(tmp) / "client",
@@ -268,28 +295,50 @@ def one(harness: str, model: str, name: str, task: dict, base: str, args, runs_d
             if args.search_description or args.search_position is not None:
                 toolset = described(toolset or default_toolset(), args.search_description,
                                     args.search_position)
-            start = time.monotonic()
-            info = run_codeplane(task, ws, base, model, args.max_steps, transcript,
-                                 json.loads(args.config), toolset, settings,
-                                 args.task_seconds)
+            with contextlib.closing(HttpChatModel(base, model)) as chat:
+                chosen = agent_setup(chat.listing().get("agent_setup"), args.setup,
+                                     {"max_steps": args.max_steps, **json.loads(args.config)})
+                setup = {"setup": args.setup,
+                         "agent_setup": record(chosen.config, chosen.hooks)}
+                start = time.monotonic()
+                info = run_codeplane(task, ws, chat, chosen, transcript, toolset, settings,
+                                     args.task_seconds)
         else:
-            info = run_mini(task, ws, base, model, args.max_steps, args.mini_python,
-                            transcript, args.mini_config)
+            info = run_mini(task, ws, base, model, args.max_steps or LIMITS["max_steps"],
+                            args.mini_python, transcript, args.mini_config)
         seconds = round(time.monotonic() - start, 1)
         resolved, tail = check(name, task, ws)
     row = {"harness": harness, "label": args.label, "model": model, "task": name,
            "resolved": resolved, "search": args.search, "index_seconds": index_seconds,
-           "seconds": seconds, **info, "check_tail": "" if resolved else tail}
+           "seconds": seconds, **info, **(setup or {}), "check_tail": "" if resolved else tail}
     print(f"{harness:9s} {model:11s} {name:24s} {'PASS' if resolved else 'fail'} "
           f"steps={info.get('steps')} {seconds:6.1f}s {info.get('status')}", flush=True)
     return row
 
 
-def summarize(rows: list[dict]) -> None:
-    """Per harness and model: overall, and on the tasks every harness of that model ran."""
-    rows = [{**r, "harness": r["harness"] + (f":{r['label']}" if r.get("label") else "")}
+def transcript_path(runs_dir: Path, harness: str, label: str, model: str, task: str) -> Path:
+    return runs_dir / f"{harness}{label and '-' + label}-{model}-{task}.jsonl"
+
+
+def searches(transcript: Path) -> int:
+    """codebase_search calls in a codeplane run's transcript (0 where none was kept): what a
+    model trained to search first does with the tool."""
+    if not transcript.exists():
+        return 0
+    events = (json.loads(line) for line in transcript.read_text().splitlines())
+    return sum(e["type"] == "tool_start" and e["name"] == "codebase_search" for e in events)
+
+
+def summarize(rows: list[dict], runs_dir: Path) -> None:
+    """Per harness and model: overall, and on the tasks every harness of that model ran;
+    then the tasks each resolved. Tool calls are per model turn; searches are codebase_search
+    calls counted in the transcripts under `runs_dir`."""
+    rows = [{**r, "searches": searches(transcript_path(runs_dir, r["harness"], r.get("label", ""),
+                                                        r["model"], r["task"])),
+             "harness": r["harness"] + (f":{r['label']}" if r.get("label") else "")}
             for r in rows]
-    print(f"\n{'harness':14s} {'model':11s} {'tasks':5s} resolved  mean_steps  mean_s  total_s")
+    print(f"\n{'harness':14s} {'model':11s} {'tasks':5s} resolved  mean_steps  mean_s  total_s"
+          "  calls/turn  searches")
     for model in sorted({r["model"] for r in rows}):
         mine = [r for r in rows if r["model"] == model]
         harnesses = sorted({r["harness"] for r in mine})
@@ -300,14 +349,21 @@ def summarize(rows: list[dict]) -> None:
             _line(harness, model, "all", group)
             if len(harnesses) > 1 and len(common) < len(group):
                 _line(harness, model, "both", [r for r in group if r["task"] in common])
+    for harness, model in sorted({(r["harness"], r["model"]) for r in rows}):
+        solved = [r["task"][:2] for r in rows
+                  if (r["harness"], r["model"]) == (harness, model) and r["resolved"]]
+        print(f"{harness} {model} resolved: {' '.join(solved) or '-'}")
 
 
 def _line(harness: str, model: str, label: str, group: list[dict]) -> None:
     solved = sum(r["resolved"] for r in group)
     steps = sum(r.get("steps") or 0 for r in group) / len(group)
     secs = sum(r["seconds"] for r in group)
+    calls = sum(r.get("tool_calls") or 0 for r in group) / max(1, sum(r.get("steps") or 0
+                                                                       for r in group))
     print(f"{harness:14s} {model:11s} {label:5s} {solved:2d}/{len(group):<2d}    {steps:7.1f}  "
-          f"{secs / len(group):6.1f}  {secs:7.0f}")
+          f"{secs / len(group):6.1f}  {secs:7.0f}  {calls:10.2f}  "
+          f"{sum(r['searches'] for r in group):8d}")
 
 
 if __name__ == "__main__":
