@@ -47,6 +47,10 @@ from codeplane.tab.service import TabRequest, TabService, TabSettings
 
 MIN_PREFIX = 4000  # as the issue measured (the window sent is ~3,000 of them)
 IDLE_S = 2.0  # the editor opened the file this long before the first suggestion
+# where an answer's time went: the server's whole handling (latency_ms), of it the model
+# path in the worker (model_ms), of that the prompt's evaluation and the decode
+SPENT = ("window", "prompt_tokens", "cached_tokens", "completion_tokens", "latency_ms",
+         "model_ms", "prompt_ms", "decode_ms")
 
 
 def cases(which: str, count: int, seed: int) -> list[tab_bench.Case]:
@@ -103,8 +107,7 @@ def in_process(args: argparse.Namespace) -> dict:
 
 
 def row(ms: float, got: dict, body: dict) -> dict:
-    return {"ms": round(ms), "window": got["window"], "prompt_tokens": got["prompt_tokens"],
-            "cached_tokens": got["cached_tokens"], "prefix_chars": len(body["prefix"])}
+    return {"ms": round(ms), **{k: got[k] for k in SPENT}, "prefix_chars": len(body["prefix"])}
 
 
 def prefilled(http: httpx.Client, url: str) -> None:
@@ -170,12 +173,12 @@ def first_request(case: tab_bench.Case, model: str, preload: bool) -> dict:
                     time.sleep(0.05)
             port_ms = (time.perf_counter() - start) * 1000
             with httpx.Client(timeout=600) as http:
-                ms, _ = timed(http, f"{url}/v1/tab", window(case, "first"))
+                ms, got = timed(http, f"{url}/v1/tab", window(case, "first"))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
     return {"port_open_ms": round(port_ms), "first_tab_ms": round(ms),
-            "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0], **{k: got[k] for k in SPENT}}
 
 
 def main() -> None:
