@@ -120,7 +120,7 @@ def quality(args: argparse.Namespace) -> dict:
     """Short-window answers against full-window answers at the same held-out positions."""
     load_before = os.getloadavg()[0]
     engine = Engine(load_settings(tab={"model": args.model}))
-    svc = TabService(engine, TabSettings(model=args.model))
+    svc = TabService(engine, TabSettings(model=args.model, cold_prompt_tokens=args.cold_tokens))
     rows = []
     try:
         for i, case in enumerate(cases(args.set, args.quality, args.seed)):
@@ -132,6 +132,8 @@ def quality(args: argparse.Namespace) -> dict:
             rows.append({"path": case.path, "kind": case.kind, "short_window": short.window,
                          "short_prompt": short.prompt_tokens, "full_prompt": full.prompt_tokens,
                          "full_cached": full.cached_tokens, "same": short.text == full.text,
+                         "short_output": short.completion_tokens, "short_ms": short.latency_ms,
+                         "short_prompt_ms": short.prompt_ms, "short_decode_ms": short.decode_ms,
                          **{f"{k}_exact": tab_bench.line_scores(r.text, case.reference)["exact"]
                             for k, r in (("short", short), ("full", full))}})
     finally:
@@ -139,6 +141,8 @@ def quality(args: argparse.Namespace) -> dict:
     shorts = [r for r in rows if r["short_window"] == "short"]
     return {"load_before": load_before, "positions": len(rows), "short_window": len(shorts),
             **{k: sum(r[k] for r in shorts) for k in ("same", "short_exact", "full_exact")},
+            **({"short_ms_p50": statistics.median(r["short_ms"] for r in shorts),
+                "short_ms_max": max(r["short_ms"] for r in shorts)} if shorts else {}),
             "rows": rows}
 
 
@@ -178,7 +182,7 @@ def first_request(case: tab_bench.Case, model: str, preload: bool) -> dict:
             proc.terminate()
             proc.wait(timeout=60)
     return {"port_open_ms": round(port_ms), "first_tab_ms": round(ms),
-            "load": os.getloadavg()[0], **{k: got[k] for k in SPENT}}
+            "load": os.getloadavg()[0], **{k: got.get(k) for k in SPENT}}  # None: older
 
 
 def main() -> None:
@@ -192,6 +196,8 @@ def main() -> None:
     ap.add_argument("--serve-only", action="store_true", help="only (c): fresh servers")
     ap.add_argument("--quality", type=int, default=0,
                     help="instead: short- vs full-window answers at this many positions")
+    ap.add_argument("--cold-tokens", type=int, default=TabSettings().cold_prompt_tokens,
+                    help="--quality's short window ([tab] cold_prompt_tokens)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.cases < 1 or args.runs < 1:
