@@ -291,7 +291,7 @@ class TabSettings(BaseModel):
                                   description="hide suggestions less likely right than this")
     max_prompt_tokens: int = Field(3072, ge=64)
     cold_prompt_tokens: int = Field(
-        160, ge=0, description="a request whose prompt has more tokens than this outside "
+        256, ge=0, description="a request whose prompt has more tokens than this outside "
                                "the KV cache (a document not prefilled) is answered from a "
                                "window of this many tokens around the cursor, and the full "
                                "window is prefilled in the background; 0: always the full "
