@@ -47,6 +47,10 @@ from codeplane.tab.service import TabRequest, TabService, TabSettings
 
 MIN_PREFIX = 4000  # as the issue measured (the window sent is ~3,000 of them)
 IDLE_S = 2.0  # the editor opened the file this long before the first suggestion
+# where an answer's time went: the server's whole handling (latency_ms), of it the model
+# path in the worker (model_ms), of that the prompt's evaluation and the decode
+SPENT = ("window", "prompt_tokens", "cached_tokens", "completion_tokens", "latency_ms",
+         "model_ms", "prompt_ms", "decode_ms")
 
 
 def cases(which: str, count: int, seed: int) -> list[tab_bench.Case]:
@@ -103,8 +107,7 @@ def in_process(args: argparse.Namespace) -> dict:
 
 
 def row(ms: float, got: dict, body: dict) -> dict:
-    return {"ms": round(ms), "window": got["window"], "prompt_tokens": got["prompt_tokens"],
-            "cached_tokens": got["cached_tokens"], "prefix_chars": len(body["prefix"])}
+    return {"ms": round(ms), **{k: got[k] for k in SPENT}, "prefix_chars": len(body["prefix"])}
 
 
 def prefilled(http: httpx.Client, url: str) -> None:
@@ -117,7 +120,7 @@ def quality(args: argparse.Namespace) -> dict:
     """Short-window answers against full-window answers at the same held-out positions."""
     load_before = os.getloadavg()[0]
     engine = Engine(load_settings(tab={"model": args.model}))
-    svc = TabService(engine, TabSettings(model=args.model))
+    svc = TabService(engine, TabSettings(model=args.model, cold_prompt_tokens=args.cold_tokens))
     rows = []
     try:
         for i, case in enumerate(cases(args.set, args.quality, args.seed)):
@@ -129,6 +132,8 @@ def quality(args: argparse.Namespace) -> dict:
             rows.append({"path": case.path, "kind": case.kind, "short_window": short.window,
                          "short_prompt": short.prompt_tokens, "full_prompt": full.prompt_tokens,
                          "full_cached": full.cached_tokens, "same": short.text == full.text,
+                         "short_output": short.completion_tokens, "short_ms": short.latency_ms,
+                         "short_prompt_ms": short.prompt_ms, "short_decode_ms": short.decode_ms,
                          **{f"{k}_exact": tab_bench.line_scores(r.text, case.reference)["exact"]
                             for k, r in (("short", short), ("full", full))}})
     finally:
@@ -136,6 +141,8 @@ def quality(args: argparse.Namespace) -> dict:
     shorts = [r for r in rows if r["short_window"] == "short"]
     return {"load_before": load_before, "positions": len(rows), "short_window": len(shorts),
             **{k: sum(r[k] for r in shorts) for k in ("same", "short_exact", "full_exact")},
+            **({"short_ms_p50": statistics.median(r["short_ms"] for r in shorts),
+                "short_ms_max": max(r["short_ms"] for r in shorts)} if shorts else {}),
             "rows": rows}
 
 
@@ -170,12 +177,12 @@ def first_request(case: tab_bench.Case, model: str, preload: bool) -> dict:
                     time.sleep(0.05)
             port_ms = (time.perf_counter() - start) * 1000
             with httpx.Client(timeout=600) as http:
-                ms, _ = timed(http, f"{url}/v1/tab", window(case, "first"))
+                ms, got = timed(http, f"{url}/v1/tab", window(case, "first"))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
     return {"port_open_ms": round(port_ms), "first_tab_ms": round(ms),
-            "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0], **{k: got.get(k) for k in SPENT}}  # None: older
 
 
 def main() -> None:
@@ -189,6 +196,8 @@ def main() -> None:
     ap.add_argument("--serve-only", action="store_true", help="only (c): fresh servers")
     ap.add_argument("--quality", type=int, default=0,
                     help="instead: short- vs full-window answers at this many positions")
+    ap.add_argument("--cold-tokens", type=int, default=TabSettings().cold_prompt_tokens,
+                    help="--quality's short window ([tab] cold_prompt_tokens)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.cases < 1 or args.runs < 1:

@@ -86,6 +86,9 @@ def test_a_cold_document_is_answered_from_the_short_window_then_from_the_full_on
     first = post(url, "/v1/tab", completion("cold.py", doc, offset, "cold"))
     assert first["source"] == "model" and first["window"] == "short", first
     assert 0 < first["prompt_tokens"] <= limit, first
+    # where its time went (bench/tab_first.py prints it): nested parts of the whole
+    assert 0 < first["prompt_ms"] and first["prompt_ms"] + first["decode_ms"] \
+        <= first["model_ms"] <= first["latency_ms"], first
     wait_for(lambda: prefills()[0] > before[0], timeout=120, what="the background prefill")
     assert prefills()[1] == before[1], "the background prefill yielded"
     # another cursor in the same document: no LRU hit, the same full prompt

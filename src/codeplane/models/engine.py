@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -257,9 +258,24 @@ class LocalModel:
 
     def vocab_pieces(self) -> list[bytes]:
         """The bytes every token id decodes to (b"" for control tokens), computed once per
-        model: token healing looks for the tokens that start with a backed-off text."""
+        model: token healing looks for the tokens that start with a backed-off text. Read
+        with one buffer, not `Llama.detokenize`: that returns b"" for every token over 32
+        bytes (a run of 40 spaces) and allocates per call - 151,936 calls before the first
+        Tab request (docs/tab.md, "The first suggestion in a file")."""
         if self._pieces is None:
-            self._pieces = [self.llama.detokenize([i]) for i in range(self.llama.n_vocab())]
+            import llama_cpp
+
+            vocab, size = self.llama._model.vocab, 256
+            buffer = ctypes.create_string_buffer(size)
+            pieces = []
+            for token in range(self.llama.n_vocab()):
+                n = llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, False)
+                if n < 0:  # longer than the buffer: -n bytes
+                    size = -n
+                    buffer = ctypes.create_string_buffer(size)
+                    n = llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, False)
+                pieces.append(buffer.raw[:n])
+            self._pieces = pieces
         return self._pieces
 
     # -- generation ----------------------------------------------------------------------

@@ -50,6 +50,8 @@ class Completion:
     cached_tokens: int
     completion_tokens: int
     restored: bool = False  # a saved KV slot was restored for the prompt (`slots.py`)
+    prompt_ms: float = 0.0  # evaluating the prompt tokens the KV cache did not hold
+    decode_ms: float = 0.0  # writing the answer
 
 
 @dataclass
@@ -131,7 +133,7 @@ class LocalTab:
             self.slots.finished(self.model, self.tenant, slot)
         return Completion(gen.text, gen.token_logprobs or [], gen.finish_reason,
                           gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens,
-                          restored)
+                          restored, gen.prompt_seconds * 1000, gen.decode_seconds * 1000)
 
     def prefill(self, tokens: list[int], cancel: threading.Event, slot: str) -> Prefilled:
         """Evaluate `tokens` into the KV cache without decoding, chunk by chunk, stopping
@@ -222,11 +224,13 @@ class UpstreamTab:
                 **({"grammar": healing_grammar(heal, code_next)} if heal or code_next else {})}
         reply = self._call("/completion", body)
         probs = reply.get("completion_probabilities") or []
+        timings = reply.get("timings", {})
         return Completion(
             reply["content"], constrained_logprobs(probs, heal.encode()),
             "length" if reply.get("stop_type") == "limit" else "stop",
-            reply.get("tokens_evaluated", len(tokens)),
-            reply.get("timings", {}).get("cache_n", 0), reply.get("tokens_predicted", 0))
+            reply.get("tokens_evaluated", len(tokens)), timings.get("cache_n", 0),
+            reply.get("tokens_predicted", 0), prompt_ms=timings.get("prompt_ms", 0.0),
+            decode_ms=timings.get("predicted_ms", 0.0))
 
     def _call(self, path: str, body: dict | None) -> dict:
         """POST `body` to `path` (GET when there is no body)."""

@@ -19,20 +19,22 @@ import numpy as np
 
 
 class VocabIndex:
-    """Token ids by their bytes: which tokens start with a text, which are a prefix of it."""
+    """Token ids by their bytes: which tokens start with a text, which are a prefix of it.
+
+    Built before the first Tab request after a start, so its build is kept to what Python
+    does fast (docs/tab.md, "The first suggestion in a file"): one keyed sort, the blank
+    runs of the tokens that can start with a blank, and exact pieces found by bisection."""
 
     def __init__(self, pieces: list[bytes]) -> None:
-        pairs = sorted((p, i) for i, p in enumerate(pieces) if p)
-        self._sorted = [p for p, _ in pairs]
-        self._ids = np.array([i for _, i in pairs], dtype=np.intc)
+        order = sorted((i for i, p in enumerate(pieces) if p), key=pieces.__getitem__)
+        self._sorted = [pieces[i] for i in order]
+        self._ids = np.array(order, dtype=np.intc)
         # bytes of whitespace each token starts with: after a blank `rest` (indentation) a
         # token goes on with a blank iff its run is longer than `rest` - one vector compare
         # per generated token instead of decoding tens of thousands of ` x` tokens
-        self._lead = np.array([_blank_run(p) for p in self._sorted], dtype=np.intc)
+        self._lead = np.array([_blank_run(p) if p[0] in _MAY_START_BLANK else 0
+                               for p in self._sorted], dtype=np.intc)
         self._code_first = self._ids[self._lead == 0]
-        self._exact: dict[bytes, list[int]] = {}
-        for piece, i in pairs:
-            self._exact.setdefault(piece, []).append(i)
         self.size = len(pieces)
 
     def allowed(self, rest: bytes, code_next: bool = False) -> np.ndarray:
@@ -41,22 +43,37 @@ class VocabIndex:
         empty `rest` then allows every token that starts with code)."""
         if not rest:
             return self._code_first
-        lo = bisect.bisect_left(self._sorted, rest)
-        end = _successor(rest)
-        hi = bisect.bisect_left(self._sorted, end) if end else len(self._sorted)
+        lo, hi = self._range(rest)
         longer = self._ids[lo:hi]
         if code_next and not rest.strip():
             longer = longer[self._lead[lo:hi] <= len(rest)]
         elif code_next:  # code in `rest`: few tokens start with it
             longer = longer[[_blank_run(p[len(rest):]) == 0 for p in self._sorted[lo:hi]]
                             ] if hi > lo else longer
-        shorter = [i for k in range(1, len(rest)) for i in self._exact.get(rest[:k], ())]
-        return np.concatenate([longer, np.array(shorter, dtype=np.intc)])
+        shorter = [self._exact(rest[:k]) for k in range(1, len(rest))]
+        return np.concatenate([longer, *shorter])
 
     def extends(self, text: bytes) -> bool:
         """Whether some token is `text` followed by more bytes (` retu` -> ` return`)."""
         at = bisect.bisect_right(self._sorted, text)
         return at < len(self._sorted) and self._sorted[at].startswith(text)
+
+    def _range(self, text: bytes) -> tuple[int, int]:
+        """Where the tokens that start with `text` lie in sorted order."""
+        lo = bisect.bisect_left(self._sorted, text)
+        end = _successor(text)
+        return lo, bisect.bisect_left(self._sorted, end, lo) if end else len(self._sorted)
+
+    def _exact(self, piece: bytes) -> np.ndarray:
+        """Ids of the tokens whose bytes are `piece`."""
+        lo = bisect.bisect_left(self._sorted, piece)
+        return self._ids[lo:bisect.bisect_right(self._sorted, piece, lo)]
+
+
+# first bytes of a token that may start with a blank once decoded: ASCII whitespace (as
+# str.isspace has it), and every byte outside ASCII (a no-break space, or a stray
+# continuation byte that decoding drops)
+_MAY_START_BLANK = frozenset([*(b for b in range(128) if chr(b).isspace()), *range(128, 256)])
 
 
 def _blank_run(piece: bytes) -> int:

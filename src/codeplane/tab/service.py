@@ -125,7 +125,9 @@ class TabResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
-    model_ms: float = 0.0
+    model_ms: float = 0.0  # the model path in the worker: prompt building, decode, scoring
+    prompt_ms: float = 0.0  # of it, evaluating the prompt tokens the KV cache did not hold
+    decode_ms: float = 0.0  # of it, writing the answer
     window: str = "full"  # "short": a cold document's first answer (`cold_prompt_tokens`)
     prefill_tokens: int = 0  # the full window left to prefill in the background: charged too
     id: str | None = None  # the shown suggestion's id, for feedback; kept by typed-ahead
@@ -171,6 +173,8 @@ class Answer:
     completion_tokens: int
     model_ms: float
     restored: bool  # a saved KV slot was restored for it
+    prompt_ms: float = 0.0  # evaluating the prompt tokens the KV cache did not hold
+    decode_ms: float = 0.0  # writing the answer
     deferred: int = 0  # answered from the short window: the full one's tokens still to prefill
 
 
@@ -418,8 +422,7 @@ class TabService:
             stale = TabResult("", _ms(start), False, "cancelled", False, None, req.request_id,
                               "stale")
             if got is not None:
-                stale.prompt_tokens, stale.cached_tokens = got.prompt_tokens, got.cached_tokens
-                stale.completion_tokens, stale.model_ms = got.completion_tokens, got.model_ms
+                _spent(stale, got)
             return stale
         min_conf = self.settings.min_confidence if req.min_confidence is None \
             else req.min_confidence
@@ -427,8 +430,7 @@ class TabService:
                        f"t{secrets.token_hex(8)}", got.signals)
         self._store(self._key(tenant, req, req.prefix), entry)
         result = self._result(req, start, entry, "model")
-        result.prompt_tokens, result.cached_tokens = got.prompt_tokens, got.cached_tokens
-        result.completion_tokens, result.model_ms = got.completion_tokens, got.model_ms
+        _spent(result, got)
         result.window, result.prefill_tokens = ("short" if got.deferred else "full"), got.deferred
         return result
 
@@ -578,7 +580,7 @@ def answer(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anc
     sig = decision.signals(text, req.prefix, gen.logprobs[:kept], gen.finish_reason == "length")
     return Answer(text, decision.probability(sig), sig.to_json(), gen.prompt_tokens,
                   gen.cached_tokens, gen.completion_tokens, _ms(start), gen.restored,
-                  uncached if short else 0)
+                  round(gen.prompt_ms, 2), round(gen.decode_ms, 2), uncached if short else 0)
 
 
 def _prompt(model: TabModel, settings: TabSettings, req: TabRequest, anchors: Anchors,
@@ -696,6 +698,13 @@ def _line_guard(mode: Mode, prefix: str, stop: threading.Event):
             stop.set()
 
     return on_text
+
+
+def _spent(result: TabResult, got: Answer) -> None:
+    """Copy what the model call cost (tokens, time) onto the answer."""
+    result.prompt_tokens, result.cached_tokens = got.prompt_tokens, got.cached_tokens
+    result.completion_tokens, result.model_ms = got.completion_tokens, got.model_ms
+    result.prompt_ms, result.decode_ms = got.prompt_ms, got.decode_ms
 
 
 def _digest(*parts: str) -> str:
