@@ -10,8 +10,12 @@ same tokens, what truncated importance sampling (TIS) does about it, and both sa
 4. One trainer step on the llama.cpp rollouts (pairs rewarded 1/0) with TIS off and with the
    cap C: loss, grad norm and the share of tokens whose ratio hit the cap.
 
+With `--also-dtype bfloat16` the llama.cpp tokens (and the float32 torch sampler's) are also
+scored by the trainer with its base weights in bfloat16 (`TrainerConfig.dtype`).
+
 Usage (wrap in the CPU lock on shared machines):
-  flock /tmp/codeplane-cpu.lock python bench/rl/mismatch.py [--prompts 8] [--max-tokens 48]
+  flock /tmp/codeplane-cpu.lock python bench/rl/mismatch.py [--prompts 8] [--max-tokens 48] \
+      [--also-dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ def main() -> None:
     parser.add_argument("--tis-cap", type=float, default=2.0)
     parser.add_argument("--lora-scale", type=float, default=0.02,
                         help="std of the random LoRA B matrices")
+    parser.add_argument("--also-dtype", choices=["bfloat16"], default=None,
+                        help="also score the llama.cpp tokens with the trainer in this dtype")
     args = parser.parse_args()
     settings = load_settings()
     config = TrainerConfig(lora_rank=16, lora_alpha=32.0, tis_cap=None, micro_batch=4)
@@ -106,6 +112,12 @@ def main() -> None:
         TorchSampler(trainer.policy, seed=1), args.prompts, args.max_tokens)
     result["llama_vs_torch"] = score(trainer, llama_turns)
     result["torch_vs_torch"] = score(trainer, torch_turns)
+    if args.also_dtype:  # the same adapter, the same tokens, the base in another precision
+        other = PolicyTrainer(config.model_copy(update={"dtype": args.also_dtype}), settings)
+        other.policy.load_lora_state(lora)
+        result[f"llama_vs_torch_{args.also_dtype}"] = score(other, llama_turns)
+        result[f"torch_vs_torch_{args.also_dtype}"] = score(other, torch_turns)
+        del other
     groups = groups_of(llama_turns)
     snapshot = trainer.weights()
     for cap in (None, args.tis_cap):

@@ -16,6 +16,7 @@ from codeplane.clikit import ConfigOption, JsonOption, err_console, fail, print_
 from codeplane.rl.commits import repo_name
 from codeplane.rl.config import ConfigError, load_config
 from codeplane.rl.run import TrainingRun, save_config
+from codeplane.rl.types import DtypeName
 
 rl_app = typer.Typer(help="Reinforcement learning for the coding agent (needs the [rl] extra).",
                      no_args_is_help=True)
@@ -104,6 +105,9 @@ def train_next_edit_cmd(
         min=64, help="Longest example kept (prompt and answer tokens).")] = 1536,
     model: Annotated[str, typer.Option(help="The base model the adapter is trained on.")
                      ] = "code-small",
+    dtype: Annotated[DtypeName, typer.Option(
+        help="The frozen base weights' precision; auto: bfloat16 where the CPU has it "
+             "natively.")] = "float32",
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -125,7 +129,7 @@ def train_next_edit_cmd(
     except (NextEditError, CommitsError) as exc:
         fail(str(exc))
     spec = TrainSpec(run or out.with_name(out.name + ".run"), out, steps, batch, lr, rank,
-                     2.0 * rank, cases, max_tokens, model)
+                     2.0 * rank, cases, max_tokens, model, dtype=dtype)
 
     def on_step(record: dict) -> None:
         err_console.print(f"step {record['step'] + 1}/{steps} nll {record.get('nll', 0):.4f} "

@@ -31,6 +31,7 @@ from codeplane.config import Settings
 from codeplane.models.lora import write_gguf_adapter
 from codeplane.models.registry import gguf_summary
 from codeplane.rl.commits import is_benchmark, repo_name
+from codeplane.rl.types import DtypeName
 from codeplane.tab.nextedit import (
     DEFAULT_FORMAT,
     NextRequest,
@@ -166,6 +167,7 @@ class TrainSpec:
     model: str = "code-small"
     seed: int = 0
     save_every: int = 5
+    dtype: DtypeName = "float32"  # the frozen base's precision (`TrainerConfig.dtype`)
 
 
 def load_examples(run: Path) -> list[Example]:
@@ -191,7 +193,7 @@ def train(spec: TrainSpec, gits: dict[str, Path], settings: Settings,
     from codeplane.rl.types import Sample
 
     config = TrainerConfig(model=spec.model, lr=spec.lr, lora_rank=spec.rank,
-                           lora_alpha=spec.alpha, seed=spec.seed)
+                           lora_alpha=spec.alpha, seed=spec.seed, dtype=spec.dtype)
     trainer = PolicyTrainer(config, settings)
     if (spec.run / CHECKPOINT).is_file():
         trainer.load(str(spec.run))

@@ -42,6 +42,8 @@ from codeplane.rl.algorithms import token_logprobs
 # for this architecture (see rl/adapter.py for the name mapping).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 REFERENCE = "reference"  # the frozen LoRA of the KL term's reference policy (`set_reference`)
+# what `TrainerConfig.dtype` names: the precision of the frozen decoder layers (`Policy`)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -97,17 +99,51 @@ def torch_weights(gguf: Path) -> Path:
     return target
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX): without it torch
+    emulates bfloat16, slower than float32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """`float32`, `bfloat16`, or `auto`: bfloat16 where the CPU has it natively."""
+    if name == "auto":
+        return torch.bfloat16 if native_bf16() else torch.float32
+    return DTYPES[name]
+
+
+def lower_precision(base: torch.nn.Module, dtype: torch.dtype) -> None:
+    """The decoder layers (nearly all the multiply-adds) in `dtype`; the embedding table, the
+    rotary frequencies, the final norm and the vocabulary projection stay float32, so the
+    logits are float32 (docs/rl.md, "The trainer in bfloat16": the error per log-prob)."""
+    decoder = base.get_decoder()
+    decoder.layers.to(dtype)
+    decoder.embed_tokens.register_forward_hook(lambda _, args, out: out.to(dtype))
+    base.get_output_embeddings().register_forward_pre_hook(
+        lambda _, args: (args[0].float(), *args[1:]))
+
+
 class Policy:
     """A causal LM with a LoRA adapter on its attention projections. The base weights are
     frozen. The reference policy for the KL term is the same model with the adapter disabled
     (no second copy in memory), or, once `set_reference` gave it one, with a frozen second
     LoRA: a run that starts from another run's policy stays close to that policy, not to the
-    base model it left behind."""
+    base model it left behind.
 
-    def __init__(self, gguf: Path, lora: LoraShape, seed: int = 0) -> None:
+    `dtype`: the frozen decoder layers' precision (`lower_precision`); the LoRA weights, and
+    so their gradients and the optimiser's state, are float32 in every case."""
+
+    def __init__(self, gguf: Path, lora: LoraShape, seed: int = 0,
+                 dtype: torch.dtype = torch.float32) -> None:
         directory = torch_weights(gguf)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(directory)
         base = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        if dtype != torch.float32:
+            lower_precision(base, dtype)
         torch.manual_seed(seed)  # the LoRA A matrices start random: same seed, same policy
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
                             target_modules=list(LORA_TARGETS), bias="none")

@@ -38,8 +38,8 @@ from codeplane.rl.algorithms import (
     policy_loss,
     token_weights,
 )
-from codeplane.rl.policy import LoraShape, Policy, Row, model_weights
-from codeplane.rl.types import Episode, Sample
+from codeplane.rl.policy import LoraShape, Policy, Row, model_weights, resolve_dtype
+from codeplane.rl.types import DtypeName, Episode, Sample
 
 CHECKPOINT = "trainer.pt"
 
@@ -70,6 +70,9 @@ class TrainerConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0)
     drop_zero_variance: bool = True
     seed: int = 0
+    # the frozen base weights' precision (`policy.lower_precision`); "auto": bfloat16 where
+    # the CPU has it natively (docs/rl.md, "The trainer in bfloat16")
+    dtype: DtypeName = "float32"
 
 
 class _Item:
@@ -120,7 +123,8 @@ class PolicyTrainer:
     def __init__(self, config: TrainerConfig, settings: Settings) -> None:
         self.config = config
         gguf = model_weights(config.model, settings)
-        self.policy = Policy(gguf, LoraShape(config.lora_rank, config.lora_alpha), config.seed)
+        self.policy = Policy(gguf, LoraShape(config.lora_rank, config.lora_alpha), config.seed,
+                             resolve_dtype(config.dtype))
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr,
                                            weight_decay=config.weight_decay)

@@ -10,9 +10,13 @@ episodes that started from the same task (the baseline for GRPO/RLOO advantages)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from codeplane.core.chat import ChatModel
+
+# the trainer policy's base-weight precision (`TrainerConfig.dtype`; "auto": bfloat16 where
+# the CPU has it natively); named here, without torch, for the CLI's option
+DtypeName = Literal["float32", "bfloat16", "auto"]
 
 
 @dataclass
