@@ -18,7 +18,7 @@ from upstreams.scripted import caller, run_server
 
 from codeplane.cli import app
 from codeplane.models.registry import BUILTIN
-from codeplane.tab.nextedit import parse, prompt_parts
+from codeplane.tab.nextedit import parse, prompt_parts, rewrite_of
 from codeplane.tab.replay import cases_of, file_cases
 
 BASE = "code-small"
@@ -93,8 +93,7 @@ def test_each_formats_answers_parse_into_the_commits_next_state(fmt, monkeypatch
     for case in cases:
         rest, changed = train.answer_of(case)
         req = train.request_of(case)
-        _, _, lead = prompt_parts(req, fmt)
-        got = parse(lead + rest, fmt, req)
+        got = parse(rewrite_of(req, rest), fmt, req)
         assert (got.apply(case["state"]) if got else case["state"]) == case["target"] \
             or not changed
         answers.append((rest, changed))
@@ -121,13 +120,13 @@ def test_examples_are_the_served_prompt_and_an_answer_parsed_into_the_next_state
     for case in cases:
         example = tokens.example(case, "calc", 4096)
         assert example is not None and example.changed
-        parts, _, lead = prompt_parts(request_of(case), FORMAT)
+        parts, _, _ = prompt_parts(request_of(case), FORMAT)
         served = [t for text, control in parts
                   for t in vocab.tokenize(text.encode(), add_bos=False, special=control)]
         assert example.prompt_ids == served  # the engine's own tokenization of Tab's prompt
         assert example.completion_ids[-1] == tokens.stop
         answer = tokens.tokenizer.decode(example.completion_ids[:-1])
-        got = parse(lead + answer, FORMAT, request_of(case))
+        got = parse(rewrite_of(request_of(case), answer), FORMAT, request_of(case))
         assert got is not None and got.apply(case["state"]) == case["target"]
     assert tokens.example(cases[0], "calc", 64) is None  # longer than allowed
 

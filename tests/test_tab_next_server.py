@@ -158,7 +158,7 @@ def test_a_documents_next_request_reuses_its_prompt_across_fim(engine, local_mod
     first = NextRequest(**{**body(), "text": text, "edits": [first_edit],
                            "cursor": {"line": 1, "character": 0}})
     second = NextRequest(**{**body(), "text": text, "edits": [first_edit, RENAME]})
-    prompts = [[t for piece, control in nextedit.prompt_parts(r, "window")[0]
+    prompts = [[t for piece, control in nextedit.prompt_parts(r, r.format)[0]
                 for t in local_model.tokenize(piece, special=control)] for r in (first, second)]
     shared = local_model.kv.common_prefix(*prompts)
     assert shared > 32  # the history the two share is worth a slot (slots.MIN_GAIN)
@@ -195,7 +195,8 @@ def test_a_rewrite_that_rejoins_the_window_stops_and_is_the_same_file(local_mode
               "after": '    print("starting")\n'},
              {"path": "run.py", "line": 5, "before": '    print "reading %d files" % len(args)\n',
               "after": '    print("reading %d files" % len(args))\n'}]
-    req = NextRequest(path="run.py", text=RUN, cursor={"line": 5, "character": 0}, edits=edits)
+    req = NextRequest(path="run.py", text=RUN, cursor={"line": 5, "character": 0}, edits=edits,
+                      format="window")
     settings = TabSettings()
 
     def run(join_lines: int | None) -> nextedit.Prediction:
@@ -232,7 +233,8 @@ def test_a_rename_with_none_left_in_its_file_jumps_into_another_open_file(tmp_pa
         server.stop()
     assert got.status_code == 200, got.text
     assert got.json()["jump"] == {"path": "shapes.py", "line": 0}, got.json()
-    parts, _, _ = nextedit.prompt_parts(NextRequest(**ask), "window")
+    sent = NextRequest(**ask)
+    parts, _, _ = nextedit.prompt_parts(sent, sent.format)
     assert not any("def area" in piece for piece, _ in parts)
 
 

@@ -16,6 +16,7 @@ from codeplane.tab.nextedit import (
     NextRequest,
     Suggestion,
     _Watch,
+    answer_budget,
     jump_for,
     near_repeat,
     next_features,
@@ -24,6 +25,7 @@ from codeplane.tab.nextedit import (
     parse,
     prompt_parts,
     repeat_last_edit,
+    rewrite_of,
     window_of,
 )
 
@@ -137,6 +139,32 @@ def test_a_window_rewrite_stops_once_it_rejoins_the_window():
     assert watch.spliced == "".join(new)
     assert parse(watch.spliced, "window", req()) == Suggestion(15, 16,
                                                                "inserted = 1\nline15 = changed\n")
+
+
+BLANKS = "a = 10\nb = 2\n\n\ndef one():\n    return 1\n\n\ndef two():\n    return 2\n"
+
+
+def test_a_decoded_answer_is_read_as_the_decode_reads_it():
+    """What `predict` makes of a decode that wrote `output`: the guide's splice once the
+    rewrite re-joined the window - not `parse`'s guess of where an answer that stops early
+    ends, which two inserted lines before a run of blank lines fooled (it cut the window
+    at the blank line nearest the answer's length, and removed `def one`)."""
+    r = req(BLANKS, 0, format="cursor")
+    output = "b = 2\nc = 3\nd = 4\n\n\n"  # two lines inserted, two blank lines copied
+    want = BLANKS.replace("b = 2\n", "b = 2\nc = 3\nd = 4\n")
+    assert parse(rewrite_of(r, output), "cursor", r).apply(BLANKS) == want
+    assert parse(rewrite_of(r, ""), "cursor", r) is None  # "no change": the end token alone
+    assert parse(rewrite_of(req(BLANKS, 0), BLANKS[7:]), "window", req(BLANKS, 0)) is None
+
+
+def test_a_cursor_answers_budget_is_the_window_after_the_cursors_line():
+    """The decode may write the window's text after the prompt's lead and WINDOW_SLACK_TOKENS
+    more: for `cursor` the lines from the cursor's on, not the whole window (a model that
+    copies on past the window stops sooner)."""
+    chars = list  # one token a character
+    _, window = window_of(TEXT, 20)
+    slack = answer_budget(req(format="window"), chars) - len("".join(window[1:]))
+    assert answer_budget(req(format="cursor"), chars) == len("".join(window[10:])) + slack
 
 
 OPEN = [{"path": "b.py", "text": "x = 1\n"},

@@ -264,10 +264,10 @@ def test_every_benchmark_repository_is_refused() -> None:
              for line in f.read_text().splitlines() if line and not line.startswith("#")}
     tab = re.findall(r'"([\w.-]+)==', (ROOT / "bench/tab.py").read_text())
     agent = re.findall(r'Sdist\("([\w.-]+)==', (ROOT / "bench/agent/snapshots.py").read_text())
-    nextedit = [r for held in ("HELDOUT", "HELDOUT2")
+    nextedit = [r for held in ("HELDOUT", "HELDOUT2", "HELDOUT3")
                 for r in re.findall(r'"([\w.-]+/[\w.-]+)"', (ROOT / "bench/nextedit.py").read_text()
                                     .split(f"\n{held} = ")[1].split("\n")[0])]
-    assert len(search) == 8 and apply and tab and agent and len(nextedit) == 6
+    assert len(search) == 8 and apply and tab and agent and len(nextedit) == 9
     assert {r.lower() for r in [*search, *apply, *nextedit]} <= BENCHMARK_REPOSITORIES
     assert {p.lower() for p in [*tab, *agent]} <= BENCHMARK_PROJECTS
 

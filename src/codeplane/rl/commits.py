@@ -47,8 +47,8 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", re.MULTILINE)
 Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
 # Every repository a benchmark reads (bench/search, bench/apply's sets, bench/tab's and
-# bench/agent's sdists, by project name, bench/nextedit's HELDOUT and HELDOUT2): never a source of
-# training or held-out tasks.
+# bench/agent's sdists, by project name, bench/nextedit's HELDOUT, HELDOUT2 and HELDOUT3):
+# never a source of training or held-out tasks.
 # tests/rl/test_commits.py checks this list against the benchmarks' own.
 BENCHMARK_REPOSITORIES = frozenset({
     "pallets/click", "pallets/flask", "pallets/jinja", "psf/requests", "encode/httpx",
@@ -61,7 +61,8 @@ BENCHMARK_REPOSITORIES = frozenset({
     "erikrose/parsimonious", "jazzband/prettytable", "pylons/webob", "scrapy/w3lib",
     "jazzband/tablib", "alir3z4/html2text", "pyeve/cerberus", "hgrecco/pint",
     "grahamdumpleton/wrapt", "sloria/environs", "jsonpickle/jsonpickle",
-    "simplejson/simplejson", "madzak/python-json-logger", "jquast/wcwidth"})
+    "simplejson/simplejson", "madzak/python-json-logger", "jquast/wcwidth",
+    "psf/cachecontrol", "rubik/radon", "aio-libs/yarl"})
 BENCHMARK_PROJECTS = frozenset({
     "h11", "werkzeug", "jinja2", "markdown", "sqlparse", "humanize", "pyparsing", "pyflakes",
     "mistune", "boltons", "parso", "python-dotenv", "colorama", "tomli", "docopt",

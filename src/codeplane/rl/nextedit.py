@@ -6,7 +6,8 @@ would receive, and its prompt is `tab.nextedit.prompt_parts` - the serve-time pr
 in the route's default format (`tab.nextedit.DEFAULT_FORMAT`), tokenized piece by piece as
 `tab.nextedit.predict` does (control pieces as control tokens, user text never). The target
 is what the decode after that prompt should produce, `tab.nextedit.target` of that format,
-then `<|file_sep|>` (an end token the decode stops on). A case is kept only when `tab.nextedit.parse` turns its target back into exactly
+then `<|file_sep|>` (an end token the decode stops on). A case is kept only when its target,
+read as the product reads a decode (`tab.nextedit.rewrite_of`, then `parse`), is exactly
 the commit's next state (or, when the next edit lies outside the window, into no suggestion:
 the model learns to leave the window as it is), and when the target fits the decode's token
 budget - so every example is one the product can answer right.
@@ -33,10 +34,11 @@ from codeplane.rl.commits import is_benchmark, repo_name
 from codeplane.rl.types import DtypeName
 from codeplane.tab.nextedit import (
     DEFAULT_FORMAT,
-    WINDOW_SLACK_TOKENS,
     NextRequest,
+    answer_budget,
     parse,
     prompt_parts,
+    rewrite_of,
     target,
     window_of,
 )
@@ -90,8 +92,7 @@ def answer_of(case: Case) -> tuple[str, bool] | None:
     rest = target(req, updated)
     if rest is None:
         return None
-    _, _, lead = prompt_parts(req, FORMAT)
-    got = parse(lead + rest, FORMAT, req)
+    got = parse(rewrite_of(req, rest), FORMAT, req)
     changed = updated != window
     right = got.apply(case["state"]) == case["target"] if got else not changed
     return (rest, changed) if right else None
@@ -116,10 +117,11 @@ class Tokens:
         if found is None:
             return None
         rest, changed = found
-        parts, current, _ = prompt_parts(request_of(case), FORMAT)
+        req = request_of(case)
+        parts, _, _ = prompt_parts(req, FORMAT)
         prompt = [t for text, control in parts for t in self(text, control)]
         completion = [*self(rest), self.stop]
-        if len(completion) > len(self(current)) + WINDOW_SLACK_TOKENS:
+        if len(completion) > answer_budget(req, self):
             return None  # the decode's budget would cut it ("length": nothing shown)
         if len(prompt) + len(completion) > max_tokens:
             return None

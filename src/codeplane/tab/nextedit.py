@@ -33,6 +33,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from difflib import SequenceMatcher
 from typing import Literal
@@ -56,7 +57,7 @@ DIFF_MAX_TOKENS = 160
 WINDOW_SLACK_TOKENS = 48  # the updated window may be this much longer than the current one
 JOIN_LINES = 2  # a `window` rewrite that copies this many lines after a change is done
 Format = Literal["window", "cursor", "diff"]
-DEFAULT_FORMAT: Format = "window"  # the route's and the adapter's (docs/tab.md, "Next edit")
+DEFAULT_FORMAT: Format = "cursor"  # the route's and the adapter's (docs/tab.md, "Next edit")
 
 
 class EditIn(BaseModel):
@@ -257,6 +258,28 @@ def target(req: NextRequest, updated: list[str]) -> str | None:
     return text[len(lead):]
 
 
+def answer_budget(req: NextRequest, tokenize: Callable[[str], list[int]]) -> int:
+    """The decode's token budget for a `window` or `cursor` answer: the window's text after
+    the prompt's lead (the lines the answer rewrites), WINDOW_SLACK_TOKENS more for what
+    it adds. The trainer drops an example whose answer would not fit (`rl/nextedit.py`)."""
+    _, current, lead = prompt_parts(req, req.format)
+    return len(tokenize(current[len(lead):])) + WINDOW_SLACK_TOKENS
+
+
+def rewrite_of(req: NextRequest, output: str) -> str:
+    """The text `predict` parses when the decode wrote `output` and ended (`window` and
+    `cursor`): the guide's splice when the rewrite re-joined the window on the way (the
+    decode stops there), else the prompt's lead and the output. Training answers are
+    checked through it (`rl/nextedit.py`): they are read as the product reads them."""
+    _, window = window_of(req.text, req.cursor.line)
+    _, current, lead = prompt_parts(req, req.format)
+    watch = _Watch(threading.Event(), current.count("\n") + 8, window, lead, JOIN_LINES)
+    for line in (output + "\n").split("\n")[:-1]:  # the decode's last line too, at its end
+        if not watch.feed(line):
+            break
+    return watch.spliced if watch.spliced is not None else lead + output
+
+
 def _recent(edits: list[EditIn]) -> list[EditIn]:
     """The newest edits that fit MAX_HISTORY_CHARS, oldest first."""
     kept: list[EditIn] = []
@@ -448,7 +471,7 @@ def predict(ctx: JobContext, settings: TabSettings, req: NextRequest, tenant: st
     prompt = _tokens(model, parts)
     draft = model.tokenize(current)
     if req.format != "diff":
-        budget = len(draft) + WINDOW_SLACK_TOKENS
+        budget = answer_budget(req, model.tokenize)
         max_lines = current.count("\n") + 8
     else:
         budget, max_lines = DIFF_MAX_TOKENS, 2 * (current.count("\n") + 1)
