@@ -831,3 +831,93 @@ def test_doctest_continuation_lines_are_code_not_elision_markers() -> None:
 def test_uncommented_ellipsis_markers_stay_markers(line: str) -> None:
     """The doctest rule takes only code after `... `: marker prose still elides."""
     assert is_marker("    " + line)
+
+
+DIGITS = '''import unittest
+
+
+class Digits(unittest.TestCase):
+    def test_path(self):
+        self.assertEqual(path(), "root")
+
+    def test_digits(self):
+        result = compare([0.012, 0.98], [0.013, 0.99], digits=1)
+        self.assertEqual(result, {})
+
+    @unittest.expectedFailure
+    def test_digits_with_sets(self):
+        result = compare(
+            set([0.012, 0.98]), set([0.013, 0.99]), digits=1)
+        self.assertEqual(result, {})
+
+    def test_digits_with_order(self):
+        result = compare(
+            [0.012, 0.98], [0.013, 0.99],
+            ignore_order=True)
+        self.assertEqual(result, {})
+
+
+class Other(unittest.TestCase):
+    def test_other(self):
+        self.assertTrue(True)
+'''
+
+
+def test_a_smaller_reading_that_would_keep_a_test_twice_is_no_rival() -> None:
+    """The sketch rewrites three tests that each end in the same line. Closing like the
+    first of them, a smaller reading would keep the second and third tests as they are
+    after the rewritten text, which shows them too: two copies of lines the file has
+    once (`def test_digits_with_sets`). That reading is no rival; the rewrite is written
+    (deepdiff 61e76b325e in the fifth slice declined before)."""
+    sketch = '''# ... existing code ...
+
+    def test_digits(self):
+        result = compare(
+            [0.012, 0.98],
+            [0.013, 0.99],
+            digits=1,
+            view="tree")
+        self.assertEqual(result, {})
+
+    def test_digits_with_sets(self):
+        result = compare(
+            {0.012, 0.98},
+            {0.013, 0.99},
+            digits=1,
+            view="tree")
+        self.assertEqual(result, {})
+
+    def test_digits_with_order(self):
+        result = compare(
+            [0.012, 0.98], [0.013, 0.99],
+            ignore_order=True,
+            view="tree")
+        self.assertEqual(result, {})
+
+# ... existing code ...
+'''
+    expected = DIGITS.replace('''        result = compare([0.012, 0.98], [0.013, 0.99], digits=1)
+        self.assertEqual(result, {})
+
+    @unittest.expectedFailure
+    def test_digits_with_sets(self):
+        result = compare(
+            set([0.012, 0.98]), set([0.013, 0.99]), digits=1)
+''', '''        result = compare(
+            [0.012, 0.98],
+            [0.013, 0.99],
+            digits=1,
+            view="tree")
+        self.assertEqual(result, {})
+
+    def test_digits_with_sets(self):
+        result = compare(
+            {0.012, 0.98},
+            {0.013, 0.99},
+            digits=1,
+            view="tree")
+''').replace('''            ignore_order=True)
+''', '''            ignore_order=True,
+            view="tree")
+''')
+    merges(DIGITS, sketch, "test_digits.py", expected)

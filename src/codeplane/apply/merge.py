@@ -586,8 +586,9 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
     by rewriting an existing function into a new, similar one where the sketch adds the new
     one next to it, and keeping the most code is the safer reading. When the smaller reading
     would cut through lines the edit itself uses as context, neither is trusted (a string
-    says why), unless the segment adds no line: then the alignment's reading stands.
-    `keys`: the original's lines with whitespace collapsed."""
+    says why), unless the segment adds no line, or the smaller reading would keep a line
+    the segment shows as context that the file has once (`_kept_twice`): then the
+    alignment's reading stands. `keys`: the original's lines with whitespace collapsed."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     start, end = best.ops[rows[0] - 1][2], best.ops[rows[-1] + 1][1]
     rows = [k for k in rows if best.ops[k][0] != "drop"]
@@ -605,7 +606,7 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
         for p in range(end - tail_min - head, start, -1):
             if keys[p:p + head] == want:
                 if not interior.isdisjoint(range(p, p + head)):
-                    if edits_only:
+                    if edits_only or _kept_twice(keys, interior, range(start, p)):
                         break
                     return (f"opens like lines {start + 1} and {p + 1}, and the second "
                             f"reading would keep code the first replaces")
@@ -616,13 +617,24 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
         for q in range(new_start + head_min + tail, end):
             if keys[q - tail:q] == want:
                 if not interior.isdisjoint(range(q - tail, q)):
-                    if edits_only:
+                    if edits_only or _kept_twice(keys, interior, range(q, end - tail)):
                         break
                     return (f"closes like lines {q} and {end}, and the first reading would "
                             f"keep code the second replaces")
                 new_end = q
                 break
     return None if (new_start, new_end) == (start, end) else (new_start, new_end)
+
+
+def _kept_twice(keys: list[str], interior: set[int], kept: range) -> bool:
+    """Whether a smaller reading, which keeps the file's lines `kept` as they are, would
+    also write a second copy of one of them: a distinctive line the file has once that the
+    segment shows as context there (`interior`: the original lines its inner rows match).
+    That reading defines a test twice, say, and is no rival to the alignment's (deepdiff
+    61e76b325e in the fifth slice: three tests rewritten, closing like the first of them,
+    where the file has the second and third once each)."""
+    return any(o in interior and keys[o] and not trivial(keys[o]) and keys.count(keys[o]) == 1
+               for o in kept)
 
 
 def _missing_blank(original: list[str], items: list[str | None], owner: list[int],
