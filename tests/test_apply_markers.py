@@ -534,8 +534,10 @@ def test_common_line_and_the_file_line_after_it_are_not_split() -> None:
     `return` of `quantify`, which the file has together once. The quotes place nothing,
     so the alignment matched `filter_len`'s own quotes, took `return sum(map(...))` as new
     in place of `filter_len`'s `return`, and kept the rest of `filter_len`: ok with a
-    wrong file (more-itertools 61a2d7be70, the one wrong merge of the fresh slice). The
-    two readings are declined, never the split one merged."""
+    wrong file (more-itertools 61a2d7be70, the one wrong merge of the fresh slice). That
+    split reading writes a second copy of `quantify`'s `return`, a line the file has once
+    and keeps: never merged. Until session apply13 the merge declined; now the pair is
+    read as the context it is, and `filter_len` is deleted."""
     sketch = '''# ... existing code ...
     """
     return sum(map(pred, iterable))
@@ -546,10 +548,7 @@ def padnone(iterable):
 '''
     start = RECIPES.index("def filter_len")
     expected = RECIPES[:start] + RECIPES[RECIPES.index("def padnone"):]
-    result = apply_edit(RECIPES, sketch, "recipes.py")
-    assert result.ok is False or result.merged == expected, result.merged
-    assert not result.ok
-    assert "first lines" in result.diagnostics[-1]
+    merges(RECIPES, sketch, "recipes.py", expected)
 
 
 OPTION_TESTS = '''import click
@@ -921,3 +920,70 @@ def test_a_smaller_reading_that_would_keep_a_test_twice_is_no_rival() -> None:
             view="tree")
 ''')
     merges(DIGITS, sketch, "test_digits.py", expected)
+
+
+HANDLER = '''import threading
+
+
+class Handler:
+    def __init__(self, sink, enqueue, catch):
+        self._sink = sink
+        self._enqueue = enqueue
+        self._catch = catch
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def emit(self, record):
+        try:
+            text = str(record)
+            with self._lock:
+                if self._stopped:
+                    return
+                if self._enqueue:
+                    try:
+                        self._queue.put(text)
+                    except Exception:
+                        if not self._catch:
+                            raise
+                        self._handle_error()
+                else:
+                    self._sink.write(text)
+
+        except Exception:
+            if not self._catch:
+                raise
+            self._handle_error(record)
+
+    def stop(self):
+        with self._lock:
+            self._stopped = True
+            if self._enqueue:
+                if self._owner != current():
+                    return
+                self._queue.put(None)
+'''
+
+
+def test_a_common_line_and_its_neighbour_are_context_where_reading_them_new_copies_code() -> None:
+    """The sketch unwraps a `try:` and opens on `return` (a common line) and
+    `if self._enqueue:`, which the file has together once. The cheapest alignment takes
+    them and `self._queue.put(text)` as new lines before `else:`, keeping the file's own
+    copies above: a second copy of `self._queue.put(text)`, a line the file has once. That
+    reading is not one an edit means; the pair is the segment's context, and the `try:`
+    and its handler are deleted (loguru 1d11396329 in the fourth slice declined before)."""
+    sketch = '''# ... existing code ...
+                    return
+                if self._enqueue:
+                    self._queue.put(text)
+                else:
+                    self._sink.write(text)
+# ... existing code ...
+'''
+    merges(HANDLER, sketch, "handler.py", HANDLER.replace("""                    try:
+                        self._queue.put(text)
+                    except Exception:
+                        if not self._catch:
+                            raise
+                        self._handle_error()
+""", """                    self._queue.put(text)
+"""))
