@@ -26,6 +26,7 @@ from codeplane.apply.align import (
     SUB_SCALE,
     Aligner,
     Alignment,
+    indent_width,
     norm,
     token_similarity,
     trivial,
@@ -1033,8 +1034,31 @@ def _pair_as_context(aligner: Aligner, best: Alignment, owner: list[int],
                                         for k, at in ((first, o), (second, nxt))})
             finally:
                 aligner.icost = saved
-            best = pinned or best
+            if pinned is not None and not _orphans_body(aligner, pinned,
+                                                        pinned.deleted - best.deleted):
+                best = pinned
     return best
+
+
+def _orphans_body(aligner: Aligner, alignment: Alignment, deleted: set[int]) -> bool:
+    """Whether the alignment deletes a block's header (a line ending in `:`) among `deleted`
+    and keeps the line after it where it was, as deep as before, as the sketch's line: the
+    body then belongs to whatever is above it (the next class's header deleted, its
+    docstring matched as a new docstring of the class above). A header whose body the
+    sketch shows less deep is unwrapped on purpose (a `try:` removed). The mirrored
+    problem reads the file upwards, so the line after the header is above it there."""
+    kept = {op[1]: k for k, op in enumerate(alignment.ops) if op[0] in ("match", "sub")}
+    original = aligner.original
+    for o in sorted(deleted):
+        if not original[o].rstrip().endswith(":"):
+            continue
+        below = range(o - 1, -1, -1) if aligner.mirrored else range(o + 1, len(original))
+        body = next((p for p in below if original[p].strip()), None)
+        if body is not None and body in kept and indent_width(original[body]) > indent_width(
+                original[o]) and indent_width(aligner.items[kept[body]] or "") == \
+                indent_width(original[body]):
+            return True
+    return False
 
 
 def _copies_kept_line(aligner: Aligner, best: Alignment, rows: list[int]) -> bool:
