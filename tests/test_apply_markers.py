@@ -825,8 +825,37 @@ def test_doctest_continuation_lines_are_code_not_elision_markers() -> None:
         "        except ValueError:\n", "        except (ValueError, TypeError):\n"))
 
 
+VALIDATE = '''def validate(*a, **kw):
+    """Decorator for validating arguments of a function against a given schema.
+
+    Set restriction for returned value:
+
+        >>> @validate(arg=int, __return__=int)
+        ... def foo(arg1):
+        ...   return arg1 * 2
+
+    """
+    RETURNS_KEY = '__return__'
+    return a, kw
+'''
+
+
+def test_doctest_continuation_headers_and_returns_are_code_not_elision_markers() -> None:
+    """`... def bar(arg1):` (a compound statement's header) and `...   return arg1 * 2` (a
+    return of a computed value) in a doctest are code, not markers: read as markers, the
+    segment kept only `>>> @validate(...)` and blank lines, changed nothing and declined
+    (voluptuous aa66c60644 in the fifth slice)."""
+    sketch = ('    # (unchanged)\n\n'
+              '        >>> @validate(arg=int, __return__=int)\n'
+              '        ... def bar(arg1):\n'
+              '        ...   return arg1 * 2\n\n'
+              '    # [previous implementation]\n')
+    merges(VALIDATE, sketch, "v.py", VALIDATE.replace("def foo(arg1)", "def bar(arg1)"))
+
+
 @pytest.mark.parametrize("line", ["... existing code ...", "... rest unchanged",
-                                  "... (unchanged)", "...  other methods"])
+                                  "... (unchanged)", "...  other methods",
+                                  "... return unchanged", "... rest of the code here"])
 def test_uncommented_ellipsis_markers_stay_markers(line: str) -> None:
     """The doctest rule takes only code after `... `: marker prose still elides."""
     assert is_marker("    " + line)
