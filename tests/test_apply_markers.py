@@ -991,3 +991,20 @@ def test_a_common_line_and_its_neighbour_are_context_where_reading_them_new_copi
                         self._handle_error()
 """, """                    self._queue.put(text)
 """))
+
+
+def test_a_pinned_pair_that_leaves_a_class_body_without_its_header_is_not_taken() -> None:
+    """A new docstring for `Column` copies `Table`'s `Args:` lines, which the file has once
+    each. Read as new lines, they copy `Table`'s; pinned to `Table`'s closing `caption`,
+    `width` and quotes, the merge deleted every field of `Column`, `Table`'s header and
+    docstring opening, and kept `Table`'s body under `Column` (rich ae12e09065 in
+    bench/apply.py, `tight`: a wrong file on 66735a1). Declined, as before the pin."""
+    fields = "".join(f'    field_{i}: int = {i}\n    """The field {i}."""\n\n' for i in range(8))
+    args = "        title: The title.\n        caption: The caption.\n        width: The width.\n"
+    original = (f'class Column:\n    """Defines a column in a table."""\n\n{fields}\n'
+                f'class Table:\n    """A renderable that draws a table.\n\n    Args:\n'
+                f'        *headers: Column headers.\n{args}    """\n\n    rows: int = 0\n')
+    sketch = (f'# ... existing code ...\nclass Column:\n    """Defines a column within a Table.\n\n'
+              f'    Args:\n{args}    """\n\n# ... existing code ...\n')
+    result = apply_edit(original, sketch, "table.py")
+    assert not result.ok, result.merged

@@ -1042,20 +1042,24 @@ def _pair_as_context(aligner: Aligner, best: Alignment, owner: list[int],
 
 def _orphans_body(aligner: Aligner, alignment: Alignment, deleted: set[int]) -> bool:
     """Whether the alignment deletes a block's header (a line ending in `:`) among `deleted`
-    and keeps the line after it where it was, as deep as before, as the sketch's line: the
-    body then belongs to whatever is above it (the next class's header deleted, its
-    docstring matched as a new docstring of the class above). A header whose body the
-    sketch shows less deep is unwrapped on purpose (a `try:` removed). The mirrored
-    problem reads the file upwards, so the line after the header is above it there."""
+    and keeps code of its block: the first line with code after the header that it does
+    not delete is deeper than the header and stays as deep, kept by a marker or shown so by
+    the sketch. That body then belongs to whatever is above it (the next class's header
+    and docstring deleted, its `Args:` lines matched as a new docstring's of the class
+    above: rich ae12e09065 in bench/apply.py, `tight`). A header whose body the sketch shows
+    less deep is unwrapped on purpose (a `try:` removed). The mirrored problem reads the
+    file upwards, so the lines after the header are above it there."""
     kept = {op[1]: k for k, op in enumerate(alignment.ops) if op[0] in ("match", "sub")}
     original = aligner.original
     for o in sorted(deleted):
         if not original[o].rstrip().endswith(":"):
             continue
         below = range(o - 1, -1, -1) if aligner.mirrored else range(o + 1, len(original))
-        body = next((p for p in below if original[p].strip()), None)
-        if body is not None and body in kept and indent_width(original[body]) > indent_width(
-                original[o]) and indent_width(aligner.items[kept[body]] or "") == \
+        body = next((p for p in below if original[p].strip() and p not in alignment.deleted),
+                    None)
+        if body is None or indent_width(original[body]) <= indent_width(original[o]):
+            continue
+        if body not in kept or indent_width(aligner.items[kept[body]] or "") == \
                 indent_width(original[body]):
             return True
     return False
