@@ -125,8 +125,32 @@ def is_marker(line: str) -> bool:
         # that starts with it and has words ("... existing code ...") is a marker; words
         # that are one Python statement are a doctest's continuation line.
         return text.startswith(("...", "…")) and bool(_ELLIPSIS.sub("", text).strip()) \
-            and not (text.startswith("... ") and does_something(text[4:]))
+            and not (text.startswith("... ") and _doctest_code(text[4:]))
     return opened and _elision_words(inner)
+
+
+def _doctest_code(text: str) -> bool:
+    """Whether the words after a doctest's `... ` are code: a statement that does something
+    (`does_something`), a compound statement's header (`def bar(arg1):`, `for x in y:`)
+    or a `return` of a computed value (`return arg1 * 2`); marker prose is none of these
+    (voluptuous aa66c60644 in the fifth slice: `... def bar(arg1):` read as a marker)."""
+    if does_something(text):
+        return True
+    try:
+        body = ast.parse(text.strip() + "\n    pass").body
+    except SyntaxError:
+        try:
+            body = ast.parse(text.strip()).body
+        except SyntaxError:
+            return False
+        return len(body) == 1 and isinstance(body[0], ast.Return) \
+            and isinstance(body[0].value, (ast.BinOp, ast.Call, ast.Attribute, ast.Subscript,
+                                           ast.BoolOp, ast.Compare, ast.UnaryOp))
+    return len(body) == 1 and isinstance(body[0], _COMPOUND)
+
+
+_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.AsyncFor,
+             ast.While, ast.If, ast.With, ast.AsyncWith, ast.Try)
 
 
 def does_something(text: str) -> bool:

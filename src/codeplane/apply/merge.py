@@ -26,6 +26,7 @@ from codeplane.apply.align import (
     SUB_SCALE,
     Aligner,
     Alignment,
+    indent_width,
     norm,
     token_similarity,
     trivial,
@@ -297,6 +298,9 @@ def _align_and_build(original: list[str], sketch: Sketch,
         else:
             aligner.anchor(False, False)
     best = _keep_what_markers_stand_for(aligner, best, owner)
+    last = len(sketch.segments) - 1
+    best = _pair_as_context(aligner, best, owner, lambda number, step: bool(
+        number or sketch.gap_before) if step == 1 else bool(number < last or sketch.gap_after))
     regions = _check_all(original, sketch, aligner, best, items, owner, shown) if checked \
         else {}
     if isinstance(regions, _Tie):
@@ -586,8 +590,9 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
     by rewriting an existing function into a new, similar one where the sketch adds the new
     one next to it, and keeping the most code is the safer reading. When the smaller reading
     would cut through lines the edit itself uses as context, neither is trusted (a string
-    says why), unless the segment adds no line: then the alignment's reading stands.
-    `keys`: the original's lines with whitespace collapsed."""
+    says why), unless the segment adds no line, or the smaller reading would keep a line
+    the segment shows as context that the file has once (`_kept_twice`): then the
+    alignment's reading stands. `keys`: the original's lines with whitespace collapsed."""
     rows = [k for k, seg in enumerate(owner) if seg == number]
     start, end = best.ops[rows[0] - 1][2], best.ops[rows[-1] + 1][1]
     rows = [k for k in rows if best.ops[k][0] != "drop"]
@@ -605,7 +610,7 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
         for p in range(end - tail_min - head, start, -1):
             if keys[p:p + head] == want:
                 if not interior.isdisjoint(range(p, p + head)):
-                    if edits_only:
+                    if edits_only or _kept_twice(keys, interior, range(start, p)):
                         break
                     return (f"opens like lines {start + 1} and {p + 1}, and the second "
                             f"reading would keep code the first replaces")
@@ -616,13 +621,24 @@ def _narrowest(keys: list[str], items: list[str | None], owner: list[int],
         for q in range(new_start + head_min + tail, end):
             if keys[q - tail:q] == want:
                 if not interior.isdisjoint(range(q - tail, q)):
-                    if edits_only:
+                    if edits_only or _kept_twice(keys, interior, range(q, end - tail)):
                         break
                     return (f"closes like lines {q} and {end}, and the first reading would "
                             f"keep code the second replaces")
                 new_end = q
                 break
     return None if (new_start, new_end) == (start, end) else (new_start, new_end)
+
+
+def _kept_twice(keys: list[str], interior: set[int], kept: range) -> bool:
+    """Whether a smaller reading, which keeps the file's lines `kept` as they are, would
+    also write a second copy of one of them: a distinctive line the file has once that the
+    segment shows as context there (`interior`: the original lines its inner rows match).
+    That reading defines a test twice, say, and is no rival to the alignment's (deepdiff
+    61e76b325e in the fifth slice: three tests rewritten, closing like the first of them,
+    where the file has the second and third once each)."""
+    return any(o in interior and keys[o] and not trivial(keys[o]) and keys.count(keys[o]) == 1
+               for o in kept)
 
 
 def _missing_blank(original: list[str], items: list[str | None], owner: list[int],
@@ -955,27 +971,112 @@ def _split_context(aligner: Aligner, best: Alignment, rows: list[int]) -> str | 
     lands next to another copy of the common line, and the code between is kept or lost
     by chance (more-itertools 61a2d7be70: the closing quotes and `return` above a deleted
     function matched that function's own quotes, its `return` replaced, the rest kept).
-    Declined rather than guessed. Only at a marker: at the file's edge without one the
-    edge places the segment (new code appended at the end of a file that copies the
-    file's last lines is new). The mirrored sketch checks the segment's end."""
-    code = [k for k in rows if k not in aligner.optional
-            and aligner.items[k].strip()]  # type: ignore[union-attr]
-    if len(code) < 2 or best.ops[code[1]][0] == "match":
+    Declined rather than guessed (unless `_pair_as_context` settled it). Only at a
+    marker: at the file's edge without one the edge places the segment (new code appended
+    at the end of a file that copies the file's last lines is new). The mirrored sketch
+    checks the segment's end."""
+    pairs = _split_pairs(aligner, best, rows, 1)
+    if not pairs:
         return None
+    first, second, o, after = pairs[0]
+    return (f"its first lines {aligner.items[first].strip()[:40]!r} and "  # type: ignore[union-attr]
+            f"{aligner.items[second].strip()[:60]!r} are the file's lines {o + 1} "  # type: ignore[union-attr]
+            f"and {after + 1}, but the best reading takes the second as new: "
+            f"context or a new copy? ambiguous")
+
+
+def _split_pairs(aligner: Aligner, best: Alignment, rows: list[int], step: int
+                 ) -> list[tuple[int, int, int, int]]:
+    """The places of `_split_context`'s pair at the segment's start (`step` 1) or end (-1):
+    (edge row, next row, the file's line of each), where the file has the edge row's
+    common line and, as its next line with code in that direction, the next row's line,
+    which the alignment takes as new."""
+    code = [k for k in rows if k not in aligner.optional
+            and aligner.items[k].strip()][::step]  # type: ignore[union-attr]
+    if len(code) < 2 or best.ops[code[1]][0] == "match":
+        return []
     first, second = code[0], code[1]
     if aligner.icode[first] < 0 or aligner.icode[second] < 0 \
             or not trivial(norm(aligner.items[first])) \
             or trivial(norm(aligner.items[second])):  # type: ignore[arg-type]
-        return None
+        return []
     codes = aligner.ocode
+    out = []
     for o in np.flatnonzero(codes == aligner.icode[first]):
-        after = next((p for p in range(o + 1, len(codes)) if aligner.original[p].strip()), None)
-        if after is not None and codes[after] == aligner.icode[second]:
-            return (f"its first lines {aligner.items[first].strip()[:40]!r} and "
-                    f"{aligner.items[second].strip()[:60]!r} are the file's lines {o + 1} "
-                    f"and {after + 1}, but the best reading takes the second as new: "
-                    f"context or a new copy? ambiguous")
-    return None
+        beyond = range(o + 1, len(codes)) if step == 1 else range(o - 1, -1, -1)
+        nxt = next((p for p in beyond if aligner.original[p].strip()), None)
+        if nxt is not None and codes[nxt] == aligner.icode[second]:
+            out.append((first, second, int(o), nxt))
+    return out
+
+
+def _pair_as_context(aligner: Aligner, best: Alignment, owner: list[int],
+                     at_marker: Callable[[int, int], bool]) -> Alignment:
+    """`_split_context`'s pair settled: where the file has it once, and the alignment's
+    reading (the second line new) writes a second copy of a distinctive line the file has
+    once and keeps as it is (`_copies_kept_line`), that reading is not one an edit means;
+    the segment is aligned again with the pair as its context there, and the merge's
+    checks judge that reading like any other (loguru 1d11396329 in the fourth slice:
+    `return`, `if self._enqueue:`, `self._queue.put(...)` opening a segment that unwraps a
+    `try:`, read as new lines below the file's own copies of them). `at_marker(number,
+    step)`: the segment's start (end) is at a marker, not at the file's edge."""
+    for number in range(max(owner) + 1):
+        rows = [k for k, seg in enumerate(owner) if seg == number]
+        for step in (1, -1):
+            pairs = _split_pairs(aligner, best, rows, step) if at_marker(number, step) else []
+            if len(pairs) != 1 or not _copies_kept_line(aligner, best, rows):
+                continue
+            first, second, o, nxt = pairs[0]
+            saved = list(aligner.icost)
+            aligner.icost[first] = aligner.icost[second] = INF  # matched there, never new
+            try:
+                pinned = aligner.align({k: np.arange(len(aligner.original)) != at
+                                        for k, at in ((first, o), (second, nxt))})
+            finally:
+                aligner.icost = saved
+            if pinned is not None and not _orphans_body(aligner, pinned,
+                                                        pinned.deleted - best.deleted):
+                best = pinned
+    return best
+
+
+def _orphans_body(aligner: Aligner, alignment: Alignment, deleted: set[int]) -> bool:
+    """Whether the alignment deletes a block's header (a line ending in `:`) among `deleted`
+    and keeps code of its block: the first line with code after the header that it does
+    not delete is deeper than the header and stays as deep, kept by a marker or shown so by
+    the sketch. That body then belongs to whatever is above it (the next class's header
+    and docstring deleted, its `Args:` lines matched as a new docstring's of the class
+    above: rich ae12e09065 in bench/apply.py, `tight`). A header whose body the sketch shows
+    less deep is unwrapped on purpose (a `try:` removed). The mirrored problem reads the
+    file upwards, so the lines after the header are above it there."""
+    kept = {op[1]: k for k, op in enumerate(alignment.ops) if op[0] in ("match", "sub")}
+    original = aligner.original
+    for o in sorted(deleted):
+        if not original[o].rstrip().endswith(":"):
+            continue
+        below = range(o - 1, -1, -1) if aligner.mirrored else range(o + 1, len(original))
+        body = next((p for p in below if original[p].strip() and p not in alignment.deleted),
+                    None)
+        if body is None or indent_width(original[body]) <= indent_width(original[o]):
+            continue
+        if body not in kept or indent_width(aligner.items[kept[body]] or "") == \
+                indent_width(original[body]):
+            return True
+    return False
+
+
+def _copies_kept_line(aligner: Aligner, best: Alignment, rows: list[int]) -> bool:
+    """Whether the alignment reads one of `rows` as a new line that is a distinctive line
+    the file has once, which no row matches and nothing deletes: a second copy of it."""
+    counts = Counter(aligner.onorm)
+    used = {op[1] for op in best.ops if op[0] in ("match", "sub")}
+    for k in rows:
+        text = norm(aligner.items[k] or "")
+        if best.ops[k][0] == "insert" and text and not trivial(text) and counts[text] == 1:
+            o = aligner.onorm.index(text)
+            if o not in used and o not in best.deleted:
+                return True
+    return False
 
 
 def _rival(aligner: Aligner, best: Alignment, rows: list[int], taken: list[int]
